@@ -1,0 +1,50 @@
+# Tests: busted specs under LuaJIT with the loadable core, luacheck, the
+# examples and the embedding program. One CTest test per spec file.
+find_program(LUAJIT_BIN luajit REQUIRED)
+find_program(BUSTED_BIN busted REQUIRED)
+find_program(LUACHECK_BIN luacheck REQUIRED)
+
+set(MOONBOX_TEST_ENV
+  "MOONBOX_BUILD_DIR=${CMAKE_BINARY_DIR}"
+  "MOONBOX_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
+  "MOONBOX_BIN=$<TARGET_FILE:moonbox_cli>")
+if(MOONBOX_SANITIZE)
+  # luajit itself is not instrumented: preload the sanitizer runtimes so the
+  # instrumented core.so can be loaded into it.
+  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
+    OUTPUT_VARIABLE ASAN_LIB OUTPUT_STRIP_TRAILING_WHITESPACE)
+  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libubsan.so
+    OUTPUT_VARIABLE UBSAN_LIB OUTPUT_STRIP_TRAILING_WHITESPACE)
+  list(APPEND MOONBOX_TEST_ENV
+    "LD_PRELOAD=${ASAN_LIB}:${UBSAN_LIB}"
+    "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1"
+    "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+endif()
+
+file(GLOB_RECURSE SPEC_FILES RELATIVE ${CMAKE_SOURCE_DIR} CONFIGURE_DEPENDS
+  ${CMAKE_SOURCE_DIR}/spec/*_spec.lua)
+foreach(spec ${SPEC_FILES})
+  string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
+  string(REPLACE "/" "." name ${name})
+  add_test(NAME spec.${name}
+    COMMAND ${LUAJIT_BIN} ${BUSTED_BIN} --helper=spec/helper.lua -o utfTerminal ${spec}
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(spec.${name} PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 600)
+endforeach()
+
+add_test(NAME luacheck COMMAND ${LUACHECK_BIN} --no-color lua spec examples bench
+  WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+
+# Every example runs and must print what it promises (spec/examples.sh).
+file(GLOB EXAMPLE_FILES RELATIVE ${CMAKE_SOURCE_DIR} CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/examples/*.lua)
+foreach(example ${EXAMPLE_FILES})
+  get_filename_component(name ${example} NAME_WE)
+  add_test(NAME example.${name}
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/run-example.sh $<TARGET_FILE:moonbox_cli> ${example}
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(example.${name} PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 300)
+endforeach()
+
+add_test(NAME example.embed COMMAND $<TARGET_FILE:embed_example>)
+set_tests_properties(example.embed PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}"
+  PASS_REGULAR_EXPRESSION "hello from a task on the host loop\npending tasks: 0")

@@ -1,0 +1,217 @@
+-- Tasks on coroutines. One primitive, await(register), underlies every
+-- waiting call: register(resume) starts an operation whose callback calls
+-- resume(...), and may return a cleanup function that undoes the operation
+-- if the task is cancelled first. Code in a task reads top to bottom.
+local core = require "moonbox.core"
+local errors = require "moonbox.errors"
+
+local M = {}
+
+local current = nil          -- the task whose coroutine is running
+local live = 0               -- tasks started and not finished
+local unobserved = {}        -- failed tasks nobody has waited for, in order
+local CANCEL = setmetatable({}, { __tostring = function() return "cancel" end })
+
+local pack = function(...) return { n = select("#", ...), ... } end
+local unpack = unpack or table.unpack
+
+local Task = {}
+Task.__index = Task
+
+local function finish(task, ok, results)
+  task.done, task.ok = true, ok
+  live = live - 1
+  if ok then
+    task.results = results
+  else
+    local err = results[2]
+    if errors.is_error(err) then
+      if not err.traceback then err.traceback = debug.traceback(task.co, nil, 0) end
+    elseif err ~= CANCEL then
+      err = debug.traceback(task.co, tostring(err), 0)
+    end
+    task.err = err
+    if #task.waiters == 0 and not (errors.is_error(err) and err.code == "CANCELLED") then
+      unobserved[#unobserved + 1] = task
+    end
+  end
+  local waiters = task.waiters
+  task.waiters = {}
+  for _, w in ipairs(waiters) do w(task) end
+end
+
+local function step(task, ...)
+  local prev = current
+  current = task
+  local results = pack(coroutine.resume(task.co, ...))
+  current = prev
+  if coroutine.status(task.co) == "dead" then
+    finish(task, results[1], results)
+  end
+end
+
+-- Start fn(...) as a task; it runs at once until its first wait.
+function M.spawn(fn, ...)
+  if type(fn) ~= "function" then
+    errors.raise("VALIDATION_FAILED", "spawn: expected a function, got " .. type(fn))
+  end
+  local task = setmetatable({ co = coroutine.create(fn), waiters = {}, done = false }, Task)
+  live = live + 1
+  step(task, ...)
+  return task
+end
+
+local function not_in_task(what)
+  errors.raise("NOT_IN_TASK", (what or "this call") ..
+    " waits, so it must run inside a task: wrap the code in moonbox.run(function() ... end)")
+end
+
+-- await(register) -> whatever the operation passed to resume.
+function M.await(register, what)
+  local task = current
+  if not task or coroutine.running() ~= task.co then not_in_task(what) end
+  if task.cancelled then errors.raise("CANCELLED", "task was cancelled") end
+  local state = { done = false, waiting = false }
+  local function resume(...)
+    if state.done then return end
+    state.done = true
+    task.cleanup = nil
+    if state.waiting then step(task, ...) else state.results = pack(...) end
+  end
+  local cleanup = register(resume)
+  if state.done then return unpack(state.results, 1, state.results.n) end
+  task.cleanup = cleanup
+  state.waiting = true
+  local r = pack(coroutine.yield())
+  if r[1] == CANCEL then
+    state.done = true
+    errors.raise("CANCELLED", "task was cancelled")
+  end
+  return unpack(r, 1, r.n)
+end
+
+function M.in_task()
+  return current ~= nil and coroutine.running() == current.co
+end
+
+function M.current() return current end
+
+-- task:wait() -> the task's results, or re-raises its error.
+function Task:wait()
+  if not self.done then
+    M.await(function(resume)
+      local function waiter() resume() end
+      self.waiters[#self.waiters + 1] = waiter
+      return function()
+        for i, w in ipairs(self.waiters) do
+          if w == waiter then table.remove(self.waiters, i) break end
+        end
+      end
+    end, "task:wait()")
+  end
+  for i, t in ipairs(unobserved) do
+    if t == self then table.remove(unobserved, i) break end
+  end
+  if not self.ok then error(self.err, 0) end
+  return unpack(self.results, 2, self.results.n)
+end
+
+-- Cancel a waiting task: its pending operation is cleaned up and the wait
+-- raises CANCELLED inside it, so its own cleanup code (pcall) still runs.
+function Task:cancel()
+  if self.done or self.cancelled then return end
+  self.cancelled = true
+  if self == current then return end
+  local cleanup = self.cleanup
+  self.cleanup = nil
+  if cleanup then cleanup() end
+  step(self, CANCEL)
+end
+
+function Task:status()
+  if not self.done then return self.cancelled and "cancelling" or "running" end
+  return self.ok and "ok" or "error"
+end
+
+function M.sleep(ms)
+  if type(ms) ~= "number" or ms < 0 then
+    errors.raise("VALIDATION_FAILED", "sleep: ms must be a number >= 0")
+  end
+  M.await(function(resume)
+    local timer = core.timer()
+    timer:start(ms, 0, function() timer:close() resume() end)
+    return function() timer:close() end
+  end, "moonbox.sleep")
+end
+
+-- all(f1, f2, ...) or all{f1, f2}: run concurrently; first results in order;
+-- the first error is raised once every function has settled.
+function M.all(...)
+  local fns = select("#", ...) == 1 and type((...)) == "table" and (...) or { ... }
+  local tasks = {}
+  for i, fn in ipairs(fns) do tasks[i] = M.spawn(fn) end
+  local results, first_err = {}, nil
+  for i, t in ipairs(tasks) do
+    local ok, r = pcall(t.wait, t)
+    if ok then results[i] = r elseif first_err == nil then first_err = r end
+  end
+  if first_err ~= nil then error(first_err, 0) end
+  return results
+end
+
+-- timeout(ms, fn, ...): fn's results, or TIMEOUT after ms (fn is cancelled).
+function M.timeout(ms, fn, ...)
+  local task = M.spawn(fn, ...)
+  if not task.done then
+    local timer = core.timer()
+    local fired = false
+    timer:start(ms, 0, function() fired = true task:cancel() end)
+    local ok, err = pcall(task.wait, task)
+    timer:close()
+    if fired and not ok then
+      errors.raise("TIMEOUT", ("timed out after %d ms"):format(ms), { timeout = ms })
+    end
+    if not ok then error(err, 0) end
+  end
+  return task:wait()
+end
+
+function M.pending() return live end
+
+-- Errors raised inside core callbacks (outside any task) are bugs; keep them
+-- so the run fails instead of printing from deep inside C.
+local callback_errors = {}
+core.set_error_handler(function(err)
+  io.stderr:write("moonbox: error in callback: ", errors.format(err), "\n")
+  callback_errors[#callback_errors + 1] = err
+end)
+
+-- Drive the loop until every task has finished.
+function M.drive()
+  while live > 0 do
+    local alive = core.run("once")
+    if not alive and live > 0 then
+      errors.raise("DEADLOCK", ("%d task(s) wait for something that can never happen"):format(live))
+    end
+  end
+end
+
+-- run(fn, ...): fn's results, or its error re-raised.
+function M.run(fn, ...)
+  if M.in_task() then return M.spawn(fn, ...):wait() end
+  local task = M.spawn(fn, ...)
+  M.drive()
+  local ok, err = pcall(task.wait, task)
+  if not ok then error(err, 0) end
+  if #unobserved > 0 then
+    local t = table.remove(unobserved, 1)
+    error(t.err, 0)
+  end
+  if #callback_errors > 0 then
+    local e = table.remove(callback_errors, 1)
+    error(e, 0)
+  end
+  return task:wait()
+end
+
+return M

@@ -1,0 +1,23 @@
+-- The public module: local moonbox = require "moonbox"
+local async = require "moonbox.async"
+local core = require "moonbox.core"
+local errors = require "moonbox.errors"
+
+local moonbox = {
+  VERSION = "0.1.0",
+  run = async.run,
+  spawn = async.spawn,
+  all = async.all,
+  sleep = async.sleep,
+  timeout = async.timeout,
+  errors = errors,
+}
+
+function moonbox.versions()
+  local v = core.versions()
+  v.moonbox = moonbox.VERSION
+  v.luajit = jit and jit.version or _VERSION
+  return v
+end
+
+return moonbox

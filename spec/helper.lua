@@ -1,0 +1,67 @@
+-- Loaded by busted before every spec file (--helper). Makes the source tree's
+-- Lua modules and the build's core.so loadable, and gives specs run_task():
+-- run a function as a moonbox task, then fail if it left a handle open, a
+-- child running, or a zombie behind.
+local build = os.getenv("MOONBOX_BUILD_DIR") or "build"
+local source = os.getenv("MOONBOX_SOURCE_DIR") or "."
+package.path = source .. "/lua/?.lua;" .. source .. "/lua/?/init.lua;" .. source .. "/spec/?.lua;" .. package.path
+package.cpath = build .. "/lib/?.so;" .. package.cpath
+
+local core = require "moonbox.core"
+local moonbox = require "moonbox"
+
+helper = {}
+
+-- pids whose parent is us (running or zombie)
+function helper.children()
+  local me = core.getpid()
+  local kids = {}
+  local p = io.popen("ls /proc")
+  for name in p:lines() do
+    if name:match("^%d+$") then
+      local f = io.open("/proc/" .. name .. "/stat")
+      local stat = f and f:read("*a")
+      if f then f:close() end
+      if stat then
+        local state, ppid = stat:match("%) (%S) (%d+)")
+        if tonumber(ppid) == me then kids[#kids + 1] = { pid = tonumber(name), state = state } end
+      end
+    end
+  end
+  p:close()
+  return kids
+end
+
+function helper.pid_alive(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local stat = f:read("*a")
+  f:close()
+  return not stat:match("%) Z ")
+end
+
+-- Let pending close callbacks and exit notifications run.
+function helper.settle()
+  for _ = 1, 50 do
+    core.run("nowait")
+    if core.open_handles() == 0 and core.spawn_stats().running == 0 then break end
+    os.execute("sleep 0.01")
+  end
+end
+
+function helper.assert_clean()
+  helper.settle()
+  assert(core.open_handles() == 0, ("%d handle(s) left open"):format(core.open_handles()))
+  local running = core.spawn_stats().running
+  assert(running == 0, ("%d spawned process(es) still running"):format(running))
+  local kids = helper.children()
+  -- popen's own sh is gone by the time we look; anything else is a leak
+  assert(#kids == 0, ("%d child process(es) left behind, first pid %s state %s"):format(
+    #kids, kids[1] and kids[1].pid, kids[1] and kids[1].state))
+end
+
+function run_task(fn)
+  local results = { moonbox.run(fn) }
+  helper.assert_clean()
+  return (table.unpack or unpack)(results)
+end

@@ -1,0 +1,75 @@
+/* The plan a spawned child carries out between clone() and execve().
+ *
+ * The parent parses the Lua spawn spec into this plain C struct before the
+ * clone; the child only walks it (never touches Lua, never allocates) and
+ * reports the first failing step to the parent over a close-on-exec pipe as
+ * (stage, errno). EOF on that pipe means execve succeeded. */
+#ifndef MOONBOX_CHILD_H
+#define MOONBOX_CHILD_H
+
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#define MB_MAX_FDS 16
+#define MB_MAX_RLIMITS 8
+#define MB_MAX_CANDIDATES 32
+
+enum mb_fd_kind { MB_FD_NONE = 0, MB_FD_NULL, MB_FD_SOURCE };
+
+typedef struct {
+  int target;          /* fd number in the child */
+  enum mb_fd_kind kind;
+  int source;          /* parent's fd to dup into place (MB_FD_SOURCE) */
+  int null_flags;      /* O_RDONLY / O_WRONLY for MB_FD_NULL */
+} mb_fd_plan;
+
+typedef enum {
+  MB_STAGE_NONE = 0,
+  MB_STAGE_SETSID,
+  MB_STAGE_SETPGID,
+  MB_STAGE_PDEATHSIG,
+  MB_STAGE_CGROUP,
+  MB_STAGE_FDS,
+  MB_STAGE_CTTY,
+  MB_STAGE_RLIMIT,
+  MB_STAGE_CHDIR,
+  MB_STAGE_SETGID,
+  MB_STAGE_SETUID,
+  MB_STAGE_SIGNALS,
+  MB_STAGE_CLOSE_FDS,
+  MB_STAGE_EXEC,
+} mb_stage;
+
+typedef struct {
+  int stage;
+  int err;
+} mb_child_report;
+
+typedef struct {
+  const char *candidates[MB_MAX_CANDIDATES]; /* executable paths to try, in order */
+  int ncandidates;
+  char *const *argv;
+  char *const *envp;
+  const char *cwd;               /* NULL: inherit */
+  int setsid;
+  int setpgid;
+  int ctty;                      /* child fd to make the controlling tty; -1: none */
+  int pdeathsig;                 /* 0: none */
+  pid_t parent_pid;
+  int cgroup_procs_fd;           /* -1: none; else an open cgroup.procs to join */
+  mb_fd_plan fds[MB_MAX_FDS];
+  int nfds;
+  struct { int resource; struct rlimit limit; } rlimits[MB_MAX_RLIMITS];
+  int nrlimits;
+  int set_ids;
+  uid_t uid;
+  gid_t gid;
+  int report_fd;                 /* write end of the close-on-exec error pipe */
+} mb_child_plan;
+
+/* Entry point for clone(); never returns on success. */
+int mb_child_main(void *plan);
+
+const char *mb_stage_name(int stage);
+
+#endif

@@ -1,0 +1,97 @@
+/* Internal helpers shared by the moonbox.core families.
+ *
+ * Conventions (after luv): a uv handle lives in C memory (mb_handle); the Lua
+ * userdata only points at it. While a handle is open it is anchored in the
+ * registry, so libuv can always call back into a live object; close() drops
+ * the anchor in the close callback. OS failures return nil, message, CODE;
+ * misuse raises. Callbacks run on the core's own callback thread through
+ * mb_call, which adds a traceback and hands errors to a Lua error handler
+ * instead of printing from deep inside C. */
+#ifndef MOONBOX_CORE_H
+#define MOONBOX_CORE_H
+
+#include <lua.h>
+#include <lauxlib.h>
+#include <uv.h>
+
+#define MB_MAX_CALLBACKS 3
+
+typedef struct mb_core mb_core;
+
+typedef struct mb_handle {
+  union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_timer_t timer;
+    uv_signal_t signal;
+    uv_pipe_t pipe;
+    uv_poll_t poll;
+    uv_fs_event_t fs_event;
+  } uv;
+  mb_core *core;
+  const char *type_name;       /* metatable name, for error messages */
+  int self_ref;                /* registry anchor while open */
+  int cb_ref[MB_MAX_CALLBACKS];
+  int closing;
+  void *extra;                 /* family-specific state */
+  struct mb_handle *next, *prev; /* the core's list of open handles */
+} mb_handle;
+
+struct mb_core {
+  uv_loop_t *loop;
+  int own_loop;
+  lua_State *cbL;              /* thread all callbacks run on */
+  int cbL_ref;
+  int error_handler_ref;
+  int open_handles;            /* handles created by us and not yet closed */
+  mb_handle *handles;          /* list of those handles, for teardown */
+  int dead;                    /* the Lua state is being closed */
+  void *spawn_state;           /* owned by spawn.c */
+};
+
+mb_core *mb_core_get(lua_State *L);
+
+/* Push nil, "CODE: message[ (detail)]", "CODE"; returns 3. */
+int mb_push_error(lua_State *L, int uv_err, const char *detail);
+/* Same for a plain errno value. */
+int mb_push_errno(lua_State *L, int errnum, const char *detail);
+
+/* Handles. */
+mb_handle *mb_handle_new(lua_State *L, const char *type_name, size_t extra_size);
+mb_handle *mb_handle_check(lua_State *L, int idx, const char *type_name);
+void mb_handle_set_cb(lua_State *L, mb_handle *h, int slot, int idx);
+void mb_handle_unset_cb(lua_State *L, mb_handle *h, int slot);
+/* Push the callback in slot onto cbL; returns cbL or NULL if none is set. */
+lua_State *mb_handle_push_cb(mb_handle *h, int slot);
+/* Close the handle (idempotent); optional Lua callback at stack idx (0: none). */
+void mb_handle_close(lua_State *L, mb_handle *h, int cb_idx);
+/* Methods every handle type gets: close, is_closing, is_active, ref, unref, fileno. */
+void mb_handle_methods(lua_State *L);
+/* Create a metatable for a handle type with the given methods (+ common ones). */
+void mb_new_class(lua_State *L, const char *type_name, const luaL_Reg *methods);
+
+/* Call the function on cbL below nargs arguments in protected mode with a
+ * traceback; on error hand the message to the Lua error handler. */
+void mb_call(mb_core *core, lua_State *cbL, int nargs);
+
+/* Parse an optional integer field from the table at idx. */
+lua_Integer mb_opt_intfield(lua_State *L, int idx, const char *key, lua_Integer def);
+
+/* Family registration: each adds its functions to the module table on top. */
+void mb_open_timer(lua_State *L);
+void mb_open_signal(lua_State *L);
+void mb_open_stream(lua_State *L);
+void mb_open_fs(lua_State *L);
+void mb_open_spawn(lua_State *L);
+void mb_open_pty(lua_State *L);
+void mb_open_sys(lua_State *L);
+
+int mb_check_signal(lua_State *L, int idx);
+
+/* Stream objects are created by spawn/pty/stream families from an fd. */
+int mb_stream_push_fd(lua_State *L, int fd, int is_pty);
+
+/* Close spawn bookkeeping at core teardown. */
+void mb_spawn_teardown(mb_core *core);
+
+#endif

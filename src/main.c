@@ -1,0 +1,35 @@
+/* The moonbox command: a thin main over libmoonbox. */
+#include "moonbox.h"
+
+#include <luajit.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char usage[] =
+  "usage: moonbox script.lua [args...]\n"
+  "       moonbox -e 'lua code'\n"
+  "       moonbox --version | --help\n"
+  "\n"
+  "Runs the script as a task on the event loop and exits when it and every\n"
+  "task it started are done; an uncaught error prints a traceback, exit 1.\n";
+
+int main(int argc, char **argv) {
+  if (argc < 2) { fputs(usage, stderr); return 2; }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) { fputs(usage, stdout); return 0; }
+  if (strcmp(argv[1], "--version") == 0) {
+    printf("moonbox %s\n%s\nlibuv %s\n", moonbox_version(), LUAJIT_VERSION, uv_version_string());
+    return 0;
+  }
+  moonbox *mb = moonbox_new(NULL);
+  if (!mb) { fputs("moonbox: cannot create the runtime\n", stderr); return 1; }
+  int rc;
+  if (strcmp(argv[1], "-e") == 0) {
+    if (argc < 3) { fputs(usage, stderr); moonbox_close(mb); return 2; }
+    rc = moonbox_run_string(mb, argv[2], "=(command line)");
+  } else {
+    rc = moonbox_run_file(mb, argv[1], argc - 2, argv + 2);
+  }
+  if (rc) fprintf(stderr, "moonbox: %s\n", moonbox_error(mb));
+  moonbox_close(mb);
+  return rc;
+}

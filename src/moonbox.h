@@ -1,0 +1,43 @@
+/* libmoonbox: embed the moonbox runtime in a C program.
+ *
+ *   moonbox *mb = moonbox_new(NULL);            // own loop
+ *   int rc = moonbox_run_file(mb, "job.lua", argc, argv);
+ *   if (rc) fprintf(stderr, "%s\n", moonbox_error(mb));
+ *   moonbox_close(mb);
+ *
+ * With the caller's loop (moonbox_new(loop)), moonbox_run_* start the script
+ * as a task and return at once; the caller drives uv_run() and can ask
+ * moonbox_pending() whether tasks remain. moonbox_close() kills every
+ * sandbox process the runtime started and closes its handles. */
+#ifndef MOONBOX_H
+#define MOONBOX_H
+
+#include <uv.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOONBOX_VERSION "0.1.0"
+
+typedef struct moonbox moonbox;
+struct lua_State;
+
+moonbox *moonbox_new(uv_loop_t *loop);
+/* Run a Lua file with argv as its `arg` table; 0 on success, 1 on error. */
+int moonbox_run_file(moonbox *mb, const char *path, int argc, char **argv);
+/* Run Lua source text; chunkname names it in tracebacks. */
+int moonbox_run_string(moonbox *mb, const char *code, const char *chunkname);
+/* Number of tasks still running (useful with a caller-owned loop). */
+int moonbox_pending(moonbox *mb);
+/* The last error message with its traceback, or NULL. */
+const char *moonbox_error(moonbox *mb);
+uv_loop_t *moonbox_loop(moonbox *mb);
+struct lua_State *moonbox_lua(moonbox *mb);
+void moonbox_close(moonbox *mb);
+const char *moonbox_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

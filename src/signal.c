@@ -1,0 +1,89 @@
+/* Signal watchers on the loop (SIGINT, SIGTERM, SIGCHLD, ...). */
+#include "core.h"
+
+#include <signal.h>
+#include <string.h>
+
+#define SIGNAL "moonbox.signal"
+
+static const struct { const char *name; int num; } signal_names[] = {
+  {"SIGHUP", SIGHUP}, {"SIGINT", SIGINT}, {"SIGQUIT", SIGQUIT}, {"SIGILL", SIGILL},
+  {"SIGTRAP", SIGTRAP}, {"SIGABRT", SIGABRT}, {"SIGBUS", SIGBUS}, {"SIGFPE", SIGFPE},
+  {"SIGKILL", SIGKILL}, {"SIGUSR1", SIGUSR1}, {"SIGSEGV", SIGSEGV}, {"SIGUSR2", SIGUSR2},
+  {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM}, {"SIGTERM", SIGTERM}, {"SIGCHLD", SIGCHLD},
+  {"SIGCONT", SIGCONT}, {"SIGSTOP", SIGSTOP}, {"SIGTSTP", SIGTSTP}, {"SIGTTIN", SIGTTIN},
+  {"SIGTTOU", SIGTTOU}, {"SIGURG", SIGURG}, {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ},
+  {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH}, {"SIGIO", SIGIO},
+  {"SIGPWR", SIGPWR}, {"SIGSYS", SIGSYS}, {NULL, 0}};
+
+/* Accepts a number or a name with or without the SIG prefix; raises on junk. */
+int mb_check_signal(lua_State *L, int idx) {
+  if (lua_type(L, idx) == LUA_TNUMBER) {
+    int n = (int)lua_tointeger(L, idx);
+    if (n < 0 || n >= NSIG) luaL_argerror(L, idx, "signal number out of range");
+    return n;
+  }
+  const char *s = luaL_checkstring(L, idx);
+  for (int i = 0; signal_names[i].name; i++) {
+    if (strcasecmp(s, signal_names[i].name) == 0 || strcasecmp(s, signal_names[i].name + 3) == 0)
+      return signal_names[i].num;
+  }
+  return luaL_argerror(L, idx, lua_pushfstring(L, "unknown signal '%s'", s));
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  mb_handle *h = (mb_handle *)s->data;
+  lua_State *cbL = mb_handle_push_cb(h, 1);
+  if (!cbL) return;
+  lua_pushinteger(cbL, signum);
+  mb_call(h->core, cbL, 1);
+}
+
+static int signal_new(lua_State *L) {
+  mb_handle *h = mb_handle_new(L, SIGNAL, 0);
+  uv_signal_init(h->core->loop, &h->uv.signal);
+  return 1;
+}
+
+/* signal:start(signal, callback(signum)) */
+static int signal_start(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, SIGNAL);
+  int signum = mb_check_signal(L, 2);
+  mb_handle_set_cb(L, h, 1, 3);
+  int rc = uv_signal_start(&h->uv.signal, on_signal, signum);
+  if (rc < 0) return mb_push_error(L, rc, NULL);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int signal_stop(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, SIGNAL);
+  uv_signal_stop(&h->uv.signal);
+  return 0;
+}
+
+/* core.signum("TERM") -> 15; core.signame(15) -> "SIGTERM" */
+static int signum(lua_State *L) {
+  lua_pushinteger(L, mb_check_signal(L, 1));
+  return 1;
+}
+
+static int signame(lua_State *L) {
+  int n = (int)luaL_checkinteger(L, 1);
+  for (int i = 0; signal_names[i].name; i++)
+    if (signal_names[i].num == n) { lua_pushstring(L, signal_names[i].name); return 1; }
+  lua_pushnil(L);
+  return 1;
+}
+
+static const luaL_Reg signal_methods[] = {{"start", signal_start}, {"stop", signal_stop}, {NULL, NULL}};
+
+void mb_open_signal(lua_State *L) {
+  mb_new_class(L, SIGNAL, signal_methods);
+  lua_pushcfunction(L, signal_new);
+  lua_setfield(L, -2, "signal");
+  lua_pushcfunction(L, signum);
+  lua_setfield(L, -2, "signum");
+  lua_pushcfunction(L, signame);
+  lua_setfield(L, -2, "signame");
+}

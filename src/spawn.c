@@ -1,0 +1,477 @@
+/* spawn: start a process from a spec table without fork()ing the runtime.
+ *
+ * clone(CLONE_VM|CLONE_VFORK) runs src/child/child.c on a small private
+ * stack; the parent sleeps until the child has exec'd or failed, then reads
+ * the close-on-exec report pipe: EOF is success, a (stage, errno) record is a
+ * failure, returned as nil, "ENOENT: exec failed (argv[0]): 'nope'", "ENOENT"
+ * with the child already reaped. Exits are collected by one SIGCHLD watcher
+ * (waitpid(-1)), which also reaps orphans the runtime adopts as a child
+ * subreaper. */
+#include "core.h"
+#include "child/child.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define PROCESS "moonbox.process"
+#define CHILD_STACK (64 * 1024)
+
+typedef struct {
+  pid_t pid;
+  int exited;
+  int exit_code;
+  int term_signal;
+  int exit_ref;   /* on_exit callback */
+  int self_ref;   /* anchor while running */
+  mb_core *core;
+} mb_process;
+
+typedef struct {
+  uv_signal_t sigchld;
+  int procs_ref;      /* table pid -> process userdata, for running children */
+  int running;
+  lua_Number orphans_reaped;
+} spawn_state;
+
+static spawn_state *state_of(lua_State *L, mb_core *core);
+
+static void exit_status(int status, int *code, int *sig) {
+  if (WIFEXITED(status)) { *code = WEXITSTATUS(status); *sig = 0; }
+  else if (WIFSIGNALED(status)) { *sig = WTERMSIG(status); *code = 128 + *sig; }
+  else { *code = -1; *sig = 0; }
+}
+
+static void on_sigchld(uv_signal_t *handle, int signum) {
+  (void)signum;
+  mb_core *core = (mb_core *)handle->data;
+  spawn_state *ss = (spawn_state *)core->spawn_state;
+  lua_State *cbL = core->cbL;
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    if (!WIFEXITED(status) && !WIFSIGNALED(status)) continue;
+    lua_rawgeti(cbL, LUA_REGISTRYINDEX, ss->procs_ref);
+    lua_rawgeti(cbL, -1, pid);
+    mb_process *p = (mb_process *)lua_touserdata(cbL, -1);
+    lua_pop(cbL, 1);
+    if (!p) { ss->orphans_reaped++; lua_pop(cbL, 1); continue; }
+    lua_pushnil(cbL);
+    lua_rawseti(cbL, -2, pid);
+    lua_pop(cbL, 1);
+    p->exited = 1;
+    exit_status(status, &p->exit_code, &p->term_signal);
+    if (--ss->running == 0) uv_unref((uv_handle_t *)&ss->sigchld);
+    int exit_ref = p->exit_ref, self_ref = p->self_ref;
+    p->exit_ref = p->self_ref = LUA_NOREF;
+    if (exit_ref != LUA_NOREF) {
+      lua_rawgeti(cbL, LUA_REGISTRYINDEX, exit_ref);
+      luaL_unref(cbL, LUA_REGISTRYINDEX, exit_ref);
+      lua_pushinteger(cbL, p->exit_code);
+      lua_pushinteger(cbL, p->term_signal);
+      luaL_unref(cbL, LUA_REGISTRYINDEX, self_ref);
+      mb_call(core, cbL, 2);
+    } else {
+      luaL_unref(cbL, LUA_REGISTRYINDEX, self_ref);
+    }
+  }
+}
+
+static spawn_state *state_of(lua_State *L, mb_core *core) {
+  if (core->spawn_state) return (spawn_state *)core->spawn_state;
+  spawn_state *ss = (spawn_state *)calloc(1, sizeof *ss);
+  if (!ss) luaL_error(L, "out of memory");
+  uv_signal_init(core->loop, &ss->sigchld);
+  ss->sigchld.data = core;
+  uv_signal_start(&ss->sigchld, on_sigchld, SIGCHLD);
+  uv_unref((uv_handle_t *)&ss->sigchld);
+  lua_newtable(L);
+  ss->procs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  core->spawn_state = ss;
+  return ss;
+}
+
+static void free_sigchld(uv_handle_t *h) { free(h); }
+
+void mb_spawn_teardown(mb_core *core) {
+  spawn_state *ss = (spawn_state *)core->spawn_state;
+  if (!ss) return;
+  core->spawn_state = NULL;
+  /* spawn_state starts with the uv handle, so the close callback frees it */
+  if (!uv_is_closing((uv_handle_t *)&ss->sigchld)) uv_close((uv_handle_t *)&ss->sigchld, free_sigchld);
+}
+
+/* ---- spec parsing (all before the clone) -------------------------------- */
+
+typedef struct {
+  mb_child_plan plan;
+  int pipe_parent_end[MB_MAX_FDS]; /* -1 when the entry is not a new pipe */
+  int pipe_child_end[MB_MAX_FDS];
+  char *path_buf;                  /* candidate paths, NUL separated */
+} spawn_job;
+
+static void job_cleanup(spawn_job *job) {
+  for (int i = 0; i < MB_MAX_FDS; i++) {
+    if (job->pipe_parent_end[i] >= 0) close(job->pipe_parent_end[i]);
+    if (job->pipe_child_end[i] >= 0) close(job->pipe_child_end[i]);
+    job->pipe_parent_end[i] = job->pipe_child_end[i] = -1;
+  }
+  if (job->plan.cgroup_procs_fd >= 0) close(job->plan.cgroup_procs_fd);
+  job->plan.cgroup_procs_fd = -1;
+  free(job->path_buf);
+  job->path_buf = NULL;
+}
+
+/* Build a NULL-terminated char* array from a Lua array of strings, or from a
+ * map {K = V} for env ("K=V"). The strings stay alive on the Lua stack. */
+static char **string_array(lua_State *L, int idx, int is_env, const char *what) {
+  int n = 0;
+  if (!is_env || lua_objlen(L, idx) > 0) {
+    n = (int)lua_objlen(L, idx);
+    char **arr = (char **)lua_newuserdata(L, sizeof(char *) * (size_t)(n + 1));
+    for (int i = 1; i <= n; i++) {
+      lua_rawgeti(L, idx, i);
+      if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "%s[%d] must be a string", what, i);
+      arr[i - 1] = (char *)lua_tostring(L, -1);
+      lua_pop(L, 1); /* kept alive by the table */
+    }
+    arr[n] = NULL;
+    return arr;
+  }
+  /* map form: count, then build "K=V" strings kept in a table */
+  lua_pushnil(L);
+  while (lua_next(L, idx)) { n++; lua_pop(L, 1); }
+  lua_newtable(L);
+  int keep = lua_gettop(L);
+  char **arr = (char **)lua_newuserdata(L, sizeof(char *) * (size_t)(n + 1));
+  int i = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)
+      luaL_error(L, "%s keys and values must be strings", what);
+    lua_pushfstring(L, "%s=%s", lua_tostring(L, -2), lua_tostring(L, -1));
+    arr[i++] = (char *)lua_tostring(L, -1);
+    lua_rawseti(L, keep, i);
+    lua_pop(L, 1);
+  }
+  arr[i] = NULL;
+  return arr;
+}
+
+static const char *env_lookup(char *const *envp, const char *name) {
+  size_t len = strlen(name);
+  for (; envp && *envp; envp++)
+    if (strncmp(*envp, name, len) == 0 && (*envp)[len] == '=') return *envp + len + 1;
+  return NULL;
+}
+
+/* execvp-style search, resolved in the parent so the child needs no malloc. */
+static void plan_candidates(lua_State *L, spawn_job *job, const char *file) {
+  mb_child_plan *p = &job->plan;
+  if (strchr(file, '/')) { p->candidates[0] = file; p->ncandidates = 1; return; }
+  const char *path = env_lookup(p->envp, "PATH");
+  if (!path) path = "/usr/local/bin:/usr/bin:/bin";
+  size_t flen = strlen(file), cap = (strlen(path) + 1) * (flen + 2) + flen + 2;
+  job->path_buf = (char *)malloc(cap);
+  if (!job->path_buf) luaL_error(L, "out of memory");
+  char *out = job->path_buf;
+  const char *seg = path;
+  while (p->ncandidates < MB_MAX_CANDIDATES) {
+    const char *end = strchr(seg, ':');
+    size_t slen = end ? (size_t)(end - seg) : strlen(seg);
+    if (slen == 0) { memcpy(out, ".", 1); slen = 1; } else memcpy(out, seg, slen);
+    out[slen] = '/';
+    memcpy(out + slen + 1, file, flen + 1);
+    p->candidates[p->ncandidates++] = out;
+    out += slen + flen + 2;
+    if (!end) break;
+    seg = end + 1;
+  }
+}
+
+static const struct { const char *name; int resource; } rlimit_names[] = {
+  {"nofile", RLIMIT_NOFILE}, {"nproc", RLIMIT_NPROC}, {"as", RLIMIT_AS}, {"cpu", RLIMIT_CPU},
+  {"fsize", RLIMIT_FSIZE}, {"core", RLIMIT_CORE}, {"stack", RLIMIT_STACK}, {"data", RLIMIT_DATA},
+  {NULL, 0}};
+
+static void plan_rlimits(lua_State *L, mb_child_plan *p, int idx) {
+  lua_getfield(L, idx, "rlimits");
+  if (lua_isnil(L, -1)) { lua_pop(L, 1); return; }
+  luaL_checktype(L, -1, LUA_TTABLE);
+  for (int i = 0; rlimit_names[i].name; i++) {
+    lua_getfield(L, -1, rlimit_names[i].name);
+    if (!lua_isnil(L, -1)) {
+      if (!lua_isnumber(L, -1)) luaL_error(L, "rlimits.%s must be a number", rlimit_names[i].name);
+      lua_Number v = lua_tonumber(L, -1);
+      rlim_t r = v < 0 ? RLIM_INFINITY : (rlim_t)v;
+      p->rlimits[p->nrlimits].resource = rlimit_names[i].resource;
+      p->rlimits[p->nrlimits].limit.rlim_cur = r;
+      p->rlimits[p->nrlimits].limit.rlim_max = r;
+      p->nrlimits++;
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+/* stdio entry: "pipe" (child reads on fd 0, writes otherwise), "in", "out",
+ * "null", "inherit", or an integer fd of ours to place there. Returns an
+ * error code (negative uv error) or 0. */
+static int plan_fd(lua_State *L, spawn_job *job, int target, int vidx) {
+  mb_child_plan *p = &job->plan;
+  if (p->nfds >= MB_MAX_FDS) luaL_error(L, "too many stdio entries (max %d)", MB_MAX_FDS);
+  int slot = p->nfds++;
+  mb_fd_plan *f = &p->fds[slot];
+  f->target = target;
+  if (lua_type(L, vidx) == LUA_TNUMBER) {
+    f->kind = MB_FD_SOURCE;
+    f->source = (int)lua_tointeger(L, vidx);
+    if (fcntl(f->source, F_GETFD) < 0) return uv_translate_sys_error(errno);
+    return 0;
+  }
+  const char *v = luaL_checkstring(L, vidx);
+  if (strcmp(v, "null") == 0) {
+    f->kind = MB_FD_NULL;
+    f->null_flags = target == 0 ? O_RDONLY : O_WRONLY;
+  } else if (strcmp(v, "inherit") == 0) {
+    f->kind = MB_FD_SOURCE;
+    f->source = target;
+    if (fcntl(target, F_GETFD) < 0) { f->kind = MB_FD_NULL; f->null_flags = O_RDWR; }
+  } else if (strcmp(v, "pipe") == 0 || strcmp(v, "in") == 0 || strcmp(v, "out") == 0) {
+    int child_reads = strcmp(v, "in") == 0 || (strcmp(v, "pipe") == 0 && target == 0);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) < 0) return uv_translate_sys_error(errno);
+    job->pipe_child_end[slot] = child_reads ? fds[0] : fds[1];
+    job->pipe_parent_end[slot] = child_reads ? fds[1] : fds[0];
+    f->kind = MB_FD_SOURCE;
+    f->source = job->pipe_child_end[slot];
+  } else {
+    luaL_error(L, "stdio[%d]: unknown kind '%s'", target, v);
+  }
+  return 0;
+}
+
+static int process_new(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx) {
+  mb_process *pr = (mb_process *)lua_newuserdata(L, sizeof(mb_process));
+  memset(pr, 0, sizeof *pr);
+  pr->pid = pid;
+  pr->core = core;
+  pr->exit_ref = LUA_NOREF;
+  luaL_getmetatable(L, PROCESS);
+  lua_setmetatable(L, -2);
+  if (exit_cb_idx) {
+    lua_pushvalue(L, exit_cb_idx);
+    pr->exit_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  lua_pushvalue(L, -1);
+  pr->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 1;
+}
+
+/* core.spawn(spec) -> process, streams | nil, message, CODE
+ * spec: args (array, required), file, env (array "K=V" or map; nothing is
+ * inherited), cwd, stdio ({[fd] = kind}), setsid, setpgid, pdeathsig,
+ * ctty (child fd to make the controlling terminal; needs setsid), rlimits,
+ * uid, gid, cgroup (path of a cgroup directory to start in),
+ * on_exit(exit_code, term_signal). */
+static int spawn(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  mb_core *core = mb_core_get(L);
+  spawn_state *ss = state_of(L, core);
+  spawn_job job;
+  memset(&job, 0, sizeof job);
+  for (int i = 0; i < MB_MAX_FDS; i++) job.pipe_parent_end[i] = job.pipe_child_end[i] = -1;
+  mb_child_plan *p = &job.plan;
+  p->cgroup_procs_fd = -1;
+  p->report_fd = -1;
+  p->parent_pid = getpid();
+
+  lua_getfield(L, 1, "args");
+  if (!lua_istable(L, -1) || lua_objlen(L, -1) == 0) return luaL_error(L, "spawn: args must be a non-empty array");
+  int args_idx = lua_gettop(L);
+  p->argv = string_array(L, args_idx, 0, "args");
+  lua_getfield(L, 1, "env");
+  if (lua_isnil(L, -1)) { lua_pop(L, 1); lua_newtable(L); }
+  luaL_checktype(L, -1, LUA_TTABLE);
+  p->envp = string_array(L, lua_gettop(L), 1, "env");
+  lua_getfield(L, 1, "file");
+  const char *file = lua_isnil(L, -1) ? p->argv[0] : luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "cwd");
+  p->cwd = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "setsid");
+  p->setsid = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "setpgid");
+  p->setpgid = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "ctty");
+  p->ctty = lua_isnil(L, -1) ? -1 : (int)luaL_checkinteger(L, -1);
+  lua_getfield(L, 1, "pdeathsig");
+  if (!lua_isnil(L, -1)) p->pdeathsig = mb_check_signal(L, lua_gettop(L));
+  lua_getfield(L, 1, "uid");
+  lua_getfield(L, 1, "gid");
+  if (!lua_isnil(L, -2) || !lua_isnil(L, -1)) {
+    p->set_ids = 1;
+    p->uid = lua_isnil(L, -2) ? getuid() : (uid_t)luaL_checkinteger(L, -2);
+    p->gid = lua_isnil(L, -1) ? getgid() : (gid_t)luaL_checkinteger(L, -1);
+  }
+  lua_getfield(L, 1, "on_exit");
+  int exit_cb_idx = 0;
+  if (!lua_isnil(L, -1)) { luaL_checktype(L, -1, LUA_TFUNCTION); exit_cb_idx = lua_gettop(L); }
+  plan_rlimits(L, p, 1);
+  plan_candidates(L, &job, file);
+
+  int rc = 0;
+  const char *fail_detail = NULL;
+  lua_getfield(L, 1, "cgroup");
+  if (!lua_isnil(L, -1)) {
+    const char *dir = luaL_checkstring(L, -1);
+    lua_pushfstring(L, "%s/cgroup.procs", dir);
+    p->cgroup_procs_fd = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
+    if (p->cgroup_procs_fd < 0) { rc = uv_translate_sys_error(errno); fail_detail = "cgroup"; }
+  }
+  lua_getfield(L, 1, "stdio");
+  int stdio_idx = lua_gettop(L);
+  if (!rc && !lua_isnil(L, stdio_idx)) {
+    luaL_checktype(L, stdio_idx, LUA_TTABLE);
+    for (int fd = 0; fd < 256 && !rc; fd++) {
+      lua_rawgeti(L, stdio_idx, fd);
+      if (!lua_isnil(L, -1)) { rc = plan_fd(L, &job, fd, lua_gettop(L)); if (rc) fail_detail = "stdio"; }
+      lua_pop(L, 1);
+    }
+  }
+  int report[2] = {-1, -1};
+  if (!rc && pipe2(report, O_CLOEXEC) < 0) { rc = uv_translate_sys_error(errno); fail_detail = "pipe2"; }
+  if (rc) {
+    job_cleanup(&job);
+    return mb_push_error(L, rc, fail_detail);
+  }
+  p->report_fd = report[1];
+
+  char *stack = (char *)malloc(CHILD_STACK);
+  if (!stack) { close(report[0]); close(report[1]); job_cleanup(&job); return luaL_error(L, "out of memory"); }
+  /* No signal handler may run in the child while it shares our memory. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pid_t pid = clone(mb_child_main, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, p);
+  int clone_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  free(stack);
+  close(report[1]);
+  for (int i = 0; i < MB_MAX_FDS; i++) {
+    if (job.pipe_child_end[i] >= 0) close(job.pipe_child_end[i]);
+    job.pipe_child_end[i] = -1;
+  }
+  if (pid < 0) {
+    close(report[0]);
+    job_cleanup(&job);
+    return mb_push_errno(L, clone_errno, "clone");
+  }
+  mb_child_report r;
+  ssize_t n;
+  do n = read(report[0], &r, sizeof r); while (n < 0 && errno == EINTR);
+  close(report[0]);
+  if (n == (ssize_t)sizeof r) {
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    const char *what = r.stage == MB_STAGE_EXEC ? "argv[0]" : r.stage == MB_STAGE_CHDIR ? "cwd" : NULL;
+    const char *arg = r.stage == MB_STAGE_EXEC ? file : r.stage == MB_STAGE_CHDIR ? p->cwd : NULL;
+    int uverr = uv_translate_sys_error(r.err);
+    job_cleanup(&job);
+    lua_pushnil(L);
+    if (what)
+      lua_pushfstring(L, "%s: %s failed (%s): '%s'", uv_err_name(uverr), mb_stage_name(r.stage), what, arg);
+    else
+      lua_pushfstring(L, "%s: %s failed: %s", uv_err_name(uverr), mb_stage_name(r.stage), uv_strerror(uverr));
+    lua_pushstring(L, uv_err_name(uverr));
+    return 3;
+  }
+
+  /* Success: the process object, then a table of our ends of new pipes. */
+  process_new(L, core, pid, exit_cb_idx);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ss->procs_ref);
+  lua_pushvalue(L, -2);
+  lua_rawseti(L, -2, pid);
+  lua_pop(L, 1);
+  if (ss->running++ == 0) uv_ref((uv_handle_t *)&ss->sigchld);
+  lua_newtable(L);
+  for (int i = 0; i < p->nfds; i++) {
+    int fd = job.pipe_parent_end[i];
+    if (fd < 0) continue;
+    job.pipe_parent_end[i] = -1;
+    if (mb_stream_push_fd(L, fd, 0) != 1) { lua_pop(L, 3); close(fd); continue; }
+    lua_rawseti(L, -2, p->fds[i].target);
+  }
+  job_cleanup(&job);
+  return 2;
+}
+
+static mb_process *check_process(lua_State *L) {
+  return (mb_process *)luaL_checkudata(L, 1, PROCESS);
+}
+
+static int process_pid(lua_State *L) {
+  lua_pushinteger(L, check_process(L)->pid);
+  return 1;
+}
+
+/* process:kill(signal) -> true | nil, "ESRCH: ...", "ESRCH" once it has exited */
+static int process_kill(lua_State *L) {
+  mb_process *pr = check_process(L);
+  int sig = lua_isnoneornil(L, 2) ? SIGTERM : mb_check_signal(L, 2);
+  if (pr->exited) return mb_push_error(L, UV_ESRCH, "process has exited");
+  if (kill(pr->pid, sig) < 0) return mb_push_errno(L, errno, "kill");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* process:status() -> "running" | "exited", exit_code, term_signal */
+static int process_status(lua_State *L) {
+  mb_process *pr = check_process(L);
+  if (!pr->exited) { lua_pushstring(L, "running"); return 1; }
+  lua_pushstring(L, "exited");
+  lua_pushinteger(L, pr->exit_code);
+  lua_pushinteger(L, pr->term_signal);
+  return 3;
+}
+
+/* core.kill(pid, signal): a negative pid signals a process group */
+static int kill_pid(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  int sig = lua_isnoneornil(L, 2) ? SIGTERM : mb_check_signal(L, 2);
+  if (pid == 0 || pid == -1) return luaL_argerror(L, 1, "refusing to signal our own group or everything");
+  if (kill(pid, sig) < 0) return mb_push_errno(L, errno, "kill");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int spawn_stats(lua_State *L) {
+  spawn_state *ss = state_of(L, mb_core_get(L));
+  lua_newtable(L);
+  lua_pushinteger(L, ss->running);
+  lua_setfield(L, -2, "running");
+  lua_pushnumber(L, ss->orphans_reaped);
+  lua_setfield(L, -2, "orphans_reaped");
+  return 1;
+}
+
+static const luaL_Reg process_methods[] = {
+  {"pid", process_pid}, {"kill", process_kill}, {"status", process_status}, {NULL, NULL}};
+
+void mb_open_spawn(lua_State *L) {
+  luaL_newmetatable(L, PROCESS);
+  lua_newtable(L);
+  luaL_register(L, NULL, process_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  lua_pushcfunction(L, spawn);
+  lua_setfield(L, -2, "spawn");
+  lua_pushcfunction(L, kill_pid);
+  lua_setfield(L, -2, "kill");
+  lua_pushcfunction(L, spawn_stats);
+  lua_setfield(L, -2, "spawn_stats");
+}

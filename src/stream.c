@@ -1,0 +1,257 @@
+/* Streams over pipes and pty masters: read start/stop, write with completion
+ * and backpressure, a non-blocking drain, shutdown, close. */
+#include "core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define STREAM "moonbox.stream"
+#define READ_BUF 65536
+
+typedef struct {
+  int is_pty;   /* a pty master reports EIO when the slave side closes: that is EOF */
+  int eof;
+  char buf[READ_BUF];
+} stream_state;
+
+enum { CB_CLOSE = 0, CB_READ = 1 };
+
+static void on_alloc(uv_handle_t *uvh, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  stream_state *st = (stream_state *)((mb_handle *)uvh->data)->extra;
+  buf->base = st->buf;
+  buf->len = sizeof(st->buf);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  (void)buf;
+  mb_handle *h = (mb_handle *)s->data;
+  stream_state *st = (stream_state *)h->extra;
+  if (nread == 0) return;
+  if (nread < 0) {
+    uv_read_stop(s);
+    if (nread == UV_EOF || (st->is_pty && nread == UV_EIO)) st->eof = 1;
+  }
+  lua_State *cbL = mb_handle_push_cb(h, CB_READ);
+  if (!cbL) return;
+  if (nread > 0) {
+    lua_pushnil(cbL);
+    lua_pushlstring(cbL, st->buf, (size_t)nread);
+  } else if (st->eof) {
+    lua_pushnil(cbL);
+    lua_pushnil(cbL);
+  } else {
+    lua_pushstring(cbL, uv_err_name((int)nread));
+    lua_pushnil(cbL);
+  }
+  mb_call(h->core, cbL, 2);
+}
+
+int mb_stream_push_fd(lua_State *L, int fd, int is_pty) {
+  mb_handle *h = mb_handle_new(L, STREAM, sizeof(stream_state));
+  stream_state *st = (stream_state *)h->extra;
+  st->is_pty = is_pty;
+  int rc = uv_pipe_init(h->core->loop, &h->uv.pipe, 0);
+  if (rc == 0) rc = uv_pipe_open(&h->uv.pipe, fd);
+  if (rc < 0) {
+    mb_handle_close(L, h, 0);
+    lua_pop(L, 1);
+    return mb_push_error(L, rc, "stream open");
+  }
+  return 1;
+}
+
+/* core.stream_open(fd[, is_pty]) -> stream; takes ownership of fd */
+static int stream_open(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1);
+  if (fd < 0) return luaL_argerror(L, 1, "fd must be >= 0");
+  return mb_stream_push_fd(L, fd, lua_toboolean(L, 2));
+}
+
+/* core.pipe() -> read_fd, write_fd (both close-on-exec) */
+static int make_pipe(lua_State *L) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) < 0) return mb_push_errno(L, errno, "pipe2");
+  lua_pushinteger(L, fds[0]);
+  lua_pushinteger(L, fds[1]);
+  return 2;
+}
+
+/* core.close_fd(fd) for fds not (yet) wrapped in a stream */
+static int close_fd(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1);
+  if (close(fd) < 0) return mb_push_errno(L, errno, "close");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* stream:read_start(callback(err, data)); data nil means EOF */
+static int stream_read_start(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, STREAM);
+  stream_state *st = (stream_state *)h->extra;
+  mb_handle_set_cb(L, h, CB_READ, 2);
+  if (st->eof) return mb_push_error(L, UV_EOF, NULL);
+  int rc = uv_read_start(&h->uv.stream, on_alloc, on_read);
+  if (rc < 0 && rc != UV_EALREADY) return mb_push_error(L, rc, NULL);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int stream_read_stop(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, STREAM);
+  uv_read_stop(&h->uv.stream);
+  return 0;
+}
+
+/* stream:try_read() -> data ("" when nothing is ready) | nil at EOF.
+ * Reads what is already buffered without waiting: used to collect output a
+ * process wrote before it signalled completion on another fd. */
+static int stream_try_read(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, STREAM);
+  stream_state *st = (stream_state *)h->extra;
+  size_t limit = (size_t)luaL_optnumber(L, 2, 1 << 20);
+  if (st->eof) { lua_pushnil(L); return 1; }
+  uv_os_fd_t fd;
+  if (uv_fileno(&h->uv.handle, &fd) < 0) return mb_push_error(L, UV_EBADF, NULL);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  size_t total = 0;
+  while (total < limit) {
+    ssize_t n = read(fd, st->buf, sizeof(st->buf));
+    if (n > 0) { luaL_addlstring(&b, st->buf, (size_t)n); total += (size_t)n; continue; }
+    if (n == 0 || (n < 0 && st->is_pty && errno == EIO)) { st->eof = 1; break; }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN) break;
+    int e = errno;
+    luaL_pushresult(&b);
+    return mb_push_errno(L, e, "read");
+  }
+  luaL_pushresult(&b);
+  if (total == 0 && st->eof) { lua_pop(L, 1); lua_pushnil(L); }
+  return 1;
+}
+
+typedef struct {
+  uv_write_t req;
+  mb_core *core;
+  int cb_ref;
+  int data_ref; /* keeps the Lua string alive until libuv is done with it */
+} write_req;
+
+static void on_write(uv_write_t *req, int status) {
+  write_req *wr = (write_req *)req;
+  mb_core *core = wr->core;
+  int cb_ref = wr->cb_ref;
+  lua_State *cbL = core->cbL;
+  luaL_unref(cbL, LUA_REGISTRYINDEX, wr->data_ref);
+  free(wr);
+  if (cb_ref == LUA_NOREF) return;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, cb_ref);
+  if (status < 0) lua_pushstring(cbL, uv_err_name(status)); else lua_pushnil(cbL);
+  mb_call(core, cbL, 1);
+}
+
+/* stream:write(data[, callback(err)]) -> queued bytes | nil, msg, code */
+static int stream_write(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, STREAM);
+  size_t len;
+  const char *data = luaL_checklstring(L, 2, &len);
+  write_req *wr = (write_req *)malloc(sizeof(write_req));
+  if (!wr) return luaL_error(L, "out of memory");
+  wr->core = h->core;
+  wr->cb_ref = LUA_NOREF;
+  lua_pushvalue(L, 2);
+  wr->data_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (lua_isfunction(L, 3)) {
+    lua_pushvalue(L, 3);
+    wr->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  uv_buf_t buf = uv_buf_init((char *)data, (unsigned int)len);
+  int rc = uv_write(&wr->req, &h->uv.stream, &buf, 1, on_write);
+  if (rc < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, wr->data_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, wr->cb_ref);
+    free(wr);
+    return mb_push_error(L, rc, "write");
+  }
+  lua_pushnumber(L, (lua_Number)h->uv.stream.write_queue_size);
+  return 1;
+}
+
+static int stream_write_queue_size(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, STREAM);
+  lua_pushnumber(L, (lua_Number)h->uv.stream.write_queue_size);
+  return 1;
+}
+
+typedef struct {
+  uv_shutdown_t req;
+  mb_core *core;
+  int cb_ref;
+} shutdown_req;
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  shutdown_req *sr = (shutdown_req *)req;
+  mb_core *core = sr->core;
+  int ref = sr->cb_ref;
+  free(sr);
+  if (ref == LUA_NOREF) return;
+  lua_State *cbL = core->cbL;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, ref);
+  if (status < 0) lua_pushstring(cbL, uv_err_name(status)); else lua_pushnil(cbL);
+  mb_call(core, cbL, 1);
+}
+
+/* stream:shutdown([callback(err)]): EOF for the reader once queued writes are done */
+static int stream_shutdown(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, STREAM);
+  shutdown_req *sr = (shutdown_req *)malloc(sizeof(shutdown_req));
+  if (!sr) return luaL_error(L, "out of memory");
+  sr->core = h->core;
+  sr->cb_ref = LUA_NOREF;
+  if (lua_isfunction(L, 2)) {
+    lua_pushvalue(L, 2);
+    sr->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  int rc = uv_shutdown(&sr->req, &h->uv.stream, on_shutdown);
+  if (rc < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, sr->cb_ref);
+    free(sr);
+    return mb_push_error(L, rc, "shutdown");
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* stream:set_pipe_size(bytes) -> actual size; larger pipes mean fewer wakeups */
+static int stream_set_pipe_size(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, STREAM);
+  int size = (int)luaL_checkinteger(L, 2);
+  uv_os_fd_t fd;
+  if (uv_fileno(&h->uv.handle, &fd) < 0) return mb_push_error(L, UV_EBADF, NULL);
+  int rc = fcntl(fd, F_SETPIPE_SZ, size);
+  if (rc < 0) return mb_push_errno(L, errno, "F_SETPIPE_SZ");
+  lua_pushinteger(L, rc);
+  return 1;
+}
+
+static const luaL_Reg stream_methods[] = {
+  {"read_start", stream_read_start}, {"read_stop", stream_read_stop},
+  {"try_read", stream_try_read}, {"write", stream_write},
+  {"write_queue_size", stream_write_queue_size}, {"shutdown", stream_shutdown},
+  {"set_pipe_size", stream_set_pipe_size}, {NULL, NULL}};
+
+void mb_open_stream(lua_State *L) {
+  mb_new_class(L, STREAM, stream_methods);
+  lua_pushcfunction(L, stream_open);
+  lua_setfield(L, -2, "stream_open");
+  lua_pushcfunction(L, make_pipe);
+  lua_setfield(L, -2, "pipe");
+  lua_pushcfunction(L, close_fd);
+  lua_setfield(L, -2, "close_fd");
+}

@@ -1,0 +1,60 @@
+/* Timers: one-shot and repeating. */
+#include "core.h"
+
+#define TIMER "moonbox.timer"
+
+static void on_timer(uv_timer_t *t) {
+  mb_handle *h = (mb_handle *)t->data;
+  lua_State *cbL = mb_handle_push_cb(h, 1);
+  if (cbL) mb_call(h->core, cbL, 0);
+}
+
+/* core.timer() -> timer */
+static int timer_new(lua_State *L) {
+  mb_handle *h = mb_handle_new(L, TIMER, 0);
+  uv_timer_init(h->core->loop, &h->uv.timer);
+  return 1;
+}
+
+/* timer:start(timeout_ms, repeat_ms, callback) */
+static int timer_start(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, TIMER);
+  lua_Number timeout = luaL_checknumber(L, 2);
+  lua_Number repeat = luaL_optnumber(L, 3, 0);
+  if (timeout < 0 || repeat < 0) return luaL_error(L, "timer durations must be >= 0");
+  mb_handle_set_cb(L, h, 1, 4);
+  int rc = uv_timer_start(&h->uv.timer, on_timer, (uint64_t)timeout, (uint64_t)repeat);
+  if (rc < 0) return mb_push_error(L, rc, NULL);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int timer_stop(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, TIMER);
+  uv_timer_stop(&h->uv.timer);
+  return 0;
+}
+
+static int timer_again(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, TIMER);
+  int rc = uv_timer_again(&h->uv.timer);
+  if (rc < 0) return mb_push_error(L, rc, NULL);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int timer_get_due_in(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, TIMER);
+  lua_pushnumber(L, (lua_Number)uv_timer_get_due_in(&h->uv.timer));
+  return 1;
+}
+
+static const luaL_Reg timer_methods[] = {
+  {"start", timer_start}, {"stop", timer_stop}, {"again", timer_again},
+  {"get_due_in", timer_get_due_in}, {NULL, NULL}};
+
+void mb_open_timer(lua_State *L) {
+  mb_new_class(L, TIMER, timer_methods);
+  lua_pushcfunction(L, timer_new);
+  lua_setfield(L, -2, "timer");
+}
