@@ -3,6 +3,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -354,6 +355,10 @@ LUALIB_API int luaopen_moonbox_core(lua_State *L) {
     }
     core->cbL = lua_newthread(L);
     core->cbL_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    /* A write to a pipe whose reader has gone (a child that exited) must
+     * fail with EPIPE, not kill the runtime. Children get SIG_DFL back. */
+    struct sigaction sa;
+    if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
   }
   lua_newtable(L);
   luaL_register(L, NULL, core_funcs);

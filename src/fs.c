@@ -1,3 +1,833 @@
-/* fs: placeholder until the fs family lands. */
+/* fs: files and directories.
+ *
+ * Two groups of functions, registered on the module table as fs_*:
+ *
+ * 1. Asynchronous operations on libuv's thread pool (uv_fs_*). Each takes a
+ *    final callback, called exactly once on the core's callback thread:
+ *      success: cb(nil, result)
+ *      failure: cb("CODE: message (op 'path')", nil, "CODE")
+ *    The call itself returns true once the request is queued; if libuv
+ *    refuses it outright it returns nil, message, CODE and the callback is
+ *    never called. Misuse (wrong argument types, bad flag strings) raises.
+ *
+ * 2. Root-confined resolution through openat2(2) (Linux >= 5.6): paths are
+ *    resolved relative to a root directory (an fd from fs_open_dir, or a
+ *    path) with RESOLVE_BENEATH ("beneath": any escape fails with EXDEV) or
+ *    RESOLVE_IN_ROOT ("in_root": "/" and ".." are clamped to the root, like
+ *    chroot), always plus RESOLVE_NO_MAGICLINKS. An escape is reported as
+ *    nil, "EXDEV: path resolves outside the root (...)", "EXDEV".
+ *    fs_open_beneath is asynchronous (uv_queue_work) when given a callback
+ *    and synchronous otherwise; every other *_beneath helper and fs_open_dir
+ *    is synchronous: they are a handful of quick syscalls on a directory fd
+ *    and return their results directly (result | nil, message, CODE).
+ *    The mutating helpers open the PARENT directory confined (O_PATH) and act
+ *    on the final component with mkdirat/unlinkat/renameat, which never
+ *    follow a final symlink, so nothing outside the root is touched.
+ */
 #include "core.h"
-void mb_open_fs(lua_State *L) { (void)L; }
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+
+#define OPENAT2_ENOSYS_MSG "ENOSYS: openat2 not supported by this kernel (needs Linux 5.6)"
+
+/* ---- shared helpers ------------------------------------------------------ */
+
+/* "r" "r+" "w" "w+" "a" "a+", each optionally with "x" (O_EXCL), or an
+ * integer of O_* flags. O_CLOEXEC is always added. */
+static int check_flags(lua_State *L, int idx) {
+  if (lua_isnoneornil(L, idx)) return O_RDONLY | O_CLOEXEC;
+  if (lua_type(L, idx) == LUA_TNUMBER) return (int)lua_tointeger(L, idx) | O_CLOEXEC;
+  const char *s = luaL_checkstring(L, idx);
+  int flags;
+  switch (s[0]) {
+    case 'r': flags = O_RDONLY; break;
+    case 'w': flags = O_WRONLY | O_CREAT | O_TRUNC; break;
+    case 'a': flags = O_WRONLY | O_CREAT | O_APPEND; break;
+    default: return luaL_argerror(L, idx, "flags must be r, r+, w, w+, a, a+ (optionally with x) or an integer");
+  }
+  int plus = 0, excl = 0;
+  for (const char *p = s + 1; *p; p++) {
+    if (*p == '+' && !plus) plus = 1;
+    else if (*p == 'x' && !excl && s[0] != 'r') excl = 1;
+    else return luaL_argerror(L, idx, "flags must be r, r+, w, w+, a, a+ (optionally with x) or an integer");
+  }
+  if (plus) flags = (flags & ~O_WRONLY) | O_RDWR;
+  if (excl) flags |= O_EXCL;
+  return flags | O_CLOEXEC;
+}
+
+static int check_mode(lua_State *L, int idx, int def) {
+  if (lua_isnoneornil(L, idx)) return def;
+  lua_Integer m = luaL_checkinteger(L, idx);
+  if (m < 0 || m > 07777) luaL_argerror(L, idx, "mode must be between 0 and 07777");
+  return (int)m;
+}
+
+static int check_fd(lua_State *L, int idx) {
+  lua_Integer fd = luaL_checkinteger(L, idx);
+  if (fd < 0 || fd > 0x7fffffff) luaL_argerror(L, idx, "fd must be >= 0");
+  return (int)fd;
+}
+
+static const char *type_name(unsigned long mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG: return "file";
+    case S_IFDIR: return "directory";
+    case S_IFLNK: return "symlink";
+    default: return "other";
+  }
+}
+
+#define SET_NUM(L, key, v) (lua_pushnumber(L, (lua_Number)(v)), lua_setfield(L, -2, key))
+#define TIMESPEC(ts) ((double)(ts).tv_sec + (double)(ts).tv_nsec / 1e9)
+
+static void push_uv_stat(lua_State *L, const uv_stat_t *st) {
+  lua_createtable(L, 0, 11);
+  lua_pushstring(L, type_name((unsigned long)st->st_mode));
+  lua_setfield(L, -2, "type");
+  SET_NUM(L, "size", st->st_size);
+  SET_NUM(L, "mode", st->st_mode & 07777);
+  SET_NUM(L, "uid", st->st_uid);
+  SET_NUM(L, "gid", st->st_gid);
+  SET_NUM(L, "mtime", TIMESPEC(st->st_mtim));
+  SET_NUM(L, "atime", TIMESPEC(st->st_atim));
+  SET_NUM(L, "ctime", TIMESPEC(st->st_ctim));
+  SET_NUM(L, "ino", st->st_ino);
+  SET_NUM(L, "dev", st->st_dev);
+  SET_NUM(L, "nlink", st->st_nlink);
+}
+
+static void push_sys_stat(lua_State *L, const struct stat *st) {
+  lua_createtable(L, 0, 11);
+  lua_pushstring(L, type_name((unsigned long)st->st_mode));
+  lua_setfield(L, -2, "type");
+  SET_NUM(L, "size", st->st_size);
+  SET_NUM(L, "mode", st->st_mode & 07777);
+  SET_NUM(L, "uid", st->st_uid);
+  SET_NUM(L, "gid", st->st_gid);
+  SET_NUM(L, "mtime", TIMESPEC(st->st_mtim));
+  SET_NUM(L, "atime", TIMESPEC(st->st_atim));
+  SET_NUM(L, "ctime", TIMESPEC(st->st_ctim));
+  SET_NUM(L, "ino", st->st_ino);
+  SET_NUM(L, "dev", st->st_dev);
+  SET_NUM(L, "nlink", st->st_nlink);
+}
+
+static void push_entry(lua_State *L, int i, const char *name, const char *type) {
+  lua_createtable(L, 0, 2);
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "name");
+  lua_pushstring(L, type);
+  lua_setfield(L, -2, "type");
+  lua_rawseti(L, -2, i);
+}
+
+/* ---- asynchronous operations (uv_fs_*) ----------------------------------- */
+
+typedef struct fs_req fs_req;
+typedef void (*push_fn)(lua_State *L, fs_req *fr);
+
+struct fs_req {
+  uv_fs_t req;
+  mb_core *core;
+  int cb_ref;
+  int data_ref;   /* the string being written, alive until completion */
+  char *buf;      /* read buffer */
+  push_fn push;   /* pushes the one result value on success */
+  const char *op;
+  int fd;         /* for error messages of fd operations, -1 otherwise */
+};
+
+static void push_result_int(lua_State *L, fs_req *fr) {
+  lua_pushinteger(L, (lua_Integer)fr->req.result);
+}
+
+static void push_result_true(lua_State *L, fs_req *fr) {
+  (void)fr;
+  lua_pushboolean(L, 1);
+}
+
+static void push_result_read(lua_State *L, fs_req *fr) {
+  lua_pushlstring(L, fr->buf, (size_t)fr->req.result);
+}
+
+static void push_result_stat(lua_State *L, fs_req *fr) {
+  push_uv_stat(L, &fr->req.statbuf);
+}
+
+static void push_result_ptr(lua_State *L, fs_req *fr) {
+  lua_pushstring(L, (const char *)fr->req.ptr);
+}
+
+static const char *dirent_type(uv_dirent_type_t t) {
+  switch (t) {
+    case UV_DIRENT_FILE: return "file";
+    case UV_DIRENT_DIR: return "directory";
+    case UV_DIRENT_LINK: return "symlink";
+    case UV_DIRENT_UNKNOWN: return "unknown";
+    default: return "other";
+  }
+}
+
+static void push_result_scandir(lua_State *L, fs_req *fr) {
+  uv_dirent_t ent;
+  int i = 0;
+  lua_newtable(L);
+  while (uv_fs_scandir_next(&fr->req, &ent) != UV_EOF) push_entry(L, ++i, ent.name, dirent_type(ent.type));
+}
+
+/* The error message for a failed request: "CODE: strerror (op 'path')". */
+static void push_req_errmsg(lua_State *L, fs_req *fr, int err) {
+  const char *name = uv_err_name(err), *msg = uv_strerror(err);
+  const char *path = fr->req.path, *new_path = fr->req.new_path;
+  if (path && new_path)
+    lua_pushfstring(L, "%s: %s (%s '%s' -> '%s')", name, msg, fr->op, path, new_path);
+  else if (path)
+    lua_pushfstring(L, "%s: %s (%s '%s')", name, msg, fr->op, path);
+  else
+    lua_pushfstring(L, "%s: %s (%s fd %d)", name, msg, fr->op, fr->fd);
+}
+
+static void fs_req_free(fs_req *fr) {
+  uv_fs_req_cleanup(&fr->req);
+  free(fr->buf);
+  free(fr);
+}
+
+static void on_fs(uv_fs_t *req) {
+  fs_req *fr = (fs_req *)req->data;
+  mb_core *core = fr->core;
+  if (core->dead) { /* the Lua state is going away: no callbacks, no leaks */
+    if (req->fs_type == UV_FS_OPEN && req->result >= 0) close((int)req->result);
+    fs_req_free(fr);
+    return;
+  }
+  lua_State *cbL = core->cbL;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, fr->cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, fr->cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, fr->data_ref);
+  int nargs;
+  if (req->result < 0) {
+    int err = (int)req->result;
+    push_req_errmsg(cbL, fr, err);
+    lua_pushnil(cbL);
+    lua_pushstring(cbL, uv_err_name(err));
+    nargs = 3;
+  } else {
+    lua_pushnil(cbL);
+    fr->push(cbL, fr);
+    nargs = 2;
+  }
+  fs_req_free(fr);
+  mb_call(core, cbL, nargs);
+}
+
+/* Allocate a request for an operation whose callback is at cb_idx. All
+ * argument checks must be done before this (they may raise). */
+static fs_req *req_new(lua_State *L, int cb_idx, const char *op, push_fn push) {
+  mb_core *core = mb_core_get(L);
+  luaL_checktype(L, cb_idx, LUA_TFUNCTION);
+  fs_req *fr = (fs_req *)calloc(1, sizeof(fs_req));
+  if (!fr) { luaL_error(L, "out of memory"); return NULL; }
+  fr->core = core;
+  fr->req.data = fr;
+  fr->push = push;
+  fr->op = op;
+  fr->fd = -1;
+  fr->data_ref = LUA_NOREF;
+  lua_pushvalue(L, cb_idx);
+  fr->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return fr;
+}
+
+/* After uv_fs_*: true when queued, else undo and return nil, message, CODE. */
+static int req_submitted(lua_State *L, fs_req *fr, int rc) {
+  if (rc < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, fr->cb_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, fr->data_ref);
+    fs_req_free(fr);
+    return mb_push_error(L, rc, NULL);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+#define LOOP(fr) ((fr)->core->loop)
+
+/* core.fs_open(path, flags, mode, cb) -> cb(nil, fd) */
+static int fs_open(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  int flags = check_flags(L, 2);
+  int mode = check_mode(L, 3, 0666);
+  fs_req *fr = req_new(L, 4, "open", push_result_int);
+  return req_submitted(L, fr, uv_fs_open(LOOP(fr), &fr->req, path, flags, mode, on_fs));
+}
+
+/* core.fs_read(fd, size, offset, cb) -> cb(nil, data); "" at EOF; offset nil/-1: current position */
+static int fs_read(lua_State *L) {
+  int fd = check_fd(L, 1);
+  lua_Integer size = luaL_checkinteger(L, 2);
+  int64_t offset = (int64_t)luaL_optinteger(L, 3, -1);
+  if (size < 0 || size > 0x7fffffff) return luaL_argerror(L, 2, "size must be between 0 and 2^31-1");
+  if (offset < -1) return luaL_argerror(L, 3, "offset must be >= 0 (or -1 for the current position)");
+  fs_req *fr = req_new(L, 4, "read", push_result_read);
+  fr->fd = fd;
+  fr->buf = (char *)malloc(size ? (size_t)size : 1);
+  if (!fr->buf) {
+    luaL_unref(L, LUA_REGISTRYINDEX, fr->cb_ref);
+    fs_req_free(fr);
+    return mb_push_error(L, UV_ENOMEM, "read buffer");
+  }
+  uv_buf_t buf = uv_buf_init(fr->buf, (unsigned int)size);
+  return req_submitted(L, fr, uv_fs_read(LOOP(fr), &fr->req, fd, &buf, 1, offset, on_fs));
+}
+
+/* core.fs_write(fd, data, offset, cb) -> cb(nil, bytes_written) */
+static int fs_write(lua_State *L) {
+  int fd = check_fd(L, 1);
+  size_t len;
+  const char *data = luaL_checklstring(L, 2, &len);
+  int64_t offset = (int64_t)luaL_optinteger(L, 3, -1);
+  if (offset < -1) return luaL_argerror(L, 3, "offset must be >= 0 (or -1 for the current position)");
+  if (len > 0x7fffffff) return luaL_argerror(L, 2, "data is too large for one write");
+  fs_req *fr = req_new(L, 4, "write", push_result_int);
+  fr->fd = fd;
+  lua_pushvalue(L, 2);
+  fr->data_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  uv_buf_t buf = uv_buf_init((char *)data, (unsigned int)len);
+  return req_submitted(L, fr, uv_fs_write(LOOP(fr), &fr->req, fd, &buf, 1, offset, on_fs));
+}
+
+/* core.fs_close(fd, cb) -> cb(nil, true) */
+static int fs_close(lua_State *L) {
+  int fd = check_fd(L, 1);
+  fs_req *fr = req_new(L, 2, "close", push_result_true);
+  fr->fd = fd;
+  return req_submitted(L, fr, uv_fs_close(LOOP(fr), &fr->req, fd, on_fs));
+}
+
+/* core.fs_stat(path, cb) / fs_lstat(path, cb) -> cb(nil, stat table) */
+static int fs_stat(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  fs_req *fr = req_new(L, 2, "stat", push_result_stat);
+  return req_submitted(L, fr, uv_fs_stat(LOOP(fr), &fr->req, path, on_fs));
+}
+
+static int fs_lstat(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  fs_req *fr = req_new(L, 2, "lstat", push_result_stat);
+  return req_submitted(L, fr, uv_fs_lstat(LOOP(fr), &fr->req, path, on_fs));
+}
+
+/* core.fs_fstat(fd, cb) -> cb(nil, stat table) */
+static int fs_fstat(lua_State *L) {
+  int fd = check_fd(L, 1);
+  fs_req *fr = req_new(L, 2, "fstat", push_result_stat);
+  fr->fd = fd;
+  return req_submitted(L, fr, uv_fs_fstat(LOOP(fr), &fr->req, fd, on_fs));
+}
+
+/* core.fs_mkdir(path, mode, cb) -> cb(nil, true); mode nil: 0777 (before umask) */
+static int fs_mkdir(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  int mode = check_mode(L, 2, 0777);
+  fs_req *fr = req_new(L, 3, "mkdir", push_result_true);
+  return req_submitted(L, fr, uv_fs_mkdir(LOOP(fr), &fr->req, path, mode, on_fs));
+}
+
+static int fs_rmdir(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  fs_req *fr = req_new(L, 2, "rmdir", push_result_true);
+  return req_submitted(L, fr, uv_fs_rmdir(LOOP(fr), &fr->req, path, on_fs));
+}
+
+static int fs_unlink(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  fs_req *fr = req_new(L, 2, "unlink", push_result_true);
+  return req_submitted(L, fr, uv_fs_unlink(LOOP(fr), &fr->req, path, on_fs));
+}
+
+/* core.fs_rename(old, new, cb) -> cb(nil, true) */
+static int fs_rename(lua_State *L) {
+  const char *from = luaL_checkstring(L, 1);
+  const char *to = luaL_checkstring(L, 2);
+  fs_req *fr = req_new(L, 3, "rename", push_result_true);
+  return req_submitted(L, fr, uv_fs_rename(LOOP(fr), &fr->req, from, to, on_fs));
+}
+
+/* core.fs_scandir(path, cb) -> cb(nil, {{name=, type=}, ...}) unsorted, without . and ..;
+ * type is file|directory|symlink|other, or unknown when the filesystem does not say */
+static int fs_scandir(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  fs_req *fr = req_new(L, 2, "scandir", push_result_scandir);
+  return req_submitted(L, fr, uv_fs_scandir(LOOP(fr), &fr->req, path, 0, on_fs));
+}
+
+/* core.fs_readlink(path, cb) -> cb(nil, target) */
+static int fs_readlink(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  fs_req *fr = req_new(L, 2, "readlink", push_result_ptr);
+  return req_submitted(L, fr, uv_fs_readlink(LOOP(fr), &fr->req, path, on_fs));
+}
+
+/* core.fs_realpath(path, cb) -> cb(nil, absolute canonical path) */
+static int fs_realpath(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  fs_req *fr = req_new(L, 2, "realpath", push_result_ptr);
+  return req_submitted(L, fr, uv_fs_realpath(LOOP(fr), &fr->req, path, on_fs));
+}
+
+/* core.fs_chmod(path, mode, cb) -> cb(nil, true) */
+static int fs_chmod(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  luaL_checkinteger(L, 2);
+  int mode = check_mode(L, 2, 0);
+  fs_req *fr = req_new(L, 3, "chmod", push_result_true);
+  return req_submitted(L, fr, uv_fs_chmod(LOOP(fr), &fr->req, path, mode, on_fs));
+}
+
+/* core.fs_utime(path, atime, mtime, cb) -> cb(nil, true); times in seconds (float) */
+static int fs_utime(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  double atime = (double)luaL_checknumber(L, 2);
+  double mtime = (double)luaL_checknumber(L, 3);
+  fs_req *fr = req_new(L, 4, "utime", push_result_true);
+  return req_submitted(L, fr, uv_fs_utime(LOOP(fr), &fr->req, path, atime, mtime, on_fs));
+}
+
+/* ---- root-confined resolution (openat2) ---------------------------------- */
+
+static const char *const resolve_names[] = {"beneath", "in_root", NULL};
+
+static unsigned long long check_resolve(lua_State *L, int idx, const char **name) {
+  int which = luaL_checkoption(L, idx, "beneath", resolve_names);
+  *name = resolve_names[which];
+  return (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
+}
+
+/* openat2, retried on EINTR and on the EAGAIN the kernel returns when a
+ * concurrent rename or mount makes a confined lookup unsafe to complete. */
+static int openat2_fd(int dirfd, const char *path, unsigned long long flags, unsigned long long mode,
+                      unsigned long long resolve) {
+  struct open_how how;
+  memset(&how, 0, sizeof(how));
+  how.flags = flags;
+  how.mode = (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? mode : 0;
+  how.resolve = resolve;
+  long rc = -1;
+  for (int tries = 0; tries < 16; tries++) {
+    rc = syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+    if (rc >= 0 || (errno != EINTR && errno != EAGAIN)) break;
+  }
+  return (int)rc;
+}
+
+/* The error message for a failed openat2 of path (errno value err). */
+static void push_openat2_errmsg(lua_State *L, int err, const char *path, const char *resolve) {
+  if (err == ENOSYS)
+    lua_pushliteral(L, OPENAT2_ENOSYS_MSG);
+  else if (err == EXDEV)
+    lua_pushfstring(L, "EXDEV: path resolves outside the root ('%s', resolve=%s)", path, resolve);
+  else {
+    int uverr = uv_translate_sys_error(err);
+    lua_pushfstring(L, "%s: %s (openat2 '%s', resolve=%s)", uv_err_name(uverr), uv_strerror(uverr), path, resolve);
+  }
+}
+
+static const char *errno_code(int err) {
+  return uv_err_name(uv_translate_sys_error(err));
+}
+
+static int return_openat2_error(lua_State *L, int err, const char *path, const char *resolve) {
+  lua_pushnil(L);
+  push_openat2_errmsg(L, err, path, resolve);
+  lua_pushstring(L, errno_code(err));
+  return 3;
+}
+
+/* The root at idx: an fd (borrowed) or a directory path (opened O_PATH,
+ * *owned set). Returns -1 with errno on failure. */
+static int get_root(lua_State *L, int idx, int *owned) {
+  *owned = 0;
+  if (lua_type(L, idx) == LUA_TNUMBER) return check_fd(L, idx);
+  if (lua_type(L, idx) != LUA_TSTRING) luaL_argerror(L, idx, "root must be a directory fd or path");
+  int fd = open(lua_tostring(L, idx), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) *owned = 1;
+  return fd;
+}
+
+static int return_root_error(lua_State *L, int err, int idx) {
+  lua_pushfstring(L, "root '%s'", lua_tostring(L, idx));
+  return mb_push_errno(L, err, lua_tostring(L, -1));
+}
+
+/* core.fs_open_dir(path) -> fd: an O_PATH|O_DIRECTORY|O_CLOEXEC fd to use as
+ * a root. Synchronous. Close it with core.close_fd or core.fs_close. */
+static int fs_open_dir(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  int fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    lua_pushfstring(L, "open_dir '%s'", path);
+    return mb_push_errno(L, errno, lua_tostring(L, -1));
+  }
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+typedef struct {
+  uv_work_t work;
+  mb_core *core;
+  int cb_ref;
+  int root, own_root;
+  char *path;
+  const char *resolve_name;
+  unsigned long long flags, mode, resolve;
+  int fd, err;
+} beneath_req;
+
+static void beneath_work(uv_work_t *w) {
+  beneath_req *br = (beneath_req *)w->data;
+  br->fd = openat2_fd(br->root, br->path, br->flags, br->mode, br->resolve);
+  br->err = br->fd < 0 ? errno : 0;
+}
+
+static void beneath_after(uv_work_t *w, int status) {
+  beneath_req *br = (beneath_req *)w->data;
+  mb_core *core = br->core;
+  if (br->own_root) close(br->root);
+  if (status == UV_ECANCELED) { br->fd = -1; br->err = ECANCELED; }
+  if (core->dead) {
+    if (br->fd >= 0) close(br->fd);
+    free(br->path);
+    free(br);
+    return;
+  }
+  lua_State *cbL = core->cbL;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, br->cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, br->cb_ref);
+  int nargs;
+  if (br->fd >= 0) {
+    lua_pushnil(cbL);
+    lua_pushinteger(cbL, br->fd);
+    nargs = 2;
+  } else {
+    push_openat2_errmsg(cbL, br->err, br->path, br->resolve_name);
+    lua_pushnil(cbL);
+    lua_pushstring(cbL, errno_code(br->err));
+    nargs = 3;
+  }
+  free(br->path);
+  free(br);
+  mb_call(core, cbL, nargs);
+}
+
+/* core.fs_open_beneath(root, relpath, flags, mode, resolve[, cb])
+ *   root: directory fd or path; flags/mode as for fs_open; resolve "beneath"
+ *   (default) or "in_root".
+ *   With cb: runs on the thread pool, returns true, then cb(nil, fd) or
+ *   cb(message, nil, CODE). Without cb: synchronous, returns fd | nil, message, CODE. */
+static int fs_open_beneath(lua_State *L) {
+  const char *rel = luaL_checkstring(L, 2);
+  int flags = check_flags(L, 3);
+  int mode = check_mode(L, 4, 0666);
+  const char *resolve_name;
+  unsigned long long resolve = check_resolve(L, 5, &resolve_name);
+  int async = !lua_isnoneornil(L, 6);
+  if (async) luaL_checktype(L, 6, LUA_TFUNCTION);
+  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING)
+    return luaL_argerror(L, 1, "root must be a directory fd or path");
+  mb_core *core = mb_core_get(L);
+  int owned;
+  int root = get_root(L, 1, &owned);
+  if (root < 0) return return_root_error(L, errno, 1);
+  if (!async) {
+    int fd = openat2_fd(root, rel, (unsigned)flags, (unsigned)mode, resolve);
+    int err = errno;
+    if (owned) close(root);
+    if (fd < 0) return return_openat2_error(L, err, rel, resolve_name);
+    lua_pushinteger(L, fd);
+    return 1;
+  }
+  beneath_req *br = (beneath_req *)calloc(1, sizeof(beneath_req));
+  char *path = strdup(rel);
+  if (!br || !path) {
+    free(br);
+    free(path);
+    if (owned) close(root);
+    return luaL_error(L, "out of memory");
+  }
+  br->work.data = br;
+  br->core = core;
+  br->root = root;
+  br->own_root = owned;
+  br->path = path;
+  br->resolve_name = resolve_name;
+  br->flags = (unsigned)flags;
+  br->mode = (unsigned)mode;
+  br->resolve = resolve;
+  lua_pushvalue(L, 6);
+  br->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  int rc = uv_queue_work(core->loop, &br->work, beneath_work, beneath_after);
+  if (rc < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, br->cb_ref);
+    if (owned) close(root);
+    free(br->path);
+    free(br);
+    return mb_push_error(L, rc, "openat2");
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* Split relpath into parent and final component, pushed as two strings.
+ * Trailing slashes are ignored ("a/b/" is "a" + "b"). Returns 0, or an errno
+ * value (nothing pushed) when there is no usable final component: "" is
+ * ENOENT; "/", "." and ".." as the final component are EINVAL. */
+static int split_parent(lua_State *L, const char *rel) {
+  size_t len = strlen(rel);
+  if (len == 0) return ENOENT;
+  while (len > 1 && rel[len - 1] == '/') len--;
+  size_t slash = len;
+  while (slash > 0 && rel[slash - 1] != '/') slash--;
+  const char *name = rel + slash;
+  size_t name_len = len - slash;
+  if (name_len == 0 || (name_len == 1 && name[0] == '.') || (name_len == 2 && name[0] == '.' && name[1] == '.'))
+    return EINVAL;
+  if (slash == 0) {
+    lua_pushliteral(L, ".");
+  } else {
+    size_t plen = slash;
+    while (plen > 1 && rel[plen - 1] == '/') plen--;
+    lua_pushlstring(L, rel, plen);
+  }
+  lua_pushlstring(L, name, name_len);
+  return 0;
+}
+
+/* The confined parent of rel as an O_PATH directory fd; on success the
+ * final component is pushed (one string) and *name points at it. On failure
+ * the three error values are pushed and -1 is returned. */
+static int open_parent(lua_State *L, int root, const char *rel, unsigned long long resolve,
+                       const char *resolve_name, const char **name) {
+  int top = lua_gettop(L);
+  int err = split_parent(L, rel);
+  if (err) {
+    lua_pushnil(L);
+    if (err == EINVAL)
+      lua_pushfstring(L, "EINVAL: invalid argument (path '%s' has no usable final component)", rel);
+    else
+      lua_pushfstring(L, "%s: %s (empty path)", errno_code(err), uv_strerror(uv_translate_sys_error(err)));
+    lua_pushstring(L, errno_code(err));
+    return -1;
+  }
+  const char *parent = lua_tostring(L, -2);
+  int pfd = openat2_fd(root, parent, O_PATH | O_DIRECTORY | O_CLOEXEC, 0, resolve);
+  if (pfd < 0) {
+    err = errno;
+    lua_settop(L, top);
+    /* report the whole path, not just its parent */
+    return_openat2_error(L, err, rel, resolve_name);
+    return -1;
+  }
+  lua_remove(L, -2); /* keep only the name */
+  *name = lua_tostring(L, -1);
+  return pfd;
+}
+
+/* Common prologue of the synchronous *_beneath helpers. */
+typedef struct {
+  int root, owned;
+  const char *resolve_name;
+  unsigned long long resolve;
+} root_ctx;
+
+/* Returns 0, or the number of error values already pushed. */
+static int root_begin(lua_State *L, root_ctx *rc, int resolve_idx) {
+  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING)
+    luaL_argerror(L, 1, "root must be a directory fd or path");
+  rc->resolve = check_resolve(L, resolve_idx, &rc->resolve_name);
+  rc->root = get_root(L, 1, &rc->owned);
+  if (rc->root < 0) return return_root_error(L, errno, 1);
+  return 0;
+}
+
+static void root_end(root_ctx *rc) {
+  if (rc->owned) close(rc->root);
+}
+
+static int return_at_error(lua_State *L, int err, const char *op, const char *rel) {
+  lua_pushfstring(L, "%s '%s'", op, rel);
+  return mb_push_errno(L, err, lua_tostring(L, -1));
+}
+
+/* core.fs_mkdir_beneath(root, relpath, mode, resolve) -> true. Synchronous. */
+static int fs_mkdir_beneath(lua_State *L) {
+  const char *rel = luaL_checkstring(L, 2);
+  int mode = check_mode(L, 3, 0777);
+  root_ctx rc;
+  int n = root_begin(L, &rc, 4);
+  if (n) return n;
+  const char *name;
+  int pfd = open_parent(L, rc.root, rel, rc.resolve, rc.resolve_name, &name);
+  root_end(&rc);
+  if (pfd < 0) return 3;
+  int r = mkdirat(pfd, name, (mode_t)mode);
+  int err = errno;
+  close(pfd);
+  if (r < 0) return return_at_error(L, err, "mkdir", rel);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int unlink_or_rmdir(lua_State *L, int flag, const char *op) {
+  const char *rel = luaL_checkstring(L, 2);
+  root_ctx rc;
+  int n = root_begin(L, &rc, 3);
+  if (n) return n;
+  const char *name;
+  int pfd = open_parent(L, rc.root, rel, rc.resolve, rc.resolve_name, &name);
+  root_end(&rc);
+  if (pfd < 0) return 3;
+  int r = unlinkat(pfd, name, flag);
+  int err = errno;
+  close(pfd);
+  if (r < 0) return return_at_error(L, err, op, rel);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.fs_unlink_beneath(root, relpath, resolve) -> true. Synchronous; a
+ * final symlink is removed itself, never followed. */
+static int fs_unlink_beneath(lua_State *L) { return unlink_or_rmdir(L, 0, "unlink"); }
+
+/* core.fs_rmdir_beneath(root, relpath, resolve) -> true. Synchronous. */
+static int fs_rmdir_beneath(lua_State *L) { return unlink_or_rmdir(L, AT_REMOVEDIR, "rmdir"); }
+
+/* core.fs_rename_beneath(root, old, new, resolve) -> true. Synchronous; both
+ * paths are confined to the same root. */
+static int fs_rename_beneath(lua_State *L) {
+  const char *from = luaL_checkstring(L, 2);
+  const char *to = luaL_checkstring(L, 3);
+  root_ctx rc;
+  int n = root_begin(L, &rc, 4);
+  if (n) return n;
+  const char *from_name, *to_name;
+  int from_fd = open_parent(L, rc.root, from, rc.resolve, rc.resolve_name, &from_name);
+  if (from_fd < 0) { root_end(&rc); return 3; }
+  int to_fd = open_parent(L, rc.root, to, rc.resolve, rc.resolve_name, &to_name);
+  root_end(&rc);
+  if (to_fd < 0) { close(from_fd); return 3; }
+  int r = renameat(from_fd, from_name, to_fd, to_name);
+  int err = errno;
+  close(from_fd);
+  close(to_fd);
+  if (r < 0) {
+    lua_pushfstring(L, "rename '%s' -> '%s'", from, to);
+    return mb_push_errno(L, err, lua_tostring(L, -1));
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.fs_stat_beneath(root, relpath, resolve, follow) -> stat table.
+ * Synchronous. The whole path is opened O_PATH through openat2 (with
+ * O_NOFOLLOW when follow == false, giving the symlink itself) and fstat'ed,
+ * so a final symlink is also resolved inside the root; follow defaults to true. */
+static int fs_stat_beneath(lua_State *L) {
+  const char *rel = luaL_checkstring(L, 2);
+  int follow = lua_isnoneornil(L, 4) ? 1 : lua_toboolean(L, 4);
+  root_ctx rc;
+  int n = root_begin(L, &rc, 3);
+  if (n) return n;
+  int fd = openat2_fd(rc.root, rel, O_PATH | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW), 0, rc.resolve);
+  int err = errno;
+  root_end(&rc);
+  if (fd < 0) return return_openat2_error(L, err, rel, rc.resolve_name);
+  struct stat st;
+  int r = fstat(fd, &st);
+  err = errno;
+  close(fd);
+  if (r < 0) return return_at_error(L, err, "fstat", rel);
+  push_sys_stat(L, &st);
+  return 1;
+}
+
+/* core.fs_scandir_beneath(root, relpath, resolve) -> {{name=, type=}, ...}
+ * unsorted, without . and ... Synchronous. */
+static int fs_scandir_beneath(lua_State *L) {
+  const char *rel = luaL_checkstring(L, 2);
+  root_ctx rc;
+  int n = root_begin(L, &rc, 3);
+  if (n) return n;
+  int fd = openat2_fd(rc.root, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0, rc.resolve);
+  int err = errno;
+  root_end(&rc);
+  if (fd < 0) return return_openat2_error(L, err, rel, rc.resolve_name);
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    err = errno;
+    close(fd);
+    return return_at_error(L, err, "fdopendir", rel);
+  }
+  lua_newtable(L);
+  int i = 0;
+  struct dirent *ent;
+  for (;;) {
+    errno = 0;
+    ent = readdir(d);
+    if (!ent) break;
+    const char *nm = ent->d_name;
+    if (nm[0] == '.' && (nm[1] == 0 || (nm[1] == '.' && nm[2] == 0))) continue;
+    const char *type;
+    switch (ent->d_type) {
+      case DT_REG: type = "file"; break;
+      case DT_DIR: type = "directory"; break;
+      case DT_LNK: type = "symlink"; break;
+      case DT_UNKNOWN: {
+        struct stat st;
+        type = fstatat(dirfd(d), nm, &st, AT_SYMLINK_NOFOLLOW) == 0 ? type_name(st.st_mode) : "unknown";
+        break;
+      }
+      default: type = "other";
+    }
+    push_entry(L, ++i, nm, type);
+  }
+  err = errno;
+  closedir(d);
+  if (err) {
+    lua_pop(L, 1);
+    return return_at_error(L, err, "readdir", rel);
+  }
+  return 1;
+}
+
+static const luaL_Reg fs_funcs[] = {
+  {"fs_open", fs_open}, {"fs_read", fs_read}, {"fs_write", fs_write}, {"fs_close", fs_close},
+  {"fs_stat", fs_stat}, {"fs_lstat", fs_lstat}, {"fs_fstat", fs_fstat},
+  {"fs_mkdir", fs_mkdir}, {"fs_rmdir", fs_rmdir}, {"fs_unlink", fs_unlink}, {"fs_rename", fs_rename},
+  {"fs_scandir", fs_scandir}, {"fs_readlink", fs_readlink}, {"fs_realpath", fs_realpath},
+  {"fs_chmod", fs_chmod}, {"fs_utime", fs_utime},
+  {"fs_open_dir", fs_open_dir}, {"fs_open_beneath", fs_open_beneath},
+  {"fs_mkdir_beneath", fs_mkdir_beneath}, {"fs_unlink_beneath", fs_unlink_beneath},
+  {"fs_rmdir_beneath", fs_rmdir_beneath}, {"fs_rename_beneath", fs_rename_beneath},
+  {"fs_stat_beneath", fs_stat_beneath}, {"fs_scandir_beneath", fs_scandir_beneath},
+  {NULL, NULL}};
+
+void mb_open_fs(lua_State *L) {
+  for (const luaL_Reg *f = fs_funcs; f->name; f++) {
+    lua_pushcfunction(L, f->func);
+    lua_setfield(L, -2, f->name);
+  }
+}

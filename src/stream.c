@@ -112,7 +112,9 @@ static int stream_read_stop(lua_State *L) {
 static int stream_try_read(lua_State *L) {
   mb_handle *h = mb_handle_check(L, 1, STREAM);
   stream_state *st = (stream_state *)h->extra;
-  size_t limit = (size_t)luaL_optnumber(L, 2, 1 << 20);
+  lua_Number max = luaL_optnumber(L, 2, 1 << 20);
+  if (max < 0) return luaL_argerror(L, 2, "limit must be >= 0");
+  size_t limit = (size_t)max;
   if (st->eof) { lua_pushnil(L); return 1; }
   uv_os_fd_t fd;
   if (uv_fileno(&h->uv.handle, &fd) < 0) return mb_push_error(L, UV_EBADF, NULL);
@@ -120,7 +122,8 @@ static int stream_try_read(lua_State *L) {
   luaL_buffinit(L, &b);
   size_t total = 0;
   while (total < limit) {
-    ssize_t n = read(fd, st->buf, sizeof(st->buf));
+    size_t want = limit - total < sizeof(st->buf) ? limit - total : sizeof(st->buf);
+    ssize_t n = read(fd, st->buf, want);
     if (n > 0) { luaL_addlstring(&b, st->buf, (size_t)n); total += (size_t)n; continue; }
     if (n == 0 || (n < 0 && st->is_pty && errno == EIO)) { st->eof = 1; break; }
     if (errno == EINTR) continue;
@@ -146,6 +149,7 @@ static void on_write(uv_write_t *req, int status) {
   mb_core *core = wr->core;
   int cb_ref = wr->cb_ref;
   lua_State *cbL = core->cbL;
+  if (core->dead) { free(wr); return; } /* cancelled while the Lua state closes */
   luaL_unref(cbL, LUA_REGISTRYINDEX, wr->data_ref);
   free(wr);
   if (cb_ref == LUA_NOREF) return;
@@ -199,7 +203,7 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
   mb_core *core = sr->core;
   int ref = sr->cb_ref;
   free(sr);
-  if (ref == LUA_NOREF) return;
+  if (ref == LUA_NOREF || core->dead) return;
   lua_State *cbL = core->cbL;
   lua_rawgeti(cbL, LUA_REGISTRYINDEX, ref);
   luaL_unref(cbL, LUA_REGISTRYINDEX, ref);

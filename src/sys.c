@@ -1,8 +1,10 @@
 /* Process-wide facts and switches: pid, ids, child subreaper. */
 #include "core.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int sys_getpid(lua_State *L) { lua_pushinteger(L, getpid()); return 1; }
@@ -18,7 +20,50 @@ static int sys_set_child_subreaper(lua_State *L) {
   return 1;
 }
 
+/* core.time() -> wall-clock seconds with microseconds, for timestamps */
+static int sys_time(lua_State *L) {
+  uv_timeval64_t tv;
+  int rc = uv_gettimeofday(&tv);
+  if (rc < 0) return mb_push_error(L, rc, "gettimeofday");
+  lua_pushnumber(L, (lua_Number)tv.tv_sec + (lua_Number)tv.tv_usec / 1e6);
+  return 1;
+}
+
+/* core.readdir(path) -> array of names (no "." or ".."). Synchronous: for
+ * /proc and cgroupfs, which answer from memory. Files go through fs. */
+static int sys_readdir(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  DIR *d = opendir(path);
+  if (!d) return mb_push_errno(L, errno, path);
+  lua_newtable(L);
+  int i = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0))) continue;
+    lua_pushstring(L, e->d_name);
+    lua_rawseti(L, -2, ++i);
+  }
+  closedir(d);
+  return 1;
+}
+
+/* core.mkdir(path[, mode]) / core.rmdir(path): synchronous, for cgroupfs. */
+static int sys_mkdir(lua_State *L) {
+  if (mkdir(luaL_checkstring(L, 1), (mode_t)luaL_optinteger(L, 2, 0755)) < 0)
+    return mb_push_errno(L, errno, lua_tostring(L, 1));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int sys_rmdir(lua_State *L) {
+  if (rmdir(luaL_checkstring(L, 1)) < 0) return mb_push_errno(L, errno, lua_tostring(L, 1));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static const luaL_Reg sys_funcs[] = {
+  {"readdir", sys_readdir}, {"mkdir", sys_mkdir}, {"rmdir", sys_rmdir},
+  {"time", sys_time},
   {"getpid", sys_getpid}, {"getuid", sys_getuid}, {"getgid", sys_getgid},
   {"set_child_subreaper", sys_set_child_subreaper}, {NULL, NULL}};
 

@@ -45,7 +45,9 @@ static int timer_again(lua_State *L) {
 
 static int timer_get_due_in(lua_State *L) {
   mb_handle *h = mb_handle_check(L, 1, TIMER);
-  lua_pushnumber(L, (lua_Number)uv_timer_get_due_in(&h->uv.timer));
+  /* libuv keeps the old deadline after uv_timer_stop: a stopped timer is due never */
+  uint64_t due = uv_is_active(&h->uv.handle) ? uv_timer_get_due_in(&h->uv.timer) : 0;
+  lua_pushnumber(L, (lua_Number)due);
   return 1;
 }
 

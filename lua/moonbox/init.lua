@@ -13,6 +13,12 @@ local moonbox = {
   errors = errors,
 }
 
+local sandbox = require "moonbox.sandbox"
+require("moonbox._runtime").at_exit(sandbox.shutdown)
+
+-- getSandbox(id, opts) -> Sandbox; the same id returns the same object.
+moonbox.getSandbox = sandbox.getSandbox
+
 function moonbox.versions()
   local v = core.versions()
   v.moonbox = moonbox.VERSION

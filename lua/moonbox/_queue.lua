@@ -1,0 +1,39 @@
+-- A FIFO lock: calls on one session run one at a time, in arrival order.
+local async = require "moonbox.async"
+
+local Queue = {}
+Queue.__index = Queue
+
+local M = {}
+
+function M.new() return setmetatable({ busy = false, waiters = {} }, Queue) end
+
+function Queue:acquire()
+  if not self.busy then self.busy = true return end
+  async.await(function(resume)
+    local entry = { resume = resume }
+    table.insert(self.waiters, entry)
+    return function()
+      for i, e in ipairs(self.waiters) do
+        if e == entry then table.remove(self.waiters, i) break end
+      end
+    end
+  end, "session queue")
+end
+
+-- Hand the lock to the next waiter (it stays busy) or free it.
+function Queue:release()
+  local next_entry = table.remove(self.waiters, 1)
+  if next_entry then next_entry.resume() else self.busy = false end
+end
+
+-- Run fn(...) holding the lock; the lock is released whatever happens.
+function Queue:run(fn, ...)
+  self:acquire()
+  local results = { pcall(fn, ...) }
+  self:release()
+  if not results[1] then error(results[2], 0) end
+  return unpack(results, 2, table.maxn(results))
+end
+
+return M

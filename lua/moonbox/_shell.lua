@@ -1,0 +1,244 @@
+-- One session shell: a bash process that reads its script from a control
+-- pipe (fd 60, which bash moves to a private close-on-exec fd) and reports
+-- on a status pipe (fd 61).
+--
+-- Per command the runtime makes fresh pipes for the body, stdin, stdout and
+-- stderr and writes ONE generated line to the control pipe:
+--
+--   __mb_id=7; builtin . /proc/<rt>/fd/<body> </proc/<rt>/fd/<in> \
+--     >|/proc/<rt>/fd/<out> 2>|/proc/<rt>/fd/<err> 60<&-; __mb_report 7 $? run
+--
+-- The body itself never travels through the control channel: bash sources
+-- it from its own pipe, so heredocs, unbalanced quotes, `exit`, `exec`,
+-- `break` and fd games stay inside it. Completion is the status record
+-- "<id> <exit status> <run|exit>\0<PWD>\0<export -p>\0", written by
+-- __mb_report after the body, or by the EXIT trap when the body ends the
+-- shell. /proc/<rt>/fd/<n> reopens a pipe the runtime holds.
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+
+local M = {}
+
+local CONTROL_FD, STATUS_FD = 60, 61
+
+local PRELUDE = table.concat({
+  "shopt -s expand_aliases",
+  "__mb_report() { builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\" >&61;" ..
+    " builtin export -p >&61; builtin printf '\\0' >&61; }",
+  "trap '__mb_report \"${__mb_id:-0}\" \"$?\" exit' EXIT",
+  "__mb_id=0",
+  "",
+}, "\n")
+
+local rt_pid = core.getpid()
+local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
+
+-- Parse `export -p` output into a map. Bash prints declare -x NAME="v" with
+-- \ " $ ` escaped, declare -x NAME=$'v' for control characters, and
+-- declare -x NAME for exported-but-unset names (skipped).
+local ansi = { n = "\n", t = "\t", r = "\r", a = "\a", b = "\b", f = "\f", v = "\v", e = "\27",
+  E = "\27", ["\\"] = "\\", ["'"] = "'", ['"'] = '"', ["?"] = "?" }
+function M.parse_exports(text)
+  local env, i, n = {}, 1, #text
+  while i <= n do
+    local s, e, name = text:find("^declare %-[%-%a]* ([%w_]+)", i)
+    if not s then
+      local nl = text:find("\n", i, true)
+      if not nl then break end
+      i = nl + 1
+    else
+      i = e + 1
+      local c = text:sub(i, i)
+      if c == "=" and text:sub(i + 1, i + 1) == '"' then
+        local j, buf = i + 2, {}
+        while j <= n do
+          local ch = text:sub(j, j)
+          if ch == "\\" then buf[#buf + 1] = text:sub(j + 1, j + 1) j = j + 2
+          elseif ch == '"' then break
+          else buf[#buf + 1] = ch j = j + 1 end
+        end
+        env[name] = table.concat(buf)
+        i = j + 1
+      elseif c == "=" and text:sub(i + 1, i + 2) == "$'" then
+        local j, buf = i + 3, {}
+        while j <= n do
+          local ch = text:sub(j, j)
+          if ch == "\\" then
+            local nx = text:sub(j + 1, j + 1)
+            if nx == "x" then
+              local hex = text:match("^%x%x?", j + 2)
+              buf[#buf + 1] = string.char(tonumber(hex, 16)) j = j + 2 + #hex
+            elseif nx:match("%d") then
+              local oct = text:match("^[0-7][0-7]?[0-7]?", j + 1)
+              buf[#buf + 1] = string.char(tonumber(oct, 8) % 256) j = j + 1 + #oct
+            else
+              buf[#buf + 1] = ansi[nx] or ("\\" .. nx) j = j + 2
+            end
+          elseif ch == "'" then break
+          else buf[#buf + 1] = ch j = j + 1 end
+        end
+        env[name] = table.concat(buf)
+        i = j + 1
+      end
+    end
+  end
+  return env
+end
+
+local Shell = {}
+Shell.__index = Shell
+
+-- spawn{env = map, cwd, cgroup, shell, on_exit(code, signal)}
+function M.spawn(opts)
+  local self = setmetatable({ seq = 0, status_buf = {}, waiting = nil, dead = false,
+    on_exit = opts.on_exit }, Shell)
+  local proc, pipes_or_err, code = core.spawn {
+    args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
+    file = opts.shell or "/bin/bash",
+    env = opts.env,
+    cwd = opts.cwd,
+    stdio = { [0] = "null", [1] = "null", [2] = "null", [CONTROL_FD] = "in", [STATUS_FD] = "out" },
+    setsid = true,
+    pdeathsig = "SIGKILL",
+    cgroup = opts.cgroup,
+    on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
+  }
+  if not proc then return nil, pipes_or_err, code end
+  self.proc, self.pid = proc, proc:pid()
+  self.control = pipes_or_err[CONTROL_FD]
+  self.status = pipes_or_err[STATUS_FD]
+  self.status:read_start(function(_, data) self:_status_data(data) end)
+  self.control:write(PRELUDE)
+  return self
+end
+
+-- Status records arrive in pieces; a record is complete after three NULs.
+function Shell:_status_data(data)
+  if data == nil then return end
+  local buf = self.status_buf
+  buf[#buf + 1] = data
+  if not data:find("\0", 1, true) then return end
+  local text = table.concat(buf)
+  while true do
+    local a = text:find("\0", 1, true)
+    local b = a and text:find("\0", a + 1, true)
+    local c = b and text:find("\0", b + 1, true)
+    if not c then break end
+    local id, status, kind = text:sub(1, a - 1):match("^(%d+) (%d+) (%a+)$")
+    local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
+      pwd = text:sub(a + 1, b - 1), exports = text:sub(b + 1, c - 1) }
+    text = text:sub(c + 1)
+    if record.exiting then self.exiting = true end
+    if self.waiting and record.id == self.waiting.id then
+      local w = self.waiting
+      self.waiting = nil
+      w.resume(record)
+    end
+  end
+  self.status_buf = { text }
+end
+
+function Shell:_exited(code, signal)
+  self.dead = true
+  self.exit_code, self.exit_signal = code, signal
+  -- the EXIT trap's record may still sit in the pipe: read it first
+  if self.status and not self.status:is_closing() then
+    local rest = self.status:try_read()
+    if rest and #rest > 0 then self:_status_data(rest) end
+  end
+  self:_close_pipes()
+  if self.waiting then
+    local w = self.waiting
+    self.waiting = nil
+    w.resume({ id = w.id, status = code, died = true, signal = signal })
+  end
+  if self.on_exit then self.on_exit(code, signal) end
+end
+
+function Shell:_close_pipes()
+  if self.control then self.control:close() self.control = nil end
+  if self.status then self.status:close() self.status = nil end
+end
+
+function Shell:usable()
+  return not self.dead and not self.exiting
+end
+
+-- run{body, stdin, prelude, on_chunk(stream, data)} -> record, where record
+-- is {status, pwd, exports, exiting} or {died = true, status, signal}.
+-- prelude (per-call cwd/env) makes the command run in a subshell, so its
+-- effects end with the call.
+function Shell:run(req)
+  self.seq = self.seq + 1
+  local id = self.seq
+  local held = {}     -- fds the shell opens by path; ours until it reports
+  local feeders, readers = {}, {}
+  local function pipe()
+    local r, w = core.pipe()
+    if not r then error(w, 0) end
+    return r, w
+  end
+  -- a pipe the shell reads: we write data and close our end
+  local function feed(data)
+    local r, w = pipe()
+    held[#held + 1] = r
+    local s = core.stream_open(w)
+    feeders[#feeders + 1] = s
+    s:write(data, function() s:close() end)
+    return fd_path(r)
+  end
+  -- a pipe the shell writes: we read it
+  local function drain(name)
+    local r, w = pipe()
+    held[#held + 1] = w
+    local s = core.stream_open(r)
+    readers[name] = s
+    s:read_start(function(_, data)
+      if data then req.on_chunk(name, data) end
+    end)
+    return fd_path(w)
+  end
+  local function cleanup()
+    for _, name in ipairs { "stdout", "stderr" } do
+      local s = readers[name]
+      if s then
+        -- what the command wrote before it reported is in the pipe already
+        local rest = s:try_read()
+        if rest and #rest > 0 then req.on_chunk(name, rest) end
+        s:close()
+      end
+    end
+    for _, s in ipairs(feeders) do s:close() end
+    for _, fd in ipairs(held) do core.close_fd(fd) end
+  end
+  local ok, err = pcall(function()
+    local body = feed(req.body)
+    local stdin = req.stdin and feed(req.stdin) or "/dev/null"
+    local redirs = ("<%s >|%s 2>|%s 60<&-"):format(stdin, drain("stdout"), drain("stderr"))
+    local line
+    if req.prelude then
+      line = ("__mb_id=%d; ( builtin . %s && builtin . %s ) %s; __mb_report %d $? run\n"):format(
+        id, feed(req.prelude), body, redirs, id)
+    else
+      line = ("__mb_id=%d; builtin . %s %s; __mb_report %d $? run\n"):format(id, body, redirs, id)
+    end
+    self.control:write(line)
+  end)
+  if not ok then
+    cleanup()
+    return { died = true, status = 1, error = tostring(err) }
+  end
+  local record = async.await(function(resume)
+    self.waiting = { id = id, resume = resume }
+    return function() self.waiting = nil end
+  end, "exec")
+  cleanup()
+  return record
+end
+
+function Shell:kill(sig)
+  if self.dead then return end
+  core.kill(self.pid, sig or "SIGKILL")
+end
+
+return M

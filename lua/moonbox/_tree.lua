@@ -1,0 +1,172 @@
+-- Killing a process tree, in one of two modes (see docs/processes.md):
+--
+-- "cgroup": every session gets a cgroup v2 directory; each command runs in
+--   a child cgroup of it. cgroup.kill reaches every process in it, including
+--   descendants that called setsid or double-forked: membership cannot be
+--   left without write access to the hierarchy.
+-- "proc": without a writable cgroup v2 tree, the runtime is a child
+--   subreaper; a tree is the descendants of a pid found in /proc, plus the
+--   orphans re-parented to the runtime. Best effort: a process that escapes
+--   to another subreaper or is started between scan and kill can survive.
+local core = require "moonbox.core"
+local util = require "moonbox._util"
+
+local M = {}
+
+local base_dir      -- <cgroup2 mount>/moonbox-<runtime pid>, or false
+local mode
+
+local function pid_alive(pid)
+  local stat = util.read_file("/proc/" .. pid .. "/stat")
+  return stat ~= nil and not stat:match("%) Z ")
+end
+
+-- All pids in a cgroup and its descendants.
+function M.cgroup_pids(dir, out)
+  out = out or {}
+  local procs = util.read_file(dir .. "/cgroup.procs") or ""
+  for pid in procs:gmatch("%d+") do out[#out + 1] = tonumber(pid) end
+  local names = core.readdir(dir) or {}
+  for _, name in ipairs(names) do
+    if util.is_dir(dir .. "/" .. name) then M.cgroup_pids(dir .. "/" .. name, out) end
+  end
+  return out
+end
+
+function M.populated(dir)
+  local events = util.read_file(dir .. "/cgroup.events")
+  return events ~= nil and events:match("populated 1") ~= nil
+end
+
+-- Remove a cgroup directory and its children (they must be empty).
+function M.remove_cgroup(dir)
+  for _, name in ipairs(core.readdir(dir) or {}) do
+    if util.is_dir(dir .. "/" .. name) then M.remove_cgroup(dir .. "/" .. name) end
+  end
+  return core.rmdir(dir)
+end
+
+local function try_base(mount)
+  if not util.read_file(mount .. "/cgroup.procs") then return nil end
+  local f = io.open(mount .. "/cgroup.kill")
+  if f then f:close() end
+  -- cgroup.kill exists only in non-root cgroups: probe with our own dir
+  local dir = mount .. "/moonbox-" .. core.getpid()
+  if not util.is_dir(dir) and not core.mkdir(dir) then return nil end
+  if not io.open(dir .. "/cgroup.kill") then core.rmdir(dir) return nil end
+  return dir, mount
+end
+
+-- Stale directories of runtimes that died without cleaning up.
+local function sweep_stale(mount)
+  for _, name in ipairs(core.readdir(mount) or {}) do
+    local pid = tonumber(name:match("^moonbox%-(%d+)$"))
+    if pid and pid ~= core.getpid() and not pid_alive(pid) then
+      util.write_file(mount .. "/" .. name .. "/cgroup.kill", "1")
+      M.remove_cgroup(mount .. "/" .. name)
+    end
+  end
+end
+
+function M.mode()
+  if mode then return mode end
+  core.set_child_subreaper(true)
+  for _, mount in ipairs { "/sys/fs/cgroup/unified", "/sys/fs/cgroup" } do
+    local dir, m = try_base(mount)
+    if dir then
+      base_dir = dir
+      sweep_stale(m)
+      mode = "cgroup"
+      return mode
+    end
+  end
+  base_dir = false
+  mode = "proc"
+  return mode
+end
+
+function M.base() M.mode() return base_dir end
+
+-- New cgroup below ours; nil in proc mode.
+function M.create(name)
+  if M.mode() ~= "cgroup" then return nil end
+  local dir = base_dir .. "/" .. name
+  if not util.is_dir(dir) then
+    local ok, err = core.mkdir(dir)
+    if not ok then return nil, err end
+  end
+  return dir
+end
+
+function M.move(dir, pid)
+  return util.write_file(dir .. "/cgroup.procs", tostring(pid))
+end
+
+function M.kill_cgroup(dir)
+  return util.write_file(dir .. "/cgroup.kill", "1")
+end
+
+-- Descendants of pid (not pid itself) from /proc, deepest last.
+function M.descendants(root_pid)
+  local children = {}
+  for _, name in ipairs(core.readdir("/proc") or {}) do
+    local pid = tonumber(name)
+    if pid then
+      local stat = util.read_file("/proc/" .. name .. "/stat")
+      local ppid = stat and tonumber(stat:match("%) %S (%d+)"))
+      if ppid then
+        children[ppid] = children[ppid] or {}
+        table.insert(children[ppid], pid)
+      end
+    end
+  end
+  local out, queue = {}, { root_pid }
+  while #queue > 0 do
+    local p = table.remove(queue, 1)
+    for _, c in ipairs(children[p] or {}) do
+      out[#out + 1] = c
+      queue[#queue + 1] = c
+    end
+  end
+  return out, children
+end
+
+-- Orphans re-parented to the runtime (we are a subreaper): children of ours
+-- that we did not spawn ourselves.
+function M.adopted(known)
+  local _, children = M.descendants(-1)
+  local out = {}
+  for _, pid in ipairs(children[core.getpid()] or {}) do
+    if not known[pid] then out[#out + 1] = pid end
+  end
+  return out
+end
+
+function M.signal_pids(pids, sig)
+  local n = 0
+  for _, pid in ipairs(pids) do
+    if core.kill(pid, sig) then n = n + 1 end
+  end
+  return n
+end
+
+-- Remove a killed cgroup once its last process is gone. A SIGKILLed process
+-- leaves the cgroup when it exits, a moment after cgroup.kill; this waits in
+-- short steps (at most ~2 s), only on teardown paths, never for a result.
+function M.remove_when_empty(dir, sleep)
+  for _ = 1, 200 do
+    if not M.populated(dir) then break end
+    sleep(10)
+  end
+  return M.remove_cgroup(dir)
+end
+
+-- Shutdown: kill and remove everything under our base cgroup.
+function M.cleanup(sleep)
+  if mode == "cgroup" and base_dir then
+    M.kill_cgroup(base_dir)
+    M.remove_when_empty(base_dir, sleep)
+  end
+end
+
+return M

@@ -1,0 +1,54 @@
+-- Small shared helpers: timestamps, shell quoting, file slurping.
+local core = require "moonbox.core"
+
+local M = {}
+
+-- ISO-8601 UTC with milliseconds: 2026-11-29T21:05:03.123Z
+function M.timestamp(t)
+  t = t or core.time()
+  local secs = math.floor(t)
+  local ms = math.floor((t - secs) * 1000)
+  return os.date("!%Y-%m-%dT%H:%M:%S", secs) .. (".%03dZ"):format(ms)
+end
+
+function M.now_ms()
+  return core.hrtime() / 1e6
+end
+
+-- Single-quote a string for bash: the result is always one literal word.
+function M.shell_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+function M.read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- Write a short string with one write(2); for cgroup control files.
+function M.write_file(path, data)
+  local f, err = io.open(path, "wb")
+  if not f then return nil, err end
+  f:setvbuf("no")
+  local ok, werr = f:write(data)
+  f:close()
+  if not ok then return nil, werr end
+  return true
+end
+
+function M.is_dir(path)
+  local f = io.open(path .. "/.")
+  if f then f:close() return true end
+  return false
+end
+
+function M.copy(t)
+  local c = {}
+  for k, v in pairs(t or {}) do c[k] = v end
+  return c
+end
+
+return M

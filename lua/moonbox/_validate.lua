@@ -1,0 +1,91 @@
+-- Argument checks shared by the public calls. Every failure raises
+-- VALIDATION_FAILED naming the field, before anything runs.
+local errors = require "moonbox.errors"
+
+local M = {}
+
+local function fail(field, message)
+  errors.raise("VALIDATION_FAILED", field .. ": " .. message, { field = field })
+end
+M.fail = fail
+
+function M.type(value, expected, field, optional)
+  if value == nil and optional then return value end
+  if type(value) ~= expected then
+    fail(field, ("expected %s, got %s"):format(expected, type(value)))
+  end
+  return value
+end
+
+-- opts must be nil or a table whose keys are all in `allowed`.
+function M.options(opts, allowed, field)
+  field = field or "options"
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then fail(field, "expected a table, got " .. type(opts)) end
+  for k in pairs(opts) do
+    if not allowed[k] then fail(field .. "." .. tostring(k), "unknown option") end
+  end
+  return opts
+end
+
+function M.env_name(name, field)
+  if type(name) ~= "string" or not name:match("^[A-Za-z_][A-Za-z0-9_]*$") then
+    fail(field or "env", ("invalid environment variable name %q"):format(tostring(name)))
+  end
+end
+
+-- An env table: names valid, values strings (or false = unset); numbers are
+-- accepted and turned into strings.
+function M.env(env, field)
+  if env == nil then return nil end
+  if type(env) ~= "table" then fail(field, "expected a table") end
+  local out = {}
+  for k, v in pairs(env) do
+    M.env_name(k, field)
+    if v == false then
+      out[k] = false
+    elseif type(v) == "string" or type(v) == "number" then
+      v = tostring(v)
+      if v:find("\0", 1, true) then fail(field .. "." .. k, "value contains a NUL byte") end
+      out[k] = v
+    else
+      fail(field .. "." .. k, "expected a string or false, got " .. type(v))
+    end
+  end
+  return out
+end
+
+function M.timeout(v, field)
+  if v == nil then return nil end
+  if type(v) ~= "number" or v < 0 or v ~= v then fail(field, "expected a number of milliseconds >= 0") end
+  return v
+end
+
+function M.command(cmd, field)
+  field = field or "command"
+  if type(cmd) == "string" then
+    if not cmd:find("%S") then fail(field, "command is empty") end
+    return cmd
+  elseif type(cmd) == "table" then
+    if #cmd == 0 then fail(field, "argv is empty") end
+    for i = 1, #cmd do
+      if type(cmd[i]) ~= "string" and type(cmd[i]) ~= "number" then
+        fail(("%s[%d]"):format(field, i), "expected a string")
+      end
+      if tostring(cmd[i]):find("\0", 1, true) then fail(("%s[%d]"):format(field, i), "contains a NUL byte") end
+    end
+    if not tostring(cmd[1]):find("%S") then fail(field .. "[1]", "program is empty") end
+    return cmd
+  end
+  fail(field, "expected a string or an argv array, got " .. type(cmd))
+end
+
+function M.path(p, field)
+  field = field or "path"
+  if type(p) ~= "string" then fail(field, "expected a string, got " .. type(p)) end
+  if p == "" then fail(field, "path is empty") end
+  if p:find("\0", 1, true) then fail(field, "path contains a NUL byte") end
+  return p
+end
+
+return M

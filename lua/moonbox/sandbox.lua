@@ -1,0 +1,301 @@
+-- Sandbox: a directory (root, holding workspace/) with sessions, a policy
+-- and, from the isolation issue on, its own namespaces. Its own methods run
+-- in the default session. Same id in one process -> same object.
+local async = require "moonbox.async"
+local errors = require "moonbox.errors"
+local core = require "moonbox.core"
+local policy_mod = require "moonbox.policy"
+local session_mod = require "moonbox.session"
+local tree = require "moonbox._tree"
+local util = require "moonbox._util"
+local V = require "moonbox._validate"
+
+local M = {}
+
+local registry = {}   -- id -> sandbox
+
+local Sandbox = {}
+Sandbox.__index = Sandbox
+
+local function default_home()
+  local home = os.getenv("MOONBOX_HOME")
+  if home and home ~= "" then return home end
+  local xdg = os.getenv("XDG_DATA_HOME")
+  if xdg and xdg ~= "" then return xdg .. "/moonbox" end
+  return (os.getenv("HOME") or "/root") .. "/.local/share/moonbox"
+end
+
+local function mkdir_p(path)
+  if util.is_dir(path) then return true end
+  local parent = path:match("^(.*)/[^/]+$")
+  if parent and parent ~= "" then
+    local ok, err, code = mkdir_p(parent)
+    if not ok then return nil, err, code end
+  end
+  local ok, err, code = core.mkdir(path, 493)
+  if not ok and code ~= "EEXIST" then return nil, err, code end
+  return true
+end
+M.mkdir_p = mkdir_p
+
+-- rm -rf without following symlinks: remove() unlinks a symlink itself, so
+-- only real directories are ever descended into.
+local function remove_tree(path)
+  if os.remove(path) then return end
+  if util.is_dir(path) then
+    for _, name in ipairs(core.readdir(path) or {}) do remove_tree(path .. "/" .. name) end
+    os.remove(path)
+  end
+end
+
+local function normalize(path)
+  local parts = {}
+  for part in path:gmatch("[^/]+") do
+    if part == ".." then
+      if #parts > 0 then parts[#parts] = nil end
+    elseif part ~= "." then
+      parts[#parts + 1] = part
+    end
+  end
+  return "/" .. table.concat(parts, "/")
+end
+
+local get_options = { root = true, isolation = true, network = true, env = true, policy = true, limits = true }
+
+function M.getSandbox(id, opts)
+  if type(id) ~= "string" or #id < 1 or #id > 63 or not id:match("^[a-z0-9_-]+$")
+    or id:match("^%-") or id:match("%-$") then
+    V.fail("id", ("invalid sandbox id %q: 1-63 characters [a-z0-9_-], not starting or ending with '-'")
+      :format(tostring(id)))
+  end
+  if registry[id] then return registry[id] end
+  opts = V.options(opts, get_options, "getSandbox options")
+  local isolation = opts.isolation or "auto"
+  if isolation ~= "auto" and isolation ~= "none" and isolation ~= "namespaces" then
+    V.fail("isolation", "expected \"auto\", \"namespaces\" or \"none\"")
+  end
+  if isolation == "namespaces" then
+    errors.raise("ISOLATION_UNAVAILABLE",
+      "isolation = \"namespaces\" is not implemented in this build yet; use \"none\" or \"auto\"",
+      { isolation = isolation })
+  end
+  if opts.network ~= nil and opts.network ~= "none" and opts.network ~= "host" then
+    V.fail("network", "expected \"none\" or \"host\"")
+  end
+  local policy = policy_mod.resolve(opts.policy, opts.limits)
+  local env = V.env(opts.env, "env") or {}
+  local root = opts.root and V.path(opts.root, "root") or (default_home() .. "/sandboxes/" .. id)
+  local workspace = root .. "/workspace"
+  local ok, err = mkdir_p(workspace)
+  if not ok then
+    errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(err), { root = root })
+  end
+  local self = setmetatable({
+    id = id,
+    root = root,
+    workspace = workspace,
+    isolation = "none",
+    requested_isolation = isolation,
+    network = "host",
+    policy = policy,
+    env = env,
+    sessions = {},
+    session_seq = 0,
+    cgroup_name = "sb-" .. id,
+  }, Sandbox)
+  if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
+  registry[id] = self
+  return self
+end
+
+-- Map a path of the sandbox's view to the host: /workspace/... is the
+-- workspace directory; a relative path is taken from base (a host path).
+function Sandbox:host_path(path, base)
+  if path:sub(1, 1) ~= "/" then path = (base or self.workspace) .. "/" .. path end
+  path = normalize(path)
+  if path == "/workspace" or path:sub(1, 11) == "/workspace/" then
+    return self.workspace .. path:sub(11)
+  end
+  return path
+end
+
+-- The view's name for a host path (inverse of host_path where it applies).
+function Sandbox:view_path(host)
+  if host == self.workspace or host:sub(1, #self.workspace + 1) == self.workspace .. "/" then
+    return "/workspace" .. host:sub(#self.workspace + 1)
+  end
+  return host
+end
+
+function Sandbox:_check_live()
+  if self.destroyed then
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
+  end
+end
+
+-- env for a new shell: policy defaults < sandbox env < session env
+function Sandbox:_session_env(extra)
+  local env = {}
+  for k, v in pairs(self.policy.env) do env[k] = v end
+  env.HOME = env.HOME or os.getenv("HOME") or "/root"
+  for _, layer in ipairs { self.env, extra or {} } do
+    for k, v in pairs(layer) do
+      if v == false then env[k] = nil else env[k] = v end
+    end
+  end
+  return env
+end
+
+-- pids spawned by the runtime itself (shells), which are not orphans
+function Sandbox:_known_pids()
+  local known = {}
+  for _, sb in pairs(registry) do
+    for _, s in pairs(sb.sessions) do
+      if s.shell and not s.shell.dead then known[s.shell.pid] = true end
+    end
+  end
+  return known
+end
+
+local session_options = { id = true, env = true, cwd = true, commandTimeoutMs = true }
+
+function Sandbox:createSession(opts)
+  self:_check_live()
+  opts = V.options(opts, session_options, "createSession options")
+  local id = opts.id
+  if id == nil then
+    repeat
+      self.session_seq = self.session_seq + 1
+      id = "session-" .. self.session_seq
+    until not self.sessions[id]
+  end
+  if type(id) ~= "string" or not id:match("^[%w_.-]+$") or #id > 128 or id == "." or id == ".." then
+    V.fail("id", ("invalid session id %q: 1-128 characters [A-Za-z0-9_.-]"):format(tostring(id)))
+  end
+  local env = V.env(opts.env, "env")
+  V.timeout(opts.commandTimeoutMs, "commandTimeoutMs")
+  local cwd = self.workspace
+  if opts.cwd ~= nil then
+    cwd = self:host_path(V.path(opts.cwd, "cwd"))
+    if not util.is_dir(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+  end
+  if self.sessions[id] then
+    errors.raise("SESSION_ALREADY_EXISTS", ("session %q already exists"):format(id), { sessionId = id })
+  end
+  local count = 0
+  for _ in pairs(self.sessions) do count = count + 1 end
+  if count >= self.policy.limits.maxSessions then
+    errors.raise("POLICY_DENIED", ("sandbox %q already has %d sessions (limits.maxSessions)"):format(self.id, count))
+  end
+  local hook = self.policy.hooks.onCreateSession
+  if hook then
+    local changed, reason = hook(self, { id = id, env = env, cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
+    if changed == nil then errors.raise("POLICY_DENIED", "createSession denied by policy: " .. tostring(reason)) end
+  end
+  self.sessions[id] = true   -- reserved: a concurrent create of this id loses
+  local ok, session = pcall(session_mod.new, self, id, {
+    env = self:_session_env(env), cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
+  if not ok then
+    self.sessions[id] = nil
+    error(session, 0)
+  end
+  self.sessions[id] = session
+  return session
+end
+
+function Sandbox:getSession(id)
+  self:_check_live()
+  V.type(id, "string", "sessionId")
+  local s = self.sessions[id]
+  if type(s) ~= "table" then
+    errors.raise("SESSION_NOT_FOUND", ("session %q does not exist"):format(id), { sessionId = id })
+  end
+  return s
+end
+
+function Sandbox:listSessions()
+  local ids = {}
+  for id, s in pairs(self.sessions) do if type(s) == "table" then ids[#ids + 1] = id end end
+  table.sort(ids)
+  return ids
+end
+
+function Sandbox:deleteSession(id)
+  self:_check_live()
+  V.type(id, "string", "sessionId")
+  if id == "default" then V.fail("sessionId", "the default session cannot be deleted") end
+  local s = self:getSession(id)
+  self.sessions[id] = nil
+  s:_destroy()
+  return { success = true, sessionId = id, timestamp = util.timestamp() }
+end
+
+function Sandbox:_default()
+  self:_check_live()
+  local s = self.sessions.default
+  if type(s) ~= "table" then
+    s = session_mod.new(self, "default", { env = self:_session_env(), cwd = self.workspace })
+    self.sessions.default = s
+  end
+  return s
+end
+
+-- Sandbox level: remembered for sessions created later, applied to the
+-- default session now.
+function Sandbox:setEnvVars(map)
+  self:_check_live()
+  local env = V.env(V.type(map, "table", "envVars"), "envVars")
+  for k, v in pairs(env) do self.env[k] = v end
+  if type(self.sessions.default) == "table" then
+    return self.sessions.default:setEnvVars(env)
+  end
+  return { success = true, timestamp = util.timestamp() }
+end
+
+function Sandbox:info()
+  local limits = {}
+  for _, k in ipairs { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
+    "killGraceMs", "maxFileBytes" } do
+    limits[k] = self.policy.limits[k]
+  end
+  return {
+    id = self.id, root = self.root, isolation = self.isolation, requestedIsolation = self.requested_isolation,
+    network = self.network, namespaces = {}, cgroup = tree.mode() == "cgroup" and "v2" or "none",
+    killMode = tree.mode(), limits = limits,
+  }
+end
+
+-- destroy{keepFiles}: kill every process of the sandbox, forget its sessions.
+function Sandbox:destroy(opts)
+  if self.destroyed then return { success = true, id = self.id } end
+  opts = V.options(opts, { keepFiles = true }, "destroy options")
+  self.destroyed = true
+  registry[self.id] = nil
+  for id, s in pairs(self.sessions) do
+    self.sessions[id] = nil
+    if type(s) == "table" then s:_destroy() end
+  end
+  if tree.mode() == "cgroup" then
+    local dir = tree.base() .. "/" .. self.cgroup_name
+    tree.kill_cgroup(dir)
+    tree.remove_when_empty(dir, async.sleep)
+  end
+  if not opts.keepFiles then remove_tree(self.root) end
+  return { success = true, id = self.id, timestamp = util.timestamp() }
+end
+
+-- The sandbox's own methods run in the default session.
+for _, name in ipairs { "exec", "execStream" } do
+  Sandbox[name] = function(self, ...) return self:_default()[name](self:_default(), ...) end
+end
+M.Sandbox = Sandbox
+
+function M.all() return registry end
+
+-- Runtime exit: every sandbox's processes die with it; files stay.
+function M.shutdown()
+  for _, sb in pairs(registry) do pcall(sb.destroy, sb, { keepFiles = true }) end
+  tree.cleanup(async.sleep)
+end
+
+return M

@@ -1,0 +1,406 @@
+-- ExecutionSession: a persistent shell (see _shell.lua) with its own env and
+-- cwd, a FIFO of calls, timeouts that kill the command's whole tree, and a
+-- fresh shell restored to the last known cwd and exported env whenever the
+-- old one died. Docs: docs/sessions.md.
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+local errors = require "moonbox.errors"
+local shell_mod = require "moonbox._shell"
+local tree = require "moonbox._tree"
+local queue_mod = require "moonbox._queue"
+local util = require "moonbox._util"
+local V = require "moonbox._validate"
+
+local M = {}
+
+local Session = {}
+Session.__index = Session
+M.Session = Session
+
+local function after(ms, fn)
+  local t = core.timer()
+  t:start(ms, 0, function() t:close() fn() end)
+  return t
+end
+
+-- new(sandbox, id, {env, cwd (host path), commandTimeoutMs}) -> session.
+-- The shell starts at once, so a bad setup fails here, not on first use.
+function M.new(sandbox, id, opts)
+  local self = setmetatable({
+    id = id,
+    sandbox = sandbox,
+    env = opts.env,            -- the exported env the next shell starts with
+    cwd = opts.cwd,            -- host path of the last known cwd
+    commandTimeoutMs = opts.commandTimeoutMs,
+    queue = queue_mod.new(),
+    destroyed = false,
+    cmd_seq = 0,
+  }, Session)
+  if tree.mode() == "cgroup" then
+    self.cgroup = assert(tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
+  end
+  self:_start_shell()
+  return self
+end
+
+function Session:_start_shell()
+  local sh, err, code = shell_mod.spawn {
+    env = self.env,
+    cwd = util.is_dir(self.cwd) and self.cwd or self.sandbox.workspace,
+    cgroup = self.cgroup,
+    shell = self.sandbox.policy.shell,
+  }
+  if not sh then
+    errors.raise("SHELL_START_FAILED", "cannot start the session shell: " .. tostring(err),
+      { sessionId = self.id, errno = code })
+  end
+  self.shell = sh
+end
+
+function Session:_check_live()
+  if self.destroyed then
+    errors.raise("SESSION_NOT_FOUND", ("session %q does not exist (deleted)"):format(self.id),
+      { sessionId = self.id })
+  end
+end
+
+-- Last known exported env as a map (parsed lazily from `export -p`).
+function Session:current_env()
+  if self.exports_text then
+    self.env = shell_mod.parse_exports(self.exports_text)
+    self.exports_text = nil
+  end
+  return self.env
+end
+
+-- ---- killing a command's tree -------------------------------------------
+
+function Session:_cmd_cgroup()
+  if not self.cgroup then return nil end
+  if not self.cmd_cgroup then
+    self.cmd_seq = self.cmd_seq + 1
+    self.cmd_cgroup = assert(tree.create(self.cgroup:sub(#tree.base() + 2) .. "/cmd" .. self.cmd_seq))
+  end
+  return self.cmd_cgroup
+end
+
+-- Signal every process of the running command, but not the shell itself.
+function Session:_signal_command(sig)
+  if self.cmd_cgroup then
+    tree.move(self.cgroup, self.shell.pid) -- the shell leaves, its command stays
+    if sig == "SIGKILL" then
+      tree.kill_cgroup(self.cmd_cgroup)
+    else
+      tree.signal_pids(tree.cgroup_pids(self.cmd_cgroup), sig)
+    end
+  else
+    local pids = tree.descendants(self.shell.pid)
+    for _, pid in ipairs(tree.adopted(self.sandbox:_known_pids())) do pids[#pids + 1] = pid end
+    tree.signal_pids(pids, sig)
+  end
+end
+
+-- After a timeout: wait out the grace for processes still handling SIGTERM,
+-- then SIGKILL whatever is left and wait until it is gone.
+function Session:_finish_kill(sh, deadline)
+  local cg = self.cmd_cgroup
+  if cg then
+    while tree.populated(cg) and util.now_ms() < deadline do async.sleep(10) end
+    tree.kill_cgroup(cg)
+    tree.remove_when_empty(cg, async.sleep)
+    self.cmd_cgroup = nil
+  elseif not sh.dead then
+    local function leftovers()
+      local pids = tree.descendants(sh.pid)
+      for _, pid in ipairs(tree.adopted(self.sandbox:_known_pids())) do pids[#pids + 1] = pid end
+      return pids
+    end
+    while #leftovers() > 0 and util.now_ms() < deadline do async.sleep(10) end
+    for _ = 1, 50 do
+      local pids = leftovers()
+      if #pids == 0 then break end
+      tree.signal_pids(pids, "SIGKILL")
+      async.sleep(10)
+    end
+  end
+end
+
+-- ---- exec ---------------------------------------------------------------
+
+local exec_options = { timeout = true, env = true, cwd = true, stdin = true, onOutput = true,
+  maxOutputBytes = true }
+
+local function env_prelude(env)
+  local lines = {}
+  for k, v in pairs(env) do
+    if v == false then lines[#lines + 1] = "unset " .. k
+    else lines[#lines + 1] = ("export %s=%s"):format(k, util.shell_quote(v)) end
+  end
+  table.sort(lines)
+  return table.concat(lines, "\n")
+end
+
+-- Runs one command holding the queue. Returns the ExecResult table.
+function Session:_run(command, opts, sink)
+  local sb = self.sandbox
+  local started, timestamp = util.now_ms(), util.timestamp()
+  if self.destroyed then
+    errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
+  end
+  if not self.shell or not self.shell:usable() then
+    if self.shell and not self.shell.dead then
+      -- the shell reported its own exit; wait for it to be gone
+      local sh = self.shell
+      async.await(function(resume)
+        if sh.dead then return resume() end
+        local prev = sh.on_exit
+        sh.on_exit = function(...) if prev then prev(...) end resume() end
+      end)
+    end
+    self:_start_shell()
+  end
+  local sh = self.shell
+  local req = { on_chunk = sink }
+  if type(command) == "table" then
+    local words = {}
+    for i, w in ipairs(command) do words[i] = util.shell_quote(w) end
+    -- argv runs in a subshell with exec: no word splitting, no expansion
+    req.body = "exec -- " .. table.concat(words, " ")
+    req.prelude = ":"
+  else
+    req.body = command
+  end
+  if opts.stdin ~= nil then req.stdin = opts.stdin end
+  if opts.env or opts.cwd then
+    local parts = {}
+    if opts.cwd then parts[#parts + 1] = "cd -- " .. util.shell_quote(opts.cwd) .. " || exit 1" end
+    if opts.env then parts[#parts + 1] = env_prelude(opts.env) end
+    req.prelude = table.concat(parts, "\n") .. "\n"
+  end
+
+  local cmd_cg = self:_cmd_cgroup()
+  if cmd_cg then tree.move(cmd_cg, sh.pid) end
+
+  local timeout = opts.timeout or self.commandTimeoutMs or sb.policy.limits.commandTimeoutMs
+  local timed_out, timers, grace_deadline = false, {}, nil
+  if timeout and timeout > 0 then
+    local grace = sb.policy.limits.timeoutGraceMs
+    timers[1] = after(timeout, function()
+      timed_out = true
+      grace_deadline = util.now_ms() + grace
+      if sh.dead then return end
+      self:_signal_command("SIGTERM")
+      timers[2] = after(grace, function()
+        if sh.dead or sh.waiting == nil then return end
+        self:_signal_command("SIGKILL")
+        -- a shell busy in a builtin loop never reports: end it too
+        timers[3] = after(grace, function()
+          if not sh.dead and sh.waiting then sh:kill("SIGKILL") end
+        end)
+      end)
+    end)
+  end
+  self.running = { shell = sh }
+  local record = sh:run(req)
+  self.running = nil
+  for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
+
+  if cmd_cg and not sh.dead then
+    tree.move(self.cgroup, sh.pid)
+  end
+  if timed_out then
+    -- What survived SIGTERM gets the rest of the grace, then SIGKILL; the
+    -- call returns only when no process of the command is left.
+    self:_finish_kill(sh, grace_deadline)
+  elseif cmd_cg and tree.populated(cmd_cg) then
+    -- background jobs live on in their own cgroup; the next command gets a new one
+    self.cmd_cgroup = nil
+  end
+
+  if self.destroyed then
+    errors.raise("SESSION_DESTROYED", ("session %q was deleted while the command ran"):format(self.id),
+      { sessionId = self.id })
+  end
+  if record.pwd then
+    self.cwd = record.pwd
+    self.exports_text = record.exports
+  end
+  local exit_code = record.status
+  if timed_out then exit_code = 124 end
+  return {
+    exitCode = exit_code,
+    timedOut = timed_out,
+    duration = util.now_ms() - started,
+    timestamp = timestamp,
+  }
+end
+
+-- Collects output into a bounded result; every kept byte also goes to
+-- onOutput, in order.
+local function collector(limit, on_output)
+  local c = { stdout = {}, stderr = {}, size = { stdout = 0, stderr = 0 }, truncated = false,
+    dropped = { stdout = 0, stderr = 0 } }
+  function c.sink(stream, data)
+    local room = limit - c.size[stream]
+    if room < #data then
+      c.truncated = true
+      c.dropped[stream] = c.dropped[stream] + (#data - math.max(room, 0))
+      data = room > 0 and data:sub(1, room) or nil
+    end
+    if data then
+      local t = c[stream]
+      t[#t + 1] = data
+      c.size[stream] = c.size[stream] + #data
+      if on_output then on_output(stream, data) end
+    end
+  end
+  return c
+end
+
+function Session:_prepare(command, opts, what)
+  self:_check_live()
+  V.command(command)
+  opts = V.options(opts, exec_options, what .. " options")
+  V.timeout(opts.timeout, "timeout")
+  V.type(opts.onOutput, "function", "onOutput", true)
+  V.type(opts.stdin, "string", "stdin", true)
+  V.type(opts.maxOutputBytes, "number", "maxOutputBytes", true)
+  local env = V.env(opts.env, "env")
+  local cwd
+  if opts.cwd ~= nil then
+    V.path(opts.cwd, "cwd")
+    cwd = self.sandbox:host_path(opts.cwd, self.cwd)
+    if not util.is_dir(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+  end
+  local o = { timeout = opts.timeout, env = env, cwd = cwd, stdin = opts.stdin,
+    onOutput = opts.onOutput, maxOutputBytes = opts.maxOutputBytes }
+  local hook = self.sandbox.policy.hooks.onExec
+  if hook then
+    local changed, reason = hook(self, command, o)
+    if changed == nil then
+      errors.raise("POLICY_DENIED", "exec denied by policy: " .. tostring(reason), { command = command })
+    end
+    if type(changed) == "string" or (type(changed) == "table" and changed[1]) then command = changed end
+  end
+  return command, o
+end
+
+-- exec(command, opts) -> ExecResult
+function Session:exec(command, opts)
+  local o
+  command, o = self:_prepare(command, opts, "exec")
+  local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
+  local out = collector(limit, o.onOutput)
+  local r = self.queue:run(self._run, self, command, o, out.sink)
+  r.stdout = table.concat(out.stdout)
+  r.stderr = table.concat(out.stderr)
+  r.success = r.exitCode == 0
+  r.command = type(command) == "table" and table.concat(command, " ") or command
+  r.sessionId = self.id
+  r.truncated = out.truncated
+  return r
+end
+
+-- execStream(command, opts) -> iterator of events (a callable table with
+-- :cancel()). Output is queued up to maxOutputBytes per stream; beyond that
+-- chunks are dropped and the complete event says truncated = true, so a slow
+-- or absent reader can never stall the session.
+function Session:execStream(command, opts)
+  local o
+  command, o = self:_prepare(command, opts, "execStream")
+  local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
+  local events, head, tail, waiter = {}, 1, 0, nil
+  local queued = { stdout = 0, stderr = 0 }
+  local truncated = false
+  local function push(ev)
+    tail = tail + 1
+    events[tail] = ev
+    if waiter then local w = waiter waiter = nil w() end
+  end
+  push { type = "start", command = type(command) == "table" and table.concat(command, " ") or command,
+    timestamp = util.timestamp(), sessionId = self.id }
+  local user_output = o.onOutput
+  local function sink(stream, data)
+    if user_output then user_output(stream, data) end
+    if queued[stream] + #data > limit then truncated = true return end
+    queued[stream] = queued[stream] + #data
+    push { type = stream, data = data, timestamp = util.timestamp(), _size = #data }
+  end
+  local task = async.spawn(function()
+    local ok, r = pcall(self.queue.run, self.queue, self._run, self, command, o, sink)
+    if ok then
+      push { type = "complete", exitCode = r.exitCode, timedOut = r.timedOut, truncated = truncated,
+        timestamp = util.timestamp(), sessionId = self.id, duration = r.duration }
+    else
+      push { type = "error", error = r, timestamp = util.timestamp() }
+    end
+    push(false)
+  end)
+  local iter = setmetatable({ task = task }, {
+    __call = function()
+      while head > tail do
+        async.await(function(resume)
+          waiter = resume
+          return function() waiter = nil end
+        end, "execStream iteration")
+      end
+      local ev = events[head]
+      events[head] = nil
+      head = head + 1
+      if not ev then return nil end
+      if ev._size then
+        queued[ev.type] = queued[ev.type] - ev._size
+        ev._size = nil
+      end
+      return ev
+    end,
+  })
+  return iter
+end
+
+-- setEnvVars(map): export (or, for false, unset) in this session's shell.
+function Session:setEnvVars(map)
+  self:_check_live()
+  local env = V.env(V.type(map, "table", "envVars"), "envVars")
+  local hook = self.sandbox.policy.hooks.onEnv
+  if hook then
+    local changed, reason = hook(self, env)
+    if changed == nil then errors.raise("POLICY_DENIED", "setEnvVars denied by policy: " .. tostring(reason)) end
+    env = changed
+  end
+  if next(env) == nil then return { success = true, sessionId = self.id, timestamp = util.timestamp() } end
+  local body = env_prelude(env)
+  local r = self.queue:run(self._run, self, body, {}, function() end)
+  if r.exitCode ~= 0 then
+    errors.raise("FILESYSTEM_ERROR", "setEnvVars failed in the session shell", { exitCode = r.exitCode })
+  end
+  return { success = true, sessionId = self.id, timestamp = util.timestamp() }
+end
+
+-- Kill the shell and everything it started; wake every waiter. Waits until
+-- no process of the session is left.
+function Session:_destroy()
+  if self.destroyed then return end
+  self.destroyed = true
+  local sh = self.shell
+  if self.cgroup then
+    tree.kill_cgroup(self.cgroup)
+  elseif sh and not sh.dead then
+    tree.signal_pids(tree.descendants(sh.pid), "SIGKILL")
+  end
+  if sh and not sh.dead then
+    sh:kill("SIGKILL")
+    async.await(function(resume)
+      if sh.dead then return resume() end
+      local prev = sh.on_exit
+      sh.on_exit = function(...) if prev then prev(...) end resume() end
+    end, "deleteSession")
+  end
+  if self.cgroup then tree.remove_when_empty(self.cgroup, async.sleep) end
+  -- queued callers see the destroyed flag
+  local waiters = self.queue.waiters
+  self.queue.waiters = {}
+  for _, w in ipairs(waiters) do w.resume() end
+end
+
+return M
