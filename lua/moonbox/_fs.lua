@@ -15,7 +15,7 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 
-local unpack = unpack or table.unpack
+local unpack = unpack -- LuaJIT
 
 local M = {}
 

@@ -236,6 +236,18 @@ function Shell:run(req)
   return record
 end
 
+-- Wait (in a task) until the shell process has exited and been reaped.
+function Shell:wait_exit()
+  if self.dead then return end
+  async.await(function(resume)
+    local prev = self.on_exit
+    self.on_exit = function(...)
+      if prev then prev(...) end
+      resume()
+    end
+  end, "shell exit")
+end
+
 function Shell:kill(sig)
   if self.dead then return end
   core.kill(self.pid, sig or "SIGKILL")

@@ -45,7 +45,7 @@ end
 
 function Session:_start_shell()
   local sh, err, code = shell_mod.spawn {
-    env = self.env,
+    env = self:current_env(),
     cwd = util.is_dir(self.cwd) and self.cwd or self.sandbox.workspace,
     cgroup = self.cgroup,
     shell = self.sandbox.policy.shell,
@@ -148,19 +148,18 @@ function Session:_run(command, opts, sink)
     errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
   end
   if not self.shell or not self.shell:usable() then
-    if self.shell and not self.shell.dead then
-      -- the shell reported its own exit; wait for it to be gone
-      local sh = self.shell
-      async.await(function(resume)
-        if sh.dead then return resume() end
-        local prev = sh.on_exit
-        sh.on_exit = function(...) if prev then prev(...) end resume() end
-      end)
-    end
+    if self.shell then self.shell:wait_exit() end -- it reported its own exit
     self:_start_shell()
   end
   local sh = self.shell
-  local req = { on_chunk = sink }
+  local timed_out = false
+  local held_stderr = {}
+  -- After a timeout, bash reports the job it lost ("Terminated", "Killed");
+  -- that note is ours, not the command's: it is held back and filtered.
+  local req = { on_chunk = function(stream, data)
+    if timed_out and stream == "stderr" then held_stderr[#held_stderr + 1] = data return end
+    sink(stream, data)
+  end }
   if type(command) == "table" then
     local words = {}
     for i, w in ipairs(command) do words[i] = util.shell_quote(w) end
@@ -182,7 +181,7 @@ function Session:_run(command, opts, sink)
   if cmd_cg then tree.move(cmd_cg, sh.pid) end
 
   local timeout = opts.timeout or self.commandTimeoutMs or sb.policy.limits.commandTimeoutMs
-  local timed_out, timers, grace_deadline = false, {}, nil
+  local timers, grace_deadline = {}, nil
   if timeout and timeout > 0 then
     local grace = sb.policy.limits.timeoutGraceMs
     timers[1] = after(timeout, function()
@@ -208,6 +207,11 @@ function Session:_run(command, opts, sink)
   if cmd_cg and not sh.dead then
     tree.move(self.cgroup, sh.pid)
   end
+  if #held_stderr > 0 then
+    local text = table.concat(held_stderr):gsub("[^\n]*%d+ ?[%a ]*%f[%a](Terminated)[^\n]*\n", "")
+      :gsub("[^\n]*%d+ ?[%a ]*%f[%a](Killed)[^\n]*\n", ""):gsub("^Terminated\n", ""):gsub("^Killed\n", "")
+    if #text > 0 then sink("stderr", text) end
+  end
   if timed_out then
     -- What survived SIGTERM gets the rest of the grace, then SIGKILL; the
     -- call returns only when no process of the command is left.
@@ -226,6 +230,11 @@ function Session:_run(command, opts, sink)
     self.exports_text = record.exports
   end
   local exit_code = record.status
+  if record.exiting and not self.destroyed then
+    -- the EXIT trap ran; a shell killed by a signal (kill $$) reports 128+N
+    sh:wait_exit()
+    if sh.exit_signal and sh.exit_signal > 0 then exit_code = 128 + sh.exit_signal end
+  end
   if timed_out then exit_code = 124 end
   return {
     exitCode = exit_code,
@@ -390,11 +399,7 @@ function Session:_destroy()
   end
   if sh and not sh.dead then
     sh:kill("SIGKILL")
-    async.await(function(resume)
-      if sh.dead then return resume() end
-      local prev = sh.on_exit
-      sh.on_exit = function(...) if prev then prev(...) end resume() end
-    end, "deleteSession")
+    sh:wait_exit()
   end
   if self.cgroup then tree.remove_when_empty(self.cgroup, async.sleep) end
   -- queued callers see the destroyed flag

@@ -1,0 +1,377 @@
+-- Sessions and exec (issue #3): one `it` per guarantee, observable results.
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+
+local seq = 0
+local function new_sandbox(opts)
+  seq = seq + 1
+  local tmp = io.popen("mktemp -d"):read("*l")
+  opts = opts or {}
+  opts.root = tmp
+  return moonbox.getSandbox(("spec-%d-%d"):format(core.getpid(), seq), opts)
+end
+
+local function with_sandbox(fn, opts)
+  return run_task(function()
+    local sb = new_sandbox(opts)
+    local ok, err = pcall(fn, sb)
+    sb:destroy()
+    if not ok then error(err, 0) end
+  end)
+end
+
+local function alive(pid) return helper.pid_alive(pid) end
+
+describe("session validation", function()
+  it("rejects empty commands, bad env names and missing cwds with VALIDATION_FAILED", function()
+    with_sandbox(function(sb)
+      for _, call in ipairs {
+        function() sb:exec("") end,
+        function() sb:exec("   ") end,
+        function() sb:exec("true", { env = { ["1BAD"] = "x" } }) end,
+        function() sb:exec("true", { cwd = "/workspace/nope" }) end,
+        function() sb:exec("true", { bogus = 1 }) end,
+        function() sb:createSession { cwd = "/workspace/missing" } end,
+        function() sb:setEnvVars { ["A-B"] = "x" } end,
+      } do
+        local ok, err = pcall(call)
+        assert.is_false(ok)
+        assert.equal("VALIDATION_FAILED", err.code)
+      end
+    end)
+  end)
+
+  it("raises SESSION_NOT_FOUND, SESSION_ALREADY_EXISTS and refuses to delete the default session", function()
+    with_sandbox(function(sb)
+      assert.equal("SESSION_NOT_FOUND", select(2, pcall(sb.getSession, sb, "nope")).code)
+      assert.equal("SESSION_NOT_FOUND", select(2, pcall(sb.deleteSession, sb, "nope")).code)
+      sb:createSession { id = "a" }
+      assert.equal("SESSION_ALREADY_EXISTS", select(2, pcall(sb.createSession, sb, { id = "a" })).code)
+      sb:exec("true")
+      assert.equal("VALIDATION_FAILED", select(2, pcall(sb.deleteSession, sb, "default")).code)
+    end)
+  end)
+end)
+
+describe("session state", function()
+  it("keeps cd, export, variables, functions, aliases and set -o between calls", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession { id = "st" }
+      s:exec("mkdir -p d && cd d && export E=1 && v=2 && f() { echo fn; } && alias al='echo alias' && set -o noglob")
+      local r = s:exec("basename $PWD; echo $E $v; f; al; echo *; [[ $- == *f* ]] && echo noglob")
+      assert.equal("d\n1 2\nfn\nalias\n*\nnoglob\n", r.stdout)
+    end)
+  end)
+
+  it("keeps sessions apart and applies createSession env and cwd, skipping false values", function()
+    with_sandbox(function(sb)
+      sb:exec("mkdir -p sub")
+      local a = sb:createSession { id = "a", env = { A = "1", GONE = false }, cwd = "/workspace/sub" }
+      local b = sb:createSession { id = "b" }
+      a:exec("x=only-a; export Y=only-a")
+      assert.equal("sub 1 unset\n", a:exec("echo $(basename $PWD) $A ${GONE-unset}").stdout)
+      assert.equal("[][][]\n", b:exec("echo [$x][$Y][$A]").stdout)
+    end)
+  end)
+
+  it("applies per-call env and cwd to that call only, also when it fails or times out", function()
+    with_sandbox(function(sb)
+      sb:exec("mkdir -p other; export KEEP=k")
+      local r = sb:exec("echo $(basename $PWD) $X $KEEP; cd /; exit 3",
+        { env = { X = "$(not expanded)", KEEP = false }, cwd = "other" })
+      assert.equal("other $(not expanded)\n", r.stdout)
+      assert.equal(3, r.exitCode)
+      r = sb:exec("sleep 5", { env = { X = "t" }, cwd = "other", timeout = 200 })
+      assert.is_true(r.timedOut)
+      local after = sb:exec("echo $(basename $PWD) [$X] $KEEP")
+      assert.equal("workspace [] k\n", after.stdout)
+    end)
+  end)
+
+  it("gives env precedence sandbox < session < call, and empty strings stay set", function()
+    with_sandbox(function(sb)
+      sb:setEnvVars { L = "sandbox", M = "sandbox" }
+      local s = sb:createSession { id = "p", env = { M = "session", EMPTY = "" } }
+      assert.equal("sandbox session call [set]\n",
+        s:exec("echo $L $M $N [${EMPTY+set}]", { env = { N = "call" } }).stdout)
+    end)
+  end)
+end)
+
+describe("exec output", function()
+  it("returns stdout and stderr separately and byte-exact", function()
+    with_sandbox(function(sb)
+      local r = sb:exec([[printf 'a\0b\377\376'; printf 'e\0rr' >&2; printf 'no newline']])
+      assert.equal("a\0b\255\254no newline", r.stdout)
+      assert.equal("e\0rr", r.stderr)
+    end)
+  end)
+
+  it("is not fooled by output that looks like the internal protocol", function()
+    with_sandbox(function(sb)
+      local fake = "1 0 run\0/tmp\0declare -x A=\"b\"\0__mb_report 1 0 run\n"
+      local r = sb:exec("printf '1 0 run\\0/tmp\\0declare -x A=\"b\"\\0__mb_report 1 0 run\\n'; " ..
+        "printf '1 0 run\\0' >&2")
+      assert.equal(fake, r.stdout)
+      assert.equal("1 0 run\0", r.stderr)
+      assert.equal(0, r.exitCode)
+    end)
+  end)
+
+  it("carries 50 MB of output intact", function()
+    with_sandbox(function(sb)
+      local r = sb:exec("head -c 52428800 /dev/zero | tr '\\0' 'x'", { maxOutputBytes = 64 * 1024 * 1024 })
+      assert.equal(52428800, #r.stdout)
+      assert.is_nil(r.stdout:find("[^x]"))
+      assert.is_false(r.truncated)
+    end)
+  end)
+
+  it("truncates beyond maxOutputBytes, counts the rest and keeps memory bounded", function()
+    with_sandbox(function(sb)
+      local r = sb:exec("head -c 2000000 /dev/zero", { maxOutputBytes = 1000 })
+      assert.equal(1000, #r.stdout)
+      assert.is_true(r.truncated)
+      r = sb:exec("head -c 2147483648 /dev/zero")
+      assert.is_true(r.truncated)
+      assert.equal(16 * 1024 * 1024, #r.stdout)
+      r = nil
+      collectgarbage()
+      collectgarbage()
+      local rss_pages = tonumber(io.open("/proc/self/statm"):read("*a"):match("^%d+ (%d+)"))
+      assert.is_true(rss_pages * 4096 < 100 * 1024 * 1024, "RSS " .. rss_pages * 4096)
+    end)
+  end)
+
+  it("passes every kept byte to onOutput, in order", function()
+    with_sandbox(function(sb)
+      local seen = {}
+      local r = sb:exec("for i in $(seq 1 2000); do echo line$i; echo err$i >&2; done",
+        { onOutput = function(stream, data) seen[stream] = (seen[stream] or "") .. data end })
+      assert.equal(r.stdout, seen.stdout)
+      assert.equal(r.stderr, seen.stderr)
+    end)
+  end)
+
+  it("runs an argv table without a shell in the session's cwd and env", function()
+    with_sandbox(function(sb)
+      sb:exec("mkdir -p w && cd w && export Q=q")
+      local r = sb:exec({ "sh", "-c", 'printf "%s|" "$(basename $PWD)" "$Q" "$1"', "x", "a b;$HOME" })
+      assert.equal("w|q|a b;$HOME|", r.stdout)
+      assert.equal(127, sb:exec({ "definitely-not-a-command" }).exitCode)
+    end)
+  end)
+end)
+
+describe("command framing", function()
+  it("runs heredocs and reports syntax errors without breaking the session", function()
+    with_sandbox(function(sb)
+      assert.equal("line $x\n", sb:exec("cat <<'EOF'\nline $x\nEOF\n").stdout)
+      local r = sb:exec("echo 'unbalanced")
+      assert.is_true(r.exitCode ~= 0)
+      assert.truthy(r.stderr:find("unexpected EOF"))
+      r = sb:exec("{ echo brace")
+      assert.is_true(r.exitCode ~= 0)
+      assert.equal("ok\n", sb:exec("echo ok").stdout)
+    end)
+  end)
+
+  it("returns exit N and continues with the last cwd and exported env", function()
+    with_sandbox(function(sb)
+      local r = sb:exec("mkdir -p z; cd z; export KEPT=yes; exit 7")
+      assert.equal(7, r.exitCode)
+      assert.equal("z yes\n", sb:exec("echo $(basename $PWD) $KEPT").stdout)
+    end)
+  end)
+
+  it("survives exec bash, kill $$ and commands that close fds 0-2", function()
+    with_sandbox(function(sb)
+      sb:exec("export S=1")
+      sb:exec("exec bash")
+      assert.equal("1\n", sb:exec("echo $S").stdout)
+      assert.equal(143, sb:exec("kill $$").exitCode)
+      assert.equal("1\n", sb:exec("echo $S").stdout)
+      sb:exec("exec 0<&- 1>&- 2>&-")
+      assert.equal("still\n", sb:exec("echo still").stdout)
+      sb:exec("exec 1>/dev/null")
+      assert.equal("again\n", sb:exec("echo again").stdout)
+    end)
+  end)
+
+  it("gives commands EOF on stdin unless stdin is given", function()
+    with_sandbox(function(sb)
+      local r = sb:exec("cat; echo done")
+      assert.equal("done\n", r.stdout)
+      assert.equal("exact\0data", sb:exec("cat", { stdin = "exact\0data" }).stdout)
+      assert.equal("next\n", sb:exec("echo next").stdout)
+    end)
+  end)
+
+  it("returns when the foreground ends although a background job holds the output pipe", function()
+    with_sandbox(function(sb)
+      local r = sb:exec("sleep 100 & echo started")
+      assert.equal("started\n", r.stdout)
+      assert.is_true(r.duration < 5000)
+    end)
+  end)
+
+  it("reports 128 + signal for a command killed by a signal", function()
+    with_sandbox(function(sb)
+      assert.equal(137, sb:exec("sh -c 'kill -KILL $$'").exitCode)
+      assert.equal(143, sb:exec("sh -c 'kill -TERM $$'").exitCode)
+    end)
+  end)
+end)
+
+describe("timeouts", function()
+  it("kills the whole tree, setsid and TERM-ignoring descendants included, and keeps the session", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession { id = "t", commandTimeoutMs = 300 }
+      s:exec("export KEEP=1; v=2")
+      local r = s:exec([[echo before; setsid sh -c 'trap "" TERM; echo $$ > d1; exec sleep 100' &
+        (trap "" TERM; sh -c 'echo $$ > d2; exec sleep 100') & sleep 0.1; sleep 100]])
+      assert.is_true(r.timedOut)
+      assert.equal(124, r.exitCode)
+      assert.equal("before\n", r.stdout)
+      assert.equal("", r.stderr)
+      for _, f in ipairs { "d1", "d2" } do
+        local pid = tonumber(s:exec("cat " .. f).stdout)
+        assert.is_number(pid)
+        assert.is_false(alive(pid), f .. " survived the timeout")
+      end
+      assert.equal("1 2\n", s:exec("echo $KEEP $v").stdout)
+    end)
+  end)
+
+  it("lets a per-call timeout override the session's commandTimeoutMs", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession { commandTimeoutMs = 5000 }
+      local t0 = core.hrtime()
+      local r = s:exec("sleep 10", { timeout = 200 })
+      assert.is_true(r.timedOut)
+      assert.is_true((core.hrtime() - t0) / 1e6 < 4000)
+    end)
+  end)
+
+  it("ends a shell stuck in a builtin loop and restores its state", function()
+    with_sandbox(function(sb)
+      sb:exec("cd / 2>/dev/null; mkdir -p /tmp; export W=w")
+      local r = sb:exec("while :; do :; done", { timeout = 200 })
+      assert.is_true(r.timedOut)
+      assert.equal("w\n", sb:exec("echo $W").stdout)
+    end)
+  end)
+end)
+
+describe("concurrency", function()
+  it("runs calls on one session in order and sessions in parallel", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession { id = "q" }
+      local order = {}
+      moonbox.all(
+        function() s:exec("sleep 0.2; echo 1 >> log") order[#order + 1] = 1 end,
+        function() s:exec("echo 2 >> log") order[#order + 1] = 2 end)
+      assert.same({ 1, 2 }, order)
+      assert.equal("1\n2\n", s:exec("cat log").stdout)
+      local a, b = sb:createSession {}, sb:createSession {}
+      local t0 = core.hrtime()
+      moonbox.all(function() a:exec("sleep 1") end, function() b:exec("sleep 1") end)
+      assert.is_true((core.hrtime() - t0) / 1e6 < 1800)
+    end)
+  end)
+
+  it("lets exactly one of two concurrent createSession calls on one id win", function()
+    with_sandbox(function(sb)
+      local results = moonbox.all(
+        function() return (pcall(sb.createSession, sb, { id = "dup" })) end,
+        function() return (pcall(sb.createSession, sb, { id = "dup" })) end)
+      assert.is_true(results[1] ~= results[2])
+    end)
+  end)
+end)
+
+describe("deleteSession", function()
+  it("kills the shell and everything it started, even mid-command", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession { id = "victim" }
+      s:exec("setsid sh -c 'echo $$ > bg; exec sleep 100' & sleep 0.1")
+      local bg = tonumber(s:exec("cat bg").stdout)
+      local shell_pid = s.shell.pid
+      local task = moonbox.spawn(function() return s:exec("sleep 100") end)
+      moonbox.sleep(100)
+      local r = sb:deleteSession("victim")
+      assert.is_true(r.success)
+      assert.equal("victim", r.sessionId)
+      local ok, err = pcall(task.wait, task)
+      assert.is_false(ok)
+      assert.equal("SESSION_DESTROYED", err.code)
+      assert.is_false(alive(bg))
+      assert.is_false(alive(shell_pid))
+      assert.equal("SESSION_NOT_FOUND", select(2, pcall(s.exec, s, "true")).code)
+      local again = sb:createSession { id = "victim" }
+      assert.equal("[]\n", again:exec("echo [$x]").stdout)
+    end)
+  end)
+
+  it("restores a shell that died from outside to its last cwd and env", function()
+    with_sandbox(function(sb)
+      sb:exec("mkdir -p k && cd k && export R=r")
+      core.kill(sb:getSession("default").shell.pid, "SIGKILL")
+      moonbox.sleep(50)
+      assert.equal("k r\n", sb:exec("echo $(basename $PWD) $R").stdout)
+    end)
+  end)
+end)
+
+describe("execStream", function()
+  it("streams start, chunks as produced, then exactly one complete", function()
+    with_sandbox(function(sb)
+      local t0 = core.hrtime()
+      local events = {}
+      for ev in sb:execStream("echo one; sleep 1; echo two; export AFTER=1; exit 5") do
+        ev.at = (core.hrtime() - t0) / 1e6
+        events[#events + 1] = ev
+      end
+      assert.equal("start", events[1].type)
+      assert.equal("stdout", events[2].type)
+      assert.equal("one\n", events[2].data)
+      assert.is_true(events[2].at < 800, "first chunk arrived after " .. events[2].at .. " ms")
+      local completes = 0
+      for _, ev in ipairs(events) do if ev.type == "complete" then completes = completes + 1 end end
+      assert.equal(1, completes)
+      assert.equal("complete", events[#events].type)
+      assert.equal(5, events[#events].exitCode)
+    end)
+  end)
+
+  it("does not leave the session stuck when the loop breaks early", function()
+    with_sandbox(function(sb)
+      for ev in sb:execStream("for i in $(seq 1 100000); do echo $i; done") do
+        if ev.type == "stdout" then break end
+      end
+      assert.equal("fine\n", sb:exec("echo fine").stdout)
+    end)
+  end)
+end)
+
+describe("runtime exit", function()
+  it("leaves no process behind when a script ends with sessions still running", function()
+    local marker = "mbmark" .. core.getpid()
+    local script = os.tmpname()
+    local f = io.open(script, "w")
+    f:write(([[
+      local moonbox = require "moonbox"
+      local sb = moonbox.getSandbox("exit-%s", { root = os.tmpname() .. ".d" })
+      for i = 1, 2 do
+        local s = sb:createSession {}
+        s:exec("(exec -a %s sleep 1000) & setsid bash -c 'exec -a %s sleep 1000' &")
+      end
+    ]]):format(marker, marker, marker))
+    f:close()
+    local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+    assert.is_true(os.execute(bin .. " " .. script) == 0)
+    os.remove(script)
+    local found = io.popen("pgrep -f '[m]" .. marker:sub(2) .. "' | wc -l"):read("*l")
+    assert.equal("0", found)
+  end)
+end)
