@@ -11,7 +11,8 @@ local test = sandbox:createSession { id = "test", cwd = "/workspace/test",
   env = { NODE_ENV = "test", API_URL = "http://localhost:3000", DEBUG_MODE = false } }
 
 -- Run in parallel
-local build = 'sleep 0.2; echo "built for $NODE_ENV against $API_URL in $(basename "$PWD") debug=${DEBUG_MODE-unset}"'
+local build = 'sleep 0.2; echo "built for $NODE_ENV against $API_URL in $(basename "$PWD")' ..
+  ' debug=${DEBUG_MODE-unset}"'
 local results = moonbox.all(function() return prod:exec(build) end, function() return test:exec(build) end)
 io.write(results[1].stdout, results[2].stdout)
 
@@ -20,7 +21,8 @@ local session = sandbox:createSession { commandTimeoutMs = 500 }
 local r = session:exec("sleep 10")
 print(("session timeout: timedOut=%s exitCode=%d"):format(tostring(r.timedOut), r.exitCode))
 r = session:exec("sleep 10", { timeout = 300 })
-print(("per-command timeout: timedOut=%s after %s ms"):format(tostring(r.timedOut), r.duration >= 300 and ">=300" or "?"))
+print(("per-command timeout: timedOut=%s after %s ms"):format(tostring(r.timedOut),
+  r.duration >= 300 and ">=300" or "?"))
 
 -- First request: create a task-specific session; second request: resume it
 local first = sandbox:createSession { id = "build" }
@@ -37,7 +39,8 @@ local ok, err = pcall(function()
   error({ code = "TASK_FAILED", message = "heavy task failed" })
 end)
 sandbox:deleteSession("temp-task")
-print("temp task: ok=" .. tostring(ok) .. " " .. err.code .. ", sessions now: " .. table.concat(sandbox:listSessions(), ","))
+print(("temp task: ok=%s %s, sessions now: %s"):format(tostring(ok), err.code,
+  table.concat(sandbox:listSessions(), ",")))
 
 -- Sandbox-level environment variables, with an unset
 sandbox:setEnvVars { API_KEY = "sk-test", NODE_ENV = "production", OLD_TOKEN = "x" }

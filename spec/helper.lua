@@ -66,5 +66,5 @@ end
 function run_task(fn)
   local results = { moonbox.run(fn) }
   helper.assert_clean()
-  return (table.unpack or unpack)(results)
+  return unpack(results)
 end

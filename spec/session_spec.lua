@@ -135,7 +135,7 @@ describe("exec output", function()
       r = sb:exec("head -c 2147483648 /dev/zero")
       assert.is_true(r.truncated)
       assert.equal(16 * 1024 * 1024, #r.stdout)
-      r = nil
+      r = nil -- luacheck: ignore 311
       collectgarbage()
       collectgarbage()
       local rss_pages = tonumber(io.open("/proc/self/statm"):read("*a"):match("^%d+ (%d+)"))

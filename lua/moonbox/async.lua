@@ -13,7 +13,7 @@ local unobserved = {}        -- failed tasks nobody has waited for, in order
 local CANCEL = setmetatable({}, { __tostring = function() return "cancel" end })
 
 local pack = function(...) return { n = select("#", ...), ... } end
-local unpack = unpack or table.unpack
+local unpack = unpack -- LuaJIT
 
 local Task = {}
 Task.__index = Task

@@ -147,7 +147,7 @@ function Sandbox:_session_env(extra)
 end
 
 -- pids spawned by the runtime itself (shells), which are not orphans
-function Sandbox:_known_pids()
+function Sandbox._known_pids()
   local known = {}
   for _, sb in pairs(registry) do
     for _, s in pairs(sb.sessions) do

@@ -95,7 +95,7 @@ function Session:_signal_command(sig)
     end
   else
     local pids = tree.descendants(self.shell.pid)
-    for _, pid in ipairs(tree.adopted(self.sandbox:_known_pids())) do pids[#pids + 1] = pid end
+    for _, pid in ipairs(tree.adopted(self.sandbox._known_pids())) do pids[#pids + 1] = pid end
     tree.signal_pids(pids, sig)
   end
 end
@@ -112,7 +112,7 @@ function Session:_finish_kill(sh, deadline)
   elseif not sh.dead then
     local function leftovers()
       local pids = tree.descendants(sh.pid)
-      for _, pid in ipairs(tree.adopted(self.sandbox:_known_pids())) do pids[#pids + 1] = pid end
+      for _, pid in ipairs(tree.adopted(self.sandbox._known_pids())) do pids[#pids + 1] = pid end
       return pids
     end
     while #leftovers() > 0 and util.now_ms() < deadline do async.sleep(10) end
