@@ -177,12 +177,14 @@ function Session:_run(command, opts, sink)
     req.prelude = table.concat(parts, "\n") .. "\n"
   end
 
-  local cmd_cg = self:_cmd_cgroup()
-  if cmd_cg then tree.move(cmd_cg, sh.pid) end
-
   local timeout = opts.timeout or self.commandTimeoutMs or sb.policy.limits.commandTimeoutMs
+  if timeout == 0 then timeout = nil end
+  -- Only a command that can time out needs its own cgroup (two cgroup
+  -- migrations per call); deleteSession kills the session's whole cgroup.
+  local cmd_cg = timeout and self:_cmd_cgroup()
+  if cmd_cg then tree.move(cmd_cg, sh.pid) end
   local timers, grace_deadline = {}, nil
-  if timeout and timeout > 0 then
+  if timeout then
     local grace = sb.policy.limits.timeoutGraceMs
     timers[1] = after(timeout, function()
       timed_out = true
