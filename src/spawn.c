@@ -176,7 +176,9 @@ static void plan_candidates(lua_State *L, spawn_job *job, const char *file) {
   if (strchr(file, '/')) { p->candidates[0] = file; p->ncandidates = 1; return; }
   const char *path = env_lookup(p->envp, "PATH");
   if (!path) path = "/usr/local/bin:/usr/bin:/bin";
-  size_t flen = strlen(file), cap = (strlen(path) + 1) * (flen + 2) + flen + 2;
+  /* each segment becomes "<dir or .>/<file>\0": at most strlen(path) + 1
+   * segments, each at most its own length + 1 ("." for an empty one) + flen + 2 */
+  size_t flen = strlen(file), cap = (strlen(path) + 1) * (flen + 3) + 1;
   job->path_buf = (char *)malloc(cap);
   if (!job->path_buf) luaL_error(L, "out of memory");
   char *out = job->path_buf;
@@ -221,10 +223,11 @@ static void plan_rlimits(lua_State *L, mb_child_plan *p, int idx) {
 
 /* stdio entry: "pipe" (child reads on fd 0, writes otherwise), "in", "out",
  * "null", "inherit", or an integer fd of ours to place there. Returns an
- * error code (negative uv error) or 0. */
+ * error code (negative uv error), 0, or 1 for misuse with the message pushed
+ * (the caller releases what the job holds, then raises). */
 static int plan_fd(lua_State *L, spawn_job *job, int target, int vidx) {
   mb_child_plan *p = &job->plan;
-  if (p->nfds >= MB_MAX_FDS) luaL_error(L, "too many stdio entries (max %d)", MB_MAX_FDS);
+  if (p->nfds >= MB_MAX_FDS) { lua_pushfstring(L, "too many stdio entries (max %d)", MB_MAX_FDS); return 1; }
   int slot = p->nfds++;
   mb_fd_plan *f = &p->fds[slot];
   f->target = target;
@@ -234,7 +237,11 @@ static int plan_fd(lua_State *L, spawn_job *job, int target, int vidx) {
     if (fcntl(f->source, F_GETFD) < 0) return uv_translate_sys_error(errno);
     return 0;
   }
-  const char *v = luaL_checkstring(L, vidx);
+  if (lua_type(L, vidx) != LUA_TSTRING) {
+    lua_pushfstring(L, "stdio[%d] must be a kind or an fd, got %s", target, luaL_typename(L, vidx));
+    return 1;
+  }
+  const char *v = lua_tostring(L, vidx);
   if (strcmp(v, "null") == 0) {
     f->kind = MB_FD_NULL;
     f->null_flags = target == 0 ? O_RDONLY : O_WRONLY;
@@ -251,7 +258,8 @@ static int plan_fd(lua_State *L, spawn_job *job, int target, int vidx) {
     f->kind = MB_FD_SOURCE;
     f->source = job->pipe_child_end[slot];
   } else {
-    luaL_error(L, "stdio[%d]: unknown kind '%s'", target, v);
+    lua_pushfstring(L, "stdio[%d]: unknown kind '%s'", target, v);
+    return 1;
   }
   return 0;
 }
@@ -322,7 +330,6 @@ static int spawn(lua_State *L) {
   int exit_cb_idx = 0;
   if (!lua_isnil(L, -1)) { luaL_checktype(L, -1, LUA_TFUNCTION); exit_cb_idx = lua_gettop(L); }
   plan_rlimits(L, p, 1);
-  plan_candidates(L, &job, file);
 
   int rc = 0;
   const char *fail_detail = NULL;
@@ -336,13 +343,30 @@ static int spawn(lua_State *L) {
   lua_getfield(L, 1, "stdio");
   int stdio_idx = lua_gettop(L);
   if (!rc && !lua_isnil(L, stdio_idx)) {
-    luaL_checktype(L, stdio_idx, LUA_TTABLE);
+    if (!lua_istable(L, stdio_idx)) { job_cleanup(&job); return luaL_error(L, "spawn: stdio must be a table"); }
     for (int fd = 0; fd < 256 && !rc; fd++) {
       lua_rawgeti(L, stdio_idx, fd);
-      if (!lua_isnil(L, -1)) { rc = plan_fd(L, &job, fd, lua_gettop(L)); if (rc) fail_detail = "stdio"; }
+      if (!lua_isnil(L, -1)) {
+        rc = plan_fd(L, &job, fd, lua_gettop(L));
+        if (rc > 0) { job_cleanup(&job); luaL_where(L, 1); lua_insert(L, -2); lua_concat(L, 2); return lua_error(L); }
+        if (rc) fail_detail = "stdio";
+      }
       lua_pop(L, 1);
     }
   }
+  /* fds 0-2 the spec leaves out are /dev/null, not closed: a closed stdio fd
+   * would be taken by the child's next open() and its output land there */
+  for (int fd = 0; fd <= 2 && !rc; fd++) {
+    int placed = 0;
+    for (int i = 0; i < p->nfds; i++) placed |= (p->fds[i].target == fd);
+    if (placed) continue;
+    if (p->nfds >= MB_MAX_FDS) { job_cleanup(&job); return luaL_error(L, "too many stdio entries (max %d)", MB_MAX_FDS); }
+    mb_fd_plan *f = &p->fds[p->nfds++];
+    f->target = fd;
+    f->kind = MB_FD_NULL;
+    f->null_flags = fd == 0 ? O_RDONLY : O_WRONLY;
+  }
+  if (!rc) plan_candidates(L, &job, file);
   int report[2] = {-1, -1};
   if (!rc && pipe2(report, O_CLOEXEC) < 0) { rc = uv_translate_sys_error(errno); fail_detail = "pipe2"; }
   if (rc) {

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define STREAM "moonbox.stream"
@@ -198,9 +199,27 @@ typedef struct {
   int cb_ref;
 } shutdown_req;
 
+/* shutdown(2) only works on sockets: on the write end of a pipe libuv reports
+ * ENOTSOCK and the reader never sees EOF. Once the queued writes are done,
+ * swap the pipe end under the fd for /dev/null: the pipe end closes (EOF for
+ * the reader) and the handle stays valid until close(). */
+static int shutdown_pipe(uv_stream_t *s) {
+  mb_handle *h = (mb_handle *)s->data;
+  uv_os_fd_t fd;
+  struct stat sb;
+  if (((stream_state *)h->extra)->is_pty) return UV_ENOTSOCK;
+  if (uv_fileno((uv_handle_t *)s, &fd) < 0 || fstat(fd, &sb) < 0 || !S_ISFIFO(sb.st_mode)) return UV_ENOTSOCK;
+  int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null < 0) return uv_translate_sys_error(errno);
+  int rc = dup3(null, fd, O_CLOEXEC) < 0 ? uv_translate_sys_error(errno) : 0;
+  close(null);
+  return rc;
+}
+
 static void on_shutdown(uv_shutdown_t *req, int status) {
   shutdown_req *sr = (shutdown_req *)req;
   mb_core *core = sr->core;
+  if (status == UV_ENOTSOCK) status = shutdown_pipe(req->handle);
   int ref = sr->cb_ref;
   free(sr);
   if (ref == LUA_NOREF || core->dead) return;

@@ -284,10 +284,19 @@ function Sandbox:destroy(opts)
   return { success = true, id = self.id, timestamp = util.timestamp() }
 end
 
--- The sandbox's own methods run in the default session.
-for _, name in ipairs { "exec", "execStream" } do
-  Sandbox[name] = function(self, ...) return self:_default()[name](self:_default(), ...) end
-end
+-- The sandbox's own methods run in the default session: any public session
+-- method the sandbox does not define itself is forwarded (modules such as
+-- files and processes add their methods to the Session class).
+setmetatable(Sandbox, {
+  __index = function(_, name)
+    local method = type(name) == "string" and not name:match("^_") and session_mod.Session[name]
+    if type(method) ~= "function" then return nil end
+    return function(self, ...)
+      local session = self:_default()
+      return method(session, ...)
+    end
+  end,
+})
 M.Sandbox = Sandbox
 
 function M.all() return registry end

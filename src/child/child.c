@@ -65,6 +65,15 @@ static int step_fds(mb_child_plan *p) {
   for (int i = 0; i < p->nfds; i++)
     if (p->fds[i].target >= high) high = p->fds[i].target + 1;
   if (p->report_fd >= high) high = p->report_fd + 1;
+  /* the report pipe must survive placement: move it out of the way of targets */
+  for (int i = 0; i < p->nfds; i++) {
+    if (p->fds[i].target != p->report_fd) continue;
+    int moved = fcntl(p->report_fd, F_DUPFD_CLOEXEC, high);
+    if (moved < 0) return MB_STAGE_FDS;
+    p->report_fd = moved;
+    high = moved + 1;
+    break;
+  }
   for (int i = 0; i < p->nfds; i++) {
     mb_fd_plan *f = &p->fds[i];
     int fd;
