@@ -85,6 +85,7 @@ void mb_open_fs(lua_State *L);
 void mb_open_spawn(lua_State *L);
 void mb_open_pty(lua_State *L);
 void mb_open_sys(lua_State *L);
+void mb_open_tcp(lua_State *L);
 
 int mb_check_signal(lua_State *L, int idx);
 

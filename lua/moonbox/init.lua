@@ -14,6 +14,7 @@ local moonbox = {
 }
 
 local sandbox = require "moonbox.sandbox"
+require "moonbox.process" -- adds the background process calls to sessions
 require("moonbox._runtime").at_exit(sandbox.shutdown)
 
 -- getSandbox(id, opts) -> Sandbox; the same id returns the same object.

@@ -101,6 +101,8 @@ function M.getSandbox(id, opts)
     env = env,
     sessions = {},
     session_seq = 0,
+    processes = {},
+    process_seq = 0,
     cgroup_name = "sb-" .. id,
   }, Sandbox)
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
@@ -227,6 +229,7 @@ function Sandbox:deleteSession(id)
   local s = self:getSession(id)
   self.sessions[id] = nil
   s:_destroy()
+  require("moonbox.process").kill_all(self, id)
   return { success = true, sessionId = id, timestamp = util.timestamp() }
 end
 
@@ -275,6 +278,7 @@ function Sandbox:destroy(opts)
     self.sessions[id] = nil
     if type(s) == "table" then s:_destroy() end
   end
+  require("moonbox.process").kill_all(self)
   if tree.mode() == "cgroup" then
     local dir = tree.base() .. "/" .. self.cgroup_name
     tree.kill_cgroup(dir)

@@ -1,0 +1,51 @@
+-- Readiness probes for waitForPort: a TCP connect, or an HTTP GET whose
+-- status must be 200-399 (or opts.status). Each probe gives up after 2 s.
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+
+local M = {}
+local PROBE_TIMEOUT_MS = 2000
+
+local function connect(host, port)
+  return async.await(function(resume)
+    local ok, msg = core.tcp_connect(host, port, function(err, fd) resume(fd, err) end)
+    if not ok then resume(nil, msg) end
+  end, "waitForPort")
+end
+
+function M.tcp(host, port)
+  local fd = connect(host, port)
+  if not fd then return false end
+  core.close_fd(fd)
+  return true
+end
+
+function M.http(host, port, opts)
+  local fd = connect(host, port)
+  if not fd then return false end
+  local stream = core.stream_open(fd)
+  local path = opts.path or "/"
+  local request = ("GET %s HTTP/1.0\r\nHost: %s:%d\r\nConnection: close\r\n\r\n"):format(path, host, port)
+  local status = async.await(function(resume)
+    local buf, timer = "", core.timer()
+    local function finish(code)
+      if timer then timer:close() timer = nil end
+      stream:read_stop()
+      resume(code)
+    end
+    timer:start(PROBE_TIMEOUT_MS, 0, function() timer:close() timer = nil finish(nil) end)
+    stream:write(request)
+    stream:read_start(function(_, data)
+      if not data then return finish(tonumber(buf:match("^HTTP/%d[%.%d]* (%d%d%d)"))) end
+      buf = buf .. data
+      local code = buf:match("^HTTP/%d[%.%d]* (%d%d%d)")
+      if code or #buf > 4096 then finish(tonumber(code)) end
+    end)
+  end, "waitForPort")
+  stream:close()
+  if not status then return false end
+  if opts.status then return status == opts.status end
+  return status >= 200 and status < 400
+end
+
+return M

@@ -1,0 +1,206 @@
+-- Background processes (issue #4): lifecycle, kill of whole trees, bounded
+-- logs, streaming without loss, and readiness waits.
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+
+local seq = 0
+local function with_sandbox(fn, opts)
+  return run_task(function()
+    seq = seq + 1
+    opts = opts or {}
+    opts.root = io.popen("mktemp -d"):read("*l")
+    local sb = moonbox.getSandbox(("proc-%d-%d"):format(core.getpid(), seq), opts)
+    local ok, err = pcall(fn, sb)
+    sb:destroy()
+    if not ok then error(err, 0) end
+  end)
+end
+
+local function code_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "expected an error")
+  return err.code
+end
+
+describe("startProcess", function()
+  it("reports a process that cannot start as status error with the reason, leaving nothing", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess({ "no-such-program-xyz" })
+      assert.equal("error", p.status)
+      assert.truthy(p.error:find("ENOENT", 1, true))
+      assert.is_nil(p.pid)
+    end)
+  end)
+
+  it("refuses a duplicate live processId and bad arguments", function()
+    with_sandbox(function(sb)
+      sb:startProcess("sleep 5", { processId = "web" })
+      assert.equal("PROCESS_ALREADY_EXISTS", code_of(sb.startProcess, sb, "true", { processId = "web" }))
+      assert.equal("VALIDATION_FAILED", code_of(sb.startProcess, sb, ""))
+      assert.equal("VALIDATION_FAILED", code_of(sb.startProcess, sb, "true", { env = { ["9"] = "x" } }))
+      assert.equal("VALIDATION_FAILED", code_of(sb.startProcess, sb, "true", { cwd = "/workspace/missing" }))
+      assert.equal("PROCESS_NOT_FOUND", code_of(sb.killProcess, sb, "nope"))
+      assert.equal("PROCESS_NOT_FOUND", code_of(sb.getProcessLogs, sb, "nope"))
+      assert.is_nil(sb:getProcess("nope"))
+    end)
+  end)
+
+  it("returns at once, runs with the session's env and cwd, and calls onStart, onOutput, onExit", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession { id = "s" }
+      s:exec("mkdir -p d && cd d && export FROM_SESSION=yes")
+      local seen, exit_code, started = {}, nil, nil
+      local p = s:startProcess('echo "$FROM_SESSION $EXTRA $(basename $PWD)"; read x; echo "in:$x" >&2; exit 3', {
+        env = { EXTRA = "e" }, stdin = "fed\n",
+        onStart = function(proc) started = proc.id end,
+        onOutput = function(stream, data) seen[#seen + 1] = stream .. ":" .. data end,
+        onExit = function(code) exit_code = code end,
+      })
+      assert.equal("running", p.status)
+      assert.equal(p.id, started)
+      assert.equal("s", p.sessionId)
+      assert.same({ exitCode = 3, status = "failed" }, p:waitForExit(5000))
+      assert.equal(3, exit_code)
+      assert.equal("failed", p:getStatus())
+      assert.same({ "stdout:yes e d\n", "stderr:in:fed\n" }, seen)
+      assert.truthy(p.endTime)
+      local logs = sb:getProcessLogs(p.id)
+      assert.equal("yes e d\n", logs.stdout)
+      assert.equal("in:fed\n", logs.stderr)
+      assert.equal(p.id, logs.processId)
+    end)
+  end)
+
+  it("runs an argv table directly and marks exit 0 completed", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess({ "printf", "%s", "a b" })
+      p:waitForExit(5000)
+      assert.equal("completed", p.status)
+      assert.equal(0, p.exitCode)
+      assert.equal("a b", p:getLogs().stdout)
+    end)
+  end)
+end)
+
+describe("kill", function()
+  it("kills the whole tree including setsid descendants, status killed, 128 + signal", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess([[setsid sh -c 'echo $$ > daemon.pid; exec sleep 100' & sleep 100]])
+      moonbox.sleep(200)
+      local daemon = tonumber(sb:exec("cat daemon.pid").stdout)
+      sb:killProcess(p.id, "SIGKILL")
+      assert.equal(137, p:waitForExit(5000).exitCode)
+      assert.equal("killed", p.status)
+      moonbox.sleep(50)
+      assert.is_false(helper.pid_alive(daemon))
+    end)
+  end)
+
+  it("honours the signal given, by name or number", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("trap 'echo got-usr1; exit 0' USR1; while :; do sleep 0.05; done")
+      moonbox.sleep(200)
+      p:kill("SIGUSR1")
+      p:waitForExit(5000)
+      assert.equal("got-usr1\n", p:getLogs().stdout)
+      local q = sb:startProcess("sleep 100")
+      q:kill(15)
+      assert.equal(143, q:waitForExit(5000).exitCode)
+    end)
+  end)
+
+  it("sends SIGKILL after the grace when SIGTERM is ignored", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("trap '' TERM; while :; do sleep 0.05; done")
+      moonbox.sleep(100)
+      p:kill()
+      assert.equal(137, p:waitForExit(5000).exitCode)
+      assert.equal("killed", p.status)
+    end, { limits = { killGraceMs = 200 } })
+  end)
+
+  it("kills on timeout and counts killAllProcesses", function()
+    with_sandbox(function(sb)
+      local t = sb:startProcess("sleep 100", { timeout = 200 })
+      t:waitForExit(5000)
+      assert.equal("killed", t.status)
+      sb:startProcess("sleep 100")
+      sb:startProcess("sleep 100")
+      assert.equal(2, sb:killAllProcesses())
+    end)
+  end)
+
+  it("deleteSession kills the processes that session started", function()
+    with_sandbox(function(sb)
+      sb:createSession { id = "owner" }
+      local p = sb:getSession("owner"):startProcess("sleep 100")
+      local other = sb:startProcess("sleep 100")
+      sb:deleteSession("owner")
+      assert.equal("killed", p.status)
+      assert.is_false(helper.pid_alive(p.pid))
+      assert.equal("running", other.status)
+      assert.equal(1, #sb:listProcesses() - 1)
+    end)
+  end)
+end)
+
+describe("logs", function()
+  it("keeps the newest maxLogBytes per stream and marks truncation", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("seq 1 100000")
+      p:waitForExit(5000)
+      local logs = p:getLogs()
+      assert.equal(1000, #logs.stdout)
+      assert.is_true(logs.truncated)
+      assert.equal("100000\n", logs.stdout:sub(-7))
+    end, { limits = { maxLogBytes = 1000 } })
+  end)
+
+  it("streams replay then live output with nothing lost or duplicated", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("for i in $(seq 1 300); do echo line$i; [ $((i % 50)) = 0 ] && sleep 0.05; done")
+      moonbox.sleep(30) -- part of the output is buffered before the subscription
+      local got, exit_event = {}, nil
+      for ev in sb:streamProcessLogs(p.id) do
+        if ev.type == "stdout" then got[#got + 1] = ev.data end
+        if ev.type == "exit" then exit_event = ev end
+      end
+      local expected = {}
+      for i = 1, 300 do expected[i] = "line" .. i .. "\n" end
+      assert.equal(table.concat(expected), table.concat(got))
+      assert.equal(0, exit_event.exitCode)
+      assert.equal(p.id, exit_event.processId)
+    end)
+  end)
+
+  it("waitForLog matches buffered output, output split across chunks, and times out", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("echo early-marker; sleep 0.2; printf 'spl'; sleep 0.2; printf 'it-word\\n'; sleep 100")
+      moonbox.sleep(100)
+      assert.same({ line = "early-marker", match = "early-marker", stream = "stdout" },
+        p:waitForLog("early%-marker", 2000))
+      local r = p:waitForLog("split-word", 3000, { plain = true })
+      assert.equal("split-word", r.line)
+      assert.equal("PROCESS_READY_TIMEOUT", code_of(p.waitForLog, p, "never", 100))
+      p:kill("SIGKILL")
+      local q = sb:startProcess("echo bye")
+      assert.equal("PROCESS_EXITED_BEFORE_READY", code_of(q.waitForLog, q, "never", 5000))
+    end)
+  end)
+end)
+
+describe("waitForPort", function()
+  it("waits for an HTTP server that listens after a delay", function()
+    with_sandbox(function(sb)
+      local port = 20000 + core.getpid() % 20000
+      local srv = sb:startProcess(("sleep 0.5; exec python3 -m http.server %d --bind 127.0.0.1"):format(port))
+      assert.is_true(srv:waitForPort(port, { timeout = 15000 }).success)
+      assert.is_true(srv:waitForPort(port, { mode = "tcp", timeout = 1000 }).success)
+      srv:kill()
+      local quick = sb:startProcess("exit 2")
+      assert.equal("PROCESS_EXITED_BEFORE_READY", code_of(quick.waitForPort, quick, port + 1, { timeout = 5000 }))
+      local idle = sb:startProcess("sleep 100")
+      assert.equal("PROCESS_READY_TIMEOUT", code_of(idle.waitForPort, idle, port + 1, { timeout = 300 }))
+    end)
+  end)
+end)

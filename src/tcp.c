@@ -1,0 +1,87 @@
+/* tcp: connect to a host:port and hand the connected socket to Lua as an fd
+ * (wrap it with core.stream_open). Used for readiness probes. */
+#include "core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+  uv_tcp_t tcp;
+  uv_connect_t req;
+  mb_core *core;
+  int cb_ref;
+  int fd;       /* dup of the connected socket, or -1 */
+  int status;
+} tcp_connect;
+
+static void on_closed(uv_handle_t *h) {
+  tcp_connect *c = (tcp_connect *)h->data;
+  mb_core *core = c->core;
+  int ref = c->cb_ref, fd = c->fd, status = c->status;
+  free(c);
+  if (core->dead) { if (fd >= 0) close(fd); return; }
+  lua_State *cbL = core->cbL;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, ref);
+  if (fd >= 0) {
+    lua_pushnil(cbL);
+    lua_pushinteger(cbL, fd);
+    lua_pushnil(cbL);
+  } else {
+    lua_pushfstring(cbL, "%s: %s", uv_err_name(status), uv_strerror(status));
+    lua_pushnil(cbL);
+    lua_pushstring(cbL, uv_err_name(status));
+  }
+  mb_call(core, cbL, 3);
+}
+
+static void on_connect(uv_connect_t *req, int status) {
+  tcp_connect *c = (tcp_connect *)req->data;
+  c->status = status;
+  if (status == 0) {
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0) {
+      c->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+      if (c->fd < 0) c->status = uv_translate_sys_error(errno);
+    }
+  }
+  uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+/* core.tcp_connect(host, port, callback(err, fd, code)) -> true | nil, msg, code */
+static int tcp_connect_start(lua_State *L) {
+  const char *host = luaL_checkstring(L, 1);
+  int port = (int)luaL_checkinteger(L, 2);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  if (port < 1 || port > 65535) return luaL_argerror(L, 2, "port must be 1-65535");
+  struct sockaddr_storage addr;
+  int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
+  if (rc < 0) rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
+  if (rc < 0) return mb_push_error(L, rc, host);
+  mb_core *core = mb_core_get(L);
+  tcp_connect *c = (tcp_connect *)calloc(1, sizeof *c);
+  if (!c) return luaL_error(L, "out of memory");
+  c->core = core;
+  c->fd = -1;
+  c->tcp.data = c;
+  c->req.data = c;
+  uv_tcp_init(core->loop, &c->tcp);
+  rc = uv_tcp_connect(&c->req, &c->tcp, (const struct sockaddr *)&addr, on_connect);
+  if (rc < 0) {
+    c->cb_ref = LUA_NOREF;
+    uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+    return mb_push_error(L, rc, "connect");
+  }
+  lua_pushvalue(L, 3);
+  c->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+void mb_open_tcp(lua_State *L) {
+  lua_pushcfunction(L, tcp_connect_start);
+  lua_setfield(L, -2, "tcp_connect");
+}
