@@ -1,0 +1,117 @@
+-- Exec benchmark (issue #3): moonbox exec against raw floors measured in the
+-- same run. Run: ./build/moonbox bench/exec.lua [iterations]
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+
+local N = tonumber(arg and arg[1]) or 2000
+local function ms() return core.hrtime() / 1e6 end
+local function stats(samples)
+  table.sort(samples)
+  local function q(p) return samples[math.max(1, math.floor(#samples * p + 0.5))] end
+  return q(0.5), q(0.99)
+end
+local rows = {}
+local function row(name, p50, p99, note)
+  rows[#rows + 1] = ("| %-44s | %9.3f | %9.3f | %s |"):format(name, p50, p99, note or "")
+end
+
+-- Floor 1: a persistent bash over pipes answering a marker.
+local function raw_bash_floor()
+  local proc, pipes = assert(core.spawn { args = { "bash", "--noprofile", "--norc" }, file = "/bin/bash",
+    env = { PATH = "/usr/bin:/bin" }, stdio = { [0] = "pipe", [1] = "pipe", [2] = "null" } })
+  local waiting, buf = nil, ""
+  pipes[1]:read_start(function(_, data)
+    if not data then return end
+    buf = buf .. data
+    if buf:find("m\n", 1, true) and waiting then buf = "" local w = waiting waiting = nil w() end
+  end)
+  local samples = {}
+  for i = 1, N do
+    local t = ms()
+    async.await(function(resume) waiting = resume pipes[0]:write("true; echo m\n") end)
+    samples[i] = ms() - t
+  end
+  pipes[0]:close() pipes[1]:close()
+  async.await(function(resume) if proc:status() == "exited" then return resume() end
+    local timer = core.timer()
+    timer:start(0, 5, function() if proc:status() == "exited" then timer:close() resume() end end)
+  end)
+  return stats(samples)
+end
+
+-- Floor 2: spawn /bin/true directly and wait for its exit.
+local function raw_spawn_floor()
+  local samples = {}
+  for i = 1, N do
+    local t = ms()
+    async.await(function(resume)
+      assert(core.spawn { args = { "/bin/true" }, stdio = { [0] = "null", [1] = "null", [2] = "null" },
+        on_exit = function() resume() end })
+    end)
+    samples[i] = ms() - t
+  end
+  return stats(samples)
+end
+
+-- Floor 3: bytes per second read from a raw pipe.
+local function raw_pipe_throughput(bytes)
+  local t = ms()
+  local total = 0
+  async.await(function(resume)
+    local _, pipes = assert(core.spawn { args = { "head", "-c", tostring(bytes), "/dev/zero" },
+      env = { PATH = "/usr/bin:/bin" }, stdio = { [0] = "null", [1] = "pipe", [2] = "null" } })
+    pipes[1]:read_start(function(_, data)
+      if data then total = total + #data else pipes[1]:close() resume() end
+    end)
+  end)
+  assert(total == bytes)
+  return bytes / ((ms() - t) / 1000)
+end
+
+moonbox.run(function()
+  local root = os.tmpname() .. ".d"
+  local sb = moonbox.getSandbox("bench-exec", { root = root })
+  local s = sb:createSession { id = "b" }
+  s:exec("true")
+  local bash50, bash99 = raw_bash_floor()
+  row("raw floor: bash over pipes, `true; echo m`", bash50, bash99)
+  local b50, b99 = (function()
+    local samples = {}
+    for i = 1, N do local t = ms() s:exec("true") samples[i] = ms() - t end
+    return stats(samples)
+  end)()
+  row("exec(\"true\") (builtin)", b50, b99, ("+%.3f ms over the floor at p50"):format(b50 - bash50))
+  local sp50, sp99 = raw_spawn_floor()
+  row("raw floor: spawn /bin/true + wait", sp50, sp99)
+  local e50, e99 = (function()
+    local samples = {}
+    for i = 1, N do local t = ms() s:exec("/bin/true") samples[i] = ms() - t end
+    return stats(samples)
+  end)()
+  row("exec(\"/bin/true\")", e50, e99, ("%.2fx the spawn floor at p50"):format(e50 / sp50))
+  local created = {}
+  for i = 1, 200 do
+    local t = ms()
+    local x = sb:createSession {}
+    x:exec("true")
+    created[i] = ms() - t
+    sb:deleteSession(x.id)
+  end
+  local c50, c99 = stats(created)
+  row("createSession + first exec(\"true\")", c50, c99)
+  local bytes = 1024 * 1024 * 1024
+  local raw_bps = raw_pipe_throughput(bytes)
+  local t = ms()
+  local seen = 0
+  s:exec("head -c " .. bytes .. " /dev/zero", { onOutput = function(_, d) seen = seen + #d end, maxOutputBytes = 0 })
+  local exec_bps = bytes / ((ms() - t) / 1000)
+  assert(seen == 0 or seen == bytes)
+  print(("\n%d iterations; times in ms\n"):format(N))
+  print("| measurement                                  |       p50 |       p99 | note |")
+  print("|----------------------------------------------|-----------|-----------|------|")
+  for _, r in ipairs(rows) do print(r) end
+  print(("\nthroughput, 1 GiB: raw pipe %.0f MB/s; exec with onOutput %.0f MB/s (%.2fx)"):format(
+    raw_bps / 1e6, exec_bps / 1e6, exec_bps / raw_bps))
+  sb:destroy()
+end)
