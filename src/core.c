@@ -320,6 +320,7 @@ static int core_gc(lua_State *L) {
     uv_loop_close(core->loop);
     free(core->loop);
   }
+  free(core->read_buf);
   free(core);
   return 0;
 }

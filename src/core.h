@@ -47,6 +47,7 @@ struct mb_core {
   mb_handle *handles;          /* list of those handles, for teardown */
   int dead;                    /* the Lua state is being closed */
   void *spawn_state;           /* owned by spawn.c */
+  char *read_buf;              /* shared by every stream's reads (stream.c) */
 };
 
 mb_core *mb_core_get(lua_State *L);

@@ -15,7 +15,7 @@
 typedef struct {
   int is_pty;   /* a pty master reports EIO when the slave side closes: that is EOF */
   int eof;
-  char buf[READ_BUF];
+  char *buf;    /* the core's shared read buffer: reads are handled one at a time */
 } stream_state;
 
 enum { CB_CLOSE = 0, CB_READ = 1 };
@@ -24,7 +24,7 @@ static void on_alloc(uv_handle_t *uvh, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   stream_state *st = (stream_state *)((mb_handle *)uvh->data)->extra;
   buf->base = st->buf;
-  buf->len = sizeof(st->buf);
+  buf->len = READ_BUF;
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
@@ -55,6 +55,8 @@ int mb_stream_push_fd(lua_State *L, int fd, int is_pty) {
   mb_handle *h = mb_handle_new(L, STREAM, sizeof(stream_state));
   stream_state *st = (stream_state *)h->extra;
   st->is_pty = is_pty;
+  if (!h->core->read_buf && !(h->core->read_buf = (char *)malloc(READ_BUF))) return luaL_error(L, "out of memory");
+  st->buf = h->core->read_buf;
   int rc = uv_pipe_init(h->core->loop, &h->uv.pipe, 0);
   if (rc == 0) rc = uv_pipe_open(&h->uv.pipe, fd);
   if (rc < 0) {
@@ -114,8 +116,8 @@ static int stream_try_read(lua_State *L) {
   mb_handle *h = mb_handle_check(L, 1, STREAM);
   stream_state *st = (stream_state *)h->extra;
   lua_Number max = luaL_optnumber(L, 2, 1 << 20);
-  if (max < 0) return luaL_argerror(L, 2, "limit must be >= 0");
-  size_t limit = (size_t)max;
+  if (!(max >= 0)) return luaL_argerror(L, 2, "limit must be >= 0");
+  size_t limit = max > 1e15 ? (size_t)1e15 : (size_t)max;
   if (st->eof) { lua_pushnil(L); return 1; }
   uv_os_fd_t fd;
   if (uv_fileno(&h->uv.handle, &fd) < 0) return mb_push_error(L, UV_EBADF, NULL);
@@ -123,7 +125,7 @@ static int stream_try_read(lua_State *L) {
   luaL_buffinit(L, &b);
   size_t total = 0;
   while (total < limit) {
-    size_t want = limit - total < sizeof(st->buf) ? limit - total : sizeof(st->buf);
+    size_t want = limit - total < READ_BUF ? limit - total : READ_BUF;
     ssize_t n = read(fd, st->buf, want);
     if (n > 0) { luaL_addlstring(&b, st->buf, (size_t)n); total += (size_t)n; continue; }
     if (n == 0 || (n < 0 && st->is_pty && errno == EIO)) { st->eof = 1; break; }

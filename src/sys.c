@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -61,7 +62,26 @@ static int sys_rmdir(lua_State *L) {
   return 1;
 }
 
+/* core.dup_to(fd, target): place fd on target (close-on-exec), as dup3.
+ * Sessions keep fixed fd slots whose /proc paths never change. */
+static int sys_dup_to(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1), target = (int)luaL_checkinteger(L, 2);
+  if (fd == target) { lua_pushboolean(L, 1); return 1; }
+  if (dup3(fd, target, O_CLOEXEC) < 0) return mb_push_errno(L, errno, "dup3");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.devnull() -> fd open on /dev/null (read-write, close-on-exec) */
+static int sys_devnull(lua_State *L) {
+  int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (fd < 0) return mb_push_errno(L, errno, "/dev/null");
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
 static const luaL_Reg sys_funcs[] = {
+  {"dup_to", sys_dup_to}, {"devnull", sys_devnull},
   {"readdir", sys_readdir}, {"mkdir", sys_mkdir}, {"rmdir", sys_rmdir},
   {"time", sys_time},
   {"getpid", sys_getpid}, {"getuid", sys_getuid}, {"getgid", sys_getgid},

@@ -2,36 +2,55 @@
 -- pipe (fd 60, which bash moves to a private close-on-exec fd) and reports
 -- on a status pipe (fd 61).
 --
--- Per command the runtime makes fresh pipes for the body, stdin, stdout and
--- stderr and writes ONE generated line to the control pipe:
+-- Each shell has five fixed fd slots in the runtime (body, stdin, stdout,
+-- stderr, per-call prelude) whose paths /proc/<rt>/fd/<slot> never change;
+-- per command the runtime makes fresh pipes and dup3()s them onto the slots.
+-- The prelude stores the four command shapes in variables, so the line sent
+-- per command is tiny (bash reads a pipe one byte per read(2)):
 --
---   __mb_id=7; builtin . /proc/<rt>/fd/<body> </proc/<rt>/fd/<in> \
---     >|/proc/<rt>/fd/<out> 2>|/proc/<rt>/fd/<err> 60<&-; __mb_report 7 $? run
+--   __mb_id=7;eval "$__mb_c1"
 --
--- The body itself never travels through the control channel: bash sources
--- it from its own pipe, so heredocs, unbalanced quotes, `exit`, `exec`,
--- `break` and fd games stay inside it. Completion is the status record
--- "<id> <exit status> <run|exit>\0<PWD>\0<export -p>\0", written by
--- __mb_report after the body, or by the EXIT trap when the body ends the
--- shell. /proc/<rt>/fd/<n> reopens a pipe the runtime holds.
+-- with __mb_c1 = 'builtin . <body> </dev/null >|<out> 2>|<err> 60<&-;
+-- __mb_report $__mb_id $? run'. The body itself never travels through the
+-- control channel: bash sources it from its own pipe, so heredocs,
+-- unbalanced quotes, `exit`, `exec`, `break` and fd games stay inside it.
+-- Completion is the status record "<id> <exit status> <run|exit>\0<PWD>\0
+-- <export -p>\0", written by __mb_report after the body, or by the EXIT trap
+-- when the body ends the shell.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 
 local M = {}
 
 local CONTROL_FD, STATUS_FD = 60, 61
-
-local PRELUDE = table.concat({
-  "shopt -s expand_aliases",
-  "__mb_report() { builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\" >&61;" ..
-    " builtin export -p >&61; builtin printf '\\0' >&61; }",
-  "trap '__mb_report \"${__mb_id:-0}\" \"$?\" exit' EXIT",
-  "__mb_id=0",
-  "",
-}, "\n")
+local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 
 local rt_pid = core.getpid()
 local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
+
+-- The shell's start-up script: report function, EXIT trap, command shapes.
+local function prelude(slots)
+  local p = {}
+  for name, i in pairs(SLOTS) do p[name] = fd_path(slots[i]) end
+  local out = (" >|%s 2>|%s 60<&-; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
+  local main = "builtin . " .. p.body
+  local sub = ("( builtin . %s && builtin . %s )"):format(p.prelude, p.body)
+  local shapes = {
+    main .. " </dev/null" .. out, main .. " <" .. p.stdin .. out,
+    sub .. " </dev/null" .. out, sub .. " <" .. p.stdin .. out,
+  }
+  local lines = {
+    "shopt -s expand_aliases",
+    "__mb_report() { builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\" >&61;" ..
+      " builtin export -p >&61; builtin printf '\\0' >&61; }",
+    "trap '__mb_report \"${__mb_id:-0}\" \"$?\" exit' EXIT",
+    "__mb_id=0",
+  }
+  for i, shape in ipairs(shapes) do
+    lines[#lines + 1] = ("__mb_c%d=%s"):format(i, "'" .. shape:gsub("'", "'\\''") .. "'")
+  end
+  return table.concat(lines, "\n") .. "\n"
+end
 
 -- Parse `export -p` output into a map. Bash prints declare -x NAME="v" with
 -- \ " $ ` escaped, declare -x NAME=$'v' for control characters, and
@@ -104,11 +123,14 @@ function M.spawn(opts)
     on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
   }
   if not proc then return nil, pipes_or_err, code end
+  self.devnull = core.devnull()
+  self.slots = {}
+  for i = 1, 5 do self.slots[i] = core.devnull() end
   self.proc, self.pid = proc, proc:pid()
   self.control = pipes_or_err[CONTROL_FD]
   self.status = pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)
-  self.control:write(PRELUDE)
+  self.control:write(prelude(self.slots))
   return self
 end
 
@@ -158,6 +180,14 @@ end
 function Shell:_close_pipes()
   if self.control then self.control:close() self.control = nil end
   if self.status then self.status:close() self.status = nil end
+  if not self.running then self:_close_slots() end
+end
+
+function Shell:_close_slots()
+  if not self.slots then return end
+  for _, fd in ipairs(self.slots) do core.close_fd(fd) end
+  core.close_fd(self.devnull)
+  self.slots = nil
 end
 
 function Shell:usable()
@@ -171,32 +201,36 @@ end
 function Shell:run(req)
   self.seq = self.seq + 1
   local id = self.seq
-  local held = {}     -- fds the shell opens by path; ours until it reports
+  local slots, used = self.slots, {}
   local feeders, readers = {}, {}
+  self.running = true
   local function pipe()
     local r, w = core.pipe()
     if not r then error(w, 0) end
     return r, w
   end
+  local function place(slot, fd)
+    core.dup_to(fd, slots[slot])
+    core.close_fd(fd)
+    used[#used + 1] = slot
+  end
   -- a pipe the shell reads: we write data and close our end
-  local function feed(data)
+  local function feed(slot, data)
     local r, w = pipe()
-    held[#held + 1] = r
+    place(slot, r)
     local s = core.stream_open(w)
     feeders[#feeders + 1] = s
     s:write(data, function() s:close() end)
-    return fd_path(r)
   end
   -- a pipe the shell writes: we read it
-  local function drain(name)
+  local function drain(slot, name)
     local r, w = pipe()
-    held[#held + 1] = w
+    place(slot, w)
     local s = core.stream_open(r)
     readers[name] = s
     s:read_start(function(_, data)
       if data then req.on_chunk(name, data) end
     end)
-    return fd_path(w)
   end
   local function cleanup()
     for _, name in ipairs { "stdout", "stderr" } do
@@ -209,20 +243,21 @@ function Shell:run(req)
       end
     end
     for _, s in ipairs(feeders) do s:close() end
-    for _, fd in ipairs(held) do core.close_fd(fd) end
+    self.running = false
+    if self.dead then
+      self:_close_slots()
+    else
+      for _, slot in ipairs(used) do core.dup_to(self.devnull, slots[slot]) end
+    end
   end
   local ok, err = pcall(function()
-    local body = feed(req.body)
-    local stdin = req.stdin and feed(req.stdin) or "/dev/null"
-    local redirs = ("<%s >|%s 2>|%s 60<&-"):format(stdin, drain("stdout"), drain("stderr"))
-    local line
-    if req.prelude then
-      line = ("__mb_id=%d; ( builtin . %s && builtin . %s ) %s; __mb_report %d $? run\n"):format(
-        id, feed(req.prelude), body, redirs, id)
-    else
-      line = ("__mb_id=%d; builtin . %s %s; __mb_report %d $? run\n"):format(id, body, redirs, id)
-    end
-    self.control:write(line)
+    feed(SLOTS.body, req.body)
+    if req.stdin then feed(SLOTS.stdin, req.stdin) end
+    drain(SLOTS.stdout, "stdout")
+    drain(SLOTS.stderr, "stderr")
+    if req.prelude then feed(SLOTS.prelude, req.prelude) end
+    local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
+    self.control:write(("__mb_id=%d;eval \"$__mb_c%d\"\n"):format(id, shape))
   end)
   if not ok then
     cleanup()
