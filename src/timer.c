@@ -21,7 +21,9 @@ static int timer_start(lua_State *L) {
   mb_handle *h = mb_handle_check(L, 1, TIMER);
   lua_Number timeout = luaL_checknumber(L, 2);
   lua_Number repeat = luaL_optnumber(L, 3, 0);
-  if (timeout < 0 || repeat < 0) return luaL_error(L, "timer durations must be >= 0");
+  if (!(timeout >= 0) || !(repeat >= 0)) return luaL_error(L, "timer durations must be >= 0"); /* NaN too */
+  if (timeout > 9007199254740992.0) timeout = 9007199254740992.0; /* 2^53 ms: forever, and castable */
+  if (repeat > 9007199254740992.0) repeat = 9007199254740992.0;
   mb_handle_set_cb(L, h, 1, 4);
   int rc = uv_timer_start(&h->uv.timer, on_timer, (uint64_t)timeout, (uint64_t)repeat);
   if (rc < 0) return mb_push_error(L, rc, NULL);

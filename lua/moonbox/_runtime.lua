@@ -31,6 +31,8 @@ function M.main(chunk, drive, ...)
   if drive then
     local ok, err = xpcall(async.run, function(e)
       if errors.is_error(e) or type(e) ~= "string" then return e end
+      -- a task's error already carries the task's traceback: the runner's own adds nothing
+      if e:find("\nstack traceback:\n", 1, true) then return e end
       return debug.traceback(e, 2)
     end, chunk, ...)
     if ok then return true end

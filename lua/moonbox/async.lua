@@ -9,6 +9,7 @@ local M = {}
 
 local current = nil          -- the task whose coroutine is running
 local live = 0               -- tasks started and not finished
+local live_tasks = {}        -- those tasks (a set), to abandon on deadlock
 local unobserved = {}        -- failed tasks nobody has waited for, in order
 local CANCEL = setmetatable({}, { __tostring = function() return "cancel" end })
 
@@ -21,15 +22,17 @@ Task.__index = Task
 local function finish(task, ok, results)
   task.done, task.ok = true, ok
   live = live - 1
+  live_tasks[task] = nil
   if ok then
     task.results = results
   else
     local err = results[2]
     if errors.is_error(err) then
-      if not err.traceback then err.traceback = debug.traceback(task.co, nil, 0) end
-    elseif err ~= CANCEL then
+      -- (debug.traceback returns a nil message as it is: pass "" and drop its "\n")
+      if not err.traceback then err.traceback = debug.traceback(task.co, "", 0):sub(2) end
+    elseif type(err) == "string" or type(err) == "number" then
       err = debug.traceback(task.co, tostring(err), 0)
-    end
+    end -- any other value (a table with its own code, ...) is kept as raised
     task.err = err
     if #task.waiters == 0 and not (errors.is_error(err) and err.code == "CANCELLED") then
       unobserved[#unobserved + 1] = task
@@ -57,6 +60,7 @@ function M.spawn(fn, ...)
   end
   local task = setmetatable({ co = coroutine.create(fn), waiters = {}, done = false }, Task)
   live = live + 1
+  live_tasks[task] = true
   step(task, ...)
   return task
 end
@@ -134,7 +138,7 @@ function Task:status()
 end
 
 function M.sleep(ms)
-  if type(ms) ~= "number" or ms < 0 then
+  if type(ms) ~= "number" or ms < 0 or ms ~= ms then
     errors.raise("VALIDATION_FAILED", "sleep: ms must be a number >= 0")
   end
   M.await(function(resume)
@@ -154,6 +158,10 @@ function M.all(...)
   for i, t in ipairs(tasks) do
     local ok, r = pcall(t.wait, t)
     if ok then results[i] = r elseif first_err == nil then first_err = r end
+    if not ok and not t.done then
+      -- the wait itself failed: we were cancelled, and so is the rest
+      for _, u in ipairs(tasks) do u:cancel() end
+    end
   end
   if first_err ~= nil then error(first_err, 0) end
   return results
@@ -161,6 +169,9 @@ end
 
 -- timeout(ms, fn, ...): fn's results, or TIMEOUT after ms (fn is cancelled).
 function M.timeout(ms, fn, ...)
+  if type(ms) ~= "number" or ms < 0 or ms ~= ms then
+    errors.raise("VALIDATION_FAILED", "timeout: ms must be a number >= 0")
+  end
   local task = M.spawn(fn, ...)
   if not task.done then
     local timer = core.timer()
@@ -168,7 +179,8 @@ function M.timeout(ms, fn, ...)
     timer:start(ms, 0, function() fired = true task:cancel() end)
     local ok, err = pcall(task.wait, task)
     timer:close()
-    if fired and not ok then
+    if not ok and not task.done then task:cancel() end -- we were cancelled ourselves
+    if fired then -- fn was cancelled: even if it caught that and returned, it is late
       errors.raise("TIMEOUT", ("timed out after %d ms"):format(ms), { timeout = ms })
     end
     if not ok then error(err, 0) end
@@ -186,12 +198,30 @@ core.set_error_handler(function(err)
   callback_errors[#callback_errors + 1] = err
 end)
 
+-- Nothing can wake the waiting tasks: finish each with a DEADLOCK error
+-- (its traceback shows where it waits) after running its pending cleanup,
+-- so that the runtime is usable again.
+local function abandon_all()
+  local stuck = {}
+  for t in pairs(live_tasks) do stuck[#stuck + 1] = t end
+  for _, t in ipairs(stuck) do
+    if not t.done then
+      local cleanup = t.cleanup
+      t.cleanup = nil
+      if cleanup then pcall(cleanup) end
+      finish(t, false, { false, errors.new("DEADLOCK", "this task waits for something that can never happen") })
+    end
+  end
+end
+
 -- Drive the loop until every task has finished.
 function M.drive()
   while live > 0 do
     local alive = core.run("once")
     if not alive and live > 0 then
-      errors.raise("DEADLOCK", ("%d task(s) wait for something that can never happen"):format(live))
+      local n = live
+      abandon_all()
+      errors.raise("DEADLOCK", ("%d task(s) wait for something that can never happen"):format(n))
     end
   end
 end
@@ -200,17 +230,18 @@ end
 function M.run(fn, ...)
   if M.in_task() then return M.spawn(fn, ...):wait() end
   local task = M.spawn(fn, ...)
-  M.drive()
+  local drove, drive_err = pcall(M.drive)
+  -- every task has finished: what is left to report belongs to this run,
+  -- and must not leak into the next one
+  local failed, cb_errs = unobserved, callback_errors
+  unobserved, callback_errors = {}, {}
   local ok, err = pcall(task.wait, task)
   if not ok then error(err, 0) end
-  if #unobserved > 0 then
-    local t = table.remove(unobserved, 1)
-    error(t.err, 0)
+  if not drove then error(drive_err, 0) end
+  for _, t in ipairs(failed) do
+    if t ~= task then error(t.err, 0) end
   end
-  if #callback_errors > 0 then
-    local e = table.remove(callback_errors, 1)
-    error(e, 0)
-  end
+  if #cb_errs > 0 then error(cb_errs[1], 0) end
   return task:wait()
 end
 

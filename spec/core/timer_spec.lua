@@ -4,15 +4,27 @@ local async = require "moonbox.async"
 local moonbox = require "moonbox"
 
 describe("core.timer", function()
-  it("rejects negative durations", function()
+  it("rejects negative and NaN durations", function()
     run_task(function()
       local t = core.timer()
-      local ok, err = pcall(t.start, t, -1, 0, function() end)
-      assert.is_false(ok)
-      assert.matches("timer durations must be >= 0", err, 1, true)
-      ok, err = pcall(t.start, t, 10, -5, function() end)
-      assert.is_false(ok)
-      assert.matches("timer durations must be >= 0", err, 1, true)
+      for _, d in ipairs { { -1, 0 }, { 10, -5 }, { 0 / 0, 0 }, { 10, 0 / 0 } } do
+        local ok, err = pcall(t.start, t, d[1], d[2], function() end)
+        assert.is_false(ok)
+        assert.matches("timer durations must be >= 0", err, 1, true)
+      end
+      assert.is_false(t:is_active())
+      t:close()
+    end)
+  end)
+
+  it("accepts math.huge as a timeout that never comes", function()
+    run_task(function()
+      local t = core.timer()
+      local fired = false
+      assert.is_true(t:start(math.huge, 0, function() fired = true end))
+      assert.equals(2 ^ 53, t:get_due_in())
+      moonbox.sleep(5)
+      assert.is_false(fired)
       t:close()
     end)
   end)

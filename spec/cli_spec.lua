@@ -1,0 +1,173 @@
+-- The moonbox command, run as a user would: through a shell.
+local core = require "moonbox.core"
+local moonbox = require "moonbox"
+
+local BIN = os.getenv("MOONBOX_BIN") or "build/moonbox"
+
+local function slurp(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function quote(s)
+  return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+-- Run the binary with args; returns stdout, stderr, exit status, milliseconds.
+local function moonbox_cmd(...)
+  local words = { quote(BIN) }
+  for i = 1, select("#", ...) do words[#words + 1] = quote((select(i, ...))) end
+  local out, err = os.tmpname(), os.tmpname()
+  local t0 = core.hrtime()
+  local p = io.popen(("%s >%s 2>%s </dev/null; echo $?"):format(table.concat(words, " "), out, err))
+  local status = tonumber(p:read("*a"))
+  p:close()
+  local ms = (core.hrtime() - t0) / 1e6
+  local o, e = slurp(out), slurp(err)
+  os.remove(out)
+  os.remove(err)
+  return o, e, status, ms
+end
+
+local function script(text)
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+describe("moonbox (the command)", function()
+  it("without arguments prints the usage to stderr and exits 2", function()
+    local out, err, status = moonbox_cmd()
+    assert.equals("", out)
+    assert.matches("^usage: moonbox script.lua %[args...%]\n", err)
+    assert.equals(2, status)
+  end)
+
+  it("-e without code prints the usage to stderr and exits 2", function()
+    local out, err, status = moonbox_cmd("-e")
+    assert.equals("", out)
+    assert.matches("^usage: moonbox", err)
+    assert.equals(2, status)
+  end)
+
+  it("a script that does not exist: a message and exit 1", function()
+    local out, err, status = moonbox_cmd("/nonexistent/script.lua")
+    assert.equals("", out)
+    assert.equals("moonbox: cannot open /nonexistent/script.lua: No such file or directory\n", err)
+    assert.equals(1, status)
+  end)
+
+  it("a script with a syntax error: the parser's message and exit 1", function()
+    local path = script("local x = = 1\n")
+    local out, err, status = moonbox_cmd(path)
+    os.remove(path)
+    assert.equals("", out)
+    assert.equals(("moonbox: %s:1: unexpected symbol near '='\n"):format(path), err)
+    assert.equals(1, status)
+  end)
+
+  it("an uncaught error prints the message and one traceback to stderr, exit 1", function()
+    local out, err, status = moonbox_cmd("-e", "print('before')\nrequire('moonbox').sleep(1)\nerror('boom')")
+    assert.equals("before\n", out)
+    assert.matches("^moonbox: %(command line%):3: boom\nstack traceback:\n", err)
+    assert.matches("%(command line%):3: in main chunk", err)
+    local _, n = err:gsub("stack traceback:", "")
+    assert.equals(1, n)
+    assert.equals(1, status)
+  end)
+
+  it("an uncaught error object prints CODE: message and its traceback, exit 1", function()
+    local out, err, status = moonbox_cmd("-e", "require('moonbox.errors').raise('E_X', 'bad thing')")
+    assert.equals("", out)
+    assert.matches("^moonbox: E_X: bad thing\nstack traceback:\n", err)
+    assert.equals(1, status)
+  end)
+
+  it("a failing task nobody waited for fails the run", function()
+    local out, err, status = moonbox_cmd("-e", [[
+      local m = require "moonbox"
+      m.spawn(function() m.sleep(5) error("background failure") end)
+      print("main done")
+    ]])
+    assert.equals("main done\n", out)
+    assert.matches("background failure", err, 1, true)
+    assert.equals(1, status)
+  end)
+
+  it("a deadlock is reported, exit 1", function()
+    local out, err, status = moonbox_cmd("-e", "require('moonbox.async').await(function() end)")
+    assert.equals("", out)
+    assert.matches("^moonbox: DEADLOCK: ", err)
+    assert.equals(1, status)
+  end)
+
+  it("--version prints the moonbox, LuaJIT and libuv versions", function()
+    local out, err, status = moonbox_cmd("--version")
+    assert.equals(("moonbox %s\n%s\nlibuv %s\n"):format(moonbox.VERSION, jit.version, core.versions().libuv), out)
+    assert.matches("^moonbox %d+%.%d+%.%d+\nLuaJIT 2%.%d+%.%d+[^\n]*\nlibuv %d+%.%d+%.%d+\n$", out)
+    assert.equals("", err)
+    assert.equals(0, status)
+  end)
+
+  it("--help and -h print the usage to stdout and exit 0", function()
+    for _, flag in ipairs { "--help", "-h" } do
+      local out, err, status = moonbox_cmd(flag)
+      assert.matches("^usage: moonbox script.lua %[args...%]\n       moonbox %-e 'lua code'\n", out)
+      assert.matches("exits when it and every\ntask it started are done", out, 1, true)
+      assert.equals("", err)
+      assert.equals(0, status)
+    end
+  end)
+
+  it("-e runs the code as a task", function()
+    local out, err, status = moonbox_cmd("-e", [[
+      local m = require "moonbox"
+      m.sleep(5)
+      print(1 + 1, require("moonbox.async").in_task())
+    ]])
+    assert.equals("2\ttrue\n", out)
+    assert.equals("", err)
+    assert.equals(0, status)
+  end)
+
+  it("a script gets arg (arg[0] is the script) and its arguments as ...", function()
+    local path = script([[
+      print(arg[0] == ... and "same" or arg[0])
+      print(#arg, arg[1], arg[2])
+      print(select("#", ...), ...)
+    ]])
+    local out, err, status = moonbox_cmd(path, "a", "b c")
+    os.remove(path)
+    assert.equals(("%s\n2\ta\tb c\n2\ta\tb c\n"):format(path), out)
+    assert.equals("", err)
+    assert.equals(0, status)
+  end)
+
+  it("exits only when every task it spawned is done", function()
+    local out, err, status, ms = moonbox_cmd("-e", [[
+      local m = require "moonbox"
+      m.spawn(function()
+        m.sleep(200)
+        print("late task")
+      end)
+      print("main chunk done")
+    ]])
+    assert.equals("main chunk done\nlate task\n", out)
+    assert.equals("", err)
+    assert.equals(0, status)
+    assert.is_true(ms >= 200, "exited after " .. ms .. " ms")
+  end)
+
+  it("moonbox.versions() inside agrees with --version", function()
+    local out, _, status = moonbox_cmd("-e", [[
+      local v = require("moonbox").versions()
+      print(v.moonbox, v.luajit, v.libuv)
+    ]])
+    assert.equals(("%s\t%s\t%s\n"):format(moonbox.VERSION, jit.version, core.versions().libuv), out)
+    assert.equals(0, status)
+  end)
+end)
