@@ -1,0 +1,173 @@
+-- Terminal: an interactive shell on a pty, in the session's current cwd and
+-- exported env, with TERM=xterm-256color. The shell gets its own session and
+-- the pty as controlling terminal, so TIOCSTI on it reaches nothing else.
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+local errors = require "moonbox.errors"
+local tree = require "moonbox._tree"
+local util = require "moonbox._util"
+local V = require "moonbox._validate"
+local Session = require("moonbox.session").Session
+
+local Terminal = {}
+Terminal.__index = Terminal
+
+local MAX_BUFFERED = 1024 * 1024 -- unread output kept for read(); the oldest is dropped
+
+local function check_size(cols, rows)
+  for name, v in pairs { cols = cols, rows = rows } do
+    if type(v) ~= "number" or v < 1 or v > 65535 or v % 1 ~= 0 then V.fail(name, "expected an integer 1-65535") end
+  end
+end
+
+function Session:terminal(opts)
+  self:_check_live()
+  opts = V.options(opts, { cols = true, rows = true, shell = true, env = true }, "terminal options")
+  local cols, rows = opts.cols or 80, opts.rows or 24
+  check_size(cols, rows)
+  local shell = opts.shell or "bash"
+  V.type(shell, "string", "shell")
+  local env = util.copy(self:current_env())
+  env.TERM = "xterm-256color"
+  for k, v in pairs(V.env(opts.env, "env") or {}) do if v == false then env[k] = nil else env[k] = v end end
+  local master, slave = core.openpty(cols, rows)
+  if not master then errors.raise("FILESYSTEM_ERROR", "cannot open a pty: " .. tostring(slave)) end
+  local sb = self.sandbox
+  sb.terminal_seq = (sb.terminal_seq or 0) + 1
+  local t = setmetatable({ cols = cols, rows = rows, chunks = {}, buffered = 0, listeners = {}, exited = false,
+    sessionId = self.id, _sandbox = sb, _exit_waiters = {} }, Terminal)
+  if tree.mode() == "cgroup" then t._cgroup = tree.create(sb.cgroup_name .. "/t-" .. sb.terminal_seq) end
+  -- the user's host rc files are not the sandbox's business: a predictable shell
+  local args = { shell, "-i" }
+  if shell:match("bash$") then
+    args = { shell, "--noprofile", "--norc", "-i" }
+    env.PS1 = env.PS1 or "\\w\\$ "
+  end
+  local proc, err, code = core.spawn {
+    args = args, env = env, cwd = self.cwd, setsid = true, ctty = 0, pdeathsig = "SIGKILL",
+    cgroup = t._cgroup, stdio = { [0] = slave, [1] = slave, [2] = slave },
+    on_exit = function(exit_code) t:_exited(exit_code) end,
+  }
+  core.close_fd(slave)
+  if not proc then
+    core.close_fd(master)
+    if t._cgroup then tree.remove_cgroup(t._cgroup) end
+    errors.raise("VALIDATION_FAILED", ("cannot start shell %q: %s"):format(shell, tostring(err)), { errno = code })
+  end
+  t.pid, t._proc = proc:pid(), proc
+  t._master_fd = master
+  t._stream = core.stream_open(master, true)
+  t._stream:read_start(function(_, data)
+    if data then t:_data(data) else t:_eof() end
+  end)
+  sb.terminals = sb.terminals or {}
+  sb.terminals[t] = true
+  return t
+end
+
+function Terminal:_data(data)
+  for _, fn in ipairs(self.listeners) do fn(data) end
+  self.chunks[#self.chunks + 1] = data
+  self.buffered = self.buffered + #data
+  while self.buffered > MAX_BUFFERED and #self.chunks > 1 do
+    self.buffered = self.buffered - #table.remove(self.chunks, 1)
+  end
+  if self._reader then local r = self._reader self._reader = nil r() end
+end
+
+function Terminal:_eof()
+  self.eof = true
+  if self._reader then local r = self._reader self._reader = nil r() end
+  self:_maybe_done()
+end
+
+function Terminal:_exited(code)
+  self.exited, self.exitCode = true, code
+  self:_maybe_done()
+end
+
+-- The terminal is over once the shell exited and the pty has drained (or
+-- the shell's children hold it, in which case exit alone counts).
+function Terminal:_maybe_done()
+  if not self.exited then return end
+  if not self.eof and self._stream and not self._stream:is_closing() then
+    local rest = self._stream:try_read()
+    if rest and #rest > 0 then self:_data(rest) end
+  end
+  local waiters = self._exit_waiters
+  self._exit_waiters = {}
+  for _, w in ipairs(waiters) do w() end
+  if self._reader then local r = self._reader self._reader = nil r() end
+end
+
+function Terminal:write(data)
+  V.type(data, "string", "data")
+  if self.closed or self.exited then errors.raise("TERMINAL_CLOSED", "the terminal has ended") end
+  self._stream:write(data)
+  return true
+end
+
+-- read() -> the output so far (waits until there is some); nil once the
+-- shell has exited and everything was read.
+function Terminal:read()
+  while #self.chunks == 0 do
+    if self.eof or self.closed or (self.exited and self._drained) then return nil end
+    if self.exited then self._drained = true end
+    async.await(function(resume)
+      self._reader = resume
+      if self.exited then
+        local t = core.timer()
+        t:start(20, 0, function() t:close() if self._reader == resume then self._reader = nil resume() end end)
+      end
+      return function() self._reader = nil end
+    end, "terminal:read")
+  end
+  local out = table.concat(self.chunks)
+  self.chunks, self.buffered = {}, 0
+  return out
+end
+
+function Terminal:onData(fn)
+  V.type(fn, "function", "onData")
+  self.listeners[#self.listeners + 1] = fn
+end
+
+function Terminal:resize(cols, rows)
+  check_size(cols, rows)
+  if self.closed then errors.raise("TERMINAL_CLOSED", "the terminal was closed") end
+  local ok, err = core.pty_resize(self._master_fd, cols, rows)
+  if not ok then errors.raise("FILESYSTEM_ERROR", "resize failed: " .. tostring(err)) end
+  self.cols, self.rows = cols, rows
+  return true
+end
+
+-- wait() -> the shell's exit code
+function Terminal:wait()
+  if not self.exited then
+    async.await(function(resume) table.insert(self._exit_waiters, resume) end, "terminal:wait")
+  end
+  return self.exitCode
+end
+
+-- close(): kill the shell and everything it started, release the pty.
+function Terminal:close()
+  if self.closed then return end
+  self.closed = true
+  if not self.exited then
+    if self._cgroup then tree.kill_cgroup(self._cgroup) end
+    core.kill(-self.pid, "SIGKILL")
+    core.kill(self.pid, "SIGKILL")
+    self:wait()
+  end
+  if self._stream and not self._stream:is_closing() then self._stream:close() end
+  if self._cgroup then tree.remove_when_empty(self._cgroup, async.sleep) self._cgroup = nil end
+  self._sandbox.terminals[self] = nil
+end
+
+local M = { Terminal = Terminal }
+
+function M.close_all(sb)
+  for t in pairs(sb.terminals or {}) do pcall(t.close, t) end
+end
+
+return M

@@ -1,0 +1,109 @@
+-- The pty terminal (issue #6).
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+
+local seq = 0
+local function with_sandbox(fn)
+  return run_task(function()
+    seq = seq + 1
+    local sb = moonbox.getSandbox(("term-%d-%d"):format(core.getpid(), seq),
+      { root = io.popen("mktemp -d"):read("*l") })
+    local ok, err = pcall(fn, sb)
+    sb:destroy()
+    if not ok then error(err, 0) end
+  end)
+end
+
+-- Read until the accumulated output matches pattern (or fail after 5 s).
+local function expect(t, pattern)
+  local acc = ""
+  local deadline = core.hrtime() / 1e6 + 5000
+  while core.hrtime() / 1e6 < deadline do
+    local chunk = moonbox.timeout(5000, t.read, t)
+    if not chunk then break end
+    acc = acc .. chunk
+    if acc:find(pattern) then return acc end
+  end
+  error(("pattern %q not seen in %q"):format(pattern, acc))
+end
+
+describe("terminal", function()
+  it("rejects bad sizes", function()
+    with_sandbox(function(sb)
+      local ok, err = pcall(sb.terminal, sb, { cols = 0 })
+      assert.is_false(ok)
+      assert.equal("VALIDATION_FAILED", err.code)
+    end)
+  end)
+
+  it("runs an interactive shell in the session's cwd and env with TERM=xterm-256color", function()
+    with_sandbox(function(sb)
+      sb:exec("mkdir -p here && cd here && export GREETING=hello")
+      local t = sb:terminal { cols = 80, rows = 24 }
+      assert.is_number(t.pid)
+      t:write('echo "[$GREETING $TERM $(basename $PWD)]"\n')
+      expect(t, "%[hello xterm%-256color here%]")
+      t:close()
+    end)
+  end)
+
+  it("echoes typed input and shows a resize in stty size", function()
+    with_sandbox(function(sb)
+      local t = sb:terminal {}
+      t:write("echo hi\n")
+      expect(t, "\rhi\r\n")
+      t:resize(100, 40)
+      t:write("stty size\n")
+      expect(t, "40 100")
+      t:close()
+    end)
+  end)
+
+  it("interrupts a running command with ^C and the shell lives on", function()
+    with_sandbox(function(sb)
+      local t = sb:terminal {}
+      t:write("sleep 100\n")
+      moonbox.sleep(300)
+      t:write("\3")
+      t:write("echo alive-$((40 + 2))\n")
+      expect(t, "alive%-42")
+      t:close()
+    end)
+  end)
+
+  it("ends with the shell's exit code and read returns nil afterwards", function()
+    with_sandbox(function(sb)
+      local t = sb:terminal {}
+      local seen = {}
+      t:onData(function(d) seen[#seen + 1] = d end)
+      t:write("exit 3\n")
+      assert.equal(3, t:wait())
+      while t:read() do end
+      assert.is_nil(t:read())
+      assert.is_true(#seen > 0)
+      t:close()
+    end)
+  end)
+
+  it("close() kills the shell and everything it started", function()
+    with_sandbox(function(sb)
+      local t = sb:terminal {}
+      t:write("sleep 100 & echo bg=$!\n")
+      local out = expect(t, "bg=%d+")
+      local bg = tonumber(out:match("bg=(%d+)"))
+      t:close()
+      moonbox.sleep(50)
+      assert.is_false(helper.pid_alive(bg))
+      assert.is_false(helper.pid_alive(t.pid))
+    end)
+  end)
+
+  it("runs a full-screen program", function()
+    with_sandbox(function(sb)
+      local t = sb:terminal { cols = 120, rows = 30 }
+      t:write("top -b -n 1 | head -5; echo top-done\n")
+      expect(t, "top%-done")
+      t:close()
+    end)
+  end)
+end)
