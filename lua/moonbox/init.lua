@@ -15,6 +15,8 @@ local moonbox = {
 
 local sandbox = require "moonbox.sandbox"
 require "moonbox.process" -- adds the background process calls to sessions
+require "moonbox.code"    -- adds the code-interpreter calls to sessions
+require "moonbox.terminal" -- adds session:terminal()
 require("moonbox._runtime").at_exit(sandbox.shutdown)
 
 -- getSandbox(id, opts) -> Sandbox; the same id returns the same object.

@@ -279,6 +279,8 @@ function Sandbox:destroy(opts)
     if type(s) == "table" then s:_destroy() end
   end
   require("moonbox.process").kill_all(self)
+  require("moonbox.code").kill_all(self)
+  require("moonbox.terminal").close_all(self)
   if tree.mode() == "cgroup" then
     local dir = tree.base() .. "/" .. self.cgroup_name
     tree.kill_cgroup(dir)

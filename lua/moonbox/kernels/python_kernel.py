@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-# moonbox code-interpreter kernel protocol (same for the python, node and lua kernels):
-#   stdin : requests, one JSON object per line: {"id": n, "code": "<source>"}
-#   fd 3  : protocol messages, one JSON object per line, flushed at once: {"type":"ready",...} at start, then per
-#           request zero or more {"id":n,"type":"result","data":{"text":..,"json"?,"html"?,"png"?,..}} / {"id":n,"type":"error",
-#           "error":{"name","message","traceback"}} and exactly one final {"id":n,"type":"done","executionCount":k}
-#   fd 1/2: the user code's own stdout/stderr, raw (not JSON); both are flushed before each result and before "done"
+# moonbox code-interpreter kernel protocol (shared by the python, node and lua kernels):
+#   stdin: one JSON request per line: {"id": n, "code": "<source>"}
+#   fd 3:  one JSON message per line, flushed at once: {"type":"ready","language","version"} at start; per request
+#          0+ {"id","type":"result","data":{"text","json"?,"html"?,"png"?,...}} / {"id","type":"error","error":
+#          {"name","message","traceback"}}, then one {"id","type":"done","executionCount"}. fd 1/2: raw user output
+#   fd 1/2: the user code's own stdout/stderr, raw (not JSON); flushed before each result and before "done"
 """Python kernel for moonbox code-interpreter contexts (stdlib only; IPython/matplotlib used when present)."""
 
 import os
@@ -219,18 +219,26 @@ def format_value(value):
     if not _is_builtin_value(value) or "IPython" in sys.modules:
         fmt = _get_ipython_formatter()
         if fmt:
+            import io
+            real_stderr, sys.stderr = sys.stderr, io.StringIO()   # IPython prints formatter tracebacks
             try:
                 bundle, _md = fmt.format(value)
                 data = _bundle_to_data(bundle)
             except Exception:
                 data = None
+            finally:
+                noise, sys.stderr = sys.stderr.getvalue(), real_stderr
+            if data is not None and "text" not in data:
+                data["text"] = repr(value)   # a broken __repr__: raise it as the run's error
+            if noise:
+                sys.stderr.write(noise)      # e.g. why a _repr_html_ gave nothing
     if data is None:
         try:
             data = _bundle_to_data(_fallback_bundle(value))
-        except Exception as e:  # noqa: BLE001  (a broken __repr__)
-            data = {"text": "<unrepresentable %s: %s: %s>" % (type(value).__name__, type(e).__name__, e)}
+        except Exception:
+            data = {}
     if "text" not in data:
-        data["text"] = repr(value)
+        data["text"] = repr(value)   # a broken __repr__ raises here: reported as the run's error
     if "json" not in data and type(value) in (dict, list):
         try:
             data["json"] = json.loads(json.dumps(value, allow_nan=False))
@@ -243,6 +251,7 @@ def format_value(value):
 
 _current_id = None
 _execution_count = 0
+_last_value = object()     # what `_` was last set to by the kernel
 _emitted_figures = set()   # id()s of figures already sent during the current run
 
 
@@ -293,25 +302,39 @@ def _install_ipython_display_hook():
 
 _install_ipython_display_hook()
 
-user_ns = {
-    "__name__": "__main__",
-    "__doc__": None,
-    "__builtins__": builtins,
-    "display": display,
-}
+# User code's globals are the dict of a fresh `__main__` module that replaces the kernel's in sys.modules,
+# so pickle, dataclasses, typing.get_type_hints etc. find user classes through sys.modules["__main__"].
+_user_main = type(sys)("__main__")
+user_ns = _user_main.__dict__
+user_ns.update({"__builtins__": builtins, "display": display})
+sys.modules["__main__"] = _user_main
 builtins.display = display
 _loop = None
 
 
-def _run_code_object(code):
+def _event_loop():
+    """The main thread's event loop (the one asyncio.get_event_loop() / ensure_future() in user code use),
+    created on first need and kept for the kernel's life, so tasks survive between runs."""
     global _loop
-    import inspect
-    if code.co_flags & inspect.CO_COROUTINE:
-        import asyncio
+    import asyncio
+    import warnings
+    if _loop is None or _loop.is_closed():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                _loop = asyncio.get_event_loop_policy().get_event_loop()
+        except RuntimeError:
+            _loop = None
         if _loop is None or _loop.is_closed():
             _loop = asyncio.new_event_loop()
         asyncio.set_event_loop(_loop)
-        return _loop.run_until_complete(eval(code, user_ns))
+    return _loop
+
+
+def _run_code_object(code):
+    import inspect
+    if code.co_flags & inspect.CO_COROUTINE:
+        return _event_loop().run_until_complete(eval(code, user_ns))
     return eval(code, user_ns)
 
 
@@ -365,7 +388,7 @@ def _ends_with_semicolon(code):
 
 
 def execute(code):
-    global _execution_count
+    global _execution_count, _last_value
     import linecache
     _execution_count += 1
     filename = "<cell-%d>" % _execution_count
@@ -388,7 +411,8 @@ def execute(code):
         if expr_code is not None:
             value = _run_code_object(expr_code)
             if value is not None:
-                user_ns["_"] = value
+                if user_ns.get("_", _last_value) is _last_value:   # never clobber a user's own `_`
+                    user_ns["_"] = _last_value = value
                 if _is_mpl_figure(value):
                     _emitted_figures.add(id(value))
                 emit_result(format_value(value))

@@ -1,0 +1,401 @@
+-- Code-interpreter contexts: one interpreter process per context (kernels in
+-- lua/moonbox/kernels/), speaking newline-delimited JSON: requests on its
+-- stdin, protocol messages on its fd 3; the user code's own stdout/stderr
+-- are its fds 1 and 2, streamed as they arrive. Docs: docs/code-interpreter.md.
+local cjson = require "cjson.safe"
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+local errors = require "moonbox.errors"
+local queue_mod = require "moonbox._queue"
+local tree = require "moonbox._tree"
+local util = require "moonbox._util"
+local V = require "moonbox._validate"
+local Session = require("moonbox.session").Session
+
+local M = {}
+
+local READY_TIMEOUT_MS = 30000
+local LANGUAGES = { python = true, javascript = true, lua = true }
+
+local kernel_dir
+local function kernels()
+  if not kernel_dir then
+    local init = package.searchpath("moonbox", package.path)
+    local dir = init:match("^(.*)/[^/]*$") .. "/kernels"
+    -- interpreters run in other directories: the path must be absolute
+    kernel_dir = require("moonbox._fs").realpath(dir) or dir
+  end
+  return kernel_dir
+end
+
+local function find_in_path(name, env)
+  if name:find("/", 1, true) then return name end
+  for dir in ((env and env.PATH) or "/usr/local/bin:/usr/bin:/bin"):gmatch("[^:]+") do
+    local candidate = dir .. "/" .. name
+    local f = io.open(candidate)
+    if f then f:close() return candidate end
+  end
+  return nil
+end
+
+-- argv of the interpreter for a language, or raise INTERPRETER_NOT_AVAILABLE
+local function interpreter(language, env)
+  local spec = ({
+    python = { "python3", "python_kernel.py", { "-u" } },
+    javascript = { "node", "node_kernel.js", {} },
+    lua = { "luajit", "lua_kernel.lua", {} },
+  })[language]
+  local path = find_in_path(spec[1], env)
+  if language == "python" and not path and io.open("/usr/bin/python3") then path = "/usr/bin/python3" end
+  if not path then
+    errors.raise("INTERPRETER_NOT_AVAILABLE", ("%s interpreter %q not found in PATH (%s)"):format(
+      language, spec[1], tostring(env and env.PATH)), { language = language, path = spec[1] })
+  end
+  local argv = { path }
+  for _, a in ipairs(spec[3]) do argv[#argv + 1] = a end
+  argv[#argv + 1] = kernels() .. "/" .. spec[2]
+  return argv
+end
+
+-- ---- one kernel process --------------------------------------------------
+
+local Kernel = {}
+Kernel.__index = Kernel
+
+local function start_kernel(ctx)
+  local k = setmetatable({ buf = "", waiting = nil, dead = false, ready = false }, Kernel)
+  local argv = interpreter(ctx.language, ctx.env)
+  if tree.mode() == "cgroup" then
+    k.cgroup = tree.create(ctx.sandbox.cgroup_name .. "/c-" .. ctx.id .. "-" .. ctx.generation)
+  end
+  local proc, pipes, code = core.spawn {
+    args = argv, env = ctx.env, cwd = ctx.host_cwd, setsid = true, pdeathsig = "SIGKILL", cgroup = k.cgroup,
+    stdio = { [0] = "pipe", [1] = "pipe", [2] = "pipe", [3] = "out" },
+    on_exit = function(exit_code, signal) k:_exited(exit_code, signal) end,
+  }
+  if not proc then
+    if k.cgroup then tree.remove_cgroup(k.cgroup) end
+    errors.raise("INTERPRETER_NOT_AVAILABLE", ("cannot start %s: %s"):format(argv[1], tostring(pipes)),
+      { language = ctx.language, path = argv[1], errno = code })
+  end
+  k.proc, k.pid = proc, proc:pid()
+  k.requests, k.messages = pipes[0], pipes[3]
+  k.out = { stdout = pipes[1], stderr = pipes[2] }
+  k.messages:read_start(function(_, data) k:_message_data(data) end)
+  for name, s in pairs(k.out) do
+    s:read_start(function(_, data)
+      if data and k.sink then k.sink(name, data) end
+    end)
+  end
+  return k
+end
+
+function Kernel:_deliver(msg)
+  if msg.type == "ready" then
+    self.ready = true
+    if self.on_ready then local f = self.on_ready self.on_ready = nil f(true) end
+  elseif self.on_message then
+    self.on_message(msg)
+  end
+end
+
+function Kernel:_message_data(data)
+  if not data then return end
+  self.buf = self.buf .. data
+  while true do
+    local nl = self.buf:find("\n", 1, true)
+    if not nl then break end
+    local line = self.buf:sub(1, nl - 1)
+    self.buf = self.buf:sub(nl + 1)
+    local msg = cjson.decode(line)
+    if type(msg) == "table" then self:_deliver(msg) end
+  end
+end
+
+function Kernel:_exited(code, signal)
+  self.dead, self.exit_code, self.exit_signal = true, code, signal
+  local rest = self.messages and not self.messages:is_closing() and self.messages:try_read()
+  if rest and #rest > 0 then self:_message_data(rest) end
+  self:_drain_output()
+  for _, s in pairs { self.requests, self.messages, self.out.stdout, self.out.stderr } do
+    if not s:is_closing() then s:close() end
+  end
+  if self.cgroup and not tree.populated(self.cgroup) then tree.remove_cgroup(self.cgroup) self.cgroup = nil end
+  if self.on_ready then local f = self.on_ready self.on_ready = nil f(false) end
+  if self.on_death then self.on_death(code, signal) end
+end
+
+function Kernel:_drain_output()
+  for name, s in pairs(self.out) do
+    if not s:is_closing() then
+      local rest = s:try_read()
+      if rest and #rest > 0 and self.sink then self.sink(name, rest) end
+    end
+  end
+end
+
+function Kernel:wait_ready()
+  if self.ready then return true end
+  if self.dead then return false end
+  return async.await(function(resume)
+    local timer = core.timer()
+    self.on_ready = function(ok) if not timer:is_closing() then timer:close() end resume(ok) end
+    timer:start(READY_TIMEOUT_MS, 0, function() timer:close() self.on_ready = nil resume(false) end)
+  end, "code context start")
+end
+
+-- Kill the interpreter and everything it started; wait until it is gone.
+function Kernel:kill()
+  if self.dead then return end
+  if self.cgroup then tree.kill_cgroup(self.cgroup) end
+  core.kill(self.pid, "SIGKILL")
+  async.await(function(resume)
+    if self.dead then return resume() end
+    local prev = self.on_death
+    self.on_death = function(...) if prev then prev(...) end resume() end
+  end, "code context stop")
+  if self.cgroup then tree.remove_when_empty(self.cgroup, async.sleep) self.cgroup = nil end
+end
+
+-- ---- contexts ------------------------------------------------------------
+
+local function public(ctx)
+  return { id = ctx.id, language = ctx.language, cwd = ctx.cwd, createdAt = ctx.createdAt, lastUsed = ctx.lastUsed,
+    sessionId = ctx.sessionId }
+end
+
+local function ensure_kernel(ctx)
+  if ctx.kernel and not ctx.kernel.dead then return ctx.kernel end
+  ctx.generation = ctx.generation + 1
+  local k = start_kernel(ctx)
+  if not k:wait_ready() then
+    k:kill()
+    errors.raise("INTERPRETER_NOT_AVAILABLE", ("%s interpreter did not start (exit code %s)"):format(
+      ctx.language, tostring(k.exit_code)), { language = ctx.language })
+  end
+  ctx.kernel = k
+  return k
+end
+
+local context_options = { language = true, cwd = true, envVars = true, timeout = true, id = true }
+
+function Session:createCodeContext(opts)
+  self:_check_live()
+  opts = V.options(opts, context_options, "createCodeContext options")
+  local sb = self.sandbox
+  local language = opts.language or "python"
+  if not LANGUAGES[language] then V.fail("language", "expected \"python\", \"javascript\" or \"lua\"") end
+  local env = util.copy(self:current_env())
+  for k, v in pairs(V.env(opts.envVars, "envVars") or {}) do if v == false then env[k] = nil else env[k] = v end end
+  V.timeout(opts.timeout, "timeout")
+  local host_cwd = self.cwd
+  if opts.cwd ~= nil then
+    host_cwd = sb:host_path(V.path(opts.cwd, "cwd"), self.cwd)
+    if not util.is_dir(host_cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+  end
+  local id = opts.id
+  if id == nil then
+    sb.context_seq = (sb.context_seq or 0) + 1
+    id = ("ctx-%d"):format(sb.context_seq)
+  elseif type(id) ~= "string" or not id:match("^[%w_.-]+$") then
+    V.fail("id", "1-128 characters [A-Za-z0-9_.-]")
+  end
+  sb.contexts = sb.contexts or {}
+  if sb.contexts[id] then errors.raise("CONTEXT_ALREADY_EXISTS", ("context %q exists"):format(id)) end
+  local now = util.timestamp()
+  local ctx = { id = id, language = language, cwd = sb:view_path(host_cwd), host_cwd = host_cwd, env = env,
+    timeout = opts.timeout, createdAt = now, lastUsed = now, sandbox = sb, sessionId = self.id,
+    queue = queue_mod.new(), generation = 0, executionCount = 0 }
+  sb.contexts[id] = ctx
+  local ok, err = pcall(ensure_kernel, ctx)
+  if not ok then sb.contexts[id] = nil error(err, 0) end
+  return public(ctx)
+end
+
+function Session:listCodeContexts()
+  self:_check_live()
+  local list = {}
+  for _, ctx in pairs(self.sandbox.contexts or {}) do list[#list + 1] = public(ctx) end
+  table.sort(list, function(a, b) return a.id < b.id end)
+  return list
+end
+
+local function find_context(sb, ref)
+  local id = type(ref) == "table" and ref.id or ref
+  if type(id) ~= "string" then V.fail("context", "expected a context or its id") end
+  local ctx = (sb.contexts or {})[id]
+  if not ctx then
+    errors.raise("CONTEXT_NOT_FOUND", ("code context %q does not exist"):format(id), { contextId = id })
+  end
+  return ctx
+end
+
+function Session:deleteCodeContext(ref)
+  self:_check_live()
+  local ctx = find_context(self.sandbox, ref)
+  self.sandbox.contexts[ctx.id] = nil
+  if self.sandbox.default_contexts and self.sandbox.default_contexts[ctx.language] == ctx.id then
+    self.sandbox.default_contexts[ctx.language] = nil
+  end
+  ctx.deleted = true
+  if ctx.kernel then ctx.kernel:kill() end
+  return { success = true, contextId = ctx.id }
+end
+
+-- ---- running code --------------------------------------------------------
+
+local run_options = { context = true, language = true, timeout = true, onStdout = true, onStderr = true,
+  onResult = true, onError = true }
+
+local function default_context(session, language)
+  local sb = session.sandbox
+  sb.default_contexts = sb.default_contexts or {}
+  local id = sb.default_contexts[language]
+  if id and sb.contexts and sb.contexts[id] then return sb.contexts[id] end
+  local c = session:createCodeContext { language = language, id = "default-" .. language }
+  sb.default_contexts[language] = c.id
+  return sb.contexts[c.id]
+end
+
+-- One run: send the request, collect output/results until "done", the
+-- timeout, or the interpreter's death. `emit(event)` sees every event.
+local function run_in(ctx, code, timeout, limit, emit)
+  local k = ensure_kernel(ctx)
+  ctx.lastUsed = util.timestamp()
+  local id = ctx.executionCount + 1
+  local exec = { code = code, logs = { stdout = {}, stderr = {} }, results = {}, executionCount = id }
+  local sizes, truncated = { stdout = 0, stderr = 0 }, false
+  k.sink = function(stream, data)
+    if sizes[stream] + #data > limit then
+      truncated = true
+      data = data:sub(1, math.max(0, limit - sizes[stream]))
+      if #data == 0 then return end
+    end
+    sizes[stream] = sizes[stream] + #data
+    table.insert(exec.logs[stream], data)
+    emit { type = stream, text = data, timestamp = util.timestamp() }
+  end
+  local outcome = async.await(function(resume)
+    local timer
+    k.on_message = function(msg)
+      if msg.id ~= id and msg.id ~= nil and msg.id ~= cjson.null then return end
+      if msg.type == "result" and type(msg.data) == "table" then
+        local r = msg.data
+        if r.json == cjson.null then r.json = nil end
+        table.insert(exec.results, r)
+        emit { type = "result", result = r, timestamp = util.timestamp() }
+      elseif msg.type == "error" and type(msg.error) == "table" then
+        exec.error = msg.error
+        emit { type = "error", error = msg.error, timestamp = util.timestamp() }
+      elseif msg.type == "done" then
+        exec.executionCount = tonumber(msg.executionCount) or id
+        if timer then timer:close() end
+        resume("done")
+      end
+    end
+    k.on_death = function() if timer and not timer:is_closing() then timer:close() end resume("died") end
+    if timeout then
+      timer = core.timer()
+      timer:start(timeout, 0, function() timer:close() timer = nil resume("timeout") end)
+    end
+    k.requests:write(cjson.encode { id = id, code = code } .. "\n")
+    return function() if timer and not timer:is_closing() then timer:close() end end
+  end, "runCode")
+  k.on_message, k.on_death = nil, nil
+  if outcome == "done" then
+    k:_drain_output()
+    ctx.executionCount = exec.executionCount
+  elseif outcome == "timeout" then
+    k:kill()
+    ctx.kernel = nil
+    ctx.executionCount = 0
+    exec.error = { name = "TimeoutError", message = ("execution timed out after %d ms; the context was restarted " ..
+      "and its state lost"):format(timeout), traceback = "" }
+    exec.contextRestarted = true
+    emit { type = "error", error = exec.error, timestamp = util.timestamp() }
+  else
+    ctx.kernel = nil
+    ctx.executionCount = 0
+    exec.error = { name = "InterpreterDied", message = ("the %s interpreter exited (code %s) while running; the " ..
+      "next run starts a fresh one"):format(ctx.language, tostring(k.exit_code)), traceback = "",
+      exitCode = k.exit_code }
+    exec.contextRestarted = true
+    emit { type = "error", error = exec.error, timestamp = util.timestamp() }
+  end
+  k.sink = nil
+  exec.truncated = truncated
+  return exec
+end
+
+local function prepare(session, code, opts)
+  session:_check_live()
+  V.type(code, "string", "code")
+  opts = V.options(opts, run_options, "runCode options")
+  V.timeout(opts.timeout, "timeout")
+  for _, cb in ipairs { "onStdout", "onStderr", "onResult", "onError" } do V.type(opts[cb], "function", cb, true) end
+  local ctx
+  if opts.context ~= nil then
+    ctx = find_context(session.sandbox, opts.context)
+  else
+    local language = opts.language or "python"
+    if not LANGUAGES[language] then V.fail("language", "expected \"python\", \"javascript\" or \"lua\"") end
+    ctx = default_context(session, language)
+  end
+  return ctx, opts
+end
+
+function Session:runCode(code, opts)
+  local ctx
+  ctx, opts = prepare(self, code, opts)
+  local limit = self.sandbox.policy.limits.maxOutputBytes
+  local function emit(ev)
+    local cb = ({ stdout = opts.onStdout, stderr = opts.onStderr })[ev.type]
+    if cb then cb(ev.text)
+    elseif ev.type == "result" and opts.onResult then opts.onResult(ev.result)
+    elseif ev.type == "error" and opts.onError then opts.onError(ev.error) end
+  end
+  return ctx.queue:run(run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit)
+end
+
+-- runCodeStream(code, opts) -> iterator of stdout/stderr/result/error events
+-- then one complete, delivered as they happen.
+function Session:runCodeStream(code, opts)
+  local ctx
+  ctx, opts = prepare(self, code, opts)
+  local limit = self.sandbox.policy.limits.maxOutputBytes
+  local events, head, tail, waiter = {}, 1, 0, nil
+  local function push(ev)
+    tail = tail + 1
+    events[tail] = ev
+    if waiter then local w = waiter waiter = nil w() end
+  end
+  local task = async.spawn(function()
+    local ok, exec = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, push)
+    if ok then
+      push { type = "complete", executionCount = exec.executionCount, error = exec.error,
+        contextRestarted = exec.contextRestarted, timestamp = util.timestamp() }
+    else
+      push { type = "error", error = exec, timestamp = util.timestamp() }
+    end
+    push(false)
+  end)
+  return setmetatable({ task = task }, { __call = function()
+    while head > tail do
+      async.await(function(resume) waiter = resume return function() waiter = nil end end, "runCodeStream")
+    end
+    local ev = events[head]
+    events[head] = nil
+    head = head + 1
+    return ev or nil
+  end })
+end
+
+-- Stop every interpreter of a sandbox (destroy, shutdown).
+function M.kill_all(sb)
+  for id, ctx in pairs(sb.contexts or {}) do
+    sb.contexts[id] = nil
+    if ctx.kernel then ctx.kernel:kill() end
+  end
+end
+
+return M
