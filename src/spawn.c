@@ -123,6 +123,10 @@ static void job_cleanup(spawn_job *job) {
   }
   if (job->plan.cgroup_procs_fd >= 0) close(job->plan.cgroup_procs_fd);
   job->plan.cgroup_procs_fd = -1;
+  for (int i = 0; i < MB_MAX_EXTRA_CGROUPS; i++) {
+    if (job->plan.extra_cgroup_fds[i] >= 0) close(job->plan.extra_cgroup_fds[i]);
+    job->plan.extra_cgroup_fds[i] = -1;
+  }
   free(job->path_buf);
   job->path_buf = NULL;
 }
@@ -296,6 +300,7 @@ static int spawn(lua_State *L) {
   for (int i = 0; i < MB_MAX_FDS; i++) job.pipe_parent_end[i] = job.pipe_child_end[i] = -1;
   mb_child_plan *p = &job.plan;
   p->cgroup_procs_fd = -1;
+  for (int i = 0; i < MB_MAX_EXTRA_CGROUPS; i++) p->extra_cgroup_fds[i] = -1;
   p->report_fd = -1;
   p->parent_pid = getpid();
 
@@ -339,6 +344,22 @@ static int spawn(lua_State *L) {
     lua_pushfstring(L, "%s/cgroup.procs", dir);
     p->cgroup_procs_fd = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
     if (p->cgroup_procs_fd < 0) { rc = uv_translate_sys_error(errno); fail_detail = "cgroup"; }
+  }
+  /* extra_cgroups: directories in other (v1) hierarchies, e.g. memory, pids */
+  lua_getfield(L, 1, "extra_cgroups");
+  if (!rc && !lua_isnil(L, -1)) {
+    luaL_checktype(L, -1, LUA_TTABLE);
+    int n = (int)lua_objlen(L, -1);
+    if (n > MB_MAX_EXTRA_CGROUPS) { job_cleanup(&job); return luaL_error(L, "too many extra_cgroups"); }
+    for (int i = 0; i < n && !rc; i++) {
+      lua_rawgeti(L, -1, i + 1);
+      const char *dir = lua_tostring(L, -1);
+      if (!dir) { job_cleanup(&job); return luaL_error(L, "extra_cgroups[%d] must be a string", i + 1); }
+      lua_pushfstring(L, "%s/cgroup.procs", dir);
+      p->extra_cgroup_fds[i] = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
+      if (p->extra_cgroup_fds[i] < 0) { rc = uv_translate_sys_error(errno); fail_detail = "cgroup"; }
+      lua_pop(L, 2);
+    }
   }
   lua_getfield(L, 1, "stdio");
   int stdio_idx = lua_gettop(L);

@@ -120,6 +120,8 @@ function M.spawn(opts)
     setsid = true,
     pdeathsig = "SIGKILL",
     cgroup = opts.cgroup,
+    extra_cgroups = opts.extra_cgroups,
+    rlimits = opts.rlimits,
     on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
   }
   if not proc then return nil, pipes_or_err, code end

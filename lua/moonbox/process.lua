@@ -8,6 +8,7 @@ local errors = require "moonbox.errors"
 local logbuf = require "moonbox._logbuf"
 local tree = require "moonbox._tree"
 local util = require "moonbox._util"
+local limits = require "moonbox._limits"
 local V = require "moonbox._validate"
 local Session = require("moonbox.session").Session
 
@@ -49,6 +50,9 @@ end
 
 function Process:_exited(code, signal)
   self.exitCode = code
+  if code == 137 and limits.oom_kills(self._sandbox.limits_state) > (self._oom_before or 0) then
+    self.oomKilled = true
+  end
   self.endTime = util.timestamp()
   if self._signalled then self.status = "killed"
   elseif code == 0 then self.status = "completed"
@@ -302,6 +306,7 @@ function Session:startProcess(command, opts)
   local p = new_process(sb, self, id, shown)
   p._on_output, p._on_exit, p._auto_cleanup = opts.onOutput, opts.onExit, opts.autoCleanup
   p._timers, p._pipes = {}, {}
+  p._oom_before = limits.oom_kills(sb.limits_state)
   sb.processes[id] = p
 
   local full_env = util.copy(self:current_env())
@@ -320,6 +325,8 @@ function Session:startProcess(command, opts)
     setsid = true,
     pdeathsig = "SIGKILL",
     cgroup = p._cgroup,
+    extra_cgroups = sb.limits_state.extra_cgroups,
+    rlimits = sb.limits_state.rlimits,
     on_exit = function(exit_code, signal) p:_exited(exit_code, signal) end,
   }
   if not proc then

@@ -8,6 +8,7 @@ local policy_mod = require "moonbox.policy"
 local session_mod = require "moonbox.session"
 local tree = require "moonbox._tree"
 local util = require "moonbox._util"
+local limits = require "moonbox._limits"
 local V = require "moonbox._validate"
 
 local M = {}
@@ -106,6 +107,7 @@ function M.getSandbox(id, opts)
     cgroup_name = "sb-" .. id,
   }, Sandbox)
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
+  self.limits_state = limits.setup(self)
   registry[id] = self
   return self
 end
@@ -255,16 +257,22 @@ function Sandbox:setEnvVars(map)
   return { success = true, timestamp = util.timestamp() }
 end
 
+-- What is in force: limits lists only what is enforced; enforcement says
+-- how, notEnforced names limits the policy asked for that this host cannot
+-- enforce.
 function Sandbox:info()
-  local limits = {}
+  local in_force = {}
   for _, k in ipairs { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
-    "killGraceMs", "maxFileBytes" } do
-    limits[k] = self.policy.limits[k]
+    "killGraceMs", "timeoutGraceMs", "maxFileBytes" } do
+    in_force[k] = self.policy.limits[k]
   end
+  for k in pairs(self.limits_state.enforced) do in_force[k] = self.policy.limits[k] end
+  local cgroup = "none"
+  if tree.mode() == "cgroup" then cgroup = self.limits_state.extra_cgroups and "v2+v1" or "v2" end
   return {
     id = self.id, root = self.root, isolation = self.isolation, requestedIsolation = self.requested_isolation,
-    network = self.network, namespaces = {}, cgroup = tree.mode() == "cgroup" and "v2" or "none",
-    killMode = tree.mode(), limits = limits,
+    network = self.network, namespaces = {}, cgroup = cgroup, killMode = tree.mode(), limits = in_force,
+    enforcement = util.copy(self.limits_state.enforced), notEnforced = util.copy(self.limits_state.not_enforced),
   }
 end
 
@@ -286,6 +294,7 @@ function Sandbox:destroy(opts)
     tree.kill_cgroup(dir)
     tree.remove_when_empty(dir, async.sleep)
   end
+  limits.cleanup(self.limits_state, async.sleep)
   if not opts.keepFiles then remove_tree(self.root) end
   return { success = true, id = self.id, timestamp = util.timestamp() }
 end
@@ -311,6 +320,7 @@ function M.all() return registry end
 function M.shutdown()
   for _, sb in pairs(registry) do pcall(sb.destroy, sb, { keepFiles = true }) end
   tree.cleanup(async.sleep)
+  limits.shutdown()
 end
 
 return M

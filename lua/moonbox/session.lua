@@ -9,6 +9,7 @@ local shell_mod = require "moonbox._shell"
 local tree = require "moonbox._tree"
 local queue_mod = require "moonbox._queue"
 local util = require "moonbox._util"
+local limits = require "moonbox._limits"
 local V = require "moonbox._validate"
 
 local M = {}
@@ -49,6 +50,8 @@ function Session:_start_shell()
     cwd = util.is_dir(self.cwd) and self.cwd or self.sandbox.workspace,
     cgroup = self.cgroup,
     shell = self.sandbox.policy.shell,
+    extra_cgroups = self.sandbox.limits_state.extra_cgroups,
+    rlimits = self.sandbox.limits_state.rlimits,
   }
   if not sh then
     errors.raise("SHELL_START_FAILED", "cannot start the session shell: " .. tostring(err),
@@ -202,6 +205,7 @@ function Session:_run(command, opts, sink)
     end)
   end
   self.running = { shell = sh }
+  local oom_before = limits.oom_kills(sb.limits_state)
   local record = sh:run(req)
   self.running = nil
   for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
@@ -239,6 +243,7 @@ function Session:_run(command, opts, sink)
   end
   if timed_out then exit_code = 124 end
   return {
+    oomKilled = exit_code == 137 and limits.oom_kills(sb.limits_state) > oom_before or nil,
     exitCode = exit_code,
     timedOut = timed_out,
     duration = util.now_ms() - started,
@@ -309,6 +314,7 @@ function Session:exec(command, opts)
   r.command = type(command) == "table" and table.concat(command, " ") or command
   r.sessionId = self.id
   r.truncated = out.truncated
+  r.oomKilled = r.oomKilled or false
   return r
 end
 

@@ -13,6 +13,7 @@
 #define MB_MAX_FDS 16
 #define MB_MAX_RLIMITS 8
 #define MB_MAX_CANDIDATES 32
+#define MB_MAX_EXTRA_CGROUPS 4
 
 enum mb_fd_kind { MB_FD_NONE = 0, MB_FD_NULL, MB_FD_SOURCE };
 
@@ -57,6 +58,7 @@ typedef struct {
   int pdeathsig;                 /* 0: none */
   pid_t parent_pid;
   int cgroup_procs_fd;           /* -1: none; else an open cgroup.procs to join */
+  int extra_cgroup_fds[MB_MAX_EXTRA_CGROUPS]; /* v1 controllers (memory, pids) to join; -1: none */
   mb_fd_plan fds[MB_MAX_FDS];
   int nfds;
   struct { int resource; struct rlimit limit; } rlimits[MB_MAX_RLIMITS];

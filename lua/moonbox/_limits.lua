@@ -1,0 +1,114 @@
+-- Resource limits from policy.limits, enforced with what this host offers,
+-- and reported honestly (sandbox:info()):
+--   memoryBytes, pids -> a cgroup v1 controller directory per sandbox
+--                        (memory.limit_in_bytes, pids.max) when writable,
+--                        else cgroup v2 memory.max / pids.max when delegated,
+--                        else not enforced (and info() says so);
+--   cpuTime (s), fileSizeBytes, openFiles -> rlimits on every process.
+local core = require "moonbox.core"
+local util = require "moonbox._util"
+local tree = require "moonbox._tree"
+
+local M = {}
+
+local V1 = { memory = "/sys/fs/cgroup/memory", pids = "/sys/fs/cgroup/pids" }
+local FILES = {
+  memory = { v1 = "memory.limit_in_bytes", v2 = "memory.max" },
+  pids = { v1 = "pids.max", v2 = "pids.max" },
+}
+
+local function mkdir_p(path)
+  if util.is_dir(path) then return true end
+  local parent = path:match("^(.*)/[^/]+$")
+  if parent and parent ~= "" and not mkdir_p(parent) then return false end
+  return core.mkdir(path) ~= nil or util.is_dir(path)
+end
+
+-- A v1 directory for this sandbox under controller, with value written.
+local function v1_dir(controller, sandbox_id, value)
+  local root = V1[controller]
+  if not util.read_file(root .. "/cgroup.procs") then return nil end
+  local dir = ("%s/moonbox-%d/sb-%s"):format(root, core.getpid(), sandbox_id)
+  if not mkdir_p(dir) then return nil end
+  if not util.write_file(dir .. "/" .. FILES[controller].v1, tostring(math.floor(value))) then
+    core.rmdir(dir)
+    return nil
+  end
+  return dir
+end
+
+local function v2_limit(controller, sandbox_cgroup, value)
+  if not sandbox_cgroup then return nil end
+  local file = sandbox_cgroup .. "/" .. FILES[controller].v2
+  if not util.read_file(file) then return nil end
+  if not util.write_file(file, tostring(math.floor(value))) then return nil end
+  return sandbox_cgroup
+end
+
+-- setup(sandbox) -> {rlimits, extra_cgroups, enforced = {name = how}, not_enforced = {names}}
+function M.setup(sb)
+  local limits = sb.policy.limits
+  local out = { rlimits = {}, extra_cgroups = {}, enforced = {}, not_enforced = {}, v1_dirs = {} }
+  local sandbox_cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. sb.cgroup_name) or nil
+  for name, controller in pairs { memoryBytes = "memory", pids = "pids" } do
+    local value = limits[name]
+    if value then
+      local dir = v1_dir(controller, sb.id, value)
+      if dir then
+        out.extra_cgroups[#out.extra_cgroups + 1] = dir
+        out.v1_dirs[controller] = dir
+        out.enforced[name] = "cgroup v1 " .. controller
+      elseif v2_limit(controller, sandbox_cgroup, value) then
+        out.enforced[name] = "cgroup v2 " .. controller
+      else
+        out.not_enforced[#out.not_enforced + 1] = name
+      end
+    end
+  end
+  for name, rl in pairs { cpuTime = "cpu", fileSizeBytes = "fsize", openFiles = "nofile" } do
+    if limits[name] then
+      out.rlimits[rl] = limits[name]
+      out.enforced[name] = "rlimit " .. rl
+    end
+  end
+  if not next(out.rlimits) then out.rlimits = nil end
+  if #out.extra_cgroups == 0 then out.extra_cgroups = nil end
+  table.sort(out.not_enforced)
+  return out
+end
+
+-- Memory-limit kills so far in this sandbox (cgroup v1 memory.oom_control).
+function M.oom_kills(state)
+  local dir = state.v1_dirs.memory
+  if not dir then return 0 end
+  local text = util.read_file(dir .. "/memory.oom_control") or ""
+  return tonumber(text:match("oom_kill (%d+)")) or 0
+end
+
+function M.cleanup(state, sleep)
+  for _, dir in pairs(state.v1_dirs) do
+    for _ = 1, 200 do
+      if core.rmdir(dir) or not util.is_dir(dir) then break end
+      sleep(10)
+    end
+  end
+end
+
+-- Runtime exit: remove our per-runtime v1 directories, and those of dead
+-- runtimes (their processes are gone with their v2 cgroups).
+function M.shutdown()
+  for _, root in pairs(V1) do
+    for _, name in ipairs(core.readdir(root) or {}) do
+      local pid = tonumber(name:match("^moonbox%-(%d+)$"))
+      if pid and (pid == core.getpid() or not util.read_file("/proc/" .. pid .. "/stat")) then
+        local dir = root .. "/" .. name
+        for _, child in ipairs(core.readdir(dir) or {}) do
+          if util.is_dir(dir .. "/" .. child) then core.rmdir(dir .. "/" .. child) end
+        end
+        core.rmdir(dir)
+      end
+    end
+  end
+end
+
+return M
