@@ -48,3 +48,9 @@ endforeach()
 add_test(NAME example.embed COMMAND $<TARGET_FILE:embed_example>)
 set_tests_properties(example.embed PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}"
   PASS_REGULAR_EXPRESSION "hello from a task on the host loop\npending tasks: 0")
+
+# The runtime finds its Lua modules after `cmake --install` to a prefix.
+add_test(NAME install.prefix
+  COMMAND sh -c "rm -rf \"$0\" && cmake --install \"$1\" --prefix \"$0\" >/dev/null && \"$0/bin/moonbox\" -e 'print(require(\"moonbox\").VERSION, package.path:match(\"[^;]*\"))'"
+    ${CMAKE_BINARY_DIR}/install-test ${CMAKE_BINARY_DIR})
+set_tests_properties(install.prefix PROPERTIES PASS_REGULAR_EXPRESSION "0.1.0	.*/install-test/bin/../share/moonbox/lua/")

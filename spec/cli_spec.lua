@@ -43,7 +43,7 @@ describe("moonbox (the command)", function()
   it("without arguments prints the usage to stderr and exits 2", function()
     local out, err, status = moonbox_cmd()
     assert.equals("", out)
-    assert.matches("^usage: moonbox script.lua %[args...%]\n", err)
+    assert.matches("^usage: moonbox %[%-%-policy file%.lua%] script%.lua %[args%.%.%.%]\n", err)
     assert.equals(2, status)
   end)
 
@@ -116,7 +116,8 @@ describe("moonbox (the command)", function()
   it("--help and -h print the usage to stdout and exit 0", function()
     for _, flag in ipairs { "--help", "-h" } do
       local out, err, status = moonbox_cmd(flag)
-      assert.matches("^usage: moonbox script.lua %[args...%]\n       moonbox %-e 'lua code'\n", out)
+      assert.matches("^usage: moonbox %[%-%-policy file%.lua%] script%.lua %[args%.%.%.%]\n" ..
+        "       moonbox %[%-%-policy file%.lua%] %-e 'lua code'\n", out)
       assert.matches("exits when it and every\ntask it started are done", out, 1, true)
       assert.equals("", err)
       assert.equals(0, status)

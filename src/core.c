@@ -370,6 +370,9 @@ LUALIB_API int luaopen_moonbox_core(lua_State *L) {
   mb_open_spawn(L);
   mb_open_pty(L);
   mb_open_sys(L);
+  mb_open_codec(L);
+  mb_open_magic(L);
+  mb_open_fsevent(L);
   mb_open_tcp(L);
   return 1;
 }

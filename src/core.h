@@ -86,6 +86,11 @@ void mb_open_fs(lua_State *L);
 void mb_open_spawn(lua_State *L);
 void mb_open_pty(lua_State *L);
 void mb_open_sys(lua_State *L);
+void mb_open_codec(lua_State *L);
+void mb_open_magic(lua_State *L);
+void mb_open_fsevent(lua_State *L);
+/* The content of a core.bytes buffer at idx (codec.c); 0 if it is not one. */
+int mb_bytes_view(lua_State *L, int idx, const char **data, size_t *len);
 void mb_open_tcp(lua_State *L);
 
 int mb_check_signal(lua_State *L, int idx);

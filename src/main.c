@@ -6,8 +6,8 @@
 #include <string.h>
 
 static const char usage[] =
-  "usage: moonbox script.lua [args...]\n"
-  "       moonbox -e 'lua code'\n"
+  "usage: moonbox [--policy file.lua] script.lua [args...]\n"
+  "       moonbox [--policy file.lua] -e 'lua code'\n"
   "       moonbox --version | --help\n"
   "\n"
   "Runs the script as a task on the event loop and exits when it and every\n"
@@ -22,6 +22,16 @@ int main(int argc, char **argv) {
   }
   moonbox *mb = moonbox_new(NULL);
   if (!mb) { fputs("moonbox: cannot create the runtime\n", stderr); return 1; }
+  if (strcmp(argv[1], "--policy") == 0) {
+    if (argc < 4) { fputs(usage, stderr); moonbox_close(mb); return 2; }
+    if (moonbox_set_policy(mb, argv[2]) != 0) {
+      fprintf(stderr, "moonbox: %s\n", moonbox_error(mb));
+      moonbox_close(mb);
+      return 1;
+    }
+    argc -= 2;
+    argv += 2;
+  }
   int rc;
   if (strcmp(argv[1], "-e") == 0) {
     if (argc < 3) { fputs(usage, stderr); moonbox_close(mb); return 2; }

@@ -28,6 +28,9 @@ moonbox *moonbox_new(uv_loop_t *loop);
 int moonbox_run_file(moonbox *mb, const char *path, int argc, char **argv);
 /* Run Lua source text; chunkname names it in tracebacks. */
 int moonbox_run_string(moonbox *mb, const char *code, const char *chunkname);
+/* Use the policy in this Lua file (or module name) for every sandbox that
+ * is not given one; 0 on success, 1 on error (see moonbox_error). */
+int moonbox_set_policy(moonbox *mb, const char *policy);
 /* Number of tasks still running (useful with a caller-owned loop). */
 int moonbox_pending(moonbox *mb);
 /* The last error message with its traceback, or NULL. */

@@ -125,6 +125,26 @@ int moonbox_run_string(moonbox *mb, const char *code, const char *chunkname) {
   return start(mb, luaL_loadbuffer(mb->L, code, strlen(code), chunkname ? chunkname : "=(string)"), 0, NULL);
 }
 
+int moonbox_set_policy(moonbox *mb, const char *policy) {
+  lua_State *L = mb->L;
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "moonbox.policy");
+  if (lua_pcall(L, 1, 1, 0) != 0) { set_error(mb, lua_tostring(L, -1)); lua_pop(L, 1); return 1; }
+  lua_getfield(L, -1, "set_default");
+  lua_pushstring(L, policy);
+  if (lua_pcall(L, 1, 0, 0) != 0) {
+    /* error objects are tables with __tostring */
+    lua_getglobal(L, "tostring");
+    lua_insert(L, -2);
+    lua_pcall(L, 1, 1, 0);
+    set_error(mb, lua_tostring(L, -1));
+    lua_pop(L, 2);
+    return 1;
+  }
+  lua_pop(L, 1);
+  return 0;
+}
+
 int moonbox_pending(moonbox *mb) {
   lua_State *L = mb->L;
   lua_getglobal(L, "require");

@@ -17,10 +17,16 @@ local sandbox = require "moonbox.sandbox"
 require "moonbox.process" -- adds the background process calls to sessions
 require "moonbox.code"    -- adds the code-interpreter calls to sessions
 require "moonbox.terminal" -- adds session:terminal()
+require "moonbox.files"   -- adds the file calls (read, write, list, watch, gitCheckout) to sessions
 require("moonbox._runtime").at_exit(sandbox.shutdown)
 
 -- getSandbox(id, opts) -> Sandbox; the same id returns the same object.
 moonbox.getSandbox = sandbox.getSandbox
+
+-- Policy presets as data: moonbox.policies.strict, moonbox.policies.dev
+moonbox.policies = setmetatable({}, {
+  __index = function(_, name) return require("moonbox.policies." .. name) end,
+})
 
 function moonbox.versions()
   local v = core.versions()

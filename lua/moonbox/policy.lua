@@ -1,20 +1,24 @@
--- Policy: the defaults every sandbox starts from, and the merge of a user's
--- policy over them. Behaviour changes by supplying a policy, never by
--- recompiling. (Validation of every field and the hooks grow with #5.)
+-- Policy: the defaults every sandbox starts from, the merge of a user's
+-- policy over them, and validation (unknown keys and wrong types raise
+-- VALIDATION_FAILED naming the key). Behaviour changes by supplying a
+-- policy -- a table, a module name or a file path -- never by recompiling.
+-- Presets are plain data: moonbox.policies.strict, moonbox.policies.dev.
 local errors = require "moonbox.errors"
 
 local M = {}
 
 M.defaults = {
   limits = {
-    commandTimeoutMs = nil,          -- none: commands may run forever
-    maxOutputBytes = 16 * 1024 * 1024, -- per stream, per exec
-    maxLogBytes = 1024 * 1024,       -- per stream, per background process
+    commandTimeoutMs = nil,            -- none: commands may run forever
+    maxOutputBytes = 16 * 1024 * 1024, -- per stream, per exec / runCode
+    maxLogBytes = 1024 * 1024,         -- per stream, per background process
     maxSessions = 64,
     maxProcesses = 256,
-    killGraceMs = 5000,              -- kill(): SIGTERM, then SIGKILL after this
-    timeoutGraceMs = 500,            -- exec timeout: SIGTERM, then SIGKILL after this
-    maxFileBytes = 64 * 1024 * 1024, -- readFile refuses bigger files (FILE_TOO_LARGE)
+    killGraceMs = 5000,                -- kill(): SIGTERM, then SIGKILL after this
+    timeoutGraceMs = 500,              -- exec timeout: SIGTERM, then SIGKILL after this
+    maxFileBytes = 64 * 1024 * 1024,   -- readFile refuses bigger files (FILE_TOO_LARGE)
+    -- enforced where the host allows, see sandbox:info():
+    memoryBytes = nil, pids = nil, cpuTime = nil, fileSizeBytes = nil, openFiles = nil,
   },
   env = {
     PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -24,14 +28,81 @@ M.defaults = {
   hooks = {},
 }
 
-local known_limits = {}
-for k in pairs(M.defaults.limits) do known_limits[k] = true end
-for _, k in ipairs { "commandTimeoutMs", "memoryBytes", "pids", "cpuTime", "fileSizeBytes", "openFiles" } do
-  known_limits[k] = true
+local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
+  "killGraceMs", "timeoutGraceMs", "maxFileBytes", "memoryBytes", "pids", "cpuTime", "fileSizeBytes", "openFiles" }
+local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true }
+local MOUNT_TYPES = { bind = true, ro_bind = true, tmpfs = true, proc = true, dev = true }
+
+local function invalid(key, message)
+  local field = key == "" and "policy" or "policy." .. key
+  errors.raise("VALIDATION_FAILED", ("%s: %s"):format(field, message), { field = field })
 end
 
-local known_top = { limits = true, env = true, shell = true, hooks = true, mounts = true, network = true,
-  hostname = true, seccomp = true, isolation = true }
+local function expect(value, kind, key)
+  if value ~= nil and type(value) ~= kind then invalid(key, ("expected a %s, got %s"):format(kind, type(value))) end
+end
+
+local checks = {
+  limits = function(v)
+    expect(v, "table", "limits")
+    local known = {}
+    for _, k in ipairs(LIMIT_KEYS) do known[k] = true end
+    for k, n in pairs(v or {}) do
+      if not known[k] then invalid("limits." .. tostring(k), "unknown key") end
+      if type(n) ~= "number" or n < 0 or n ~= n then invalid("limits." .. k, "expected a number >= 0") end
+    end
+  end,
+  env = function(v)
+    expect(v, "table", "env")
+    for k, val in pairs(v or {}) do
+      if type(k) ~= "string" or not k:match("^[A-Za-z_][A-Za-z0-9_]*$") then
+        invalid("env", ("invalid variable name %q"):format(tostring(k)))
+      end
+      if val ~= false and type(val) ~= "string" then invalid("env." .. k, "expected a string or false") end
+    end
+  end,
+  shell = function(v) expect(v, "string", "shell") end,
+  hooks = function(v)
+    expect(v, "table", "hooks")
+    for k, fn in pairs(v or {}) do
+      if not HOOKS[k] then invalid("hooks." .. tostring(k), "unknown hook") end
+      if type(fn) ~= "function" then invalid("hooks." .. k, "expected a function") end
+    end
+  end,
+  mounts = function(v)
+    expect(v, "table", "mounts")
+    for i, m in ipairs(v or {}) do
+      local key = ("mounts[%d]"):format(i)
+      if type(m) ~= "table" then invalid(key, "expected a table") end
+      if not MOUNT_TYPES[m.type] then invalid(key .. ".type", "expected bind, ro_bind, tmpfs, proc or dev") end
+      if type(m.dst) ~= "string" or m.dst:sub(1, 1) ~= "/" then invalid(key .. ".dst", "expected an absolute path") end
+      if (m.type == "bind" or m.type == "ro_bind") and type(m.src) ~= "string" then
+        invalid(key .. ".src", "expected a path")
+      end
+    end
+  end,
+  network = function(v)
+    if v ~= nil and v ~= "none" and v ~= "host" then invalid("network", "expected \"none\" or \"host\"") end
+  end,
+  hostname = function(v) expect(v, "string", "hostname") end,
+  seccomp = function(v) expect(v, "string", "seccomp") end,
+  isolation = function(v)
+    if v ~= nil and v ~= "auto" and v ~= "none" and v ~= "namespaces" then
+      invalid("isolation", "expected \"auto\", \"namespaces\" or \"none\"")
+    end
+  end,
+  name = function(v) expect(v, "string", "name") end,
+}
+
+function M.validate(policy)
+  if type(policy) ~= "table" then invalid("", "expected a table") end
+  for k, v in pairs(policy) do
+    local check = checks[k]
+    if not check then invalid(tostring(k), "unknown key") end
+    check(v)
+  end
+  return policy
+end
 
 local function deep_merge(base, over)
   local out = {}
@@ -46,30 +117,51 @@ local function deep_merge(base, over)
   return out
 end
 
-local function invalid(key, message)
-  errors.raise("VALIDATION_FAILED", ("policy.%s: %s"):format(key, message), { field = "policy." .. key })
+-- load(ref): a table as is; "x.lua" or a path with "/" is run as a file
+-- that returns a table; anything else is a module name.
+function M.load(ref)
+  if type(ref) == "table" then return ref end
+  if type(ref) ~= "string" then invalid("", "expected a table, a module name or a file path") end
+  if ref:match("%.lua$") or ref:find("/", 1, true) then
+    local chunk, err = loadfile(ref)
+    if not chunk then invalid("", ("cannot load policy file %q: %s"):format(ref, err)) end
+    local ok, value = pcall(chunk)
+    if not ok then invalid("", ("policy file %q failed: %s"):format(ref, tostring(value))) end
+    if type(value) ~= "table" then invalid("", ("policy file %q must return a table"):format(ref)) end
+    return value
+  end
+  local ok, mod = pcall(require, ref)
+  if not ok then invalid("", ("cannot load policy module %q: %s"):format(ref, tostring(mod))) end
+  return mod
 end
 
--- resolve(policy) -> a full policy table: a module name is required, a table
--- is merged over the defaults; unknown keys and wrong types are refused.
+-- The policy used when getSandbox gets none (moonbox --policy file.lua).
+local default_policy = nil
+function M.set_default(ref)
+  default_policy = ref and M.validate(M.load(ref)) or nil
+end
+
+-- resolve(policy, limits) -> the full policy: user policy (or the default
+-- one) merged over the defaults, then the getSandbox limits over that.
 function M.resolve(policy, limits)
-  if type(policy) == "string" then
-    local ok, mod = pcall(require, policy)
-    if not ok then invalid("", ("cannot load policy module %q: %s"):format(policy, tostring(mod))) end
-    policy = mod
-  end
-  if policy ~= nil and type(policy) ~= "table" then invalid("", "expected a table or a module name") end
-  policy = policy or {}
-  for k in pairs(policy) do
-    if not known_top[k] then invalid(tostring(k), "unknown key") end
-  end
-  for k, v in pairs(policy.limits or {}) do
-    if not known_limits[k] then invalid("limits." .. tostring(k), "unknown key") end
-    if type(v) ~= "number" or v < 0 then invalid("limits." .. k, "expected a number >= 0") end
-  end
+  policy = policy ~= nil and M.validate(M.load(policy)) or default_policy or {}
+  if limits ~= nil then checks.limits(limits) end
   local merged = deep_merge(M.defaults, policy)
   if limits then merged.limits = deep_merge(merged.limits, limits) end
   return merged
+end
+
+-- Call a hook: returns the (possibly rewritten) value, or raises
+-- POLICY_DENIED with the hook's reason.
+function M.call_hook(policy, name, what, ...)
+  local hook = policy.hooks[name]
+  if not hook then return ... end
+  local result, reason = hook(...)
+  if result == nil then
+    errors.raise("POLICY_DENIED", ("%s denied by policy: %s"):format(what, tostring(reason or "no reason given")),
+      { hook = name, reason = reason })
+  end
+  return result
 end
 
 return M

@@ -1,0 +1,144 @@
+-- Policy (issue #5, policy half): validation, presets, hooks, limits, and
+-- behaviour changed by a policy file written at test time.
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+local policy = require "moonbox.policy"
+
+local seq = 0
+local function new_sandbox(opts)
+  seq = seq + 1
+  opts = opts or {}
+  opts.root = io.popen("mktemp -d"):read("*l")
+  return moonbox.getSandbox(("pol-%d-%d"):format(core.getpid(), seq), opts)
+end
+
+local function with_sandbox(opts, fn)
+  return run_task(function()
+    local sb = new_sandbox(opts)
+    local ok, err = pcall(fn, sb)
+    sb:destroy()
+    if not ok then error(err, 0) end
+  end)
+end
+
+local function err_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "expected an error")
+  return err
+end
+
+describe("policy validation", function()
+  it("names unknown keys and wrong types", function()
+    for _, case in ipairs {
+      { { limitz = {} }, "policy.limitz" },
+      { { limits = { memoryByte = 1 } }, "policy.limits.memoryByte" },
+      { { limits = { pids = "many" } }, "policy.limits.pids" },
+      { { hooks = { onExecute = function() end } }, "policy.hooks.onExecute" },
+      { { hooks = { onExec = "yes" } }, "policy.hooks.onExec" },
+      { { network = "internet" }, "policy.network" },
+      { { mounts = { { type = "overlay", dst = "/x" } } }, "policy.mounts[1].type" },
+      { { env = { ["1X"] = "y" } }, "policy.env" },
+    } do
+      local err = err_of(policy.validate, case[1])
+      assert.equal("VALIDATION_FAILED", err.code)
+      assert.equal(case[2], err.context.field)
+    end
+  end)
+
+  it("offers presets as plain data", function()
+    assert.equal("strict", moonbox.policies.strict.name)
+    assert.equal(30000, moonbox.policies.strict.limits.commandTimeoutMs)
+    assert.equal("host", moonbox.policies.dev.network)
+    assert.same(moonbox.policies.strict, policy.validate(moonbox.policies.strict))
+  end)
+end)
+
+describe("policy hooks", function()
+  it("deny with a reason, or rewrite, for sessions, exec, processes and env", function()
+    with_sandbox({ policy = { hooks = {
+      onCreateSession = function(_, opts) if opts.id == "forbidden" then return nil, "not that one" end return opts end,
+      onExec = function(_, cmd)
+        if type(cmd) == "string" and cmd:find("curl") then return nil, "no network tools" end
+        if cmd == "whoami-please" then return "echo rewritten" end
+        return cmd
+      end,
+      onStartProcess = function(_, cmd) if cmd:find("nc ") then return nil, "no listeners" end return cmd end,
+      onEnv = function(_, map) map.INJECTED = "by-policy" return map end,
+    } } }, function(sb)
+      local err = err_of(sb.createSession, sb, { id = "forbidden" })
+      assert.equal("POLICY_DENIED", err.code)
+      assert.truthy(err.message:find("not that one", 1, true))
+      assert.equal("POLICY_DENIED", err_of(sb.exec, sb, "curl http://example.com").code)
+      assert.equal("rewritten\n", sb:exec("whoami-please").stdout)
+      assert.equal("POLICY_DENIED", err_of(sb.startProcess, sb, "nc -l 9999").code)
+      local s = sb:createSession { id = "ok" }
+      s:setEnvVars { A = "1" }
+      assert.equal("1 by-policy\n", s:exec("echo $A $INJECTED").stdout)
+    end)
+  end)
+end)
+
+describe("policy limits", function()
+  it("enforces openFiles, fileSizeBytes and the memory limit, and reports what is in force", function()
+    with_sandbox({ limits = { openFiles = 64, fileSizeBytes = 1024 * 1024, memoryBytes = 64 * 1024 * 1024 } },
+      function(sb)
+        local info = sb:info()
+        assert.equal(64, info.limits.openFiles)
+        assert.truthy(info.enforcement.openFiles)
+        assert.equal("64\n", sb:exec("ulimit -n").stdout)
+        local r = sb:exec("head -c 2000000 /dev/zero > big; echo $?")
+        assert.equal("153\n", r.stdout) -- 128 + SIGXFSZ
+        if info.enforcement.memoryBytes then
+          r = sb:exec("python3 -c 'x = bytearray(300 * 1024 * 1024)'")
+          assert.equal(137, r.exitCode)
+          assert.is_true(r.oomKilled)
+        else
+          assert.same({ "memoryBytes" }, info.notEnforced)
+        end
+      end)
+  end)
+
+  it("applies commandTimeoutMs from the policy", function()
+    with_sandbox({ policy = { limits = { commandTimeoutMs = 200 } } }, function(sb)
+      local r = sb:exec("sleep 5")
+      assert.is_true(r.timedOut)
+      assert.equal(124, r.exitCode)
+    end)
+  end)
+end)
+
+describe("policy files", function()
+  it("change behaviour without a rebuild: moonbox --policy file.lua script.lua", function()
+    local dir = io.popen("mktemp -d"):read("*l")
+    local pf = io.open(dir .. "/policy.lua", "w")
+    pf:write([[return { hooks = { onExec = function(_, cmd) return nil, "read-only hour" end } }]])
+    pf:close()
+    local sf = io.open(dir .. "/script.lua", "w")
+    sf:write(([[
+      local moonbox = require "moonbox"
+      local sb = moonbox.getSandbox("polfile-%d", { root = %q })
+      local ok, err = pcall(sb.exec, sb, "true")
+      print(ok, err.code)
+      sb:destroy()
+    ]]):format(core.getpid(), dir .. "/root"))
+    sf:close()
+    local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+    local out = io.popen(bin .. " " .. dir .. "/script.lua"):read("*a")
+    assert.equal("true\tnil\n", out) -- without the policy the command runs
+    out = io.popen(bin .. " --policy " .. dir .. "/policy.lua " .. dir .. "/script.lua"):read("*a")
+    assert.equal("false\tPOLICY_DENIED\n", out)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("loads a policy file path given to getSandbox", function()
+    local path = os.tmpname() .. ".lua"
+    local f = io.open(path, "w")
+    f:write("return { limits = { maxSessions = 1 } }")
+    f:close()
+    with_sandbox({ policy = path }, function(sb)
+      sb:createSession {}
+      assert.equal("POLICY_DENIED", err_of(sb.createSession, sb, {}).code)
+    end)
+    os.remove(path)
+  end)
+end)

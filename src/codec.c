@@ -1,0 +1,604 @@
+/* codec: byte buffers and the conversions the file API needs at disk speed.
+ *
+ *   core.base64_encode(s) -> string        standard alphabet, '=' padding
+ *   core.base64_decode(s) -> string | nil  nil for anything that is not base64
+ *   core.utf8_valid(s)    -> true | false, position (1-based) of the first bad sequence
+ *   core.text_info(s)     -> utf8_valid, has_nul, has_control, first_bad_position|nil
+ *                            (the scan stops at the first invalid sequence)
+ *                            (controls: bytes below 0x20 other than \b \t \n \v \f \r ESC, and DEL)
+ *
+ *   core.bytes([capacity]) -> bytes: a growable buffer in C memory, outside
+ *   the Lua heap. A whole file passes through it without intermediate Lua
+ *   strings: read into it, classify it, turn it into one string (or its
+ *   base64) at the end; or decode base64 into it and write it out.
+ *     bytes:size()                         -> n
+ *     bytes:append(s)
+ *     bytes:tostring([i[, j]])             -> string (i, j as for string.sub)
+ *     bytes:base64_encode()                -> string
+ *     bytes:base64_decode(s)               -> true | nil (not base64; content unchanged)
+ *     bytes:utf8_valid()                   -> true | false, position
+ *     bytes:text_info()                    -> as core.text_info
+ *     bytes:read(fd, max, offset, cb)      appends up to max bytes read from fd at
+ *                                          offset (nil: current position): cb(nil, nread)
+ *     bytes:write(fd, from, offset, cb)    writes the bytes after the first `from`:
+ *                                          cb(nil, nwritten) (may be short)
+ *     bytes:free()                         release the memory now (also done by gc)
+ *   read and write run on libuv's thread pool; they return true once queued,
+ *   or nil, message, CODE, and call cb(message, nil, CODE) on failure. While
+ *   one is in flight the buffer may not be changed or freed (that raises).
+ *
+ * Why: a fresh 100 MB allocation costs more than copying 100 MB (page
+ * faults), so big buffers are mmap'd with MADV_HUGEPAGE, and each byte of a
+ * file lands in Lua memory once, in the result string. */
+#include "core.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* ---- memory ---------------------------------------------------------------- */
+
+#define HUGE_MIN ((size_t)2 << 20) /* from here on: mmap with transparent huge pages */
+
+typedef struct {
+  char *data;
+  size_t cap;
+  int mapped;
+} mem_block;
+
+static int mem_alloc(mem_block *m, size_t cap) {
+  if (cap == 0) cap = 1;
+  if (cap >= HUGE_MIN) {
+    void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return -1;
+    madvise(p, cap, MADV_HUGEPAGE); /* best effort: fewer, cheaper page faults */
+    m->data = (char *)p;
+    m->mapped = 1;
+  } else {
+    m->data = (char *)malloc(cap);
+    if (!m->data) return -1;
+    m->mapped = 0;
+  }
+  m->cap = cap;
+  return 0;
+}
+
+static void mem_free(mem_block *m) {
+  if (!m->data) return;
+  if (m->mapped) munmap(m->data, m->cap); else free(m->data);
+  m->data = NULL;
+  m->cap = 0;
+}
+
+/* Grow to at least need bytes, keeping the first used bytes. */
+static int mem_grow(mem_block *m, size_t used, size_t need) {
+  if (need <= m->cap) return 0;
+  size_t cap = m->cap * 2 > need ? m->cap * 2 : need;
+  if (m->mapped) {
+    void *p = mremap(m->data, m->cap, cap, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED) return -1;
+    madvise(p, cap, MADV_HUGEPAGE);
+    m->data = (char *)p;
+    m->cap = cap;
+    return 0;
+  }
+  mem_block n;
+  if (mem_alloc(&n, cap) < 0) return -1;
+  if (used) memcpy(n.data, m->data, used);
+  mem_free(m);
+  *m = n;
+  return 0;
+}
+
+/* ---- base64 ---------------------------------------------------------------- */
+
+static const char b64_alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* Two output characters for every 12-bit group: half the table lookups. */
+static uint16_t enc_pairs[4096];
+/* Each character's 6 bits already shifted into place for its position in a
+ * group of four; B64_BAD marks a character outside the alphabet. */
+#define B64_BAD 0x01000000u
+static uint32_t dec[4][256];
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void build_tables(void) {
+  for (int i = 0; i < 4096; i++) {
+    unsigned char pair[2] = {(unsigned char)b64_alphabet[i >> 6], (unsigned char)b64_alphabet[i & 63]};
+    memcpy(&enc_pairs[i], pair, 2);
+  }
+  for (int p = 0; p < 4; p++)
+    for (int c = 0; c < 256; c++) dec[p][c] = B64_BAD;
+  for (int v = 0; v < 64; v++) {
+    unsigned char c = (unsigned char)b64_alphabet[v];
+    dec[0][c] = (uint32_t)v << 18;
+    dec[1][c] = (uint32_t)v << 12;
+    dec[2][c] = (uint32_t)v << 6;
+    dec[3][c] = (uint32_t)v;
+  }
+}
+
+static void init_tables(void) { pthread_once(&tables_once, build_tables); }
+
+static size_t b64_encoded_len(size_t len) { return (len + 2) / 3 * 4; }
+
+static void b64_encode(const unsigned char *in, size_t len, char *out) {
+  init_tables();
+  size_t i = 0;
+  for (; i + 3 <= len; i += 3) {
+    uint32_t v = ((uint32_t)in[i] << 16) | ((uint32_t)in[i + 1] << 8) | in[i + 2];
+    memcpy(out, &enc_pairs[v >> 12], 2);
+    memcpy(out + 2, &enc_pairs[v & 4095], 2);
+    out += 4;
+  }
+  if (len - i == 1) {
+    uint32_t v = (uint32_t)in[i] << 16;
+    out[0] = b64_alphabet[v >> 18];
+    out[1] = b64_alphabet[(v >> 12) & 63];
+    out[2] = '=';
+    out[3] = '=';
+  } else if (len - i == 2) {
+    uint32_t v = ((uint32_t)in[i] << 16) | ((uint32_t)in[i + 1] << 8);
+    out[0] = b64_alphabet[v >> 18];
+    out[1] = b64_alphabet[(v >> 12) & 63];
+    out[2] = b64_alphabet[(v >> 6) & 63];
+    out[3] = '=';
+  }
+}
+
+/* The decoded length of in, or -1 if it cannot be base64: the standard
+ * alphabet only, '=' padding only at the very end, no whitespace, no
+ * length of 4n+1. (Characters are checked while decoding.) */
+static long long b64_decoded_len(const unsigned char *in, size_t len) {
+  size_t pad = 0;
+  if (len > 0 && in[len - 1] == '=') pad++;
+  if (len > 1 && in[len - 2] == '=') pad++;
+  if (pad && len % 4 != 0) return -1;
+  size_t data_len = len - pad, tail = data_len % 4;
+  if (tail == 1) return -1;
+  return (long long)(data_len / 4 * 3 + (tail ? tail - 1 : 0));
+}
+
+/* Decode into out (b64_decoded_len bytes); 0, or -1 for a bad character. */
+static int b64_decode(const unsigned char *in, size_t len, unsigned char *out) {
+  init_tables();
+  size_t pad = 0;
+  if (len > 0 && in[len - 1] == '=') pad++;
+  if (len > 1 && in[len - 2] == '=') pad++;
+  size_t data_len = len - pad, tail = data_len % 4, full = data_len - tail;
+  uint32_t bad = 0;
+  for (size_t i = 0; i < full; i += 4) {
+    uint32_t v = dec[0][in[i]] | dec[1][in[i + 1]] | dec[2][in[i + 2]] | dec[3][in[i + 3]];
+    bad |= v;
+    out[0] = (unsigned char)(v >> 16);
+    out[1] = (unsigned char)(v >> 8);
+    out[2] = (unsigned char)v;
+    out += 3;
+  }
+  if (tail) {
+    const unsigned char *t = in + full;
+    uint32_t v = dec[0][t[0]] | dec[1][t[1]] | (tail == 3 ? dec[2][t[2]] : 0);
+    bad |= v;
+    out[0] = (unsigned char)(v >> 16);
+    if (tail == 3) out[1] = (unsigned char)(v >> 8);
+  }
+  return (bad & B64_BAD) ? -1 : 0;
+}
+
+static int push_base64(lua_State *L, const unsigned char *in, size_t len) {
+  if (len > ((size_t)-1 / 4) * 3 - 3) return luaL_error(L, "base64_encode: input too large");
+  size_t out_len = b64_encoded_len(len);
+  mem_block m;
+  if (mem_alloc(&m, out_len) < 0) return luaL_error(L, "base64_encode: out of memory");
+  b64_encode(in, len, m.data);
+  lua_pushlstring(L, m.data, out_len);
+  mem_free(&m);
+  return 1;
+}
+
+static int base64_encode(lua_State *L) {
+  size_t len;
+  const char *in = luaL_checklstring(L, 1, &len);
+  return push_base64(L, (const unsigned char *)in, len);
+}
+
+static int base64_decode(lua_State *L) {
+  size_t len;
+  const unsigned char *in = (const unsigned char *)luaL_checklstring(L, 1, &len);
+  long long out_len = b64_decoded_len(in, len);
+  if (out_len < 0) { lua_pushnil(L); return 1; }
+  mem_block m;
+  if (mem_alloc(&m, (size_t)out_len) < 0) return luaL_error(L, "base64_decode: out of memory");
+  if (b64_decode(in, len, (unsigned char *)m.data) < 0) lua_pushnil(L);
+  else lua_pushlstring(L, m.data, (size_t)out_len);
+  mem_free(&m);
+  return 1;
+}
+
+/* ---- UTF-8 ------------------------------------------------------------------ */
+
+/* Length of the valid UTF-8 sequence at p (n bytes left), or 0: no
+ * overlongs, no surrogates, nothing above U+10FFFF. */
+static size_t utf8_seq(const unsigned char *p, size_t n) {
+  unsigned char c = p[0];
+  if (c < 0x80) return 1;
+  if (c < 0xC2) return 0;
+  if (c < 0xE0) return (n >= 2 && (p[1] & 0xC0) == 0x80) ? 2 : 0;
+  if (c < 0xF0) {
+    if (n < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
+    if (c == 0xE0 && p[1] < 0xA0) return 0;  /* overlong */
+    if (c == 0xED && p[1] >= 0xA0) return 0; /* surrogate */
+    return 3;
+  }
+  if (c < 0xF5) {
+    if (n < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
+    if (c == 0xF0 && p[1] < 0x90) return 0;  /* overlong */
+    if (c == 0xF4 && p[1] >= 0x90) return 0; /* above U+10FFFF */
+    return 4;
+  }
+  return 0;
+}
+
+/* One pass over s: valid UTF-8?, any NUL byte?, any control byte other than
+ * \b \t \n \v \f \r and ESC? (what tells text from binary). Pushes
+ * valid, has_nul, has_control, and the 1-based position of the first
+ * invalid sequence (or nil). The scan stops at an invalid sequence, so
+ * has_nul and has_control then only describe what came before it. */
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+#define HAS_LESS(x, n) (((x) - ONES * (n)) & ~(x) & HIGHS)
+
+static int is_odd_control(unsigned char c) {
+  return (c < 0x20 && !(c >= 0x08 && c <= 0x0D) && c != 0x1B) || c == 0x7F;
+}
+
+static int push_text_info(lua_State *L, const unsigned char *s, size_t len) {
+  size_t i = 0, bad = 0;
+  int nul = 0, control = 0;
+  while (i < len) {
+    /* plain printable ASCII, eight bytes at a time */
+    while (i + 8 <= len) {
+      uint64_t w;
+      memcpy(&w, s + i, 8);
+      if ((w & HIGHS) || HAS_LESS(w, 0x20) || HAS_LESS(w ^ (ONES * 0x7F), 1)) break;
+      i += 8;
+    }
+    if (i >= len) break;
+    unsigned char c = s[i];
+    if (c < 0x80) {
+      if (c == 0) nul = 1;
+      else if (is_odd_control(c)) control = 1;
+      i++;
+      continue;
+    }
+    size_t n = utf8_seq(s + i, len - i);
+    if (n == 0) { /* not text: the rest does not matter */
+      bad = i + 1;
+      break;
+    }
+    i += n;
+  }
+  lua_pushboolean(L, bad == 0);
+  lua_pushboolean(L, nul);
+  lua_pushboolean(L, control);
+  if (bad) lua_pushinteger(L, (lua_Integer)bad); else lua_pushnil(L);
+  return 4;
+}
+
+static int push_utf8_valid(lua_State *L, const unsigned char *s, size_t len) {
+  size_t i = 0;
+  while (i < len) {
+    while (i + 8 <= len) { /* ASCII runs, eight bytes at a time */
+      uint64_t w;
+      memcpy(&w, s + i, 8);
+      if (w & HIGHS) break;
+      i += 8;
+    }
+    if (i >= len) break;
+    size_t n = utf8_seq(s + i, len - i);
+    if (n == 0) {
+      lua_pushboolean(L, 0);
+      lua_pushinteger(L, (lua_Integer)i + 1);
+      return 2;
+    }
+    i += n;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int utf8_valid(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  return push_utf8_valid(L, (const unsigned char *)s, len);
+}
+
+static int text_info(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  return push_text_info(L, (const unsigned char *)s, len);
+}
+
+/* ---- bytes ------------------------------------------------------------------ */
+
+#define BYTES "moonbox.bytes"
+
+/* The userdata at idx if it is a bytes buffer (luaL_testudata is Lua 5.2). */
+static void *bytes_test(lua_State *L, int idx) {
+  void *p = lua_touserdata(L, idx);
+  if (!p || !lua_getmetatable(L, idx)) return NULL;
+  luaL_getmetatable(L, BYTES);
+  int same = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return same ? p : NULL;
+}
+
+typedef struct {
+  mem_block mem;
+  size_t len;
+  int busy;    /* a read or write on the thread pool uses mem */
+  int orphan;  /* collected while busy (the state is closing): the request frees it */
+} mb_bytes;
+
+/* For other families (magic.c): the content of a bytes buffer at idx, or 0
+ * if the value there is not one. */
+int mb_bytes_view(lua_State *L, int idx, const char **data, size_t *len) {
+  mb_bytes **ud = (mb_bytes **)bytes_test(L, idx);
+  if (!ud || !*ud || (*ud)->busy) return 0;
+  *data = (*ud)->mem.data;
+  *len = (*ud)->len;
+  return 1;
+}
+
+static mb_bytes *bytes_check(lua_State *L, int idx) {
+  mb_bytes **ud = (mb_bytes **)luaL_checkudata(L, idx, BYTES);
+  if (!*ud) luaL_error(L, "bytes buffer is freed");
+  return *ud;
+}
+
+static mb_bytes *bytes_check_idle(lua_State *L, int idx) {
+  mb_bytes *b = bytes_check(L, idx);
+  if (b->busy) luaL_error(L, "bytes buffer is in use by a read or write");
+  return b;
+}
+
+static void bytes_destroy(mb_bytes *b) {
+  mem_free(&b->mem);
+  free(b);
+}
+
+/* core.bytes([capacity]) */
+static int bytes_new(lua_State *L) {
+  lua_Number cap = luaL_optnumber(L, 1, 0);
+  if (cap < 0 || cap > 1e15) return luaL_argerror(L, 1, "capacity must be >= 0");
+  mb_bytes **ud = (mb_bytes **)lua_newuserdata(L, sizeof(mb_bytes *));
+  *ud = NULL;
+  luaL_getmetatable(L, BYTES);
+  lua_setmetatable(L, -2);
+  mb_bytes *b = (mb_bytes *)calloc(1, sizeof(mb_bytes));
+  if (!b || mem_alloc(&b->mem, (size_t)cap) < 0) {
+    free(b);
+    return luaL_error(L, "bytes: out of memory (%f bytes)", (double)cap);
+  }
+  *ud = b;
+  return 1;
+}
+
+static int bytes_gc(lua_State *L) {
+  mb_bytes **ud = (mb_bytes **)lua_touserdata(L, 1);
+  if (ud && *ud) {
+    if ((*ud)->busy) (*ud)->orphan = 1; else bytes_destroy(*ud);
+    *ud = NULL;
+  }
+  return 0;
+}
+
+static int bytes_free(lua_State *L) {
+  mb_bytes **ud = (mb_bytes **)luaL_checkudata(L, 1, BYTES);
+  if (*ud && (*ud)->busy) return luaL_error(L, "bytes buffer is in use by a read or write");
+  return bytes_gc(L);
+}
+
+static int bytes_size(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)bytes_check(L, 1)->len);
+  return 1;
+}
+
+static int bytes_append(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  if (mem_grow(&b->mem, b->len, b->len + len) < 0) return luaL_error(L, "bytes: out of memory");
+  memcpy(b->mem.data + b->len, s, len);
+  b->len += len;
+  return 0;
+}
+
+static int bytes_tostring(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  lua_Number len = (lua_Number)b->len;
+  lua_Number i = luaL_optnumber(L, 2, 1), j = luaL_optnumber(L, 3, -1);
+  if (i < 0) i = len + i + 1;
+  if (j < 0) j = len + j + 1;
+  if (i < 1) i = 1;
+  if (j > len) j = len;
+  if (i > j) lua_pushliteral(L, "");
+  else lua_pushlstring(L, b->mem.data + (size_t)i - 1, (size_t)(j - i + 1));
+  return 1;
+}
+
+static int bytes_base64_encode(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  return push_base64(L, (const unsigned char *)b->mem.data, b->len);
+}
+
+static int bytes_base64_decode(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  size_t len;
+  const unsigned char *in = (const unsigned char *)luaL_checklstring(L, 2, &len);
+  long long out_len = b64_decoded_len(in, len);
+  if (out_len < 0) { lua_pushnil(L); return 1; }
+  mem_block m;
+  if (mem_alloc(&m, (size_t)out_len) < 0) return luaL_error(L, "bytes: out of memory");
+  if (b64_decode(in, len, (unsigned char *)m.data) < 0) {
+    mem_free(&m);
+    lua_pushnil(L);
+    return 1;
+  }
+  mem_free(&b->mem);
+  b->mem = m;
+  b->len = (size_t)out_len;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int bytes_utf8_valid(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  return push_utf8_valid(L, (const unsigned char *)b->mem.data, b->len);
+}
+
+static int bytes_text_info(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  return push_text_info(L, (const unsigned char *)b->mem.data, b->len);
+}
+
+/* ---- bytes: reads and writes on the thread pool ---------------------------- */
+
+typedef struct {
+  uv_fs_t req;
+  mb_core *core;
+  mb_bytes *b;
+  int cb_ref, self_ref, is_read, fd;
+} bytes_req;
+
+static void on_bytes_fs(uv_fs_t *req) {
+  bytes_req *br = (bytes_req *)req->data;
+  mb_bytes *b = br->b;
+  mb_core *core = br->core;
+  ssize_t result = req->result;
+  uv_fs_req_cleanup(req);
+  b->busy = 0;
+  if (br->is_read && result > 0) b->len += (size_t)result;
+  if (b->orphan) bytes_destroy(b);
+  if (core->dead) {
+    free(br);
+    return;
+  }
+  lua_State *cbL = core->cbL;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, br->cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, br->cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, br->self_ref);
+  int nargs;
+  if (result < 0) {
+    lua_pushfstring(cbL, "%s: %s (%s fd %d)", uv_err_name((int)result), uv_strerror((int)result),
+                    br->is_read ? "read" : "write", br->fd);
+    lua_pushnil(cbL);
+    lua_pushstring(cbL, uv_err_name((int)result));
+    nargs = 3;
+  } else {
+    lua_pushnil(cbL);
+    lua_pushnumber(cbL, (lua_Number)result);
+    nargs = 2;
+  }
+  free(br);
+  mb_call(core, cbL, nargs);
+}
+
+static int bytes_submit(lua_State *L, mb_bytes *b, int is_read, int fd, char *base, size_t len,
+                        int64_t offset, int cb_idx) {
+  luaL_checktype(L, cb_idx, LUA_TFUNCTION);
+  if (len > 0x7ffff000) len = 0x7ffff000; /* what one read/write moves at most */
+  bytes_req *br = (bytes_req *)calloc(1, sizeof(bytes_req));
+  if (!br) return luaL_error(L, "out of memory");
+  br->core = mb_core_get(L);
+  br->b = b;
+  br->is_read = is_read;
+  br->fd = fd;
+  br->req.data = br;
+  lua_pushvalue(L, cb_idx);
+  br->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, 1); /* the buffer stays alive while the thread pool uses it */
+  br->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  uv_buf_t buf = uv_buf_init(base, (unsigned int)len);
+  int rc = is_read ? uv_fs_read(br->core->loop, &br->req, fd, &buf, 1, offset, on_bytes_fs)
+                   : uv_fs_write(br->core->loop, &br->req, fd, &buf, 1, offset, on_bytes_fs);
+  if (rc < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, br->cb_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, br->self_ref);
+    free(br);
+    return mb_push_error(L, rc, is_read ? "read" : "write");
+  }
+  b->busy = 1;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int check_fd_arg(lua_State *L, int idx) {
+  lua_Integer fd = luaL_checkinteger(L, idx);
+  if (fd < 0 || fd > 0x7fffffff) luaL_argerror(L, idx, "fd must be >= 0");
+  return (int)fd;
+}
+
+static int64_t check_offset(lua_State *L, int idx) {
+  if (lua_isnoneornil(L, idx)) return -1;
+  lua_Number off = luaL_checknumber(L, idx);
+  if (off < 0) luaL_argerror(L, idx, "offset must be >= 0");
+  return (int64_t)off;
+}
+
+/* bytes:read(fd, max, offset, cb) */
+static int bytes_read(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  int fd = check_fd_arg(L, 2);
+  lua_Number max = luaL_checknumber(L, 3);
+  if (max < 1 || max > 0x7ffff000) return luaL_argerror(L, 3, "max must be between 1 and 0x7ffff000");
+  int64_t offset = check_offset(L, 4);
+  if (mem_grow(&b->mem, b->len, b->len + (size_t)max) < 0) return luaL_error(L, "bytes: out of memory");
+  return bytes_submit(L, b, 1, fd, b->mem.data + b->len, (size_t)max, offset, 5);
+}
+
+/* bytes:write(fd, from, offset, cb) */
+static int bytes_write(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  int fd = check_fd_arg(L, 2);
+  lua_Number from = luaL_checknumber(L, 3);
+  if (from < 0 || from > (lua_Number)b->len) return luaL_argerror(L, 3, "from must be between 0 and size");
+  int64_t offset = check_offset(L, 4);
+  return bytes_submit(L, b, 0, fd, b->mem.data + (size_t)from, b->len - (size_t)from, offset, 5);
+}
+
+static int bytes_tostring_meta(lua_State *L) {
+  mb_bytes **ud = (mb_bytes **)lua_touserdata(L, 1);
+  if (ud && *ud) lua_pushfstring(L, BYTES ": %p (%d bytes)", (void *)*ud, (int)(*ud)->len);
+  else lua_pushfstring(L, BYTES ": %p (freed)", (void *)ud);
+  return 1;
+}
+
+static const luaL_Reg bytes_methods[] = {
+  {"size", bytes_size}, {"append", bytes_append}, {"tostring", bytes_tostring},
+  {"base64_encode", bytes_base64_encode}, {"base64_decode", bytes_base64_decode},
+  {"utf8_valid", bytes_utf8_valid}, {"text_info", bytes_text_info}, {"read", bytes_read}, {"write", bytes_write}, {"free", bytes_free},
+  {NULL, NULL}};
+
+static const luaL_Reg codec_funcs[] = {
+  {"base64_encode", base64_encode}, {"base64_decode", base64_decode}, {"utf8_valid", utf8_valid},
+  {"text_info", text_info}, {"bytes", bytes_new}, {NULL, NULL}};
+
+void mb_open_codec(lua_State *L) {
+  luaL_newmetatable(L, BYTES);
+  lua_newtable(L);
+  luaL_register(L, NULL, bytes_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, bytes_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, bytes_tostring_meta);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  for (const luaL_Reg *f = codec_funcs; f->name; f++) {
+    lua_pushcfunction(L, f->func);
+    lua_setfield(L, -2, f->name);
+  }
+}
