@@ -63,8 +63,23 @@ function helper.assert_clean()
     #kids, kids[1] and kids[1].pid, kids[1] and kids[1].state))
 end
 
+-- A spec that hangs fails with the tracebacks of its waiting tasks instead
+-- of running into CTest's timeout with nothing to show.
+local WATCHDOG_MS = tonumber(os.getenv("MOONBOX_SPEC_WATCHDOG_MS")) or 240000
+
 function run_task(fn)
-  local results = { moonbox.run(fn) }
+  local watchdog = core.timer()
+  watchdog:start(WATCHDOG_MS, 0, function()
+    io.stderr:write(("\nspec watchdog: still running after %d ms; waiting tasks:\n"):format(WATCHDOG_MS))
+    for _, tb in ipairs(require("moonbox.async").dump_tasks()) do io.stderr:write(tb, "\n\n") end
+    io.stderr:flush()
+    os.exit(3)
+  end)
+  watchdog:unref()
+  local results = { pcall(moonbox.run, fn) }
+  watchdog:close()
+  if not results[1] then error(results[2], 0) end
+  table.remove(results, 1)
   helper.assert_clean()
   return unpack(results)
 end

@@ -374,4 +374,29 @@ describe("runtime exit", function()
     local found = io.popen("pgrep -f '[m]" .. marker:sub(2) .. "' | wc -l"):read("*l")
     assert.equal("0", found)
   end)
+
+  it("kills every sandbox's processes when the runtime gets SIGTERM, then exits 143", function()
+    local marker = "mbterm" .. core.getpid()
+    local script = os.tmpname()
+    local f = io.open(script, "w")
+    f:write(([[
+      local moonbox = require "moonbox"
+      local sb = moonbox.getSandbox("term-%s", { root = os.tmpname() .. ".d" })
+      sb:createSession {}:exec("setsid bash -c 'exec -a %s sleep 1000' &")
+      sb:startProcess("exec -a %s sleep 1000")
+      print("ready")
+      io.stdout:flush()
+      moonbox.sleep(60000)
+    ]]):format(marker, marker, marker))
+    f:close()
+    local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+    local rc = os.execute(("%s %s > %s.out 2>/dev/null & pid=$!; " ..
+      "for i in $(seq 1 100); do grep -q ready %s.out && break; sleep 0.05; done; " ..
+      "kill -TERM $pid; wait $pid; exit $?"):format(bin, script, script, script))
+    os.remove(script)
+    os.remove(script .. ".out")
+    assert.equal(143, rc / 256 >= 1 and rc / 256 or rc)
+    local found = io.popen("pgrep -f '[m]" .. marker:sub(2) .. "' | wc -l"):read("*l")
+    assert.equal("0", found)
+  end)
 end)

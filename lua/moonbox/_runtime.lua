@@ -10,18 +10,41 @@ function M.at_exit(fn)
   exit_hooks[#exit_hooks + 1] = fn
 end
 
--- Called once by the host before the Lua state closes.
-function M.shutdown()
+local function run_hooks()
   local hooks = exit_hooks
   exit_hooks = {}
-  if #hooks == 0 then return end
-  local ok, err = pcall(async.run, function()
-    for i = #hooks, 1, -1 do
-      local hook_ok, hook_err = pcall(hooks[i])
-      if not hook_ok then io.stderr:write("moonbox: shutdown: ", errors.format(hook_err), "\n") end
-    end
-  end)
+  for i = #hooks, 1, -1 do
+    local hook_ok, hook_err = pcall(hooks[i])
+    if not hook_ok then io.stderr:write("moonbox: shutdown: ", errors.format(hook_err), "\n") end
+  end
+end
+
+-- Called once by the host before the Lua state closes.
+function M.shutdown()
+  if #exit_hooks == 0 then return end
+  local ok, err = pcall(async.run, run_hooks)
   if not ok then io.stderr:write("moonbox: shutdown: ", errors.format(err), "\n") end
+end
+
+-- SIGINT, SIGTERM, SIGHUP to the runtime: kill every sandbox's processes
+-- first, then exit 128 + signal. The watchers do not keep the loop alive.
+local function watch_signals()
+  local core = require "moonbox.core"
+  local watchers = {}
+  for _, name in ipairs { "SIGINT", "SIGTERM", "SIGHUP" } do
+    local w = core.signal()
+    w:start(name, function(signum)
+      for _, x in ipairs(watchers) do x:close() end
+      io.stderr:write(("moonbox: %s: stopping every sandbox\n"):format(name))
+      async.spawn(function()
+        run_hooks()
+        os.exit(128 + signum)
+      end)
+    end)
+    w:unref()
+    watchers[#watchers + 1] = w
+  end
+  return watchers
 end
 
 -- main(chunk, drive, ...) -> ok, message. With drive (the runtime owns the
@@ -29,12 +52,14 @@ end
 -- drive it, recording an error in M.last_error.
 function M.main(chunk, drive, ...)
   if drive then
+    local watchers = watch_signals()
     local ok, err = xpcall(async.run, function(e)
       if errors.is_error(e) or type(e) ~= "string" then return e end
       -- a task's error already carries the task's traceback: the runner's own adds nothing
       if e:find("\nstack traceback:\n", 1, true) then return e end
       return debug.traceback(e, 2)
     end, chunk, ...)
+    for _, w in ipairs(watchers) do w:close() end
     if ok then return true end
     return false, errors.format(err)
   end

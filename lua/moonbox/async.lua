@@ -190,6 +190,13 @@ end
 
 function M.pending() return live end
 
+-- Tracebacks of every unfinished task, for diagnosing a hang.
+function M.dump_tasks()
+  local out = {}
+  for t in pairs(live_tasks) do out[#out + 1] = debug.traceback(t.co, "task " .. tostring(t), 0) end
+  return out
+end
+
 -- Errors raised inside core callbacks (outside any task) are bugs; keep them
 -- so the run fails instead of printing from deep inside C.
 local callback_errors = {}

@@ -210,6 +210,7 @@ end
 function Sandbox:getSession(id)
   self:_check_live()
   V.type(id, "string", "sessionId")
+  if id == "default" then return self:_default() end -- created on first use
   local s = self.sessions[id]
   if type(s) ~= "table" then
     errors.raise("SESSION_NOT_FOUND", ("session %q does not exist"):format(id), { sessionId = id })
