@@ -374,5 +374,6 @@ LUALIB_API int luaopen_moonbox_core(lua_State *L) {
   mb_open_magic(L);
   mb_open_fsevent(L);
   mb_open_tcp(L);
+  mb_open_seccomp(L);
   return 1;
 }

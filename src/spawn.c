@@ -320,6 +320,8 @@ static int spawn(lua_State *L) {
   p->setsid = lua_toboolean(L, -1);
   lua_getfield(L, 1, "setpgid");
   p->setpgid = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "seccomp");
+  p->seccomp = lua_isnil(L, -1) ? NULL : mb_seccomp_check(L, lua_gettop(L));
   lua_getfield(L, 1, "ctty");
   p->ctty = lua_isnil(L, -1) ? -1 : (int)luaL_checkinteger(L, -1);
   lua_getfield(L, 1, "pdeathsig");

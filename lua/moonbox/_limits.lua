@@ -72,6 +72,8 @@ function M.setup(sb)
     end
   end
   if not next(out.rlimits) then out.rlimits = nil end
+  out.seccomp = require("moonbox.seccomp").filter(sb.policy.seccomp)
+  out.seccomp_profile = out.seccomp and (sb.policy.seccomp or "default") or "none"
   if #out.extra_cgroups == 0 then out.extra_cgroups = nil end
   table.sort(out.not_enforced)
   return out

@@ -122,6 +122,7 @@ function M.spawn(opts)
     cgroup = opts.cgroup,
     extra_cgroups = opts.extra_cgroups,
     rlimits = opts.rlimits,
+    seccomp = opts.seccomp,
     on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
   }
   if not proc then return nil, pipes_or_err, code end

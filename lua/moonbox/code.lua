@@ -71,6 +71,7 @@ local function start_kernel(ctx)
   local proc, pipes, code = core.spawn {
     args = argv, env = ctx.env, cwd = ctx.host_cwd, setsid = true, pdeathsig = "SIGKILL", cgroup = k.cgroup,
     extra_cgroups = ctx.sandbox.limits_state.extra_cgroups, rlimits = ctx.sandbox.limits_state.rlimits,
+    seccomp = ctx.sandbox.limits_state.seccomp,
     stdio = { [0] = "pipe", [1] = "pipe", [2] = "pipe", [3] = "out" },
     on_exit = function(exit_code, signal) k:_exited(exit_code, signal) end,
   }

@@ -327,6 +327,7 @@ function Session:startProcess(command, opts)
     cgroup = p._cgroup,
     extra_cgroups = sb.limits_state.extra_cgroups,
     rlimits = sb.limits_state.rlimits,
+    seccomp = sb.limits_state.seccomp,
     on_exit = function(exit_code, signal) p:_exited(exit_code, signal) end,
   }
   if not proc then

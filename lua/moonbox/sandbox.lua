@@ -274,6 +274,7 @@ function Sandbox:info()
     id = self.id, root = self.root, isolation = self.isolation, requestedIsolation = self.requested_isolation,
     network = self.network, namespaces = {}, cgroup = cgroup, killMode = tree.mode(), limits = in_force,
     enforcement = util.copy(self.limits_state.enforced), notEnforced = util.copy(self.limits_state.not_enforced),
+    seccomp = self.limits_state.seccomp_profile, noNewPrivs = self.limits_state.seccomp ~= nil,
   }
 end
 

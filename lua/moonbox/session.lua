@@ -52,6 +52,7 @@ function Session:_start_shell()
     shell = self.sandbox.policy.shell,
     extra_cgroups = self.sandbox.limits_state.extra_cgroups,
     rlimits = self.sandbox.limits_state.rlimits,
+    seccomp = self.sandbox.limits_state.seccomp,
   }
   if not sh then
     errors.raise("SHELL_START_FAILED", "cannot start the session shell: " .. tostring(err),

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <linux/seccomp.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -23,7 +24,7 @@ static const char *const stage_names[] = {
   [MB_STAGE_PDEATHSIG] = "pdeathsig", [MB_STAGE_CGROUP] = "cgroup", [MB_STAGE_FDS] = "fd setup", [MB_STAGE_CTTY] = "controlling tty",
   [MB_STAGE_RLIMIT] = "setrlimit", [MB_STAGE_CHDIR] = "chdir", [MB_STAGE_SETGID] = "setgid",
   [MB_STAGE_SETUID] = "setuid", [MB_STAGE_SIGNALS] = "signal reset",
-  [MB_STAGE_CLOSE_FDS] = "close fds", [MB_STAGE_EXEC] = "exec",
+  [MB_STAGE_CLOSE_FDS] = "close fds", [MB_STAGE_SECCOMP] = "seccomp", [MB_STAGE_EXEC] = "exec",
 };
 
 const char *mb_stage_name(int stage) {
@@ -161,6 +162,14 @@ static int step_close_fds(const mb_child_plan *p) {
   return 0;
 }
 
+/* Last before exec: nothing after this needs a call the filter may deny. */
+static int step_seccomp(const mb_child_plan *p) {
+  if (!p->seccomp) return 0;
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return MB_STAGE_SECCOMP;
+  if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p->seccomp) < 0) return MB_STAGE_SECCOMP;
+  return 0;
+}
+
 static int step_exec(const mb_child_plan *p) {
   int err = ENOENT;
   for (int i = 0; i < p->ncandidates; i++) {
@@ -186,6 +195,7 @@ int mb_child_main(void *arg) {
       (stage = step_ids(p)) ||
       (stage = step_signals()) ||
       (stage = step_close_fds(p)) ||
+      (stage = step_seccomp(p)) ||
       (stage = step_exec(p)))
     fail(p, stage, errno);
   return 127;

@@ -7,6 +7,7 @@
 #ifndef MOONBOX_CHILD_H
 #define MOONBOX_CHILD_H
 
+#include <linux/filter.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 
@@ -38,6 +39,7 @@ typedef enum {
   MB_STAGE_SETUID,
   MB_STAGE_SIGNALS,
   MB_STAGE_CLOSE_FDS,
+  MB_STAGE_SECCOMP,
   MB_STAGE_EXEC,
 } mb_stage;
 
@@ -67,6 +69,7 @@ typedef struct {
   uid_t uid;
   gid_t gid;
   int report_fd;                 /* write end of the close-on-exec error pipe */
+  const struct sock_fprog *seccomp; /* installed last, with no_new_privs; NULL: none */
 } mb_child_plan;
 
 /* Entry point for clone(); never returns on success. */
