@@ -243,6 +243,18 @@ describe("timeouts", function()
     end)
   end)
 
+  it("kills a command that starts after its timeout already fired (regression: it ran to the end)", function()
+    with_sandbox(function(sb)
+      sb:exec("export KEEP=1")
+      for i = 1, 30 do
+        local r = sb:exec(i % 2 == 0 and { "sleep", "5" } or "sleep 5", { timeout = 1 + i % 3 })
+        assert.is_true(r.timedOut)
+        assert.is_true(r.duration < 2000, "took " .. r.duration .. " ms")
+      end
+      assert.equal("1\n", sb:exec("echo $KEEP").stdout)
+    end)
+  end)
+
   it("lets a per-call timeout override the session's commandTimeoutMs", function()
     with_sandbox(function(sb)
       local s = sb:createSession { commandTimeoutMs = 5000 }

@@ -80,7 +80,21 @@ static int sys_devnull(lua_State *L) {
   return 1;
 }
 
+/* core.write_fd(fd, data) -> bytes written | nil, msg, code. One write(2):
+ * for small data into a fresh pipe, which takes 64 KiB without blocking. */
+static int sys_write_fd(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1);
+  size_t len;
+  const char *data = luaL_checklstring(L, 2, &len);
+  ssize_t n;
+  do n = write(fd, data, len); while (n < 0 && errno == EINTR);
+  if (n < 0) return mb_push_errno(L, errno, "write");
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
 static const luaL_Reg sys_funcs[] = {
+  {"write_fd", sys_write_fd},
   {"dup_to", sys_dup_to}, {"devnull", sys_devnull},
   {"readdir", sys_readdir}, {"mkdir", sys_mkdir}, {"rmdir", sys_rmdir},
   {"time", sys_time},

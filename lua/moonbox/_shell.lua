@@ -23,6 +23,7 @@ local async = require "moonbox.async"
 local M = {}
 
 local CONTROL_FD, STATUS_FD = 60, 61
+local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-pages-soft
 local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 
 local rt_pid = core.getpid()
@@ -41,9 +42,11 @@ local function prelude(slots)
   }
   local lines = {
     "shopt -s expand_aliases",
-    "__mb_report() { builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\" >&61;" ..
-      " builtin export -p >&61; builtin printf '\\0' >&61; }",
-    "trap '__mb_report \"${__mb_id:-0}\" \"$?\" exit' EXIT",
+    "__mb_report() { builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\";" ..
+      " builtin export -p; builtin printf '\\0'; } >&61",
+    -- a subshell hit by a signal right after fork may still run this trap:
+    -- only the shell itself reports its exit
+    "trap '__mb_s=$?; [ \"$BASHPID\" = \"$$\" ] && __mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit' EXIT",
     "__mb_id=0",
   }
   for i, shape in ipairs(shapes) do
@@ -221,6 +224,13 @@ function Shell:run(req)
   local function feed(slot, data)
     local r, w = pipe()
     place(slot, r)
+    if #data <= PIPE_CAPACITY then
+      -- an empty pipe takes this much without blocking: no stream needed
+      local n = core.write_fd(w, data)
+      core.close_fd(w)
+      if n ~= #data then error("short write to a fresh pipe", 0) end
+      return
+    end
     local s = core.stream_open(w)
     feeders[#feeders + 1] = s
     s:write(data, function() s:close() end)
@@ -274,14 +284,21 @@ function Shell:run(req)
   return record
 end
 
--- Wait (in a task) until the shell process has exited and been reaped.
-function Shell:wait_exit()
+-- Wait (in a task) until the shell process has exited and been reaped. A
+-- shell that said it was exiting gets limit_ms to do so, then SIGKILL.
+function Shell:wait_exit(limit_ms)
   if self.dead then return end
   async.await(function(resume)
+    local timer
     local prev = self.on_exit
     self.on_exit = function(...)
+      if timer and not timer:is_closing() then timer:close() end
       if prev then prev(...) end
       resume()
+    end
+    if limit_ms then
+      timer = core.timer()
+      timer:start(limit_ms, 0, function() timer:close() self:kill("SIGKILL") end)
     end
   end, "shell exit")
 end

@@ -88,15 +88,20 @@ function Session:_cmd_cgroup()
   return self.cmd_cgroup
 end
 
--- Signal every process of the running command, but not the shell itself.
-function Session:_signal_command(sig)
+-- Signal every process of the running command, but not the shell itself;
+-- `seen` (optional) skips pids signalled by an earlier pass. The shell stays
+-- in the command's cgroup until it reports, so a command it forks late (the
+-- timeout fired first) is still born there and caught by the next pass.
+function Session:_signal_command(sig, seen)
   if self.cmd_cgroup then
-    tree.move(self.cgroup, self.shell.pid) -- the shell leaves, its command stays
-    if sig == "SIGKILL" then
-      tree.kill_cgroup(self.cmd_cgroup)
-    else
-      tree.signal_pids(tree.cgroup_pids(self.cmd_cgroup), sig)
+    local pids = {}
+    for _, pid in ipairs(tree.cgroup_pids(self.cmd_cgroup)) do
+      if pid ~= self.shell.pid and not (seen and seen[pid]) then
+        pids[#pids + 1] = pid
+        if seen then seen[pid] = true end
+      end
     end
+    tree.signal_pids(pids, sig)
   else
     local pids = tree.descendants(self.shell.pid)
     for _, pid in ipairs(tree.adopted(self.sandbox._known_pids())) do pids[#pids + 1] = pid end
@@ -152,7 +157,7 @@ function Session:_run(command, opts, sink)
     errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
   end
   if not self.shell or not self.shell:usable() then
-    if self.shell then self.shell:wait_exit() end -- it reported its own exit
+    if self.shell then self.shell:wait_exit(2000) end -- it reported its own exit
     self:_start_shell()
   end
   local sh = self.shell
@@ -194,8 +199,14 @@ function Session:_run(command, opts, sink)
       timed_out = true
       grace_deadline = util.now_ms() + grace
       if sh.dead then return end
-      self:_signal_command("SIGTERM")
+      local termed = {}
+      self:_signal_command("SIGTERM", termed)
+      -- processes started after this pass get their SIGTERM too
+      local again = core.timer()
+      timers[4] = again
+      again:start(20, 20, function() if not sh.dead then self:_signal_command("SIGTERM", termed) end end)
       timers[2] = after(grace, function()
+        again:stop()
         if sh.dead or sh.waiting == nil then return end
         self:_signal_command("SIGKILL")
         -- a shell busy in a builtin loop never reports: end it too
@@ -239,7 +250,7 @@ function Session:_run(command, opts, sink)
   local exit_code = record.status
   if record.exiting and not self.destroyed then
     -- the EXIT trap ran; a shell killed by a signal (kill $$) reports 128+N
-    sh:wait_exit()
+    sh:wait_exit(2000)
     if sh.exit_signal and sh.exit_signal > 0 then exit_code = 128 + sh.exit_signal end
   end
   if timed_out then exit_code = 124 end
