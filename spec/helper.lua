@@ -83,3 +83,30 @@ function run_task(fn)
   helper.assert_clean()
   return unpack(results)
 end
+
+-- A sandbox with a fresh temporary root, unique in this process.
+local sandbox_seq = 0
+function helper.new_sandbox(opts)
+  sandbox_seq = sandbox_seq + 1
+  opts = opts or {}
+  opts.root = io.popen("mktemp -d"):read("*l")
+  return moonbox.getSandbox(("spec-%d-%d"):format(core.getpid(), sandbox_seq), opts)
+end
+
+-- run_task(fn(sandbox)) with a new sandbox that is destroyed afterwards,
+-- whether fn fails or not.
+function helper.with_sandbox(fn, opts)
+  return run_task(function()
+    local sb = helper.new_sandbox(opts)
+    local ok, err = pcall(fn, sb)
+    sb:destroy()
+    if not ok then error(err, 0) end
+  end)
+end
+
+-- The error a call raises (it must raise).
+function helper.error_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected an error")
+  return err
+end

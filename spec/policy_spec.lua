@@ -4,22 +4,7 @@ local moonbox = require "moonbox"
 local core = require "moonbox.core"
 local policy = require "moonbox.policy"
 
-local seq = 0
-local function new_sandbox(opts)
-  seq = seq + 1
-  opts = opts or {}
-  opts.root = io.popen("mktemp -d"):read("*l")
-  return moonbox.getSandbox(("pol-%d-%d"):format(core.getpid(), seq), opts)
-end
-
-local function with_sandbox(opts, fn)
-  return run_task(function()
-    local sb = new_sandbox(opts)
-    local ok, err = pcall(fn, sb)
-    sb:destroy()
-    if not ok then error(err, 0) end
-  end)
-end
+local function with_sandbox(opts, fn) return helper.with_sandbox(fn, opts) end
 
 local function err_of(fn, ...)
   local ok, err = pcall(fn, ...)

@@ -3,18 +3,7 @@
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
 
-local seq = 0
-local function with_sandbox(fn, opts)
-  return run_task(function()
-    seq = seq + 1
-    opts = opts or {}
-    opts.root = io.popen("mktemp -d"):read("*l")
-    local sb = moonbox.getSandbox(("proc-%d-%d"):format(core.getpid(), seq), opts)
-    local ok, err = pcall(fn, sb)
-    sb:destroy()
-    if not ok then error(err, 0) end
-  end)
-end
+local with_sandbox = helper.with_sandbox
 
 local function code_of(fn, ...)
   local ok, err = pcall(fn, ...)

@@ -2,23 +2,7 @@
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
 
-local seq = 0
-local function new_sandbox(opts)
-  seq = seq + 1
-  local tmp = io.popen("mktemp -d"):read("*l")
-  opts = opts or {}
-  opts.root = tmp
-  return moonbox.getSandbox(("spec-%d-%d"):format(core.getpid(), seq), opts)
-end
-
-local function with_sandbox(fn, opts)
-  return run_task(function()
-    local sb = new_sandbox(opts)
-    local ok, err = pcall(fn, sb)
-    sb:destroy()
-    if not ok then error(err, 0) end
-  end)
-end
+local with_sandbox = helper.with_sandbox
 
 local function alive(pid) return helper.pid_alive(pid) end
 

@@ -2,17 +2,7 @@
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
 
-local seq = 0
-local function with_sandbox(fn)
-  return run_task(function()
-    seq = seq + 1
-    local sb = moonbox.getSandbox(("term-%d-%d"):format(core.getpid(), seq),
-      { root = io.popen("mktemp -d"):read("*l") })
-    local ok, err = pcall(fn, sb)
-    sb:destroy()
-    if not ok then error(err, 0) end
-  end)
-end
+local with_sandbox = helper.with_sandbox
 
 -- Read until the accumulated output matches pattern (or fail after 5 s).
 local function expect(t, pattern)

@@ -1,19 +1,7 @@
 -- The default seccomp profile: each attempt fails, with the reason asserted.
 local moonbox = require "moonbox"
-local core = require "moonbox.core"
 
-local seq = 0
-local function with_sandbox(fn, opts)
-  return run_task(function()
-    seq = seq + 1
-    opts = opts or {}
-    opts.root = io.popen("mktemp -d"):read("*l")
-    local sb = moonbox.getSandbox(("sec-%d-%d"):format(core.getpid(), seq), opts)
-    local ok, err = pcall(fn, sb)
-    sb:destroy()
-    if not ok then error(err, 0) end
-  end)
-end
+local with_sandbox = helper.with_sandbox
 
 local py = function(code) return { "python3", "-c", code } end
 
