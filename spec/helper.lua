@@ -16,23 +16,27 @@ helper = {}
 function helper.children()
   local me = core.getpid()
   local kids = {}
-  -- the listing process is itself our child until p:close() reaps it: it
-  -- prints its own pid first (the shell execs ls) so that it can be skipped
-  local p = io.popen("echo $$; exec ls /proc")
-  local lister = tonumber(p:read("*l"))
-  for name in p:lines() do
-    if name:match("^%d+$") and tonumber(name) ~= lister then
+  for _, name in ipairs(core.readdir("/proc") or {}) do
+    if name:match("^%d+$") then
       local f = io.open("/proc/" .. name .. "/stat")
       local stat = f and f:read("*a")
       if f then f:close() end
       if stat then
-        local state, ppid = stat:match("%) (%S) (%d+)")
-        if tonumber(ppid) == me then kids[#kids + 1] = { pid = tonumber(name), state = state } end
+        local comm, state, ppid = stat:match("%((.*)%) (%S) (%d+)")
+        if tonumber(ppid) == me then kids[#kids + 1] = { pid = tonumber(name), state = state, comm = comm } end
       end
     end
   end
-  p:close()
   return kids
+end
+
+-- Output of a shell command (stripped of one trailing newline); the pipe is
+-- closed at once, so its shell never lingers as our zombie.
+function helper.sh(cmd)
+  local p = io.popen(cmd)
+  local out = p:read("*a")
+  p:close()
+  return (out:gsub("\n$", ""))
 end
 
 function helper.pid_alive(pid)
@@ -43,11 +47,12 @@ function helper.pid_alive(pid)
   return not stat:match("%) Z ")
 end
 
--- Let pending close callbacks and exit notifications run.
+-- Let pending close callbacks and exit notifications run; orphans the
+-- runtime adopted (it is a child subreaper) are reaped on the loop too.
 function helper.settle()
-  for _ = 1, 50 do
+  for _ = 1, 100 do
     core.run("nowait")
-    if core.open_handles() == 0 and core.spawn_stats().running == 0 then break end
+    if core.open_handles() == 0 and core.spawn_stats().running == 0 and #helper.children() == 0 then break end
     os.execute("sleep 0.01")
   end
 end
@@ -59,8 +64,8 @@ function helper.assert_clean()
   assert(running == 0, ("%d spawned process(es) still running"):format(running))
   local kids = helper.children()
   -- anything else is a leak
-  assert(#kids == 0, ("%d child process(es) left behind, first pid %s state %s"):format(
-    #kids, kids[1] and kids[1].pid, kids[1] and kids[1].state))
+  assert(#kids == 0, ("%d child process(es) left behind, first pid %s (%s) state %s"):format(
+    #kids, kids[1] and kids[1].pid, kids[1] and kids[1].comm, kids[1] and kids[1].state))
 end
 
 -- A spec that hangs fails with the tracebacks of its waiting tasks instead
@@ -89,7 +94,7 @@ local sandbox_seq = 0
 function helper.new_sandbox(opts)
   sandbox_seq = sandbox_seq + 1
   opts = opts or {}
-  opts.root = io.popen("mktemp -d"):read("*l")
+  opts.root = helper.sh("mktemp -d")
   return moonbox.getSandbox(("spec-%d-%d"):format(core.getpid(), sandbox_seq), opts)
 end
 

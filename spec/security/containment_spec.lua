@@ -1,0 +1,122 @@
+-- Containment (issue #5): each attack is stopped by its limit while a second
+-- sandbox keeps answering exec("true") (its p99 stays under 10x its idle p99).
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+
+local function ms() return core.hrtime() / 1e6 end
+
+local function p99(samples)
+  table.sort(samples)
+  return samples[math.max(1, math.ceil(#samples * 0.99))]
+end
+
+-- p99 of exec("true") in `probe` while attack() runs (at least 20 samples)
+local function responsiveness(probe, attack)
+  local samples, done = {}, false
+  local results = moonbox.all(
+    function() local r = attack() done = true return r end,
+    function()
+      while not done or #samples < 20 do
+        local t = ms()
+        probe:exec("true")
+        samples[#samples + 1] = ms() - t
+        moonbox.sleep(5)
+      end
+    end)
+  return results[1], p99(samples)
+end
+
+local function idle_p99(probe)
+  local samples = {}
+  for i = 1, 50 do
+    local t = ms()
+    probe:exec("true")
+    samples[i] = ms() - t
+  end
+  return math.max(p99(samples), 2) -- a floor: timer resolution on a busy 2-core machine
+end
+
+local function with_pair(limits, fn)
+  return run_task(function()
+    local attacked = helper.new_sandbox { limits = limits }
+    local probe = helper.new_sandbox()
+    local ok, err = pcall(fn, attacked, probe)
+    attacked:destroy()
+    probe:destroy()
+    if not ok then error(err, 0) end
+  end)
+end
+
+describe("containment", function()
+  it("stops a fork bomb at the pids limit", function()
+    with_pair({ pids = 64 }, function(sb, probe)
+      local info = sb:info()
+      if not info.enforcement.pids then
+        -- never run a real fork bomb without a limit; the host must say so
+        assert.same({ "pids" }, info.notEnforced)
+        return
+      end
+      local idle = idle_p99(probe)
+      local r, busy = responsiveness(probe, function()
+        return sb:exec("bomb() { bomb | bomb & }; bomb; sleep 2", { timeout = 2000 })
+      end)
+      assert.is_true(r.timedOut)
+      assert.is_true(busy < 10 * idle, ("p99 %.1f ms under attack, idle %.1f ms"):format(busy, idle))
+      assert.equal("alive\n", sb:exec("echo alive").stdout)
+    end)
+  end)
+
+  it("kills a memory bomb with 137 and says so", function()
+    with_pair({ memoryBytes = 128 * 1024 * 1024 }, function(sb, probe)
+      if not sb:info().enforcement.memoryBytes then
+        assert.same({ "memoryBytes" }, sb:info().notEnforced)
+        return
+      end
+      local idle = idle_p99(probe)
+      local r, busy = responsiveness(probe, function()
+        return sb:exec("python3 -c 'b = []\nwhile True: b.append(bytearray(16 << 20))'")
+      end)
+      assert.equal(137, r.exitCode)
+      assert.is_true(r.oomKilled)
+      assert.is_true(busy < 10 * idle, ("p99 %.1f ms under attack, idle %.1f ms"):format(busy, idle))
+    end)
+  end)
+
+  it("bounds a yes flood", function()
+    with_pair({ maxOutputBytes = 1024 * 1024 }, function(sb, probe)
+      local idle = idle_p99(probe)
+      local r, busy = responsiveness(probe, function() return sb:exec("yes", { timeout = 1500 }) end)
+      assert.is_true(r.timedOut)
+      assert.is_true(r.truncated)
+      assert.equal(1024 * 1024, #r.stdout)
+      assert.is_true(busy < 10 * idle, ("p99 %.1f ms under attack, idle %.1f ms"):format(busy, idle))
+    end)
+  end)
+
+  it("stops a CPU hog at its CPU time limit", function()
+    with_pair({ cpuTime = 1 }, function(sb, probe)
+      local idle = idle_p99(probe)
+      local r, busy = responsiveness(probe, function() return sb:exec("bash -c 'while :; do :; done'") end)
+      -- SIGXCPU at the soft limit; SIGKILL if the hard limit (the same) comes first
+      assert.is_true(r.exitCode == 128 + 24 or r.exitCode == 137, "exit " .. r.exitCode)
+      assert.is_true(busy < 10 * idle, ("p99 %.1f ms under attack, idle %.1f ms"):format(busy, idle))
+    end)
+  end)
+
+  it("removes 10 nested setsid double-forked daemons on destroy", function()
+    run_task(function()
+      local sb = helper.new_sandbox()
+      local marker = "mbdaemon" .. core.getpid()
+      local script = ("d() { if [ $1 -gt 0 ]; then (setsid bash -c \"exec -a %s-$1 sleep 1000\" & " ..
+        "(setsid bash -c 'd() { :; }; sleep 1000' &) ; d $(($1 - 1))) & fi; }; d 10; sleep 0.5"):format(marker)
+      sb:exec(script)
+      sb:startProcess(script)
+      moonbox.sleep(700)
+      local before = tonumber(helper.sh("pgrep -f '[m]" .. marker:sub(2) .. "' | wc -l"))
+      assert.is_true(before >= 10, "daemons running: " .. before)
+      sb:destroy()
+      local after = helper.sh("pgrep -f '[m]" .. marker:sub(2) .. "' | wc -l")
+      assert.equal("0", after)
+    end)
+  end)
+end)
