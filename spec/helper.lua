@@ -10,6 +10,16 @@ package.cpath = build .. "/lib/?.so;" .. package.cpath
 local core = require "moonbox.core"
 local moonbox = require "moonbox"
 
+-- The sanitizer build preloads libasan into luajit; the shell commands specs
+-- run for setup and checks (pgrep, mktemp, ...) must not inherit it (pgrep
+-- under a preloaded ASan runtime can hang). Sandbox processes never see it:
+-- their environment is exact.
+if os.getenv("LD_PRELOAD") then
+  local popen, execute = io.popen, os.execute
+  io.popen = function(cmd, mode) return popen("unset LD_PRELOAD; " .. cmd, mode) end -- luacheck: ignore 122
+  os.execute = function(cmd) return execute(cmd and ("unset LD_PRELOAD; " .. cmd)) end -- luacheck: ignore 122
+end
+
 helper = {}
 
 -- pids whose parent is us (running or zombie)
@@ -53,7 +63,12 @@ function helper.settle()
   for _ = 1, 100 do
     core.run("nowait")
     if core.open_handles() == 0 and core.spawn_stats().running == 0 and #helper.children() == 0 then break end
-    os.execute("sleep 0.01")
+    local t = core.timer() -- wait 10 ms on the loop, where exits and closes arrive
+    local fired = false
+    t:start(10, 0, function() fired = true end)
+    while not fired do core.run("once") end
+    t:close()
+    core.run("nowait")
   end
 end
 
