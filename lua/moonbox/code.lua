@@ -284,6 +284,17 @@ local function run_in(ctx, code, timeout, limit, emit)
       if msg.type == "result" and type(msg.data) == "table" then
         local r = msg.data
         if r.json == cjson.null then r.json = nil end
+        -- results are bounded like output: a representation past the limit
+        -- is cut (json, which cannot be cut, is dropped) and marked
+        for key, value in pairs(r) do
+          if type(value) == "string" and #value > limit then
+            r[key] = value:sub(1, limit)
+            r.truncated, truncated = true, true
+          end
+        end
+        if r.json ~= nil and #(cjson.encode(r.json) or "") > limit then
+          r.json, r.truncated, truncated = nil, true, true
+        end
         table.insert(exec.results, r)
         emit { type = "result", result = r, timestamp = util.timestamp() }
       elseif msg.type == "error" and type(msg.error) == "table" then
