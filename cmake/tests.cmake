@@ -32,6 +32,25 @@ foreach(spec ${SPEC_FILES})
   set_tests_properties(spec.${name} PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 600)
 endforeach()
 
+# A subset again as an unprivileged user (when the tests run as root): no
+# cgroup delegation, so trees are tracked through /proc and the runtime is a
+# child subreaper ("proc" kill mode, docs/sessions.md).
+find_program(RUNUSER_BIN runuser)
+execute_process(COMMAND id -u OUTPUT_VARIABLE BUILD_UID OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZE)
+  foreach(spec spec/session_spec.lua spec/process_spec.lua spec/terminal_spec.lua
+          spec/security/containment_spec.lua)
+    string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
+    string(REPLACE "/" "." name ${name})
+    add_test(NAME unprivileged.${name}
+      COMMAND ${RUNUSER_BIN} -u nobody -- env HOME=/tmp MOONBOX_BUILD_DIR=${CMAKE_BINARY_DIR}
+        MOONBOX_SOURCE_DIR=${CMAKE_SOURCE_DIR} MOONBOX_BIN=$<TARGET_FILE:moonbox_cli>
+        ${LUAJIT_BIN} ${BUSTED_BIN} --helper=spec/helper.lua -o utfTerminal ${spec}
+      WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(unprivileged.${name} PROPERTIES TIMEOUT 600)
+  endforeach()
+endif()
+
 add_test(NAME luacheck COMMAND ${LUACHECK_BIN} --no-color lua spec examples bench
   WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 

@@ -142,6 +142,40 @@ function M.adopted(known)
   return out
 end
 
+-- In proc mode a process that left its tree (setsid and double fork) is
+-- attributed by the marker every sandbox process inherits in its
+-- environment: MOONBOX_OWNER=<runtime pid>/<sandbox>/<session>, unique on
+-- the machine. Best effort: a process that cleared its environment is not
+-- found this way.
+function M.owner(sandbox_id, session_id)
+  return ("%d/%s/%s"):format(core.getpid(), sandbox_id, session_id or "")
+end
+
+-- pids whose environment has name=value (prefix: name=value...)
+function M.pids_with_env(name, value, prefix)
+  local needle = "\0" .. name .. "=" .. value .. (prefix and "" or "\0")
+  local me, out = core.getpid(), {}
+  for _, entry in ipairs(core.readdir("/proc") or {}) do
+    local pid = tonumber(entry)
+    if pid and pid ~= me then
+      local env = util.read_file("/proc/" .. entry .. "/environ")
+      if env and ("\0" .. env):find(needle, 1, true) then out[#out + 1] = pid end
+    end
+  end
+  return out
+end
+
+-- Kill (SIGKILL) every process carrying the marker, a few passes so that
+-- children forked meanwhile are caught too; proc mode only.
+function M.kill_marked(name, value, sleep, prefix)
+  for _ = 1, 20 do
+    local pids = M.pids_with_env(name, value, prefix)
+    if #pids == 0 then return end
+    M.signal_pids(pids, "SIGKILL")
+    sleep(10)
+  end
+end
+
 function M.signal_pids(pids, sig)
   local n = 0
   for _, pid in ipairs(pids) do

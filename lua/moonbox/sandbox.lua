@@ -142,6 +142,7 @@ function Sandbox:_session_env(extra)
   local env = {}
   for k, v in pairs(self.policy.env) do env[k] = v end
   env.HOME = env.HOME or os.getenv("HOME") or "/root"
+  env.MOONBOX_SANDBOX = self.id
   for _, layer in ipairs { self.env, extra or {} } do
     for k, v in pairs(layer) do
       if v == false then env[k] = nil else env[k] = v end
@@ -231,8 +232,10 @@ function Sandbox:deleteSession(id)
   if id == "default" then V.fail("sessionId", "the default session cannot be deleted") end
   local s = self:getSession(id)
   self.sessions[id] = nil
-  s:_destroy()
+  -- its processes first, so they end as "killed" (ours) before the session's
+  -- sweep reaches them
   require("moonbox.process").kill_all(self, id)
+  s:_destroy()
   return { success = true, sessionId = id, timestamp = util.timestamp() }
 end
 
@@ -284,13 +287,16 @@ function Sandbox:destroy(opts)
   opts = V.options(opts, { keepFiles = true }, "destroy options")
   self.destroyed = true
   registry[self.id] = nil
+  require("moonbox.process").kill_all(self)
   for id, s in pairs(self.sessions) do
     self.sessions[id] = nil
     if type(s) == "table" then s:_destroy() end
   end
-  require("moonbox.process").kill_all(self)
   require("moonbox.code").kill_all(self)
   require("moonbox.terminal").close_all(self)
+  if tree.mode() ~= "cgroup" then
+    tree.kill_marked("MOONBOX_OWNER", tree.owner(self.id, ""), async.sleep, true) -- prefix: every session
+  end
   if tree.mode() == "cgroup" then
     local dir = tree.base() .. "/" .. self.cgroup_name
     tree.kill_cgroup(dir)

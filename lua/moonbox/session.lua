@@ -45,8 +45,11 @@ function M.new(sandbox, id, opts)
 end
 
 function Session:_start_shell()
+  local env = self:current_env()
+  -- proc mode: processes that leave the tree stay attributable (_tree.lua)
+  env.MOONBOX_OWNER = tree.owner(self.sandbox.id, self.id)
   local sh, err, code = shell_mod.spawn {
-    env = self:current_env(),
+    env = env,
     cwd = util.is_dir(self.cwd) and self.cwd or self.sandbox.workspace,
     cgroup = self.cgroup,
     shell = self.sandbox.policy.shell,
@@ -88,6 +91,19 @@ function Session:_cmd_cgroup()
   return self.cmd_cgroup
 end
 
+-- proc mode: orphans the runtime adopted that came from this session
+function Session:_marked_orphans()
+  local mine = {}
+  for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id))) do
+    mine[pid] = true
+  end
+  local out = {}
+  for _, pid in ipairs(tree.adopted(self.sandbox._known_pids())) do
+    if mine[pid] then out[#out + 1] = pid end
+  end
+  return out
+end
+
 -- Signal every process of the running command, but not the shell itself;
 -- `seen` (optional) skips pids signalled by an earlier pass. The shell stays
 -- in the command's cgroup until it reports, so a command it forks late (the
@@ -104,7 +120,7 @@ function Session:_signal_command(sig, seen)
     tree.signal_pids(pids, sig)
   else
     local pids = tree.descendants(self.shell.pid)
-    for _, pid in ipairs(tree.adopted(self.sandbox._known_pids())) do pids[#pids + 1] = pid end
+    for _, pid in ipairs(self:_marked_orphans()) do pids[#pids + 1] = pid end
     tree.signal_pids(pids, sig)
   end
 end
@@ -121,7 +137,7 @@ function Session:_finish_kill(sh, deadline)
   elseif not sh.dead then
     local function leftovers()
       local pids = tree.descendants(sh.pid)
-      for _, pid in ipairs(tree.adopted(self.sandbox._known_pids())) do pids[#pids + 1] = pid end
+      for _, pid in ipairs(self:_marked_orphans()) do pids[#pids + 1] = pid end
       return pids
     end
     while #leftovers() > 0 and util.now_ms() < deadline do async.sleep(10) end
@@ -416,6 +432,10 @@ function Session:_destroy()
     tree.kill_cgroup(self.cgroup)
   elseif sh and not sh.dead then
     tree.signal_pids(tree.descendants(sh.pid), "SIGKILL")
+  end
+  if not self.cgroup then
+    -- also what left the shell's tree (setsid, double fork): it carries our marker
+    tree.kill_marked("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
   end
   if sh and not sh.dead then
     sh:kill("SIGKILL")

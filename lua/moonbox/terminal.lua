@@ -156,7 +156,12 @@ function Terminal:close()
   if self.closed then return end
   self.closed = true
   if not self.exited then
-    if self._cgroup then tree.kill_cgroup(self._cgroup) end
+    if self._cgroup then
+      tree.kill_cgroup(self._cgroup)
+    else
+      -- job control puts background jobs in their own process groups
+      tree.signal_pids(tree.descendants(self.pid), "SIGKILL")
+    end
     core.kill(-self.pid, "SIGKILL")
     core.kill(self.pid, "SIGKILL")
     self:wait()
