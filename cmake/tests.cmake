@@ -43,10 +43,7 @@ if(RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZE)
     string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
     string(REPLACE "/" "." name ${name})
     add_test(NAME unprivileged.${name}
-      COMMAND ${RUNUSER_BIN} -u nobody -- env HOME=/tmp MOONBOX_BUILD_DIR=${CMAKE_BINARY_DIR}
-        MOONBOX_SOURCE_DIR=${CMAKE_SOURCE_DIR} MOONBOX_BIN=$<TARGET_FILE:moonbox_cli>
-        ${LUAJIT_BIN} ${BUSTED_BIN} --helper=spec/helper.lua -o utfTerminal ${spec}
-      WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+      COMMAND sh ${CMAKE_SOURCE_DIR}/spec/run-unprivileged.sh ${CMAKE_BINARY_DIR} ${spec})
     set_tests_properties(unprivileged.${name} PROPERTIES TIMEOUT 600)
   endforeach()
 endif()

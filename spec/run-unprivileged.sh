@@ -1,0 +1,17 @@
+#!/bin/sh
+# Run one spec file as the unprivileged user nobody. The checkout may live
+# where nobody cannot read it (under /root, say), so the runtime is installed
+# into a temporary prefix and the Lua sources and specs are copied next to it.
+set -eu
+build=$1 spec=$2
+src=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d /tmp/moonbox-unpriv.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+mkdir -p "$tmp/build/lib/moonbox" "$tmp/src"
+cp "$build/lib/moonbox/core.so" "$tmp/build/lib/moonbox/"
+cp -r "$src/lua" "$src/spec" "$src/.luacheckrc" "$tmp/src/"
+chmod -R a+rX "$tmp"
+cd "$tmp/src"
+runuser -u nobody -- env HOME=/tmp PATH="$PATH" MOONBOX_BUILD_DIR="$tmp/build" MOONBOX_SOURCE_DIR="$tmp/src" \
+  MOONBOX_BIN="$tmp/prefix/bin/moonbox" luajit /usr/bin/busted --helper=spec/helper.lua -o utfTerminal "$spec"
