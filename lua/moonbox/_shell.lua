@@ -113,7 +113,7 @@ Shell.__index = Shell
 -- spawn{env = map, cwd, cgroup, shell, on_exit(code, signal)}
 function M.spawn(opts)
   local self = setmetatable({ seq = 0, status_buf = {}, waiting = nil, dead = false,
-    on_exit = opts.on_exit }, Shell)
+    on_exit = opts.on_exit, spawn_env = opts.env }, Shell)
   local proc, pipes_or_err, code = core.spawn {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",

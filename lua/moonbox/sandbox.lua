@@ -6,6 +6,7 @@ local errors = require "moonbox.errors"
 local core = require "moonbox.core"
 local policy_mod = require "moonbox.policy"
 local session_mod = require "moonbox.session"
+local shell_mod = require "moonbox._shell"
 local tree = require "moonbox._tree"
 local util = require "moonbox._util"
 local limits = require "moonbox._limits"
@@ -151,13 +152,48 @@ function Sandbox:_session_env(extra)
   return env
 end
 
+-- A warm spare shell for the next createSession (see Session:_adopt). It is
+-- started only once a sandbox creates sessions, outside the caller's time.
+function Sandbox:_take_spare()
+  local spare = self.spare
+  self.spare = nil
+  if spare and not spare:usable() then spare = nil end
+  if not self.destroyed and not self.spare_pending then
+    self.spare_pending = true
+    local t = core.timer()
+    t:start(0, 0, function()
+      t:close()
+      self.spare_pending = false
+      if self.destroyed or self.spare then return end
+      local env = self:_session_env()
+      self.spare = shell_mod.spawn {
+        env = env, cwd = self.workspace, shell = self.policy.shell,
+        cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil,
+        extra_cgroups = self.limits_state.extra_cgroups, rlimits = self.limits_state.rlimits,
+        seccomp = self.limits_state.seccomp,
+      }
+    end)
+  end
+  return spare
+end
+
+function Sandbox:_drop_spare()
+  local spare = self.spare
+  self.spare = nil
+  if spare and not spare.dead then
+    spare:kill("SIGKILL")
+    spare:wait_exit()
+  end
+end
+
 -- pids spawned by the runtime itself (shells), which are not orphans
 function Sandbox._known_pids()
   local known = {}
   for _, sb in pairs(registry) do
     for _, s in pairs(sb.sessions) do
-      if s.shell and not s.shell.dead then known[s.shell.pid] = true end
+      if type(s) == "table" and s.shell and not s.shell.dead then known[s.shell.pid] = true end
     end
+    if sb.spare and not sb.spare.dead then known[sb.spare.pid] = true end
   end
   return known
 end
@@ -288,6 +324,7 @@ function Sandbox:destroy(opts)
   self.destroyed = true
   registry[self.id] = nil
   require("moonbox.process").kill_all(self)
+  self:_drop_spare()
   for id, s in pairs(self.sessions) do
     self.sessions[id] = nil
     if type(s) == "table" then s:_destroy() end

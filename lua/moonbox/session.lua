@@ -40,8 +40,32 @@ function M.new(sandbox, id, opts)
   if tree.mode() == "cgroup" then
     self.cgroup = assert(tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
   end
-  self:_start_shell()
+  local spare = async.in_task() and sandbox:_take_spare()
+  if not (spare and self:_adopt(spare)) then self:_start_shell() end
   return self
+end
+
+-- Take over a sandbox's warm spare shell (started ahead, so a new session
+-- costs one command instead of a bash start-up): move it into our cgroup,
+-- then set our cwd and env in it. false if it could not be set up.
+function Session:_adopt(sh)
+  if self.cgroup then tree.move(self.cgroup, sh.pid) end
+  local want = util.copy(self.env)
+  want.MOONBOX_OWNER = tree.owner(self.sandbox.id, self.id)
+  local lines = { "cd -- " .. util.shell_quote(self.cwd) .. " || exit 1" }
+  for k in pairs(sh.spawn_env) do
+    if want[k] == nil then lines[#lines + 1] = "unset " .. k end
+  end
+  for k, v in pairs(want) do
+    if sh.spawn_env[k] ~= v then lines[#lines + 1] = ("export %s=%s"):format(k, util.shell_quote(v)) end
+  end
+  local record = sh:run { body = table.concat(lines, "\n") .. "\n", on_chunk = function() end }
+  if record.died or record.exiting or record.status ~= 0 then
+    sh:kill("SIGKILL")
+    return false
+  end
+  self.shell, self.cwd, self.exports_text = sh, record.pwd, record.exports
+  return true
 end
 
 function Session:_start_shell()
