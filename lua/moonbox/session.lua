@@ -256,10 +256,8 @@ function Session:_run(command, opts, sink)
       end)
     end)
   end
-  self.running = { shell = sh }
   local oom_before = limits.oom_kills(sb.limits_state)
   local record = sh:run(req)
-  self.running = nil
   for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
 
   if cmd_cg and not sh.dead then
