@@ -20,6 +20,20 @@ function M.shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
+-- Lexically clean an absolute path: "/a/./b/../c" -> "/a/c" (no symlinks
+-- are looked at; confinement is the kernel's job, see _fs.lua).
+function M.normalize(path)
+  local parts = {}
+  for part in path:gmatch("[^/]+") do
+    if part == ".." then
+      if #parts > 0 then parts[#parts] = nil end
+    elseif part ~= "." then
+      parts[#parts + 1] = part
+    end
+  end
+  return "/" .. table.concat(parts, "/")
+end
+
 function M.read_file(path)
   local f = io.open(path, "rb")
   if not f then return nil end

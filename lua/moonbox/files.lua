@@ -57,17 +57,7 @@ end
 
 -- ---- paths ----------------------------------------------------------------
 
-local function normalize(path)
-  local parts = {}
-  for part in path:gmatch("[^/]+") do
-    if part == ".." then
-      if #parts > 0 then parts[#parts] = nil end
-    elseif part ~= "." then
-      parts[#parts + 1] = part
-    end
-  end
-  return "/" .. table.concat(parts, "/")
-end
+local normalize = util.normalize
 
 local function absolute(path)
   if path:sub(1, 1) == "/" then return normalize(path) end

@@ -50,17 +50,7 @@ local function remove_tree(path)
   end
 end
 
-local function normalize(path)
-  local parts = {}
-  for part in path:gmatch("[^/]+") do
-    if part == ".." then
-      if #parts > 0 then parts[#parts] = nil end
-    elseif part ~= "." then
-      parts[#parts + 1] = part
-    end
-  end
-  return "/" .. table.concat(parts, "/")
-end
+local normalize = util.normalize
 
 local get_options = { root = true, isolation = true, network = true, env = true, policy = true, limits = true }
 
