@@ -6,12 +6,7 @@ local core = require "moonbox.core"
 local files = require "moonbox.files"
 
 local seq = 0
-local function mkdtemp()
-  local p = io.popen("mktemp -d")
-  local dir = p:read("*l")
-  p:close()
-  return dir
-end
+local mkdtemp = helper.mkdtemp
 
 local function new_sandbox(opts)
   seq = seq + 1

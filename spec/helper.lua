@@ -49,6 +49,31 @@ function helper.sh(cmd)
   return (out:gsub("\n$", ""))
 end
 
+-- A new empty temporary directory.
+function helper.mkdtemp()
+  local dir = helper.sh("mktemp -d")
+  assert(dir ~= "", "mktemp -d failed")
+  return dir
+end
+
+-- Read a stream until EOF (in a task); returns the data, or nil and the
+-- error name.
+function helper.read_all(stream)
+  return require("moonbox.async").await(function(resume)
+    local parts = {}
+    stream:read_start(function(err, data)
+      if err then
+        resume(nil, err)
+      elseif data == nil then
+        resume(table.concat(parts))
+      else
+        parts[#parts + 1] = data
+      end
+    end)
+    return function() stream:read_stop() end
+  end)
+end
+
 function helper.pid_alive(pid)
   local f = io.open("/proc/" .. pid .. "/stat")
   if not f then return false end
@@ -109,7 +134,7 @@ local sandbox_seq = 0
 function helper.new_sandbox(opts)
   sandbox_seq = sandbox_seq + 1
   opts = opts or {}
-  opts.root = helper.sh("mktemp -d")
+  opts.root = helper.mkdtemp()
   return moonbox.getSandbox(("spec-%d-%d"):format(core.getpid(), sandbox_seq), opts)
 end
 

@@ -4,12 +4,7 @@ local core = require "moonbox.core"
 local async = require "moonbox.async"
 local fs = require "moonbox._fs"
 
-local function mkdtemp()
-  local p = io.popen("mktemp -d")
-  local d = p:read("*l")
-  p:close()
-  return d
-end
+local mkdtemp = helper.mkdtemp
 
 local every_byte = (function()
   local t = {}

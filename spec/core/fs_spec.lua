@@ -45,13 +45,7 @@ local function sh(cmd)
   assert(r == 0 or r == true, "command failed: " .. cmd)
 end
 
-local function mkdtemp()
-  local p = io.popen("mktemp -d")
-  local dir = p:read("*l")
-  p:close()
-  assert(dir and dir ~= "", "mktemp -d failed")
-  return dir
-end
+local mkdtemp = helper.mkdtemp
 
 local function put(path, data)
   local f = assert(io.open(path, "wb"))

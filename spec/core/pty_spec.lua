@@ -6,22 +6,7 @@ local moonbox = require "moonbox"
 
 local PATH = "/usr/local/bin:/usr/bin:/bin"
 
--- Read until EOF; returns the data, or nil and the error name.
-local function read_all(stream)
-  return async.await(function(resume)
-    local parts = {}
-    stream:read_start(function(err, data)
-      if err then
-        resume(nil, err)
-      elseif data == nil then
-        resume(table.concat(parts))
-      else
-        parts[#parts + 1] = data
-      end
-    end)
-    return function() stream:read_stop() end
-  end)
-end
+local read_all = helper.read_all
 
 -- Read until the output matches pattern; returns everything read so far.
 local function read_until(stream, pattern)

@@ -8,21 +8,7 @@ local moonbox = require "moonbox"
 local PATH = "/usr/local/bin:/usr/bin:/bin"
 local SIGPIPE_BIT = 0x1000 -- 1 << (13 - 1)
 
-local function read_all(stream)
-  return async.await(function(resume)
-    local parts = {}
-    stream:read_start(function(err, data)
-      if err then
-        resume(nil, err)
-      elseif data == nil then
-        resume(table.concat(parts))
-      else
-        parts[#parts + 1] = data
-      end
-    end)
-    return function() stream:read_stop() end
-  end)
-end
+local read_all = helper.read_all
 
 -- Read until at least n lines have arrived (without waiting for EOF).
 local function read_lines(stream, n)

@@ -4,22 +4,7 @@ local core = require "moonbox.core"
 local async = require "moonbox.async"
 local moonbox = require "moonbox"
 
--- Read until EOF; returns the data, or nil and the error name.
-local function read_all(stream)
-  return async.await(function(resume)
-    local parts = {}
-    stream:read_start(function(err, data)
-      if err then
-        resume(nil, err)
-      elseif data == nil then
-        resume(table.concat(parts))
-      else
-        parts[#parts + 1] = data
-      end
-    end)
-    return function() stream:read_stop() end
-  end)
-end
+local read_all = helper.read_all
 
 -- Write and wait for the completion callback; returns its error (nil on success).
 local function write_wait(stream, data)
