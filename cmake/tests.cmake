@@ -32,6 +32,19 @@ foreach(spec ${SPEC_FILES})
   set_tests_properties(spec.${name} PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 600)
 endforeach()
 
+# The suites that depend on how a sandbox is isolated run a second time
+# without namespaces (the default, "auto", uses them where the kernel can).
+foreach(spec spec/session_spec.lua spec/process_spec.lua spec/files_spec.lua spec/code_spec.lua
+        spec/terminal_spec.lua spec/security/containment_spec.lua)
+  string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
+  string(REPLACE "/" "." name ${name})
+  add_test(NAME spec.${name}.no-namespaces
+    COMMAND ${LUAJIT_BIN} ${BUSTED_BIN} --helper=spec/helper.lua -o utfTerminal ${spec}
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(spec.${name}.no-namespaces PROPERTIES
+    ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_TEST_ISOLATION=none" TIMEOUT 600)
+endforeach()
+
 # A subset again as an unprivileged user (when the tests run as root): no
 # cgroup delegation, so trees are tracked through /proc and the runtime is a
 # child subreaper ("proc" kill mode, docs/sessions.md).

@@ -74,8 +74,15 @@ function helper.read_all(stream)
   end)
 end
 
-function helper.pid_alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
+-- pid_alive(pid[, sb]): with a namespaced sandbox, pid is one its own
+-- processes see ($$ inside), looked up in the sandbox's /proc.
+function helper.pid_alive(pid, sb)
+  local proc = "/proc/"
+  if sb and sb.init then
+    if sb.init_dead then return false end
+    proc = "/proc/" .. sb.init:pid() .. "/root/proc/"
+  end
+  local f = io.open(proc .. pid .. "/stat")
   if not f then return false end
   local stat = f:read("*a")
   f:close()
@@ -134,7 +141,9 @@ local sandbox_seq = 0
 function helper.new_sandbox(opts)
   sandbox_seq = sandbox_seq + 1
   opts = opts or {}
-  opts.root = helper.mkdtemp()
+  opts.root = opts.root or helper.mkdtemp()
+  -- CTest runs the suites once per isolation mode (cmake/tests.cmake)
+  if opts.isolation == nil then opts.isolation = os.getenv("MOONBOX_TEST_ISOLATION") end
   return moonbox.getSandbox(("spec-%d-%d"):format(core.getpid(), sandbox_seq), opts)
 end
 

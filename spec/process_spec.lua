@@ -82,10 +82,10 @@ describe("kill", function()
       assert.equal(137, p:waitForExit(5000).exitCode)
       assert.equal("killed", p.status)
       for _ = 1, 100 do -- cgroup.kill delivers at once; the exit takes a moment
-        if not helper.pid_alive(daemon) then break end
+        if not helper.pid_alive(daemon, sb) then break end
         moonbox.sleep(20)
       end
-      assert.is_false(helper.pid_alive(daemon))
+      assert.is_false(helper.pid_alive(daemon, sb))
     end)
   end)
 

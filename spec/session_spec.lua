@@ -4,7 +4,7 @@ local core = require "moonbox.core"
 
 local with_sandbox = helper.with_sandbox
 
-local function alive(pid) return helper.pid_alive(pid) end
+local function alive(pid, sb) return helper.pid_alive(pid, sb) end
 
 describe("session validation", function()
   it("rejects empty commands, bad env names and missing cwds with VALIDATION_FAILED", function()
@@ -221,7 +221,7 @@ describe("timeouts", function()
       for _, f in ipairs { "d1", "d2" } do
         local pid = tonumber(s:exec("cat " .. f).stdout)
         assert.is_number(pid)
-        assert.is_false(alive(pid), f .. " survived the timeout")
+        assert.is_false(alive(pid, sb), f .. " survived the timeout")
       end
       assert.equal("1 2\n", s:exec("echo $KEEP $v").stdout)
     end)
@@ -301,7 +301,7 @@ describe("deleteSession", function()
       local ok, err = pcall(task.wait, task)
       assert.is_false(ok)
       assert.equal("SESSION_DESTROYED", err.code)
-      assert.is_false(alive(bg))
+      assert.is_false(alive(bg, sb))
       assert.is_false(alive(shell_pid))
       assert.equal("SESSION_NOT_FOUND", select(2, pcall(s.exec, s, "true")).code)
       local again = sb:createSession { id = "victim" }

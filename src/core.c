@@ -281,9 +281,19 @@ static int core_update_time(lua_State *L) {
   return 0;
 }
 
+/* core.open_handles() -> count, {type name, ...}: every handle not yet
+ * released, then the type names of those not closing (what is live) */
 static int core_open_handles(lua_State *L) {
-  lua_pushinteger(L, mb_core_get(L)->open_handles);
-  return 1;
+  mb_core *core = mb_core_get(L);
+  lua_pushinteger(L, core->open_handles);
+  lua_newtable(L);
+  int i = 0;
+  for (mb_handle *h = core->handles; h; h = h->next) {
+    if (h->closing) continue;
+    lua_pushstring(L, h->type_name);
+    lua_rawseti(L, -2, ++i);
+  }
+  return 2;
 }
 
 static int core_set_error_handler(lua_State *L) {
@@ -375,5 +385,6 @@ LUALIB_API int luaopen_moonbox_core(lua_State *L) {
   mb_open_fsevent(L);
   mb_open_tcp(L);
   mb_open_seccomp(L);
+  mb_open_nsinit(L);
   return 1;
 }

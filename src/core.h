@@ -93,6 +93,7 @@ void mb_open_fsevent(lua_State *L);
 int mb_bytes_view(lua_State *L, int idx, const char **data, size_t *len);
 void mb_open_tcp(lua_State *L);
 void mb_open_seccomp(lua_State *L);
+void mb_open_nsinit(lua_State *L);
 struct sock_fprog;
 const struct sock_fprog *mb_seccomp_check(lua_State *L, int idx);
 

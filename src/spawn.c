@@ -47,38 +47,47 @@ static void exit_status(int status, int *code, int *sig) {
   else { *code = -1; *sig = 0; }
 }
 
+/* Hand one exit to its process object (on_exit runs here). Returns 0 for a
+ * pid we never started (an orphan we adopted as subreaper). */
+int mb_spawn_deliver(mb_core *core, pid_t pid, int status) {
+  spawn_state *ss = (spawn_state *)core->spawn_state;
+  lua_State *cbL = core->cbL;
+  if (!ss) return 0;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, ss->procs_ref);
+  lua_rawgeti(cbL, -1, pid);
+  mb_process *p = (mb_process *)lua_touserdata(cbL, -1);
+  lua_pop(cbL, 1);
+  if (!p) { lua_pop(cbL, 1); return 0; }
+  lua_pushnil(cbL);
+  lua_rawseti(cbL, -2, pid);
+  lua_pop(cbL, 1);
+  p->exited = 1;
+  exit_status(status, &p->exit_code, &p->term_signal);
+  if (--ss->running == 0) uv_unref((uv_handle_t *)&ss->sigchld);
+  int exit_ref = p->exit_ref, self_ref = p->self_ref;
+  p->exit_ref = p->self_ref = LUA_NOREF;
+  if (exit_ref != LUA_NOREF) {
+    lua_rawgeti(cbL, LUA_REGISTRYINDEX, exit_ref);
+    luaL_unref(cbL, LUA_REGISTRYINDEX, exit_ref);
+    lua_pushinteger(cbL, p->exit_code);
+    lua_pushinteger(cbL, p->term_signal);
+    luaL_unref(cbL, LUA_REGISTRYINDEX, self_ref);
+    mb_call(core, cbL, 2);
+  } else {
+    luaL_unref(cbL, LUA_REGISTRYINDEX, self_ref);
+  }
+  return 1;
+}
+
 static void on_sigchld(uv_signal_t *handle, int signum) {
   (void)signum;
   mb_core *core = (mb_core *)handle->data;
   spawn_state *ss = (spawn_state *)core->spawn_state;
-  lua_State *cbL = core->cbL;
   int status;
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
     if (!WIFEXITED(status) && !WIFSIGNALED(status)) continue;
-    lua_rawgeti(cbL, LUA_REGISTRYINDEX, ss->procs_ref);
-    lua_rawgeti(cbL, -1, pid);
-    mb_process *p = (mb_process *)lua_touserdata(cbL, -1);
-    lua_pop(cbL, 1);
-    if (!p) { ss->orphans_reaped++; lua_pop(cbL, 1); continue; }
-    lua_pushnil(cbL);
-    lua_rawseti(cbL, -2, pid);
-    lua_pop(cbL, 1);
-    p->exited = 1;
-    exit_status(status, &p->exit_code, &p->term_signal);
-    if (--ss->running == 0) uv_unref((uv_handle_t *)&ss->sigchld);
-    int exit_ref = p->exit_ref, self_ref = p->self_ref;
-    p->exit_ref = p->self_ref = LUA_NOREF;
-    if (exit_ref != LUA_NOREF) {
-      lua_rawgeti(cbL, LUA_REGISTRYINDEX, exit_ref);
-      luaL_unref(cbL, LUA_REGISTRYINDEX, exit_ref);
-      lua_pushinteger(cbL, p->exit_code);
-      lua_pushinteger(cbL, p->term_signal);
-      luaL_unref(cbL, LUA_REGISTRYINDEX, self_ref);
-      mb_call(core, cbL, 2);
-    } else {
-      luaL_unref(cbL, LUA_REGISTRYINDEX, self_ref);
-    }
+    if (!mb_spawn_deliver(core, pid, status)) ss->orphans_reaped++;
   }
 }
 
@@ -285,16 +294,66 @@ static int process_new(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx) 
   return 1;
 }
 
+/* clone(CLONE_VM|CLONE_VFORK) the child and read its report. Returns an
+ * errno for a failure to start at all; *failed when the child reported a
+ * failing step (it is reaped already). */
+static int clone_child(spawn_job *job, pid_t *pid_out, mb_child_report *r, int *failed) {
+  mb_child_plan *p = &job->plan;
+  int report[2] = {-1, -1};
+  if (pipe2(report, O_CLOEXEC) < 0) return errno;
+  p->report_fd = report[1];
+  char *stack = (char *)malloc(CHILD_STACK);
+  if (!stack) { close(report[0]); close(report[1]); return ENOMEM; }
+  /* No signal handler may run in the child while it shares our memory. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pid_t pid = clone(mb_child_main, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, p);
+  int clone_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  free(stack);
+  close(report[1]);
+  p->report_fd = -1;
+  if (pid < 0) { close(report[0]); return clone_errno; }
+  ssize_t n;
+  do n = read(report[0], r, sizeof *r); while (n < 0 && errno == EINTR);
+  close(report[0]);
+  *failed = n == (ssize_t)sizeof *r;
+  if (*failed) {
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  }
+  *pid_out = pid;
+  return 0;
+}
+
+/* Register a running process we can expect an exit for (ours, or one a
+ * sandbox init started); pushes the process object. */
+int mb_spawn_track(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx) {
+  spawn_state *ss = state_of(L, core);
+  process_new(L, core, pid, exit_cb_idx);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ss->procs_ref);
+  lua_pushvalue(L, -2);
+  lua_rawseti(L, -2, pid);
+  lua_pop(L, 1);
+  if (ss->running++ == 0) uv_ref((uv_handle_t *)&ss->sigchld);
+  return 1;
+}
+
+int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *host_pid, mb_child_report *fail);
+
 /* core.spawn(spec) -> process, streams | nil, message, CODE
  * spec: args (array, required), file, env (array "K=V" or map; nothing is
  * inherited), cwd, stdio ({[fd] = kind}), setsid, setpgid, pdeathsig,
  * ctty (child fd to make the controlling terminal; needs setsid), rlimits,
- * uid, gid, cgroup (path of a cgroup directory to start in),
+ * uid, gid, cgroup (path of a cgroup directory to start in), no_new_privs,
+ * cap_keep (list of capability numbers to keep in the bounding set; the rest
+ * are dropped), sandbox (a core.sandbox_init: the child starts inside it),
  * on_exit(exit_code, term_signal). */
 static int spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   mb_core *core = mb_core_get(L);
-  spawn_state *ss = state_of(L, core);
+  state_of(L, core);
   spawn_job job;
   memset(&job, 0, sizeof job);
   for (int i = 0; i < MB_MAX_FDS; i++) job.pipe_parent_end[i] = job.pipe_child_end[i] = -1;
@@ -333,6 +392,21 @@ static int spawn(lua_State *L) {
     p->uid = lua_isnil(L, -2) ? getuid() : (uid_t)luaL_checkinteger(L, -2);
     p->gid = lua_isnil(L, -1) ? getgid() : (gid_t)luaL_checkinteger(L, -1);
   }
+  lua_getfield(L, 1, "no_new_privs");
+  p->no_new_privs = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "cap_keep");
+  if (!lua_isnil(L, -1)) {
+    luaL_checktype(L, -1, LUA_TTABLE);
+    p->drop_caps = 1;
+    for (int i = 1; i <= (int)lua_objlen(L, -1); i++) {
+      lua_rawgeti(L, -1, i);
+      int cap = (int)luaL_checkinteger(L, -1);
+      if (cap >= 0 && cap < 64) p->cap_keep |= 1ULL << cap;
+      lua_pop(L, 1);
+    }
+  }
+  lua_getfield(L, 1, "sandbox");
+  int sandbox_idx = lua_isnil(L, -1) ? 0 : lua_gettop(L);
   lua_getfield(L, 1, "on_exit");
   int exit_cb_idx = 0;
   if (!lua_isnil(L, -1)) { luaL_checktype(L, -1, LUA_TFUNCTION); exit_cb_idx = lua_gettop(L); }
@@ -390,41 +464,26 @@ static int spawn(lua_State *L) {
     f->null_flags = fd == 0 ? O_RDONLY : O_WRONLY;
   }
   if (!rc) plan_candidates(L, &job, file);
-  int report[2] = {-1, -1};
-  if (!rc && pipe2(report, O_CLOEXEC) < 0) { rc = uv_translate_sys_error(errno); fail_detail = "pipe2"; }
   if (rc) {
     job_cleanup(&job);
     return mb_push_error(L, rc, fail_detail);
   }
-  p->report_fd = report[1];
-
-  char *stack = (char *)malloc(CHILD_STACK);
-  if (!stack) { close(report[0]); close(report[1]); job_cleanup(&job); return luaL_error(L, "out of memory"); }
-  /* No signal handler may run in the child while it shares our memory. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pid_t pid = clone(mb_child_main, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, p);
-  int clone_errno = errno;
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  free(stack);
-  close(report[1]);
+  pid_t pid;
+  mb_child_report r = {0, 0};
+  int failed = 0;
+  if (sandbox_idx) {
+    int e = mb_nsinit_spawn(L, sandbox_idx, p, &pid, &r);
+    if (e) { job_cleanup(&job); return mb_push_errno(L, e, "spawn in sandbox"); }
+    failed = r.stage != 0 || r.err != 0;
+  } else {
+    int e = clone_child(&job, &pid, &r, &failed);
+    if (e) { job_cleanup(&job); return mb_push_errno(L, e, e == ENOMEM ? "out of memory" : "clone"); }
+  }
   for (int i = 0; i < MB_MAX_FDS; i++) {
     if (job.pipe_child_end[i] >= 0) close(job.pipe_child_end[i]);
     job.pipe_child_end[i] = -1;
   }
-  if (pid < 0) {
-    close(report[0]);
-    job_cleanup(&job);
-    return mb_push_errno(L, clone_errno, "clone");
-  }
-  mb_child_report r;
-  ssize_t n;
-  do n = read(report[0], &r, sizeof r); while (n < 0 && errno == EINTR);
-  close(report[0]);
-  if (n == (ssize_t)sizeof r) {
-    int status;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  if (failed) {
     const char *what = r.stage == MB_STAGE_EXEC ? "argv[0]" : r.stage == MB_STAGE_CHDIR ? "cwd" : NULL;
     const char *arg = r.stage == MB_STAGE_EXEC ? file : r.stage == MB_STAGE_CHDIR ? p->cwd : NULL;
     int uverr = uv_translate_sys_error(r.err);
@@ -439,12 +498,7 @@ static int spawn(lua_State *L) {
   }
 
   /* Success: the process object, then a table of our ends of new pipes. */
-  process_new(L, core, pid, exit_cb_idx);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, ss->procs_ref);
-  lua_pushvalue(L, -2);
-  lua_rawseti(L, -2, pid);
-  lua_pop(L, 1);
-  if (ss->running++ == 0) uv_ref((uv_handle_t *)&ss->sigchld);
+  mb_spawn_track(L, core, pid, exit_cb_idx);
   lua_newtable(L);
   for (int i = 0; i < p->nfds; i++) {
     int fd = job.pipe_parent_end[i];

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <string.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -93,7 +94,43 @@ static int sys_write_fd(lua_State *L) {
   return 1;
 }
 
+/* core.mkfifo(path[, mode = 0600]) -> true | nil, msg, code */
+static int sys_mkfifo(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (mkfifo(path, (mode_t)luaL_optinteger(L, 2, 0600)) < 0) return mb_push_errno(L, errno, path);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.open_fd(path, how) -> fd (close-on-exec) | nil, msg, code. how: "r",
+ * "w" (create/truncate, 0600), or "fifo" (read-write and non-blocking: a
+ * FIFO reader that is never at EOF and never blocks its writers' open). */
+static int sys_open_fd(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  const char *how = luaL_checkstring(L, 2);
+  int flags;
+  if (strcmp(how, "r") == 0) flags = O_RDONLY;
+  else if (strcmp(how, "w") == 0) flags = O_WRONLY | O_CREAT | O_TRUNC;
+  else if (strcmp(how, "fifo") == 0) flags = O_RDWR | O_NONBLOCK;
+  else return luaL_argerror(L, 2, "expected \"r\", \"w\" or \"fifo\"");
+  int fd = open(path, flags | O_CLOEXEC, 0600);
+  if (fd < 0) return mb_push_errno(L, errno, path);
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+/* core.readlink(path) -> target | nil, msg, code (EINVAL: not a symlink) */
+static int sys_readlink(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  char buf[4096];
+  ssize_t n = readlink(path, buf, sizeof buf);
+  if (n < 0) return mb_push_errno(L, errno, path);
+  lua_pushlstring(L, buf, (size_t)n);
+  return 1;
+}
+
 static const luaL_Reg sys_funcs[] = {
+  {"mkfifo", sys_mkfifo}, {"open_fd", sys_open_fd}, {"readlink", sys_readlink},
   {"write_fd", sys_write_fd},
   {"dup_to", sys_dup_to}, {"devnull", sys_devnull},
   {"readdir", sys_readdir}, {"mkdir", sys_mkdir}, {"rmdir", sys_rmdir},

@@ -51,7 +51,9 @@ static void on_connect(uv_connect_t *req, int status) {
   uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
-/* core.tcp_connect(host, port, callback(err, fd, code)) -> true | nil, msg, code */
+/* core.tcp_connect(host, port, callback(err, fd, code)[, socket_fd]) -> true | nil, msg, code
+ * socket_fd: an unconnected socket to use (and own), e.g. one made inside a
+ * sandbox's network namespace by its init. */
 static int tcp_connect_start(lua_State *L) {
   const char *host = luaL_checkstring(L, 1);
   int port = (int)luaL_checkinteger(L, 2);
@@ -69,6 +71,14 @@ static int tcp_connect_start(lua_State *L) {
   c->tcp.data = c;
   c->req.data = c;
   uv_tcp_init(core->loop, &c->tcp);
+  if (!lua_isnoneornil(L, 4)) {
+    rc = uv_tcp_open(&c->tcp, (uv_os_sock_t)luaL_checkinteger(L, 4));
+    if (rc < 0) {
+      c->cb_ref = LUA_NOREF;
+      uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+      return mb_push_error(L, rc, "socket");
+    }
+  }
   rc = uv_tcp_connect(&c->req, &c->tcp, (const struct sockaddr *)&addr, on_connect);
   if (rc < 0) {
     c->cb_ref = LUA_NOREF;

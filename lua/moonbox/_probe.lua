@@ -6,22 +6,33 @@ local async = require "moonbox.async"
 local M = {}
 local PROBE_TIMEOUT_MS = 2000
 
-local function connect(host, port)
+-- opts.sandbox: a sandbox with its own network namespace is probed from
+-- inside it, through a socket its init creates there.
+local function connect(host, port, opts)
+  local sb = opts and opts.sandbox
+  local sock
+  if sb and sb.init and sb.network == "none" then
+    sock = sb.init:socket(host:find(":", 1, true) and "tcp6" or "tcp4")
+    if not sock then return nil end
+  end
   return async.await(function(resume)
-    local ok, msg = core.tcp_connect(host, port, function(err, fd) resume(fd, err) end)
-    if not ok then resume(nil, msg) end
+    local ok, msg = core.tcp_connect(host, port, function(err, fd) resume(fd, err) end, sock)
+    if not ok then
+      if sock then core.close_fd(sock) end
+      resume(nil, msg)
+    end
   end, "waitForPort")
 end
 
-function M.tcp(host, port)
-  local fd = connect(host, port)
+function M.tcp(host, port, opts)
+  local fd = connect(host, port, opts)
   if not fd then return false end
   core.close_fd(fd)
   return true
 end
 
 function M.http(host, port, opts)
-  local fd = connect(host, port)
+  local fd = connect(host, port, opts)
   if not fd then return false end
   local stream = core.stream_open(fd)
   local path = opts.path or "/"

@@ -17,6 +17,13 @@
 -- Completion is the status record "<id> <exit status> <run|exit>\0<PWD>\0
 -- <export -p>\0", written by __mb_report after the body, or by the EXIT trap
 -- when the body ends the shell.
+--
+-- Inside a sandbox's namespaces the runtime's /proc is not visible, so the
+-- five paths name entries of a run directory of the shell's own instead
+-- (rundir): the body, stdin and prelude are small files written per
+-- command, stdout and stderr fresh FIFOs the runtime holds open read-write
+-- (never at EOF, never blocking the shell's open). Each is unlinked after
+-- the command, so a background job keeps only its own old copy.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 
@@ -30,9 +37,9 @@ local rt_pid = core.getpid()
 local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
 
 -- The shell's start-up script: report function, EXIT trap, command shapes.
-local function prelude(slots)
+local function prelude(slots, rundir)
   local p = {}
-  for name, i in pairs(SLOTS) do p[name] = fd_path(slots[i]) end
+  for name, i in pairs(SLOTS) do p[name] = rundir and (rundir.inside .. "/" .. name) or fd_path(slots[i]) end
   local out = (" >|%s 2>|%s 60<&-; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
   local main = "builtin . " .. p.body
   local sub = ("( builtin . %s && builtin . %s )"):format(p.prelude, p.body)
@@ -110,11 +117,17 @@ end
 local Shell = {}
 Shell.__index = Shell
 
--- spawn{env = map, cwd, cgroup, shell, on_exit(code, signal)}
+-- spawn{env = map, cwd, cgroup, shell, on_exit(code, signal), rundir =
+-- {host, inside} (namespaces), spawn_spec(spec) -> spec (the sandbox's)}
 function M.spawn(opts)
   local self = setmetatable({ seq = 0, status_buf = {}, waiting = nil, dead = false,
-    on_exit = opts.on_exit, spawn_env = opts.env }, Shell)
-  local proc, pipes_or_err, code = core.spawn {
+    on_exit = opts.on_exit, spawn_env = opts.env, rundir = opts.rundir }, Shell)
+  if self.rundir then
+    local ok, err, code = core.mkdir(self.rundir.host, 448)
+    if not ok and code ~= "EEXIST" then return nil, err, code end
+  end
+  local spec_of = opts.spawn_spec or function(spec) return spec end
+  local proc, pipes_or_err, code = core.spawn(spec_of {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",
     env = opts.env,
@@ -127,16 +140,21 @@ function M.spawn(opts)
     rlimits = opts.rlimits,
     seccomp = opts.seccomp,
     on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
-  }
-  if not proc then return nil, pipes_or_err, code end
+  })
+  if not proc then
+    if self.rundir then core.rmdir(self.rundir.host) end
+    return nil, pipes_or_err, code
+  end
   self.devnull = core.devnull()
   self.slots = {}
-  for i = 1, 5 do self.slots[i] = core.devnull() end
+  if not self.rundir then
+    for i = 1, 5 do self.slots[i] = core.devnull() end
+  end
   self.proc, self.pid = proc, proc:pid()
   self.control = pipes_or_err[CONTROL_FD]
   self.status = pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)
-  self.control:write(prelude(self.slots))
+  self.control:write(prelude(self.slots, self.rundir))
   return self
 end
 
@@ -194,6 +212,10 @@ function Shell:_close_slots()
   for _, fd in ipairs(self.slots) do core.close_fd(fd) end
   core.close_fd(self.devnull)
   self.slots = nil
+  if self.rundir then
+    for name in pairs(SLOTS) do os.remove(self.rundir.host .. "/" .. name) end
+    core.rmdir(self.rundir.host)
+  end
 end
 
 function Shell:usable()
@@ -220,8 +242,28 @@ function Shell:run(req)
     core.close_fd(fd)
     used[#used + 1] = slot
   end
+  local names = {}
+  for name, i in pairs(SLOTS) do names[i] = name end
+  local function entry(slot)
+    used[#used + 1] = slot
+    return self.rundir.host .. "/" .. names[slot]
+  end
   -- a pipe the shell reads: we write data and close our end
   local function feed(slot, data)
+    if self.rundir then
+      local fd = assert(core.open_fd(entry(slot), "w"))
+      local ok, err = pcall(function()
+        local done = 0
+        while done < #data do
+          local n, msg = core.write_fd(fd, done == 0 and data or data:sub(done + 1))
+          if not n then error(msg, 0) end
+          done = done + n
+        end
+      end)
+      core.close_fd(fd)
+      if not ok then error(err, 0) end
+      return
+    end
     local r, w = pipe()
     place(slot, r)
     if #data <= PIPE_CAPACITY then
@@ -237,9 +279,16 @@ function Shell:run(req)
   end
   -- a pipe the shell writes: we read it
   local function drain(slot, name)
-    local r, w = pipe()
-    place(slot, w)
-    local s = core.stream_open(r)
+    local s
+    if self.rundir then
+      local path = entry(slot)
+      assert(core.mkfifo(path))
+      s = core.stream_open(assert(core.open_fd(path, "fifo")))
+    else
+      local r, w = pipe()
+      place(slot, w)
+      s = core.stream_open(r)
+    end
     readers[name] = s
     s:read_start(function(_, data)
       if data then req.on_chunk(name, data) end
@@ -257,7 +306,10 @@ function Shell:run(req)
     end
     for _, s in ipairs(feeders) do s:close() end
     self.running = false
-    if self.dead then
+    if self.rundir then
+      for _, slot in ipairs(used) do os.remove(self.rundir.host .. "/" .. names[slot]) end
+      if self.dead then self:_close_slots() end
+    elseif self.dead then
       self:_close_slots()
     else
       for _, slot in ipairs(used) do core.dup_to(self.devnull, slots[slot]) end

@@ -28,6 +28,8 @@ local function kernels()
   return kernel_dir
 end
 
+M.kernel_dir = kernels
+
 local function find_in_path(name, env)
   if name:find("/", 1, true) then return name end
   for dir in ((env and env.PATH) or "/usr/local/bin:/usr/bin:/bin"):gmatch("[^:]+") do
@@ -39,7 +41,7 @@ local function find_in_path(name, env)
 end
 
 -- argv of the interpreter for a language, or raise INTERPRETER_NOT_AVAILABLE
-local function interpreter(language, env)
+local function interpreter(language, env, sb)
   local spec = ({
     python = { "python3", "python_kernel.py", { "-u" } },
     javascript = { "node", "node_kernel.js", {} },
@@ -53,7 +55,9 @@ local function interpreter(language, env)
   end
   local argv = { path }
   for _, a in ipairs(spec[3]) do argv[#argv + 1] = a end
-  argv[#argv + 1] = kernels() .. "/" .. spec[2]
+  -- inside namespaces the kernels are bound read-only at a fixed place
+  local dir = sb and sb.init and require("moonbox._isolation").KERNEL_DIR or kernels()
+  argv[#argv + 1] = dir .. "/" .. spec[2]
   return argv
 end
 
@@ -64,17 +68,17 @@ Kernel.__index = Kernel
 
 local function start_kernel(ctx)
   local k = setmetatable({ buf = "", waiting = nil, dead = false, ready = false }, Kernel)
-  local argv = interpreter(ctx.language, ctx.env)
+  local argv = interpreter(ctx.language, ctx.env, ctx.sandbox)
   if tree.mode() == "cgroup" then
     k.cgroup = tree.create(ctx.sandbox.cgroup_name .. "/c-" .. ctx.id .. "-" .. ctx.generation)
   end
-  local proc, pipes, code = core.spawn {
+  local proc, pipes, code = core.spawn(ctx.sandbox:_spawn_spec {
     args = argv, env = ctx.env, cwd = ctx.host_cwd, setsid = true, pdeathsig = "SIGKILL", cgroup = k.cgroup,
     extra_cgroups = ctx.sandbox.limits_state.extra_cgroups, rlimits = ctx.sandbox.limits_state.rlimits,
     seccomp = ctx.sandbox.limits_state.seccomp,
     stdio = { [0] = "pipe", [1] = "pipe", [2] = "pipe", [3] = "out" },
     on_exit = function(exit_code, signal) k:_exited(exit_code, signal) end,
-  }
+  })
   if not proc then
     if k.cgroup then tree.remove_cgroup(k.cgroup) end
     errors.raise("INTERPRETER_NOT_AVAILABLE", ("cannot start %s: %s"):format(argv[1], tostring(pipes)),
@@ -193,7 +197,7 @@ function Session:createCodeContext(opts)
   local host_cwd = self.cwd
   if opts.cwd ~= nil then
     host_cwd = sb:host_path(V.path(opts.cwd, "cwd"), self.cwd)
-    if not util.is_dir(host_cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+    if not sb:_dir_exists(host_cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   local id = opts.id
   if id == nil then

@@ -99,6 +99,15 @@ end
 -- string raises PATH_OUTSIDE_SANDBOX; symlinks are judged by the kernel later.
 local function resolve(self, path)
   local sb = self.sandbox
+  if sb.init then
+    -- namespaces: the same reach as without (the workspace), resolved by
+    -- the kernel from the sandbox's own root, /proc/<init>/root
+    local p = sb:host_path(path, self.cwd)
+    if p == "/workspace" or p:sub(1, 11) == "/workspace/" then
+      return { rel = p:sub(2), view = p, host = p }
+    end
+    errors.raise("PATH_OUTSIDE_SANDBOX", ("%s is outside the sandbox"):format(path), { path = path })
+  end
   local host = absolute(sb:host_path(path, self.cwd))
   for _, root in ipairs(root_forms(sb)) do
     if host == root then
@@ -278,7 +287,7 @@ end
 -- other non-files (fifos, sockets, devices) are refused before open, which
 -- could block on a fifo.
 local function open_file(self, op, t)
-  local root = self.sandbox.root
+  local root = self.sandbox.fs_root
   local st, msg, code = fs.stat_beneath(root, t.rel)
   check(op, t.view, st, msg, code)
   if st.type == "directory" then fail(op, t.view, "EISDIR: is a directory", "EISDIR") end
@@ -314,7 +323,7 @@ function Session:writeFile(path, content, opts)
   local ok, result = pcall(queued, self, function()
     local timestamp = util.timestamp()
     local t = target(self, "writeFile", path)
-    local file = open_beneath("writeFile", t.view, self.sandbox.root, t.rel, "w")
+    local file = open_beneath("writeFile", t.view, self.sandbox.fs_root, t.rel, "w")
     using(file, function() file:write_all(data) end)
     file:close()
     return { success = true, path = t.view, timestamp = timestamp }
@@ -403,7 +412,7 @@ function Session:mkdir(path, opts)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "mkdir", path)
-    local root = self.sandbox.root
+    local root = self.sandbox.fs_root
     if t.rel == "." then
       if not recursive then fail("mkdir", t.view, "EEXIST: file already exists", "EEXIST") end
     elseif not recursive then
@@ -439,8 +448,9 @@ function Session:deleteFile(path)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "deleteFile", path)
+    if t.view == "/workspace" then fail("deleteFile", t.view, "EISDIR: the workspace is a directory", "EISDIR") end
     if t.rel == "." then fail("deleteFile", t.view, "EISDIR: is a directory", "EISDIR") end
-    check("deleteFile", t.view, fs.unlink_beneath(self.sandbox.root, t.rel))
+    check("deleteFile", t.view, fs.unlink_beneath(self.sandbox.fs_root, t.rel))
     return { success = true, path = t.view, timestamp = timestamp }
   end)
 end
@@ -453,7 +463,7 @@ local function rename(self, op, from, to, into_directory)
     local timestamp = util.timestamp()
     local src = target(self, op, from)
     local dst = target(self, op, to)
-    local root = self.sandbox.root
+    local root = self.sandbox.fs_root
     if into_directory and dst.rel ~= src.rel then
       -- like mv: an existing directory as the destination receives the source
       local st = fs.stat_beneath(root, dst.rel)
@@ -534,7 +544,7 @@ function Session:listFiles(path, opts)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "listFiles", path)
-    local root, sb = self.sandbox.root, self.sandbox
+    local root, sb = self.sandbox.fs_root, self.sandbox
     local files = {}
     local function walk(dir_rel, prefix)
       local entries, msg, code = fs.scandir_beneath(root, dir_rel)
@@ -573,7 +583,7 @@ function Session:exists(path)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "exists", path)
-    local st, msg, code = fs.stat_beneath(self.sandbox.root, t.rel)
+    local st, msg, code = fs.stat_beneath(self.sandbox.fs_root, t.rel)
     if not st and code ~= "ENOENT" and code ~= "ENOTDIR" and code ~= "ELOOP" then
       fail("exists", t.view, msg, code)
     end
@@ -729,7 +739,7 @@ end
 
 function Watch:_watch_new_dir(rel)
   if not self.recursive or self:_excluded(rel) then return end
-  local rootfd = fs.open_dir(self.sandbox.root)
+  local rootfd = fs.open_dir(self.sandbox.fs_root)
   if not rootfd then return end
   self:_add_tree(rootfd, rel, true)
   fs.close_dir(rootfd)
@@ -903,7 +913,7 @@ function Session:watch(path, opts)
   end
   local w = queued(self, function()
     local t = target(self, "watch", path)
-    local root = self.sandbox.root
+    local root = self.sandbox.fs_root
     local st, msg, code = fs.stat_beneath(root, t.rel)
     check("watch", t.view, st, msg, code)
     if st.type ~= "directory" and st.type ~= "file" then
@@ -1059,7 +1069,7 @@ function Session:gitCheckout(repo_url, opts)
     local dest = target(self, "gitCheckout", opts.targetDir or ("/workspace/" .. name))
     if dest.rel == "." then fail("gitCheckout", dest.view, "EEXIST: the sandbox root", "EEXIST") end
     -- the destination, or what exists of it, must resolve inside the root
-    local st, msg, code = fs.stat_beneath(self.sandbox.root, dest.rel)
+    local st, msg, code = fs.stat_beneath(self.sandbox.fs_root, dest.rel)
     if not st and code ~= "ENOENT" then fail("gitCheckout", dest.view, msg, code) end
     return dest, st ~= nil
   end)

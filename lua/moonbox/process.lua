@@ -236,8 +236,9 @@ function Process:waitForPort(port, opts)
   local deadline = opts.timeout and util.now_ms() + opts.timeout
   -- A port gives no event to wait for: probe, then sleep an interval (or
   -- until the process exits, whichever comes first).
+  local probe_opts = { path = opts.path, status = opts.status, sandbox = self._sandbox }
   while true do
-    if probe[mode](host, port, opts) then return { success = true, port = port, mode = mode } end
+    if probe[mode](host, port, probe_opts) then return { success = true, port = port, mode = mode } end
     if not self:_running() then
       errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q exited (code %s) before port %d was ready"):format(
         self.id, tostring(self.exitCode), port), { processId = self.id, exitCode = self.exitCode, port = port })
@@ -270,7 +271,7 @@ function Session:startProcess(command, opts)
   local cwd = self.cwd
   if opts.cwd ~= nil then
     cwd = sb:host_path(V.path(opts.cwd, "cwd"), self.cwd)
-    if not util.is_dir(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+    if not sb:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   local hook = sb.policy.hooks.onStartProcess
   if hook then
@@ -316,7 +317,7 @@ function Session:startProcess(command, opts)
   if tree.mode() == "cgroup" then
     p._cgroup = tree.create(sb.cgroup_name .. "/p-" .. id)
   end
-  local proc, pipes, code = core.spawn {
+  local proc, pipes, code = core.spawn(sb:_spawn_spec {
     args = args,
     file = type(command) ~= "table" and "/bin/bash" or nil,
     env = full_env,
@@ -329,7 +330,7 @@ function Session:startProcess(command, opts)
     rlimits = sb.limits_state.rlimits,
     seccomp = sb.limits_state.seccomp,
     on_exit = function(exit_code, signal) p:_exited(exit_code, signal) end,
-  }
+  })
   if not proc then
     p.status, p.error, p.errorCode = "error", pipes, code
     p.endTime = util.timestamp()

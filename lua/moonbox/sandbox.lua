@@ -1,6 +1,7 @@
--- Sandbox: a directory (root, holding workspace/) with sessions, a policy
--- and, from the isolation issue on, its own namespaces. Its own methods run
--- in the default session. Same id in one process -> same object.
+-- Sandbox: a directory (root, holding workspace/) with sessions and a
+-- policy; under isolation = "namespaces" also its own namespaces, entered
+-- through a sandbox init (_isolation). Its own methods run in the default
+-- session. Same id in one process -> same object.
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local core = require "moonbox.core"
@@ -11,6 +12,8 @@ local tree = require "moonbox._tree"
 local util = require "moonbox._util"
 local limits = require "moonbox._limits"
 local V = require "moonbox._validate"
+local isolation_mod = require "moonbox._isolation"
+local fs = require "moonbox._fs"
 
 local M = {}
 
@@ -66,19 +69,16 @@ function M.getSandbox(id, opts)
   if isolation ~= "auto" and isolation ~= "none" and isolation ~= "namespaces" then
     V.fail("isolation", "expected \"auto\", \"namespaces\" or \"none\"")
   end
-  if isolation == "namespaces" then
-    errors.raise("ISOLATION_UNAVAILABLE",
-      "isolation = \"namespaces\" is not implemented in this build yet; use \"none\" or \"auto\"",
-      { isolation = isolation })
-  end
   if opts.network ~= nil and opts.network ~= "none" and opts.network ~= "host" then
     V.fail("network", "expected \"none\" or \"host\"")
   end
   local policy = policy_mod.resolve(opts.policy, opts.limits)
+  if opts.isolation == nil and policy.isolation then isolation = policy.isolation end
   local env = V.env(opts.env, "env") or {}
   local root = opts.root and V.path(opts.root, "root") or (default_home() .. "/sandboxes/" .. id)
   local workspace = root .. "/workspace"
   local ok, err = mkdir_p(workspace)
+  if ok then ok, err = mkdir_p(root .. "/.run") end
   if not ok then
     errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(err), { root = root })
   end
@@ -86,28 +86,85 @@ function M.getSandbox(id, opts)
     id = id,
     root = root,
     workspace = workspace,
+    rundir = root .. "/.run",
+    fs_root = root,
+    home = workspace,         -- a new session's cwd, as a path the shell understands
     isolation = "none",
     requested_isolation = isolation,
     network = "host",
+    namespaces = {},
     policy = policy,
     env = env,
     sessions = {},
     session_seq = 0,
     processes = {},
     process_seq = 0,
+    shell_seq = 0,
     cgroup_name = "sb-" .. id,
   }, Sandbox)
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
   self.limits_state = limits.setup(self)
+  if isolation ~= "none" then
+    local init, namespaces, code = isolation_mod.start(self, {
+      network = opts.network or policy.network or "none",
+      hostname = policy.hostname or id,
+      tmpBytes = policy.limits.tmpBytes,
+      kernels = require("moonbox.code").kernel_dir(),
+      extra = policy.mounts,
+      cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
+      on_exit = function()
+        self.init_dead = true
+        if self._on_init_exit then self._on_init_exit() end
+      end,
+    })
+    if init then
+      self.init, self.isolation, self.namespaces = init, "namespaces", namespaces
+      self.network = opts.network or policy.network or "none"
+      self.fs_root = "/proc/" .. init:pid() .. "/root"
+      self.home = "/workspace"
+      self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
+    elseif isolation == "namespaces" then
+      limits.cleanup(self.limits_state, async.sleep)
+      if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
+      errors.raise("ISOLATION_UNAVAILABLE", "cannot create the sandbox's namespaces: " .. tostring(namespaces),
+        { isolation = isolation, errno = code })
+    else
+      self.isolation_error = tostring(namespaces)
+    end
+  end
   registry[id] = self
   return self
+end
+
+-- Add what every process of this sandbox gets to a core.spawn spec: inside
+-- the namespaces, started by the init, without privileges to gain.
+function Sandbox:_spawn_spec(spec)
+  if self.init then
+    if self.init_dead then
+      errors.raise("SANDBOX_DESTROYED", ("sandbox %q lost its init process"):format(self.id), { id = self.id })
+    end
+    spec.sandbox = self.init
+    spec.no_new_privs = true
+    spec.cap_keep = self.cap_keep
+  end
+  return spec
+end
+
+-- Whether a directory exists in the sandbox's view (path as host_path gives).
+function Sandbox:_dir_exists(path)
+  if not self.init then return util.is_dir(path) end
+  local rel = path:gsub("^/+", "")
+  if rel == "" then return true end
+  local ok, st = pcall(fs.stat_beneath, self.fs_root, rel, "in_root")
+  return ok and type(st) == "table" and st.type == "directory"
 end
 
 -- Map a path of the sandbox's view to the host: /workspace/... is the
 -- workspace directory; a relative path is taken from base (a host path).
 function Sandbox:host_path(path, base)
-  if path:sub(1, 1) ~= "/" then path = (base or self.workspace) .. "/" .. path end
+  if path:sub(1, 1) ~= "/" then path = (base or self.home) .. "/" .. path end
   path = normalize(path)
+  if self.init then return path end -- the shell sees the sandbox's own tree
   if path == "/workspace" or path:sub(1, 11) == "/workspace/" then
     return self.workspace .. path:sub(11)
   end
@@ -116,6 +173,7 @@ end
 
 -- The view's name for a host path (inverse of host_path where it applies).
 function Sandbox:view_path(host)
+  if self.init then return host end
   if host == self.workspace or host:sub(1, #self.workspace + 1) == self.workspace .. "/" then
     return "/workspace" .. host:sub(#self.workspace + 1)
   end
@@ -156,8 +214,8 @@ function Sandbox:_take_spare()
       self.spare_pending = false
       if self.destroyed or self.spare then return end
       local env = self:_session_env()
-      self.spare = shell_mod.spawn {
-        env = env, cwd = self.workspace, shell = self.policy.shell,
+      self.spare = self:_spawn_shell {
+        env = env, cwd = self.home, shell = self.policy.shell,
         cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil,
         extra_cgroups = self.limits_state.extra_cgroups, rlimits = self.limits_state.rlimits,
         seccomp = self.limits_state.seccomp,
@@ -165,6 +223,18 @@ function Sandbox:_take_spare()
     end)
   end
   return spare
+end
+
+-- A session shell (_shell.spawn) started in this sandbox; under namespaces
+-- its per-command pipes are FIFOs in a directory of its own under .run.
+function Sandbox:_spawn_shell(opts)
+  if self.init then
+    self.shell_seq = self.shell_seq + 1
+    local name = "sh-" .. self.shell_seq
+    opts.rundir = { host = self.rundir .. "/" .. name, inside = isolation_mod.RUN_DIR .. "/" .. name }
+  end
+  opts.spawn_spec = function(spec) return self:_spawn_spec(spec) end
+  return shell_mod.spawn(opts)
 end
 
 function Sandbox:_drop_spare()
@@ -205,10 +275,10 @@ function Sandbox:createSession(opts)
   end
   local env = V.env(opts.env, "env")
   V.timeout(opts.commandTimeoutMs, "commandTimeoutMs")
-  local cwd = self.workspace
+  local cwd = self.home
   if opts.cwd ~= nil then
     cwd = self:host_path(V.path(opts.cwd, "cwd"))
-    if not util.is_dir(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+    if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   if self.sessions[id] then
     errors.raise("SESSION_ALREADY_EXISTS", ("session %q already exists"):format(id), { sessionId = id })
@@ -269,7 +339,7 @@ function Sandbox:_default()
   self:_check_live()
   local s = self.sessions.default
   if type(s) ~= "table" then
-    s = session_mod.new(self, "default", { env = self:_session_env(), cwd = self.workspace })
+    s = session_mod.new(self, "default", { env = self:_session_env(), cwd = self.home })
     self.sessions.default = s
   end
   return s
@@ -301,7 +371,9 @@ function Sandbox:info()
   if tree.mode() == "cgroup" then cgroup = self.limits_state.extra_cgroups and "v2+v1" or "v2" end
   return {
     id = self.id, root = self.root, isolation = self.isolation, requestedIsolation = self.requested_isolation,
-    network = self.network, namespaces = {}, cgroup = cgroup, killMode = tree.mode(), limits = in_force,
+    network = self.network, namespaces = util.copy(self.namespaces), cgroup = cgroup,
+    isolationError = self.isolation_error, initPid = self.init and self.init:pid() or nil,
+    killMode = tree.mode(), limits = in_force,
     enforcement = util.copy(self.limits_state.enforced), notEnforced = util.copy(self.limits_state.not_enforced),
     seccomp = self.limits_state.seccomp_profile, noNewPrivs = self.limits_state.seccomp ~= nil,
   }
@@ -329,8 +401,21 @@ function Sandbox:destroy(opts)
     tree.kill_cgroup(dir)
     tree.remove_when_empty(dir, async.sleep)
   end
+  if self.init then
+    -- closing the init's socket ends it, and with it the pid namespace
+    local init = self.init
+    if not self.init_dead then
+      async.await(function(resume)
+        local t = core.timer()
+        self._on_init_exit = function() if not t:is_closing() then t:close() end resume() end
+        -- the init exits on EOF at once; SIGKILL is the backstop
+        t:start(2000, 0, function() init:kill("SIGKILL") end)
+        init:close()
+      end, "sandbox init exit")
+    end
+  end
   limits.cleanup(self.limits_state, async.sleep)
-  if not opts.keepFiles then remove_tree(self.root) end
+  if not opts.keepFiles then remove_tree(self.root) else remove_tree(self.rundir) end
   return { success = true, id = self.id, timestamp = util.timestamp() }
 end
 

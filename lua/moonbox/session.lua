@@ -72,9 +72,9 @@ function Session:_start_shell()
   local env = self:current_env()
   -- proc mode: processes that leave the tree stay attributable (_tree.lua)
   env.MOONBOX_OWNER = tree.owner(self.sandbox.id, self.id)
-  local sh, err, code = shell_mod.spawn {
+  local sh, err, code = self.sandbox:_spawn_shell {
     env = env,
-    cwd = util.is_dir(self.cwd) and self.cwd or self.sandbox.workspace,
+    cwd = self.sandbox:_dir_exists(self.cwd) and self.cwd or self.sandbox.home,
     cgroup = self.cgroup,
     shell = self.sandbox.policy.shell,
     extra_cgroups = self.sandbox.limits_state.extra_cgroups,
@@ -336,7 +336,7 @@ function Session:_prepare(command, opts, what)
   if opts.cwd ~= nil then
     V.path(opts.cwd, "cwd")
     cwd = self.sandbox:host_path(opts.cwd, self.cwd)
-    if not util.is_dir(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+    if not self.sandbox:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   local o = { timeout = opts.timeout, env = env, cwd = cwd, stdin = opts.stdin,
     onOutput = opts.onOutput, maxOutputBytes = opts.maxOutputBytes }

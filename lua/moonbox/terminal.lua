@@ -43,13 +43,13 @@ function Session:terminal(opts)
     args = { shell, "--noprofile", "--norc", "-i" }
     env.PS1 = env.PS1 or "\\w\\$ "
   end
-  local proc, err, code = core.spawn {
+  local proc, err, code = core.spawn(sb:_spawn_spec {
     args = args, env = env, cwd = self.cwd, setsid = true, ctty = 0, pdeathsig = "SIGKILL",
     cgroup = t._cgroup, extra_cgroups = sb.limits_state.extra_cgroups, rlimits = sb.limits_state.rlimits,
     seccomp = sb.limits_state.seccomp,
     stdio = { [0] = slave, [1] = slave, [2] = slave },
     on_exit = function(exit_code) t:_exited(exit_code) end,
-  }
+  })
   core.close_fd(slave)
   if not proc then
     core.close_fd(master)

@@ -24,7 +24,7 @@ static const char *const stage_names[] = {
   [MB_STAGE_PDEATHSIG] = "pdeathsig", [MB_STAGE_CGROUP] = "cgroup", [MB_STAGE_FDS] = "fd setup", [MB_STAGE_CTTY] = "controlling tty",
   [MB_STAGE_RLIMIT] = "setrlimit", [MB_STAGE_CHDIR] = "chdir", [MB_STAGE_SETGID] = "setgid",
   [MB_STAGE_SETUID] = "setuid", [MB_STAGE_SIGNALS] = "signal reset",
-  [MB_STAGE_CLOSE_FDS] = "close fds", [MB_STAGE_SECCOMP] = "seccomp", [MB_STAGE_EXEC] = "exec",
+  [MB_STAGE_CLOSE_FDS] = "close fds", [MB_STAGE_CAPS] = "capabilities", [MB_STAGE_SECCOMP] = "seccomp", [MB_STAGE_EXEC] = "exec",
 };
 
 const char *mb_stage_name(int stage) {
@@ -162,8 +162,23 @@ static int step_close_fds(const mb_child_plan *p) {
   return 0;
 }
 
+/* Inside a user namespace the process is root there: what it may do is the
+ * bounding set, which also caps what any later execve can gain. */
+static int step_caps(const mb_child_plan *p) {
+  if (!p->drop_caps) return 0;
+  for (int cap = 0; cap < 64; cap++) {
+    if (p->cap_keep & (1ULL << cap)) continue;
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+      if (errno == EINVAL) break; /* past the last capability this kernel knows */
+      return MB_STAGE_CAPS;
+    }
+  }
+  return 0;
+}
+
 /* Last before exec: nothing after this needs a call the filter may deny. */
 static int step_seccomp(const mb_child_plan *p) {
+  if (p->no_new_privs && !p->seccomp && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return MB_STAGE_SECCOMP;
   if (!p->seccomp) return 0;
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return MB_STAGE_SECCOMP;
   if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p->seccomp) < 0) return MB_STAGE_SECCOMP;
@@ -195,6 +210,7 @@ int mb_child_main(void *arg) {
       (stage = step_ids(p)) ||
       (stage = step_signals()) ||
       (stage = step_close_fds(p)) ||
+      (stage = step_caps(p)) ||
       (stage = step_seccomp(p)) ||
       (stage = step_exec(p)))
     fail(p, stage, errno);

@@ -39,6 +39,7 @@ typedef enum {
   MB_STAGE_SETUID,
   MB_STAGE_SIGNALS,
   MB_STAGE_CLOSE_FDS,
+  MB_STAGE_CAPS,
   MB_STAGE_SECCOMP,
   MB_STAGE_EXEC,
 } mb_stage;
@@ -70,6 +71,9 @@ typedef struct {
   gid_t gid;
   int report_fd;                 /* write end of the close-on-exec error pipe */
   const struct sock_fprog *seccomp; /* installed last, with no_new_privs; NULL: none */
+  int no_new_privs;              /* set no_new_privs even without a filter */
+  int drop_caps;                 /* drop every capability not in cap_keep from the bounding set */
+  unsigned long long cap_keep;   /* bit n keeps capability n */
 } mb_child_plan;
 
 /* Entry point for clone(); never returns on success. */

@@ -1,0 +1,27 @@
+/* A child plan as bytes, so a process other than the runtime (the sandbox
+ * init, which lives in the sandbox's namespaces) can carry it out.
+ *
+ * The runtime packs the plan into a memfd and sends it, with the fds the
+ * plan refers to, over a unix socket (SCM_RIGHTS). The receiver maps the
+ * memfd privately and turns offsets back into pointers in place: no
+ * allocation on either side of the fork. */
+#ifndef MOONBOX_CHILD_WIRE_H
+#define MOONBOX_CHILD_WIRE_H
+
+#include "child.h"
+
+#include <stddef.h>
+
+/* fds that travel with a plan: the memfd, a cgroup, extra cgroups, stdio */
+#define MB_WIRE_MAX_FDS (2 + MB_MAX_EXTRA_CGROUPS + MB_MAX_FDS)
+
+/* Pack p into a new sealed memfd. fds[0] is the memfd; fds[1..] are the
+ * runtime's fds the plan uses (not dup'ed: send them before closing). */
+int mb_wire_pack(const mb_child_plan *p, int *fds, int *nfds);
+
+/* Rebuild a plan from a mapped, writable copy of the memfd and the fds that
+ * arrived with it (fds[0] is the memfd itself). Returns 0 or an errno. */
+int mb_wire_unpack(void *map, size_t len, const int *fds, int nfds, mb_child_plan *p,
+                   struct sock_fprog *prog);
+
+#endif

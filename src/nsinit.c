@@ -1,0 +1,443 @@
+/* The sandbox init (see nsinit.h). Runs in a clone of the runtime: no
+ * allocation, no stdio, no Lua; only system calls on static or stack
+ * memory. Set-up failures go to the runtime as (stage, errno, index). */
+#include "nsinit.h"
+#include "child/child.h"
+#include "child/wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The new mount API (Linux 5.2+, mount_setattr 5.12+); glibc 2.36's
+ * <sys/mount.h> and <linux/mount.h> clash, so the few constants live here. */
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+#ifndef MOUNT_ATTR_RDONLY
+#define MOUNT_ATTR_RDONLY 0x00000001
+#define MOUNT_ATTR_NOSUID 0x00000002
+#define MOUNT_ATTR_NODEV 0x00000004
+#endif
+struct mb_mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+
+static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+#define NDEV (sizeof dev_nodes / sizeof dev_nodes[0])
+
+static void report(const mb_nsinit_plan *p, int stage, int err, int index) {
+  mb_nsinit_report r = {stage, err, index};
+  ssize_t n;
+  do n = write(p->report_fd, &r, sizeof r); while (n < 0 && errno == EINTR);
+}
+
+static void die(const mb_nsinit_plan *p, int stage, int index) {
+  report(p, stage, errno, index);
+  _exit(1);
+}
+
+/* ---- root filesystem ---------------------------------------------------- */
+
+/* dst inside the new root (cwd) as a relative path: "/usr/bin" -> "usr/bin" */
+static const char *rel(const char *dst) {
+  while (*dst == '/') dst++;
+  return *dst ? dst : ".";
+}
+
+static int mkdirs(const char *path, int last_too) {
+  char buf[PATH_MAX];
+  size_t n = strlen(path);
+  if (n >= sizeof buf) { errno = ENAMETOOLONG; return -1; }
+  memcpy(buf, path, n + 1);
+  for (char *s = buf + 1; *s; s++) {
+    if (*s != '/') continue;
+    *s = 0;
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -1;
+    *s = '/';
+  }
+  if (last_too && mkdir(buf, 0755) < 0 && errno != EEXIST) return -1;
+  return 0;
+}
+
+static int touch(const char *path) {
+  int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) return errno == EEXIST ? 0 : -1;
+  close(fd);
+  return 0;
+}
+
+static int detach(const char *src, int readonly, int devices) {
+  int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE);
+  if (fd < 0) return -1;
+  struct mb_mount_attr attr = {MOUNT_ATTR_NOSUID | (devices ? 0 : MOUNT_ATTR_NODEV) | (readonly ? MOUNT_ATTR_RDONLY : 0),
+                               0, 0, 0};
+  if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+/* Attach a detached tree at dst, creating a directory or an empty file to
+ * mount on, whichever the source is. */
+static int attach(int fd, const char *dst) {
+  struct stat st;
+  if (fstat(fd, &st) < 0) return -1;
+  if (S_ISDIR(st.st_mode) ? mkdirs(dst, 1) : (mkdirs(dst, 0) || touch(dst))) return -1;
+  return (int)syscall(SYS_move_mount, fd, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH);
+}
+
+static int mount_tmpfs(const char *dst, uint64_t size, int sticky) {
+  char opts[64];
+  if (size) snprintf(opts, sizeof opts, "mode=%s,size=%llu", sticky ? "1777" : "0755", (unsigned long long)size);
+  else snprintf(opts, sizeof opts, "mode=%s", sticky ? "1777" : "0755");
+  if (mkdirs(dst, 1) < 0) return -1;
+  return mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV, opts);
+}
+
+static int write_file(const char *dst, const char *data, size_t len) {
+  if (mkdirs(dst, 0) < 0) return -1;
+  int fd = open(dst, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  while (len > 0) {
+    ssize_t n = write(fd, data, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) { close(fd); return -1; }
+    data += n;
+    len -= (size_t)n;
+  }
+  return close(fd);
+}
+
+/* A minimal /dev: a few host device nodes bound in, a private devpts with
+ * its own ptmx, a tmpfs /dev/shm, and the usual symlinks. */
+static int make_dev(const char *dst, const int *devfds) {
+  char path[PATH_MAX];
+  if (mkdirs(dst, 1) < 0 || mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536") < 0)
+    return -1;
+  for (size_t i = 0; i < NDEV; i++) {
+    if (devfds[i] < 0) continue;
+    snprintf(path, sizeof path, "%s/%s", dst, dev_nodes[i]);
+    if (attach(devfds[i], path) < 0) return -1;
+  }
+  snprintf(path, sizeof path, "%s/pts", dst);
+  if (mkdirs(path, 1) < 0 ||
+      mount("devpts", path, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
+    return -1;
+  snprintf(path, sizeof path, "%s/shm", dst);
+  if (mount_tmpfs(path, 0, 1) < 0) return -1;
+  static const char *const links[][2] = {
+    {"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
+    {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}};
+  for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
+    snprintf(path, sizeof path, "%s/%s", dst, links[i][1]);
+    if (symlink(links[i][0], path) < 0) return -1;
+  }
+  return 0;
+}
+
+static void setup_root(const mb_nsinit_plan *p) {
+  static int srcfd[MB_NSINIT_MAX_MOUNTS];
+  static int devfd[NDEV];
+  int need_dev = 0;
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) die(p, MB_NSINIT_MOUNT, -1);
+  /* Detach every source first: mounting the new root may hide them. */
+  for (int i = 0; i < p->nmounts; i++) {
+    const mb_mount *m = &p->mounts[i];
+    srcfd[i] = -1;
+    if (m->type == MB_MOUNT_DEV) need_dev = 1;
+    if (m->type != MB_MOUNT_BIND && m->type != MB_MOUNT_RO_BIND) continue;
+    srcfd[i] = detach(m->src, m->type == MB_MOUNT_RO_BIND, 0);
+    if (srcfd[i] < 0 && !(m->optional && errno == ENOENT)) die(p, MB_NSINIT_MOUNT, i);
+  }
+  for (size_t i = 0; i < NDEV; i++) {
+    char path[32];
+    snprintf(path, sizeof path, "/dev/%s", dev_nodes[i]);
+    devfd[i] = need_dev ? detach(path, 0, 1) : -1;
+  }
+  /* The new root is a small tmpfs over /tmp of this (private) mount tree. */
+  if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1048576") < 0 || chdir("/tmp") < 0)
+    die(p, MB_NSINIT_MOUNT, -1);
+  for (int i = 0; i < p->nmounts; i++) {
+    const mb_mount *m = &p->mounts[i];
+    const char *dst = rel(m->dst);
+    int rc = 0;
+    switch (m->type) {
+    case MB_MOUNT_BIND: case MB_MOUNT_RO_BIND:
+      if (srcfd[i] >= 0) { rc = attach(srcfd[i], dst); close(srcfd[i]); }
+      break;
+    case MB_MOUNT_TMPFS: {
+      size_t n = strlen(dst);
+      int sticky = strcmp(dst, "tmp") == 0 || (n >= 3 && strcmp(dst + n - 3, "shm") == 0);
+      rc = mount_tmpfs(dst, m->size, sticky);
+      break;
+    }
+    case MB_MOUNT_PROC:
+      rc = mkdirs(dst, 1) < 0 ? -1 : mount("proc", dst, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+      break;
+    case MB_MOUNT_DEV: rc = make_dev(dst, devfd); break;
+    case MB_MOUNT_SYMLINK: rc = mkdirs(dst, 0) < 0 ? -1 : symlink(m->src, dst); break;
+    case MB_MOUNT_FILE: rc = write_file(dst, m->data, m->data_len); break;
+    case MB_MOUNT_DIR: rc = mkdirs(dst, 1); break;
+    default: errno = EINVAL; rc = -1;
+    }
+    if (rc < 0) die(p, MB_NSINIT_MOUNT, i);
+  }
+  for (size_t i = 0; i < NDEV; i++) if (devfd[i] >= 0) close(devfd[i]);
+  /* pivot_root(".", "."): the old root ends up on top, then goes away */
+  if (syscall(SYS_pivot_root, ".", ".") < 0) die(p, MB_NSINIT_PIVOT, -1);
+  if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) die(p, MB_NSINIT_PIVOT, -1);
+  if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+    die(p, MB_NSINIT_PIVOT, -1);
+}
+
+static int loopback_up(void) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  strcpy(ifr.ifr_name, "lo");
+  int rc = ioctl(s, SIOCGIFFLAGS, &ifr);
+  if (rc == 0) {
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    rc = ioctl(s, SIOCSIFFLAGS, &ifr);
+  }
+  int e = errno;
+  close(s);
+  errno = e;
+  return rc;
+}
+
+/* ---- serving ------------------------------------------------------------ */
+
+#define MAX_PID (1 << 22)
+static unsigned char tracked[MAX_PID / 8];   /* pids we started: their exits are reported */
+#define EVENT_QUEUE 4096
+static mb_nsinit_event queue[EVENT_QUEUE];
+static int queue_head, queue_len;
+static char child_stack[64 * 1024] __attribute__((aligned(16)));
+
+static void track(pid_t pid, int on) {
+  if (pid <= 0 || pid >= MAX_PID) return;
+  if (on) tracked[pid / 8] |= (unsigned char)(1u << (pid % 8));
+  else tracked[pid / 8] &= (unsigned char)~(1u << (pid % 8));
+}
+static int is_tracked(pid_t pid) {
+  return pid > 0 && pid < MAX_PID && (tracked[pid / 8] & (1u << (pid % 8)));
+}
+
+static void reap(void) {
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    if (!is_tracked(pid)) continue; /* an orphan of the sandbox: just reaped */
+    track(pid, 0);
+    if (queue_len == EVENT_QUEUE) continue; /* cannot happen: at most as many as we started */
+    queue[(queue_head + queue_len++) % EVENT_QUEUE] = (mb_nsinit_event){pid, status};
+  }
+}
+
+static void flush_events(int event_fd) {
+  while (queue_len > 0) {
+    ssize_t n = send(event_fd, &queue[queue_head], sizeof queue[0], MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0) _exit(0); /* the runtime is gone */
+    queue_head = (queue_head + 1) % EVENT_QUEUE;
+    queue_len--;
+  }
+}
+
+static void reply(int ctl_fd, mb_nsinit_reply r, pid_t cred_pid, int pass_fd) {
+  union { char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+  struct iovec iov = {&r, sizeof r};
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  memset(&u, 0, sizeof u);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = u.buf;
+  size_t clen = 0;
+  struct cmsghdr *c = (struct cmsghdr *)u.buf;
+  if (cred_pid > 0) {
+    /* the kernel translates this pid into the runtime's pid namespace */
+    struct ucred cred = {cred_pid, getuid(), getgid()};
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_CREDENTIALS;
+    c->cmsg_len = CMSG_LEN(sizeof cred);
+    memcpy(CMSG_DATA(c), &cred, sizeof cred);
+    clen += CMSG_SPACE(sizeof cred);
+    c = (struct cmsghdr *)(u.buf + clen);
+  }
+  if (pass_fd >= 0) {
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    clen += CMSG_SPACE(sizeof(int));
+  }
+  msg.msg_controllen = clen;
+  if (!clen) msg.msg_control = NULL;
+  ssize_t n;
+  do n = sendmsg(ctl_fd, &msg, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+  if (n < 0) _exit(0);
+}
+
+static void do_spawn(int ctl_fd, const int *fds, int nfds) {
+  mb_nsinit_reply r = {0, 0, 0};
+  struct stat st;
+  void *map = MAP_FAILED;
+  mb_child_plan plan;
+  struct sock_fprog prog;
+  int report[2] = {-1, -1};
+  pid_t pid = -1;
+  if (nfds < 1 || fstat(fds[0], &st) < 0 || st.st_size <= 0) { r.stage = MB_STAGE_NONE; r.err = EINVAL; goto out; }
+  map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fds[0], 0);
+  if (map == MAP_FAILED) { r.err = errno; goto out; }
+  if ((r.err = mb_wire_unpack(map, (size_t)st.st_size, fds, nfds, &plan, &prog)) != 0) goto out;
+  if (pipe2(report, O_CLOEXEC) < 0) { r.err = errno; goto out; }
+  plan.report_fd = report[1];
+  plan.parent_pid = getpid();
+  pid = clone(mb_child_main, child_stack + sizeof child_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &plan);
+  if (pid < 0) { r.err = errno; goto out; }
+  close(report[1]);
+  report[1] = -1;
+  mb_child_report cr;
+  ssize_t n;
+  do n = read(report[0], &cr, sizeof cr); while (n < 0 && errno == EINTR);
+  if (n == (ssize_t)sizeof cr) {
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    r.stage = cr.stage;
+    r.err = cr.err;
+    pid = -1;
+  } else {
+    track(pid, 1);
+    r.pid = pid;
+  }
+out:
+  if (r.err && !r.stage) r.stage = MB_STAGE_NONE;
+  if (report[0] >= 0) close(report[0]);
+  if (report[1] >= 0) close(report[1]);
+  if (map != MAP_FAILED) munmap(map, (size_t)st.st_size);
+  for (int i = 0; i < nfds; i++) close(fds[i]);
+  reply(ctl_fd, r, r.err ? 0 : pid, -1);
+}
+
+static void do_socket(int ctl_fd, int domain, int type) {
+  mb_nsinit_reply r = {0, 0, 0};
+  int fd = socket(domain, type | SOCK_CLOEXEC, 0);
+  if (fd < 0) { r.stage = 1; r.err = errno; }
+  reply(ctl_fd, r, 0, fd);
+  if (fd >= 0) close(fd);
+}
+
+static void handle_request(int ctl_fd) {
+  mb_nsinit_request req;
+  union { char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)]; struct cmsghdr align; } u;
+  struct iovec iov = {&req, sizeof req};
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = u.buf;
+  msg.msg_controllen = sizeof u.buf;
+  ssize_t n;
+  do n = recvmsg(ctl_fd, &msg, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+  if (n <= 0) _exit(0); /* the runtime closed the sandbox (or died) */
+  int fds[MB_WIRE_MAX_FDS], nfds = 0;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    for (int i = 0; i < k && nfds < MB_WIRE_MAX_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+  }
+  if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SPAWN) { do_spawn(ctl_fd, fds, nfds); return; }
+  for (int i = 0; i < nfds; i++) close(fds[i]);
+  if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SOCKET) { do_socket(ctl_fd, req.arg1, req.arg2); return; }
+  reply(ctl_fd, (mb_nsinit_reply){MB_STAGE_NONE, EINVAL, 0}, 0, -1);
+}
+
+static void serve(int ctl_fd, int event_fd, int sig_fd) {
+  for (;;) {
+    struct pollfd pf[3] = {{ctl_fd, POLLIN, 0}, {sig_fd, POLLIN, 0}, {event_fd, queue_len ? POLLOUT : 0, 0}};
+    if (poll(pf, 3, -1) < 0) { if (errno == EINTR) continue; _exit(1); }
+    if (pf[1].revents & POLLIN) {
+      struct signalfd_siginfo si;
+      while (read(sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {}
+      reap();
+    }
+    if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) handle_request(ctl_fd);
+    if (pf[2].revents & (POLLHUP | POLLERR)) _exit(0);
+    flush_events(event_fd);
+  }
+}
+
+/* Close everything the runtime had open except the fds in keep. */
+static void close_others(const int *keep, int nkeep) {
+  unsigned lo = 0;
+  for (;;) {
+    int next = -1;
+    for (int i = 0; i < nkeep; i++)
+      if (keep[i] >= (int)lo && (next < 0 || keep[i] < next)) next = keep[i];
+    if (next < 0) { syscall(SYS_close_range, lo, ~0U, 0); return; }
+    if ((unsigned)next > lo) syscall(SYS_close_range, lo, (unsigned)next - 1, 0);
+    lo = (unsigned)next + 1;
+  }
+}
+
+int mb_nsinit_main(void *arg) {
+  mb_nsinit_plan *p = (mb_nsinit_plan *)arg;
+  int keep[16] = {0, 1, 2, p->ctl_fd, p->event_fd, p->go_fd, p->report_fd}, nkeep = 7;
+  for (int i = 0; i < 8 && p->cgroup_fds[i] >= 0; i++) keep[nkeep++] = p->cgroup_fds[i];
+  close_others(keep, nkeep);
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) die(p, MB_NSINIT_PDEATHSIG, -1);
+  prctl(PR_SET_NAME, "moonbox-init", 0, 0, 0);
+  char go;
+  if (read(p->go_fd, &go, 1) != 1) _exit(1); /* the runtime gave up (or died) */
+  close(p->go_fd);
+  for (int i = 0; i < 8 && p->cgroup_fds[i] >= 0; i++) {
+    if (write(p->cgroup_fds[i], "0", 1) != 1) die(p, MB_NSINIT_CGROUP, i);
+    close(p->cgroup_fds[i]);
+  }
+  if (p->hostname && sethostname(p->hostname, strlen(p->hostname)) < 0) die(p, MB_NSINIT_HOSTNAME, -1);
+  if (p->loopback && loopback_up() < 0) die(p, MB_NSINIT_LOOPBACK, -1);
+  setup_root(p);
+  setsid();
+  /* stdio of pid 1 is /dev/null from here on */
+  int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null >= 0) { dup2(null, 0); dup2(null, 1); dup2(null, 2); close(null); }
+  sigset_t all, chld;
+  sigfillset(&all);
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  if (sigprocmask(SIG_SETMASK, &all, NULL) < 0) die(p, MB_NSINIT_SIGNALS, -1);
+  int sig_fd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sig_fd < 0) die(p, MB_NSINIT_SIGNALS, -1);
+  report(p, MB_NSINIT_READY, 0, 0);
+  close(p->report_fd);
+  serve(p->ctl_fd, p->event_fd, sig_fd);
+  return 0;
+}

@@ -1,0 +1,64 @@
+/* The sandbox init: pid 1 of a sandbox's namespaces.
+ *
+ * The runtime clone()s it (no exec: it is a copy of the runtime that only
+ * makes system calls, never allocates) with new user, mount, pid, ipc, uts
+ * and optionally net namespaces. It assembles the root filesystem from the
+ * mount plan, pivots into it, then serves two sockets:
+ *   ctl:    the runtime sends a request, the init answers it (spawn a child
+ *           from a packed plan, or create a socket inside the sandbox's
+ *           network namespace);
+ *   events: the init reports the exit of every child it started.
+ * It reaps every orphan of the sandbox, and dies with the runtime
+ * (PDEATHSIG), taking the whole pid namespace with it. */
+#ifndef MOONBOX_NSINIT_H
+#define MOONBOX_NSINIT_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#define MB_NSINIT_MAX_MOUNTS 64
+
+enum mb_mount_type {
+  MB_MOUNT_BIND, MB_MOUNT_RO_BIND, MB_MOUNT_TMPFS, MB_MOUNT_PROC, MB_MOUNT_DEV,
+  MB_MOUNT_SYMLINK, MB_MOUNT_FILE, MB_MOUNT_DIR,
+};
+
+typedef struct {
+  int type;
+  const char *src;   /* host path (binds), link target (symlink) */
+  const char *dst;   /* absolute path inside the sandbox */
+  const char *data;  /* file contents (file) */
+  size_t data_len;
+  uint64_t size;     /* tmpfs size in bytes; 0: the kernel default */
+  int optional;      /* a bind whose source is missing is skipped */
+} mb_mount;
+
+typedef struct {
+  int clone_flags;
+  const char *hostname;       /* NULL: keep */
+  int loopback;               /* bring lo up (new net namespace) */
+  mb_mount mounts[MB_NSINIT_MAX_MOUNTS];
+  int nmounts;
+  int cgroup_fds[8];          /* cgroup.procs files to join first; -1: none */
+  int ctl_fd, event_fd;       /* the init's ends of the two sockets */
+  int go_fd;                  /* read end: the runtime writes one byte once the id maps are set */
+  int report_fd;              /* write end: one mb_nsinit_report, then closed */
+} mb_nsinit_plan;
+
+enum mb_nsinit_stage {
+  MB_NSINIT_READY = 0, MB_NSINIT_GO, MB_NSINIT_PDEATHSIG, MB_NSINIT_CGROUP, MB_NSINIT_HOSTNAME,
+  MB_NSINIT_LOOPBACK, MB_NSINIT_MOUNT, MB_NSINIT_PIVOT, MB_NSINIT_SIGNALS,
+};
+
+typedef struct { int32_t stage, err, index; } mb_nsinit_report;
+
+/* ctl requests and replies */
+enum { MB_NSINIT_SPAWN = 1, MB_NSINIT_SOCKET = 2 };
+typedef struct { int32_t type, arg1, arg2; } mb_nsinit_request;
+typedef struct { int32_t stage, err, pid; } mb_nsinit_reply; /* pid inside; SCM_CREDENTIALS carry it outside */
+/* events */
+typedef struct { int32_t pid, status; } mb_nsinit_event;
+
+int mb_nsinit_main(void *plan);
+
+#endif
