@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -395,6 +396,38 @@ static void serve(int ctl_fd, int event_fd, int sig_fd) {
   }
 }
 
+/* The init is a copy of the runtime, environment and command line
+ * included, and /proc/1/environ and /proc/1/cmdline inside would show them:
+ * overwrite both areas (found in /proc/self/stat) in our copy. */
+static void scrub_args_and_env(void) {
+  static char buf[4096];
+  int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return;
+  buf[n] = 0;
+  char *s = strrchr(buf, ')');
+  if (!s) return;
+  /* after ") " comes field 3 (the state letter); arg_start..env_end are
+   * fields 48-51 */
+  unsigned long long v[52] = {0};
+  int field = 4;
+  for (s += 4; *s && field <= 51; field++) {
+    v[field] = strtoull(s, &s, 10);
+    while (*s == ' ') s++;
+  }
+  if (field <= 51) return;
+  const char name[] = "moonbox-init";
+  char *arg = (char *)(uintptr_t)v[48], *env = (char *)(uintptr_t)v[50];
+  size_t arg_len = (size_t)(v[49] - v[48]), env_len = (size_t)(v[51] - v[50]);
+  if (arg && arg_len >= sizeof name) {
+    memset(arg, 0, arg_len);
+    memcpy(arg, name, sizeof name);
+  }
+  if (env && env_len) memset(env, 0, env_len);
+}
+
 /* Close everything the runtime had open except the fds in keep. */
 static void close_others(const int *keep, int nkeep) {
   unsigned lo = 0;
@@ -415,6 +448,7 @@ int mb_nsinit_main(void *arg) {
   close_others(keep, nkeep);
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) die(p, MB_NSINIT_PDEATHSIG, -1);
   prctl(PR_SET_NAME, "moonbox-init", 0, 0, 0);
+  scrub_args_and_env();
   char go;
   if (read(p->go_fd, &go, 1) != 1) _exit(1); /* the runtime gave up (or died) */
   close(p->go_fd);

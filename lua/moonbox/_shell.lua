@@ -23,7 +23,9 @@
 -- (rundir): the body, stdin and prelude are small files written per
 -- command, stdout and stderr fresh FIFOs the runtime holds open read-write
 -- (never at EOF, never blocking the shell's open). Each is unlinked after
--- the command, so a background job keeps only its own old copy.
+-- the command, so a background job keeps only its own old copy. The status
+-- record goes to a FIFO there too, opened per report, so that no fd of the
+-- runtime's is open in the sandbox's commands.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 
@@ -50,7 +52,7 @@ local function prelude(slots, rundir)
   local lines = {
     "shopt -s expand_aliases",
     "__mb_report() { builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\";" ..
-      " builtin export -p; builtin printf '\\0'; } >&61",
+      " builtin export -p; builtin printf '\\0'; } " .. (rundir and (">>" .. rundir.inside .. "/status") or ">&61"),
     -- a subshell hit by a signal right after fork may still run this trap:
     -- only the shell itself reports its exit
     "trap '__mb_s=$?; [ \"$BASHPID\" = \"$$\" ] && __mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit' EXIT",
@@ -127,12 +129,25 @@ function M.spawn(opts)
     if not ok and code ~= "EEXIST" then return nil, err, code end
   end
   local spec_of = opts.spawn_spec or function(spec) return spec end
+  local stdio = { [0] = "null", [1] = "null", [2] = "null", [CONTROL_FD] = "in", [STATUS_FD] = "out" }
+  local status_fd
+  if self.rundir then
+    stdio[STATUS_FD] = nil
+    local path = self.rundir.host .. "/status"
+    local ok, err, code = core.mkfifo(path)
+    if ok then status_fd, err, code = core.open_fd(path, "fifo") end
+    if not status_fd then
+      os.remove(path)
+      core.rmdir(self.rundir.host)
+      return nil, err, code
+    end
+  end
   local proc, pipes_or_err, code = core.spawn(spec_of {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",
     env = opts.env,
     cwd = opts.cwd,
-    stdio = { [0] = "null", [1] = "null", [2] = "null", [CONTROL_FD] = "in", [STATUS_FD] = "out" },
+    stdio = stdio,
     setsid = true,
     pdeathsig = "SIGKILL",
     cgroup = opts.cgroup,
@@ -142,7 +157,11 @@ function M.spawn(opts)
     on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
   })
   if not proc then
-    if self.rundir then core.rmdir(self.rundir.host) end
+    if self.rundir then
+      core.close_fd(status_fd)
+      os.remove(self.rundir.host .. "/status")
+      core.rmdir(self.rundir.host)
+    end
     return nil, pipes_or_err, code
   end
   self.devnull = core.devnull()
@@ -152,7 +171,7 @@ function M.spawn(opts)
   end
   self.proc, self.pid = proc, proc:pid()
   self.control = pipes_or_err[CONTROL_FD]
-  self.status = pipes_or_err[STATUS_FD]
+  self.status = status_fd and core.stream_open(status_fd) or pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)
   self.control:write(prelude(self.slots, self.rundir))
   return self
@@ -214,6 +233,7 @@ function Shell:_close_slots()
   self.slots = nil
   if self.rundir then
     for name in pairs(SLOTS) do os.remove(self.rundir.host .. "/" .. name) end
+    os.remove(self.rundir.host .. "/status")
     core.rmdir(self.rundir.host)
   end
 end

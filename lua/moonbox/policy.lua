@@ -17,6 +17,7 @@ M.defaults = {
     killGraceMs = 5000,                -- kill(): SIGTERM, then SIGKILL after this
     timeoutGraceMs = 500,              -- exec timeout: SIGTERM, then SIGKILL after this
     maxFileBytes = 64 * 1024 * 1024,   -- readFile refuses bigger files (FILE_TOO_LARGE)
+    tmpBytes = 256 * 1024 * 1024,      -- size of the private /tmp and /root (namespaces)
     -- enforced where the host allows, see sandbox:info():
     memoryBytes = nil, pids = nil, cpuTime = nil, fileSizeBytes = nil, openFiles = nil,
   },
@@ -29,7 +30,8 @@ M.defaults = {
 }
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
-  "killGraceMs", "timeoutGraceMs", "maxFileBytes", "memoryBytes", "pids", "cpuTime", "fileSizeBytes", "openFiles" }
+  "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "cpuTime", "fileSizeBytes",
+  "openFiles" }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true }
 local MOUNT_TYPES = { bind = true, ro_bind = true, tmpfs = true, proc = true, dev = true }
 
@@ -86,6 +88,15 @@ local checks = {
   end,
   hostname = function(v) expect(v, "string", "hostname") end,
   seccomp = function(v) expect(v, "string", "seccomp") end,
+  capabilities = function(v)
+    expect(v, "table", "capabilities")
+    local known = require("moonbox._isolation").CAP_NUMBERS
+    for i, c in ipairs(v or {}) do
+      if type(c) ~= "string" or not known[(c:lower():gsub("^cap_", ""))] then
+        invalid(("capabilities[%d]"):format(i), ("unknown capability %q"):format(tostring(c)))
+      end
+    end
+  end,
   isolation = function(v)
     if v ~= nil and v ~= "auto" and v ~= "none" and v ~= "namespaces" then
       invalid("isolation", "expected \"auto\", \"namespaces\" or \"none\"")

@@ -123,7 +123,9 @@ function M.getSandbox(id, opts)
       self.fs_root = "/proc/" .. init:pid() .. "/root"
       self.home = "/workspace"
       self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
-    elseif isolation == "namespaces" then
+    elseif isolation == "namespaces" or tostring(namespaces):find("mount #", 1, true) then
+      -- "auto" falls back when the kernel refuses namespaces, never to hide
+      -- a policy whose mounts cannot be made
       limits.cleanup(self.limits_state, async.sleep)
       if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
       errors.raise("ISOLATION_UNAVAILABLE", "cannot create the sandbox's namespaces: " .. tostring(namespaces),
@@ -367,6 +369,7 @@ function Sandbox:info()
     in_force[k] = self.policy.limits[k]
   end
   for k in pairs(self.limits_state.enforced) do in_force[k] = self.policy.limits[k] end
+  if self.init then in_force.tmpBytes = self.policy.limits.tmpBytes end
   local cgroup = "none"
   if tree.mode() == "cgroup" then cgroup = self.limits_state.extra_cgroups and "v2+v1" or "v2" end
   return {

@@ -1,0 +1,212 @@
+-- Isolation (issue #5): a sandbox with isolation = "namespaces" is its own
+-- world. Each attempt to reach outside must fail, with the reason asserted.
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+
+local function ns_sandbox(opts)
+  opts = opts or {}
+  opts.isolation = "namespaces"
+  return helper.new_sandbox(opts)
+end
+
+local function with_ns(fn, opts)
+  return run_task(function()
+    local sb = ns_sandbox(opts)
+    local ok, err = pcall(fn, sb)
+    sb:destroy()
+    if not ok then error(err, 0) end
+  end)
+end
+
+describe("isolation: namespaces", function()
+  it("reports what is in force", function()
+    with_ns(function(sb)
+      local info = sb:info()
+      assert.equal("namespaces", info.isolation)
+      assert.equal("none", info.network)
+      assert.same({ "user", "mnt", "pid", "ipc", "uts", "net" }, info.namespaces)
+      assert.is_number(info.initPid)
+      assert.equal(256 * 1024 * 1024, info.limits.tmpBytes)
+    end)
+  end)
+
+  it("shares one pid namespace and one filesystem between sessions, and shows nothing else", function()
+    with_ns(function(sb)
+      local a, b = sb:createSession { id = "a" }, sb:createSession { id = "b" }
+      local p = b:startProcess("exec sleep 100")
+      a:exec("echo from-a > /tmp/shared")
+      assert.equal("from-a\n", b:exec("cat /tmp/shared").stdout)
+      local ps = a:exec("ps -e -o pid=,comm=").stdout
+      local saw_sleep = false
+      for pid, comm in ps:gmatch("(%d+) ([^\n]+)") do
+        if comm == "sleep" then saw_sleep = true end
+        assert.truthy(({ ["moonbox-init"] = true, bash = true, ps = true, sleep = true })[comm],
+          "a process from outside the sandbox is visible: " .. pid .. " " .. comm)
+      end
+      assert.matches("^%s*1 moonbox%-init\n", ps)
+      assert.is_true(saw_sleep, "b's process is not visible from a: " .. ps)
+      p:kill("SIGKILL")
+      p:waitForExit(5000)
+    end)
+  end)
+
+  it("is root inside, mapped to the invoking user, with the sandbox's hostname", function()
+    with_ns(function(sb)
+      local r = sb:exec("id -u; cat /proc/self/uid_map; hostname; cat /etc/hostname")
+      local uid = core.getuid()
+      assert.matches(("^0\n%%s+0%%s+%d%%s+1\n"):format(uid), r.stdout)
+      local tail = "\n" .. sb.id .. "\n" .. sb.id .. "\n"
+      assert.equal(tail, r.stdout:sub(-#tail))
+    end)
+    with_ns(function(sb)
+      assert.equal("box\n", sb:exec("hostname").stdout)
+    end, { policy = { hostname = "box" } })
+  end)
+
+  it("cannot see host files outside the mounts, nor write to the system directories", function()
+    local host_secret = helper.mkdtemp() .. "/secret"
+    local f = assert(io.open(host_secret, "w"))
+    f:write("host only")
+    f:close()
+    with_ns(function(sb)
+      local r = sb:exec("cat " .. host_secret)
+      assert.equal(1, r.exitCode)
+      assert.matches("No such file or directory", r.stderr)
+      r = sb:exec("ls /home /var /etc/shadow")
+      assert.equal(2, r.exitCode)
+      assert.matches("cannot access '/home'", r.stderr)
+      assert.matches("cannot access '/etc/shadow'", r.stderr)
+      r = sb:exec("touch /usr/evil; echo x > /etc/passwd; mkdir /newdir")
+      assert.matches("touch: cannot touch '/usr/evil': Read%-only file system", r.stderr)
+      assert.matches("/etc/passwd: Read%-only file system", r.stderr)
+      assert.matches("mkdir: cannot create directory .-/newdir.-: Read%-only file system", r.stderr)
+      assert.is_nil(io.open("/usr/evil"))
+      -- the private /tmp is not the host's
+      sb:exec("echo inside > /tmp/moonbox-isolation-probe")
+      assert.is_nil(io.open("/tmp/moonbox-isolation-probe"))
+    end)
+  end)
+
+  it("refuses mount, ptrace of the runtime, and escapes through /proc", function()
+    with_ns(function(sb)
+      local r = sb:exec("mkdir -p /tmp/m && mount -t tmpfs x /tmp/m")
+      assert.is_true(r.exitCode ~= 0)
+      assert.matches("[Pp]ermission denied", r.stderr) -- seccomp: EPERM, whatever mount(8) calls it
+      -- the runtime has no pid in here: it cannot be signalled or traced
+      r = sb:exec("kill -0 " .. core.getpid() .. " 2>&1; ls /proc/" .. core.getpid() .. " 2>&1 | head -1")
+      assert.matches("No such process", r.stdout)
+      -- pid 1 is the init: a copy of the runtime that reveals nothing of it
+      r = sb:exec("ls /proc/1/root/ 2>&1; cat /proc/1/environ 2>&1; tr '\\0' ' ' < /proc/1/cmdline")
+      assert.matches("ls: cannot access '/proc/1/root/': Permission denied", r.stdout)
+      assert.matches("cat: /proc/1/environ: Permission denied", r.stdout)
+      assert.matches("moonbox%-init%s*$", r.stdout)
+      assert.is_nil(r.stdout:find("busted", 1, true))
+    end)
+  end)
+
+  it("leaks no fd of the runtime into a command", function()
+    with_ns(function(sb)
+      -- what an external command has open: its stdio, and ls's own dirfd
+      local r = sb:exec("ls /proc/self/fd; readlink /proc/self/fd/0")
+      assert.equal("0\n1\n2\n3\n/dev/null\n", r.stdout)
+      r = sb:startProcess("ls /proc/self/fd")
+      r:waitForExit(5000)
+      assert.equal("0\n1\n2\n3\n", r:getLogs().stdout)
+    end)
+  end)
+
+  it("with network = none reaches only its own loopback", function()
+    run_task(function()
+      -- a listener on the host's loopback
+      local port = 20000 + core.getpid() % 20000
+      local server, server_pipes = assert(core.spawn {
+        args = { "python3", "-c", ([[
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", %d)); s.listen(5); print("up", flush=True)
+while True:
+    c, _ = s.accept(); c.sendall(b"host\n"); c.close()]]):format(port) },
+        file = "/usr/bin/python3", stdio = { [1] = "pipe" },
+      })
+      local sb = ns_sandbox()
+      local ok, err = pcall(function()
+        local connect = ("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", %d))'"):format(port)
+        assert.equal("up", helper.sh("for i in $(seq 100); do " .. connect ..
+          " 2>/dev/null && echo up && exit 0; sleep 0.05; done"))
+        local r = sb:exec(("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", %d), 2)'"):format(port))
+        assert.equal(1, r.exitCode)
+        assert.matches("ConnectionRefusedError", r.stderr)
+        local links = sb:exec("ip -o link | cut -d: -f2 | tr -d ' '").stdout
+        assert.equal("lo\n", links)
+        -- its own loopback works
+        local p = sb:startProcess("python3 -m http.server 8765 --bind 127.0.0.1", { cwd = "/tmp" })
+        p:waitForPort(8765, { timeout = 10000 })
+        assert.equal(0, sb:exec("curl -sf -o /dev/null http://127.0.0.1:8765/").exitCode)
+        p:kill("SIGKILL")
+        p:waitForExit(5000)
+      end)
+      sb:destroy()
+      server:kill("SIGKILL")
+      server_pipes[1]:close()
+      if not ok then error(err, 0) end
+    end)
+  end)
+
+  it("reaps orphans inside: no zombie survives its parent", function()
+    with_ns(function(sb)
+      sb:exec("( (sleep 0.1; exit 3) & ) ; sleep 0.4")
+      assert.equal("0\n", sb:exec("ps -eo stat= | grep -c '^Z' || true").stdout)
+    end)
+  end)
+
+  it("dies with the runtime: kill -9 of the runtime leaves no process of the sandbox", function()
+    run_task(function()
+      local root = helper.mkdtemp()
+      local script = root .. "/victim.lua"
+      local f = assert(io.open(script, "w"))
+      f:write(([[
+local moonbox = require "moonbox"
+local sb = moonbox.getSandbox("victim", { root = %q, isolation = "namespaces" })
+local p = sb:startProcess("exec sleep 1000")
+sb:createSession { id = "s" }:exec("true")
+io.write(sb:info().initPid, " ", p.pid, "\n") io.flush()
+moonbox.sleep(100000)
+]]):format(root .. "/sb"))
+      f:close()
+      local proc, pipes = assert(core.spawn {
+        args = { os.getenv("MOONBOX_BIN") or "build/moonbox", script }, stdio = { [1] = "pipe" },
+        env = { PATH = os.getenv("PATH") },
+      })
+      local line = require("moonbox.async").await(function(resume)
+        local buf = ""
+        pipes[1]:read_start(function(_, data)
+          buf = buf .. (data or "")
+          if not data or buf:find("\n") then pipes[1]:read_stop() resume(buf) end
+        end)
+      end)
+      local init_pid, sleep_pid = line:match("^(%d+) (%d+)")
+      assert.is_string(init_pid, "no pids from the script: " .. tostring(line))
+      assert.is_true(helper.pid_alive(tonumber(sleep_pid)))
+      proc:kill("SIGKILL")
+      for _ = 1, 200 do
+        if not helper.pid_alive(tonumber(init_pid)) and not helper.pid_alive(tonumber(sleep_pid)) then break end
+        moonbox.sleep(10)
+      end
+      assert.is_false(helper.pid_alive(tonumber(init_pid)))
+      assert.is_false(helper.pid_alive(tonumber(sleep_pid)))
+      pipes[1]:close()
+    end)
+  end)
+
+  it("raises ISOLATION_UNAVAILABLE naming the step that failed, and auto does not hide a bad policy", function()
+    run_task(function()
+      local bad = { mounts = { { type = "bind", src = "/nonexistent/moonbox", dst = "/x" } } }
+      local err = helper.error_of(ns_sandbox, { policy = bad })
+      assert.equal("ISOLATION_UNAVAILABLE", err.code)
+      assert.matches("mount #%d+ %(bind /nonexistent/moonbox %-> /x%)", err.message)
+      assert.matches("ENOENT", err.message)
+      err = helper.error_of(helper.new_sandbox, { policy = bad })
+      assert.equal("ISOLATION_UNAVAILABLE", err.code)
+    end)
+  end)
+end)
