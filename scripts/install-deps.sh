@@ -5,7 +5,7 @@ set -eu
 PACKAGES="build-essential cmake pkg-config git
 libluajit-5.1-dev luajit libuv1-dev lua-cjson libseccomp-dev libmagic-dev
 lua-busted lua-check python3 procps curl git
-python3-ipython python3-matplotlib"
+python3-ipython python3-matplotlib bubblewrap"
 missing=""
 for p in $PACKAGES; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

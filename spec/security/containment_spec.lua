@@ -93,6 +93,25 @@ describe("containment", function()
     end)
   end)
 
+  it("fills only its own /tmp: ENOSPC inside, the host's disk untouched", function()
+    with_pair({ tmpBytes = 8 * 1024 * 1024 }, function(sb, probe)
+      if sb:info().isolation ~= "namespaces" then
+        -- without namespaces /tmp is the host's: never fill it; info must not claim a limit
+        assert.is_nil(sb:info().limits.tmpBytes)
+        return
+      end
+      local idle = idle_p99(probe)
+      local name = "/tmp/moonbox-fill-" .. core.getpid()
+      local r, busy = responsiveness(probe, function()
+        return sb:exec("dd if=/dev/zero of=" .. name .. " bs=1M count=64 2>&1; df -k /tmp | tail -1")
+      end)
+      assert.matches("No space left on device", r.stdout)
+      assert.matches("%s8192%s+8192%s+0%s+100%%", r.stdout)
+      assert.is_nil(io.open(name), "the host's /tmp got the file")
+      assert.is_true(busy < 10 * idle, ("p99 %.1f ms under attack, idle %.1f ms"):format(busy, idle))
+    end)
+  end)
+
   it("stops a CPU hog at its CPU time limit", function()
     with_pair({ cpuTime = 1 }, function(sb, probe)
       local idle = idle_p99(probe)

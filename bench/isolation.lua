@@ -1,0 +1,77 @@
+-- Isolation benchmark (issue #5): a new namespaced sandbox plus its first
+-- exec("true"), against bubblewrap running `true` in an equivalent
+-- read-only root (--unshare-all), measured in the same run.
+-- Run: ./build/moonbox bench/isolation.lua [iterations]   (needs bwrap)
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+
+local N = tonumber(arg and arg[1]) or 200
+local function ms() return core.hrtime() / 1e6 end
+local function stats(samples)
+  table.sort(samples)
+  local function q(p) return samples[math.max(1, math.floor(#samples * p + 0.5))] end
+  return q(0.5), q(0.99)
+end
+
+local tmp = os.tmpname()
+os.remove(tmp)
+assert(core.mkdir(tmp))
+
+-- bwrap with what our default root has: read-only /usr and the /bin, /lib
+-- symlinks, /etc files, fresh /proc, /dev, tmpfs /tmp, a bound workspace.
+local function bwrap_argv()
+  local argv = { "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr" }
+  for _, d in ipairs { "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32" } do
+    local target = core.readlink(d)
+    if target then
+      argv[#argv + 1] = "--symlink" argv[#argv + 1] = target argv[#argv + 1] = d
+    end
+  end
+  for _, f in ipairs { "/etc/passwd", "/etc/group", "/etc/hosts", "/etc/ld.so.cache", "/etc/nsswitch.conf" } do
+    argv[#argv + 1] = "--ro-bind" argv[#argv + 1] = f argv[#argv + 1] = f
+  end
+  for _, a in ipairs { "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", tmp, "/workspace",
+    "--hostname", "bench", "true" } do argv[#argv + 1] = a end
+  return argv
+end
+
+local function bwrap()
+  local argv = bwrap_argv()
+  local samples = {}
+  for i = 1, N do
+    local t = ms()
+    local code = async.await(function(resume)
+      assert(core.spawn { args = argv, file = "/usr/bin/bwrap", stdio = { [0] = "null", [1] = "null", [2] = "null" },
+        on_exit = function(c) resume(c) end })
+    end)
+    assert(code == 0, "bwrap failed: " .. tostring(code))
+    samples[i] = ms() - t
+  end
+  return stats(samples)
+end
+
+local function moonbox_sandbox()
+  local samples = {}
+  for i = 1, N do
+    local t = ms()
+    local sb = moonbox.getSandbox("bench-iso-" .. i, { root = tmp .. "/sb" .. i, isolation = "namespaces" })
+    local r = sb:exec("true")
+    samples[i] = ms() - t
+    assert(r.exitCode == 0)
+    sb:destroy()
+  end
+  return stats(samples)
+end
+
+moonbox.run(function()
+  local b50, b99 = bwrap()
+  local m50, m99 = moonbox_sandbox()
+  print(("machine: %s, %d iterations"):format(io.popen("uname -r"):read("*l"), N))
+  print("| what | p50 ms | p99 ms |")
+  print("|---|---|---|")
+  print(("| bwrap --unshare-all, ro root, `true` | %.2f | %.2f |"):format(b50, b99))
+  print(("| getSandbox (namespaces) + first exec(\"true\") | %.2f | %.2f |"):format(m50, m99))
+  print(("| ratio (moonbox / bwrap) | %.2fx | %.2fx |"):format(m50 / b50, m99 / b99))
+  os.execute("rm -rf " .. tmp)
+end)
