@@ -37,6 +37,17 @@ describe("terminal", function()
     end)
   end)
 
+  it("is the shell's controlling terminal, named in the sandbox's own /dev/pts", function()
+    with_sandbox(function(sb)
+      local t = sb:terminal {}
+      t:write('echo "[$(tty)] [$(ps -o tty= -p $$)]"; test -e "$(tty)" && echo vis""ible\n')
+      local out = expect(t, "\nvisible")
+      local name = out:match("%[/dev/(pts/%d+)%] %[pts/%d+%]")
+      assert.is_string(name, out)
+      t:close()
+    end)
+  end)
+
   it("echoes typed input and shows a resize in stty size", function()
     with_sandbox(function(sb)
       local t = sb:terminal {}

@@ -11,10 +11,35 @@
 #include <termios.h>
 #include <unistd.h>
 
-/* core.openpty(cols, rows) -> master_fd, slave_fd, slave_name */
+#ifndef TIOCGPTPEER
+#define TIOCGPTPEER _IO('T', 0x41)
+#endif
+
+/* A pty from another devpts instance (a sandbox's, reached through
+ * /proc/<init>/root/dev/ptmx): the slave comes from TIOCGPTPEER, since its
+ * name only means something inside that sandbox. */
+static int pty_open_at(lua_State *L, const char *ptmx, int cols, int rows) {
+  int master = open(ptmx, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0) return mb_push_errno(L, errno, ptmx);
+  int unlock = 0;
+  if (ioctl(master, TIOCSPTLCK, &unlock) < 0) { int e = errno; close(master); return mb_push_errno(L, e, "TIOCSPTLCK"); }
+  int slave = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (slave < 0) { int e = errno; close(master); return mb_push_errno(L, e, "TIOCGPTPEER"); }
+  unsigned int n = 0;
+  ioctl(master, TIOCGPTN, &n);
+  struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+  ioctl(master, TIOCSWINSZ, &ws);
+  lua_pushinteger(L, master);
+  lua_pushinteger(L, slave);
+  lua_pushfstring(L, "/dev/pts/%d", (int)n);
+  return 3;
+}
+
+/* core.openpty(cols, rows[, ptmx_path]) -> master_fd, slave_fd, slave_name */
 static int pty_open(lua_State *L) {
   int cols = (int)luaL_optinteger(L, 1, 80), rows = (int)luaL_optinteger(L, 2, 24);
   if (cols <= 0 || rows <= 0 || cols > 65535 || rows > 65535) return luaL_error(L, "bad pty size");
+  if (!lua_isnoneornil(L, 3)) return pty_open_at(L, luaL_checkstring(L, 3), cols, rows);
   int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
   if (master < 0) return mb_push_errno(L, errno, "posix_openpt");
   char name[128];

@@ -30,9 +30,11 @@ function Session:terminal(opts)
   local env = util.copy(self:current_env())
   env.TERM = "xterm-256color"
   for k, v in pairs(V.env(opts.env, "env") or {}) do if v == false then env[k] = nil else env[k] = v end end
-  local master, slave = core.openpty(cols, rows)
-  if not master then errors.raise("FILESYSTEM_ERROR", "cannot open a pty: " .. tostring(slave)) end
   local sb = self.sandbox
+  -- under namespaces the pty comes from the sandbox's own devpts, so that
+  -- tty(1) and ttyname() work inside
+  local master, slave = core.openpty(cols, rows, sb.init and (sb.fs_root .. "/dev/ptmx") or nil)
+  if not master then errors.raise("FILESYSTEM_ERROR", "cannot open a pty: " .. tostring(slave)) end
   sb.terminal_seq = (sb.terminal_seq or 0) + 1
   local t = setmetatable({ cols = cols, rows = rows, chunks = {}, buffered = 0, listeners = {}, exited = false,
     sessionId = self.id, _sandbox = sb, _exit_waiters = {} }, Terminal)
