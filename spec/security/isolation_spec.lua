@@ -152,6 +152,23 @@ while True:
     end)
   end)
 
+  it("drops capabilities to the policy's bounding set, with no_new_privs", function()
+    with_ns(function(sb)
+      local r = sb:exec("grep -E '^(CapBnd|CapEff|NoNewPrivs)' /proc/self/status")
+      -- Docker's default set: chown dac_override fowner fsetid kill setgid setuid setpcap
+      -- net_bind_service net_raw sys_chroot mknod audit_write setfcap
+      assert.matches("CapEff:%s+00000000a80425fb\n", r.stdout)
+      assert.matches("CapBnd:%s+00000000a80425fb\n", r.stdout)
+      assert.matches("NoNewPrivs:%s+1\n", r.stdout)
+    end)
+    with_ns(function(sb)
+      local r = sb:exec("grep CapBnd /proc/self/status")
+      assert.matches("CapBnd:%s+0000000000000001\n", r.stdout)
+      r = sb:exec("hostname other")
+      assert.is_true(r.exitCode ~= 0, "sys_admin is gone: hostname must fail")
+    end, { policy = { capabilities = { "chown" } } })
+  end)
+
   it("reaps orphans inside: no zombie survives its parent", function()
     with_ns(function(sb)
       sb:exec("( (sleep 0.1; exit 3) & ) ; sleep 0.4")
