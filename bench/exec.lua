@@ -1,5 +1,6 @@
 -- Exec benchmark (issue #3): moonbox exec against raw floors measured in the
--- same run. Run: ./build/moonbox bench/exec.lua [iterations]
+-- same run. Run: ./build/moonbox bench/exec.lua [iterations [isolation]]
+-- (isolation: "auto", the default, "namespaces" or "none")
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
 local async = require "moonbox.async"
@@ -72,7 +73,8 @@ end
 
 moonbox.run(function()
   local root = os.tmpname() .. ".d"
-  local sb = moonbox.getSandbox("bench-exec", { root = root })
+  local sb = moonbox.getSandbox("bench-exec", { root = root, isolation = arg and arg[2] or "auto" })
+  print("isolation: " .. sb:info().isolation)
   local s = sb:createSession { id = "b" }
   s:exec("true")
   local bash50, bash99 = raw_bash_floor("true")

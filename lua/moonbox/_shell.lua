@@ -10,7 +10,7 @@
 --
 --   __mb_id=7;eval "$__mb_c1"
 --
--- with __mb_c1 = 'builtin . <body> </dev/null >|<out> 2>|<err> 60<&-;
+-- with __mb_c1 = 'builtin . <body> </dev/null >|<out> 2>|<err>;
 -- __mb_report $__mb_id $? run'. The body itself never travels through the
 -- control channel: bash sources it from its own pipe, so heredocs,
 -- unbalanced quotes, `exit`, `exec`, `break` and fd games stay inside it.
@@ -31,7 +31,7 @@ local async = require "moonbox.async"
 
 local M = {}
 
-local CONTROL_FD, STATUS_FD = 60, 61
+local CONTROL_FD, STATUS_FD, PRELUDE_FD = 60, 61, 62
 local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-pages-soft
 local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 
@@ -42,7 +42,7 @@ local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
 local function prelude(slots, rundir)
   local p = {}
   for name, i in pairs(SLOTS) do p[name] = rundir and (rundir.inside .. "/" .. name) or fd_path(slots[i]) end
-  local out = (" >|%s 2>|%s 60<&-; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
+  local out = (" >|%s 2>|%s; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
   local main = "builtin . " .. p.body
   local sub = ("( builtin . %s && builtin . %s )"):format(p.prelude, p.body)
   local shapes = {
@@ -57,6 +57,9 @@ local function prelude(slots, rundir)
     -- only the shell itself reports its exit
     "trap '__mb_s=$?; [ \"$BASHPID\" = \"$$\" ] && __mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit' EXIT",
     "__mb_id=0",
+    -- bash reads this script through its own fd (it opened /dev/fd/60): the
+    -- inherited fd 60 is closed once here, not redirected away per command
+    "exec 60<&-",
   }
   for i, shape in ipairs(shapes) do
     lines[#lines + 1] = ("__mb_c%d=%s"):format(i, "'" .. shape:gsub("'", "'\\''") .. "'")
@@ -129,7 +132,8 @@ function M.spawn(opts)
     if not ok and code ~= "EEXIST" then return nil, err, code end
   end
   local spec_of = opts.spawn_spec or function(spec) return spec end
-  local stdio = { [0] = "null", [1] = "null", [2] = "null", [CONTROL_FD] = "in", [STATUS_FD] = "out" }
+  local stdio = { [0] = "null", [1] = "null", [2] = "null", [CONTROL_FD] = "in", [STATUS_FD] = "out",
+    [PRELUDE_FD] = "in" }
   local status_fd
   if self.rundir then
     stdio[STATUS_FD] = nil
@@ -173,7 +177,11 @@ function M.spawn(opts)
   self.control = pipes_or_err[CONTROL_FD]
   self.status = status_fd and core.stream_open(status_fd) or pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)
-  self.control:write(prelude(self.slots, self.rundir))
+  -- bash reads a script from a pipe one byte per read(2), but sources a
+  -- file in blocks: the start-up script comes through its own pipe, sourced
+  local p = pipes_or_err[PRELUDE_FD]
+  p:write(prelude(self.slots, self.rundir), function() p:close() end)
+  self.control:write(". /dev/fd/62; exec 62<&-\n")
   return self
 end
 
@@ -331,9 +339,9 @@ function Shell:run(req)
       if self.dead then self:_close_slots() end
     elseif self.dead then
       self:_close_slots()
-    else
-      for _, slot in ipairs(used) do core.dup_to(self.devnull, slots[slot]) end
     end
+    -- (a slot keeps the last command's pipe end until the next dup3 over it:
+    -- our ends are closed, so that pipe is dead either way)
   end
   local ok, err = pcall(function()
     feed(SLOTS.body, req.body)
