@@ -7,7 +7,8 @@ local util = require "moonbox._util"
 
 local M = {}
 
--- Where the runtime's per-shell pipes live inside (a bind of <root>/.run).
+-- Where the runtime's per-shell pipes live inside (a tmpfs the runtime
+-- reaches as /proc/<init>/root/run/moonbox).
 M.RUN_DIR = "/run/moonbox"
 -- Where the code-interpreter kernels are visible inside.
 M.KERNEL_DIR = "/opt/moonbox/kernels"
@@ -73,7 +74,7 @@ function M.mounts(sb, opts)
   m[#m + 1] = { type = "tmpfs", dst = "/tmp", size = opts.tmpBytes }
   m[#m + 1] = { type = "tmpfs", dst = "/root", size = opts.tmpBytes }
   m[#m + 1] = { type = "bind", src = sb.workspace, dst = "/workspace" }
-  m[#m + 1] = { type = "bind", src = sb.rundir, dst = M.RUN_DIR }
+  m[#m + 1] = { type = "tmpfs", dst = M.RUN_DIR }
   if opts.kernels then m[#m + 1] = { type = "ro_bind", src = opts.kernels, dst = M.KERNEL_DIR } end
   for _, extra in ipairs(opts.extra or {}) do
     m[#m + 1] = { type = extra.type, src = extra.src, dst = extra.dst, size = extra.size }

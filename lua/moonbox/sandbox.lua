@@ -78,7 +78,6 @@ function M.getSandbox(id, opts)
   local root = opts.root and V.path(opts.root, "root") or (default_home() .. "/sandboxes/" .. id)
   local workspace = root .. "/workspace"
   local ok, err = mkdir_p(workspace)
-  if ok then ok, err = mkdir_p(root .. "/.run") end
   if not ok then
     errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(err), { root = root })
   end
@@ -86,7 +85,6 @@ function M.getSandbox(id, opts)
     id = id,
     root = root,
     workspace = workspace,
-    rundir = root .. "/.run",
     fs_root = root,
     home = workspace,         -- a new session's cwd, as a path the shell understands
     isolation = "none",
@@ -233,7 +231,9 @@ function Sandbox:_spawn_shell(opts)
   if self.init then
     self.shell_seq = self.shell_seq + 1
     local name = "sh-" .. self.shell_seq
-    opts.rundir = { host = self.rundir .. "/" .. name, inside = isolation_mod.RUN_DIR .. "/" .. name }
+    -- a tmpfs inside, reached from here through the init's root
+    local inside = isolation_mod.RUN_DIR .. "/" .. name
+    opts.rundir = { host = self.fs_root .. inside, inside = inside }
   end
   opts.spawn_spec = function(spec) return self:_spawn_spec(spec) end
   return shell_mod.spawn(opts)
@@ -418,7 +418,7 @@ function Sandbox:destroy(opts)
     end
   end
   limits.cleanup(self.limits_state, async.sleep)
-  if not opts.keepFiles then remove_tree(self.root) else remove_tree(self.rundir) end
+  if not opts.keepFiles then remove_tree(self.root) end
   return { success = true, id = self.id, timestamp = util.timestamp() }
 end
 
