@@ -793,6 +793,22 @@ describe("files: gitCheckout", function()
     end)
   end
 
+  it("clones a local repository that exists only on the host (file://), into nested directories", function()
+    with_sandbox(function(sb)
+      local dir = mkdtemp()
+      sh("cd " .. dir .. " && " .. G .. "init -q --bare origin.git && " .. G .. "init -q src && cd src && " ..
+        "echo host > f && " .. G .. "add f && " .. G .. "commit -qm one && " .. G .. "push -q ../origin.git HEAD:main")
+      local url = "file://" .. dir .. "/origin.git"
+      local r = sb:gitCheckout(url, { branch = "main", targetDir = "deep/er/repo" })
+      assert.is_true(r.success)
+      assert.equal("main", r.branch)
+      assert.equal("/workspace/deep/er/repo", r.targetDir)
+      assert.equal("host\n", sb:exec("cat deep/er/repo/f").stdout)
+      fails("GIT_CLONE_FAILED", sb.gitCheckout, sb, url, { branch = "main", targetDir = "deep/er/repo" })
+      os.execute("rm -rf " .. dir)
+    end)
+  end)
+
   it("raises GIT_REPOSITORY_NOT_FOUND, GIT_BRANCH_NOT_FOUND and INVALID_GIT_URL", function()
     with_origin(function(sb, url)
       local err = fails("GIT_REPOSITORY_NOT_FOUND", sb.gitCheckout, sb, url .. "-missing")

@@ -53,6 +53,16 @@ function M.write_file(path, data)
   return true
 end
 
+-- rm -rf without following symlinks: remove() unlinks a symlink itself, so
+-- only real directories are ever descended into.
+function M.remove_tree(path)
+  if os.remove(path) then return end
+  if M.is_dir(path) then
+    for _, name in ipairs(core.readdir(path) or {}) do M.remove_tree(path .. "/" .. name) end
+    os.remove(path)
+  end
+end
+
 function M.is_dir(path)
   local f = io.open(path .. "/.")
   if f then f:close() return true end

@@ -1044,6 +1044,51 @@ local git_env = { GIT_TERMINAL_PROMPT = "0", LC_ALL = "C", LANGUAGE = false }
 
 local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
 
+-- The repository path of a local URL (file:///x or /x), else nil.
+local function local_repo_path(url)
+  local path = url:match("^[Ff][Ii][Ll][Ee]://(/.*)$") or (url:sub(1, 1) == "/" and url) or nil
+  return path and util.normalize(path)
+end
+
+-- Under namespaces a local repository the caller names may exist only on
+-- the host (the Lua caller is trusted, the sandbox's commands are not):
+-- true when the path is missing inside the sandbox but present outside.
+local function host_only_repo(sb, url)
+  local path = sb.init and local_repo_path(url)
+  if not path then return false end
+  local ok, st = pcall(fs.stat_beneath, sb.fs_root, path:sub(2), "in_root")
+  if ok and type(st) == "table" then return false end
+  return util.is_dir(path)
+end
+
+-- git on the host; -> {exitCode, stderr, timedOut}
+local function host_git(argv, timeout_ms)
+  local env = { PATH = "/usr/local/bin:/usr/bin:/bin", HOME = os.getenv("HOME") or "/", GIT_TERMINAL_PROMPT = "0",
+    LC_ALL = "C" }
+  local err_parts, timed_out = {}, false
+  local proc, pipes, code
+  local result = async.await(function(resume)
+    local done = 0
+    local exit_code
+    local function finish() done = done + 1 if done == 2 then resume(exit_code) end end
+    proc, pipes, code = core.spawn { args = argv, file = "git", env = env, setsid = true, pdeathsig = "SIGKILL",
+      stdio = { [0] = "null", [1] = "null", [2] = "pipe" },
+      on_exit = function(c) exit_code = c finish() end }
+    if not proc then return resume(nil) end
+    pipes[2]:read_start(function(_, data)
+      if data then err_parts[#err_parts + 1] = data else pipes[2]:close() finish() end
+    end)
+    if timeout_ms then
+      local t = core.timer()
+      t:start(timeout_ms, 0, function() t:close() timed_out = true core.kill(-proc:pid(), "SIGKILL") end)
+      local prev = finish
+      finish = function() if done == 1 and not t:is_closing() then t:close() end prev() end
+    end
+  end, "gitCheckout")
+  if not proc then return { exitCode = 127, stderr = tostring(pipes) .. " (" .. tostring(code) .. ")" } end
+  return { exitCode = result or 1, stderr = table.concat(err_parts), timedOut = timed_out }
+end
+
 -- gitCheckout(repoUrl, {branch, targetDir, depth, timeout}) ->
 -- {success, repoUrl, branch, targetDir, timestamp}: git clone, run by the
 -- session (its env, its cwd) as an argv without a shell.
@@ -1079,7 +1124,36 @@ function Session:gitCheckout(repo_url, opts)
   argv[#argv + 1] = "--"
   argv[#argv + 1] = url
   argv[#argv + 1] = t.host
-  local r = self:exec(argv, { timeout = opts.timeout, env = git_env })
+  local r
+  local sb = self.sandbox
+  if host_only_repo(sb, url) then
+    -- clone next to the workspace on the host (not inside it, where the
+    -- sandbox could plant a symlink), then move it in with a confined rename
+    sb.clone_seq = (sb.clone_seq or 0) + 1
+    local tmp = (".clone-%d"):format(sb.clone_seq)
+    util.remove_tree(sb.root .. "/" .. tmp)
+    assert(core.mkdir(sb.root .. "/" .. tmp, 448))
+    argv[#argv] = sb.root .. "/" .. tmp .. "/repo"
+    r = host_git(argv, opts.timeout)
+    if r.exitCode == 0 and not r.timedOut then
+      -- leading directories, as git clone would make them
+      local parent = ""
+      for part in t.rel:gmatch("[^/]+/") do
+        parent = parent .. part
+        pcall(fs.mkdir_beneath, sb.root, parent:sub(1, -2), 493)
+      end
+      local ok, done, msg, code = pcall(fs.rename_beneath, sb.root, tmp .. "/repo", t.rel)
+      if not ok or not done then
+        local exists = code == "ENOTEMPTY" or code == "EEXIST" or code == "ENOTDIR"
+        r = { exitCode = 128, stderr = exists and
+          ("fatal: destination path '%s' already exists and is not an empty directory.\n"):format(t.view)
+          or ("fatal: %s\n"):format(tostring(ok and msg or done)) }
+      end
+    end
+    util.remove_tree(sb.root .. "/" .. tmp)
+  else
+    r = self:exec(argv, { timeout = opts.timeout, env = git_env })
+  end
   local context = { repoUrl = repo_url, branch = branch, targetDir = t.view, exitCode = r.exitCode,
     stderr = r.stderr }
   if r.timedOut then

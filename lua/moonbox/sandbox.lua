@@ -43,16 +43,6 @@ local function mkdir_p(path)
 end
 M.mkdir_p = mkdir_p
 
--- rm -rf without following symlinks: remove() unlinks a symlink itself, so
--- only real directories are ever descended into.
-local function remove_tree(path)
-  if os.remove(path) then return end
-  if util.is_dir(path) then
-    for _, name in ipairs(core.readdir(path) or {}) do remove_tree(path .. "/" .. name) end
-    os.remove(path)
-  end
-end
-
 local normalize = util.normalize
 
 local get_options = { root = true, isolation = true, network = true, env = true, policy = true, limits = true }
@@ -190,7 +180,8 @@ end
 function Sandbox:_session_env(extra)
   local env = {}
   for k, v in pairs(self.policy.env) do env[k] = v end
-  env.HOME = env.HOME or os.getenv("HOME") or "/root"
+  -- inside namespaces the host's home does not exist; /root is a private tmpfs
+  env.HOME = env.HOME or (self.init and "/root") or os.getenv("HOME") or "/root"
   env.MOONBOX_SANDBOX = self.id
   for _, layer in ipairs { self.env, extra or {} } do
     for k, v in pairs(layer) do
@@ -418,7 +409,7 @@ function Sandbox:destroy(opts)
     end
   end
   limits.cleanup(self.limits_state, async.sleep)
-  if not opts.keepFiles then remove_tree(self.root) end
+  if not opts.keepFiles then util.remove_tree(self.root) end
   return { success = true, id = self.id, timestamp = util.timestamp() }
 end
 
