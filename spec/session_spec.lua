@@ -341,6 +341,38 @@ describe("execStream", function()
     end)
   end)
 
+  it("cancel() kills the command's whole tree, reports cancelled, and keeps the session", function()
+    with_sandbox(function(sb)
+      sb:exec("export KEEP=k")
+      local iter = sb:execStream("sleep 300 & echo $!; setsid sleep 300 & echo $!; sleep 300")
+      local pids, last = {}, nil
+      for ev in iter do
+        if ev.type == "stdout" then
+          for pid in ev.data:gmatch("%d+") do pids[#pids + 1] = tonumber(pid) end
+          if #pids == 2 then iter.cancel() end
+        end
+        last = ev
+      end
+      assert.same({ "complete", true, false }, { last.type, last.cancelled, last.timedOut })
+      assert.equal(2, #pids)
+      for _, pid in ipairs(pids) do assert.is_false(alive(pid)) end
+      assert.equal("k\n", sb:exec("echo $KEEP").stdout)
+    end)
+  end)
+
+  it("cancel() of a stream still waiting in the queue means its command never runs", function()
+    with_sandbox(function(sb)
+      local first = moonbox.spawn(function() return sb:exec("sleep 0.2; echo first") end)
+      local iter = sb:execStream("touch never-ran")
+      iter.cancel()
+      local events = {}
+      for ev in iter do events[#events + 1] = ev end
+      assert.equal("CANCELLED", events[#events].error.code)
+      assert.equal("first\n", first:wait().stdout)
+      assert.is_false(sb:exists("never-ran").exists)
+    end)
+  end)
+
   it("does not leave the session stuck when the loop breaks early", function()
     with_sandbox(function(sb)
       for ev in sb:execStream("for i in $(seq 1 100000); do echo $i; done") do
