@@ -524,7 +524,7 @@ local function dispatch(req, res)
   end
   check_sandbox_id(params.id)
   if req.body and #req.body > M.config.maxBodyBytes then
-    fail("PAYLOAD_TOO_LARGE", ("the request body is larger than %d bytes"):format(M.config.maxBodyBytes),
+    fail("REQUEST_TOO_LARGE", ("the request body is larger than %d bytes"):format(M.config.maxBodyBytes),
       { limit = M.config.maxBodyBytes })
   end
   local ctx = setmetatable({ req = req, res = res, params = params, query = req.query or {} }, Ctx)

@@ -26,7 +26,7 @@ M.STATUS = {
   -- 499: the client went away (nginx's "client closed request"); nobody reads it
   CANCELLED = 499,
   -- 413
-  FILE_TOO_LARGE = 413, PAYLOAD_TOO_LARGE = 413,
+  FILE_TOO_LARGE = 413, REQUEST_TOO_LARGE = 413,
   -- 500: the runtime failed
   INTERNAL_ERROR = 500, FILESYSTEM_ERROR = 500, SHELL_START_FAILED = 500, GIT_CLONE_FAILED = 500,
   DEADLOCK = 500, NOT_IN_TASK = 500,
