@@ -352,10 +352,22 @@ static int write_ws(conn *c) {
     c->queued -= ch->len;
     free(ch);
   }
-  if (c->head) { lws_callback_on_writable(wsi); return 0; }
-  if (c->ws_closing) {
-    lws_close_reason(wsi, (enum lws_close_status)c->ws_close_code, (unsigned char *)c->ws_reason, c->ws_reason_len);
-    return -1;
+  /* the close frame goes in a callback of its own: after a write in the
+   * same callback lws drops the connection without sending it */
+  if (c->head || (ch && c->ws_closing)) { lws_callback_on_writable(wsi); return 0; }
+  if (c->ws_closing == 1) {
+    /* lws_close_reason() followed by -1 drops the connection here without
+     * a close frame (lws 4.1); send it as lws itself does (opcode 4, the
+     * value lws keeps for LWS_WRITE_CLOSE) and wait for the peer's reply */
+    unsigned char frame[LWS_PRE + 2 + sizeof c->ws_reason];
+    unsigned char *p = frame + LWS_PRE;
+    p[0] = (unsigned char)(c->ws_close_code >> 8);
+    p[1] = (unsigned char)(c->ws_close_code & 0xff);
+    memcpy(p + 2, c->ws_reason, c->ws_reason_len);
+    c->ws_closing = 2;
+    if (lws_write(wsi, p, 2 + c->ws_reason_len, (enum lws_write_protocol)4) < 0) return -1;
+    lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_ACK, 5);
+    return 0;
   }
   if (ch) emit_simple(c->srv, "drain", c->id);
   return 0;
@@ -796,6 +808,7 @@ static int server_ws_close(lua_State *L) {
   if (code < 1000 || code > 4999) return luaL_argerror(L, 3, "close code must be 1000-4999");
   conn *c = s ? conn_by_id(s, id) : NULL;
   if (!c || !c->is_ws) return push_closed(L);
+  if (c->ws_closing) { lua_pushboolean(L, 1); return 1; }
   if (rlen > sizeof c->ws_reason) rlen = sizeof c->ws_reason;
   memcpy(c->ws_reason, reason, rlen);
   c->ws_reason_len = rlen;

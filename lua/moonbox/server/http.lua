@@ -181,13 +181,13 @@ function Response:upgrade()
   if not self.req.websocket then errors.raise("VALIDATION_FAILED", "not a WebSocket request") end
   if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
   self._started = true
-  self._ws = setmetatable({ _res = self, _inbox = {}, _head = 1, closed = self.closed }, WebSocket)
+  self._ws = setmetatable({ _res = self, _inbox = {}, _head = 1, _tail = 0, closed = self.closed }, WebSocket)
   return self._ws
 end
 
 function WebSocket:_push(data, is_binary)
-  local box = self._inbox
-  box[#box + 1] = { data, is_binary }
+  self._tail = self._tail + 1
+  self._inbox[self._tail] = { data, is_binary }
   local w = self._reader
   if w then self._reader = nil w() end
 end
