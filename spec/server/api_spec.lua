@@ -189,6 +189,18 @@ describe("api request checks", function()
     assert.same({ code = "INTERNAL_ERROR", message = "internal error", context = {}, httpStatus = 500 }, body)
   end)
 
+  it("refuses to bring more than maxSandboxes sandboxes into being (403), and serves those it has", function()
+    local live = 0
+    for _ in pairs(require("moonbox.sandbox").all()) do live = live + 1 end
+    with_api(function(call, _, id)
+      assert.equal(200, (call("GET", "")))
+      local status, body = request("GET", "/v1/sandboxes/" .. id .. "-other")
+      assert_error(403, "POLICY_DENIED", status, body)
+      assert.is_nil(require("moonbox.sandbox").all()[id .. "-other"])
+      assert.equal(200, (call("POST", "/exec", { body = { command = "true" } })))
+    end, { home = home, maxSandboxes = live + 1 })
+  end)
+
   it("answers POLICY_DENIED with 403", function()
     with_api(function(call)
       assert_error(403, "POLICY_DENIED", call("POST", "/exec", { body = { command = "rm -rf /" } }))

@@ -5,6 +5,7 @@
 -- runs as a task per request. Sandboxes are made on first use, like
 -- moonbox.getSandbox, and live as long as the server. Docs: docs/http-api.md.
 local moonbox = require "moonbox"
+local sandbox_mod = require "moonbox.sandbox"
 local errors = require "moonbox.errors"
 local util = require "moonbox._util"
 local V = require "moonbox._validate"
@@ -15,18 +16,23 @@ local sse = require "moonbox.server.api_sse"
 
 local M = {}
 
--- configure{home?, policy?, limits?, maxBodyBytes?}: how the server makes
--- its sandboxes (root = <home>/sandboxes/<id>; default $MOONBOX_HOME as in
--- getSandbox) and the largest request body it takes.
-M.config = { maxBodyBytes = 64 * 1024 * 1024 }
+-- configure{home?, policy?, limits?, maxBodyBytes?, maxSandboxes?}: how the
+-- server makes its sandboxes (root = <home>/sandboxes/<id>; default
+-- $MOONBOX_HOME as in getSandbox), the largest request body it takes, and
+-- how many sandboxes requests may bring into being (each is a directory and
+-- cgroups: an unbounded number of ids must not exhaust the host).
+local DEFAULTS = { maxBodyBytes = 64 * 1024 * 1024, maxSandboxes = 1024 }
+M.config = DEFAULTS
 
 function M.configure(opts)
-  opts = V.options(opts, { home = true, policy = true, limits = true, maxBodyBytes = true }, "api options")
+  opts = V.options(opts, { home = true, policy = true, limits = true, maxBodyBytes = true, maxSandboxes = true },
+    "api options")
   M.config = {
     home = V.type(opts.home, "string", "home", true),
     policy = opts.policy,
     limits = V.type(opts.limits, "table", "limits", true),
-    maxBodyBytes = V.type(opts.maxBodyBytes, "number", "maxBodyBytes", true) or 64 * 1024 * 1024,
+    maxBodyBytes = V.type(opts.maxBodyBytes, "number", "maxBodyBytes", true) or DEFAULTS.maxBodyBytes,
+    maxSandboxes = V.type(opts.maxSandboxes, "number", "maxSandboxes", true) or DEFAULTS.maxSandboxes,
   }
 end
 
@@ -49,6 +55,15 @@ Ctx.__index = Ctx
 function Ctx:sandbox()
   if not self._sandbox then
     local id = self.params.id
+    local live = sandbox_mod.all()
+    if not live[id] then
+      local n = 0
+      for _ in pairs(live) do n = n + 1 end
+      if n >= M.config.maxSandboxes then
+        fail("POLICY_DENIED", ("the server already holds %d sandboxes (maxSandboxes)"):format(n),
+          { maxSandboxes = M.config.maxSandboxes })
+      end
+    end
     local opts = {}
     if M.config.home then opts.root = M.config.home .. "/sandboxes/" .. id end
     opts.policy, opts.limits = M.config.policy, M.config.limits
