@@ -234,6 +234,9 @@ describe("waitForPort", function()
       assert.equal("PROCESS_EXITED_BEFORE_READY", code_of(quick.waitForPort, quick, port + 1, { timeout = 5000 }))
       local idle = sb:startProcess("sleep 100")
       assert.equal("PROCESS_READY_TIMEOUT", code_of(idle.waitForPort, idle, port + 1, { timeout = 300 }))
+      for _, bad in ipairs { { interval = 0 }, { interval = -5 }, { timeout = -1 }, { status = 42 }, { path = 7 } } do
+        assert.equal("VALIDATION_FAILED", code_of(idle.waitForPort, idle, port + 1, bad))
+      end
     end)
   end)
 end)

@@ -234,6 +234,15 @@ function Process:waitForPort(port, opts)
     host = true }, "waitForPort options")
   local mode = opts.mode or "http"
   if mode ~= "http" and mode ~= "tcp" then V.fail("mode", "expected \"http\" or \"tcp\"") end
+  V.timeout(opts.timeout, "timeout")
+  if opts.interval ~= nil and (type(opts.interval) ~= "number" or not (opts.interval >= 1)) then
+    V.fail("interval", "expected a number of milliseconds >= 1") -- 0 would probe without pause
+  end
+  V.type(opts.path, "string", "path", true)
+  V.type(opts.host, "string", "host", true)
+  if opts.status ~= nil and (type(opts.status) ~= "number" or opts.status < 100 or opts.status > 599) then
+    V.fail("status", "expected an HTTP status 100-599")
+  end
   local probe = require("moonbox._probe")
   local host = opts.host or "127.0.0.1"
   local interval = opts.interval or 100

@@ -44,6 +44,11 @@ function M.pump(res, iter, shape)
     end
     if ev == nil then break end
     if not gone then
+      if ev.type == "error" and type(ev.error) ~= "table" then
+        -- a bug's message (a string with our file paths) is not the client's
+        local _, body = api_errors.body(ev.error)
+        ev.error = body
+      end
       if shape then ev = shape(ev) end
       if not res:write(M.format(ev)) then cancel() end
     end
