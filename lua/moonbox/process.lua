@@ -235,7 +235,8 @@ function Process:waitForPort(port, opts)
   local mode = opts.mode or "http"
   if mode ~= "http" and mode ~= "tcp" then V.fail("mode", "expected \"http\" or \"tcp\"") end
   V.timeout(opts.timeout, "timeout")
-  if opts.interval ~= nil and (type(opts.interval) ~= "number" or not (opts.interval >= 1)) then
+  local interval = opts.interval
+  if interval ~= nil and (type(interval) ~= "number" or interval ~= interval or interval < 1) then
     V.fail("interval", "expected a number of milliseconds >= 1") -- 0 would probe without pause
   end
   V.type(opts.path, "string", "path", true)
@@ -245,7 +246,7 @@ function Process:waitForPort(port, opts)
   end
   local probe = require("moonbox._probe")
   local host = opts.host or "127.0.0.1"
-  local interval = opts.interval or 100
+  interval = interval or 100
   local deadline = opts.timeout and util.now_ms() + opts.timeout
   -- A port gives no event to wait for: probe, then sleep an interval (or
   -- until the process exits, whichever comes first).
