@@ -25,6 +25,18 @@ describe("session validation", function()
     end)
   end)
 
+  it("makes one default session when several tasks use a sandbox first at once", function()
+    with_sandbox(function(sb)
+      sb:createSession { id = "warm" } -- from now on a spare shell waits: adopting it yields
+      moonbox.sleep(50)
+      local fns = {}
+      for i = 1, 5 do fns[i] = function() return sb:exec("echo $$").stdout end end
+      local pids = moonbox.all(fns)
+      for i = 2, 5 do assert.equal(pids[1], pids[i]) end
+      assert.same({ "default", "warm" }, sb:listSessions())
+    end)
+  end)
+
   it("raises SESSION_NOT_FOUND, SESSION_ALREADY_EXISTS and refuses to delete the default session", function()
     with_sandbox(function(sb)
       assert.equal("SESSION_NOT_FOUND", select(2, pcall(sb.getSession, sb, "nope")).code)
