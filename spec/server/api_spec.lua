@@ -125,6 +125,8 @@ describe("api request checks", function()
         { "/exec", "[\"true\"]" },
         { "/exec", "\"true\"" },
         { "/exec", "{\"command\": \"true\"} trailing" },
+        { "/exec", "{\"command\": \"true\", \"env\": " .. ("["):rep(100) .. ("]"):rep(100) .. "}" },
+        { "/exec", "{\"command\": NaN}" },
         { "/exec", { command = 5 } },
         { "/exec", { command = "true", timeout = "soon" } },
         { "/exec", { command = "true", bogus = 1 } },
