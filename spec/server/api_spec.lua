@@ -132,6 +132,8 @@ describe("api request checks", function()
         { "/exec", { command = "true", bogus = 1 } },
         { "/exec", { command = "true", env = { ["1BAD"] = "x" } } },
         { "/exec", { command = "true", sessionId = 7 } },
+        { "/exec", { command = "true", maxOutputBytes = 1e12 } }, -- past the policy's limit
+        { "/exec/stream", { command = "true", maxOutputBytes = 1e12 } },
         { "/exec", {} },
         { "/files/delete", { path = "a", extra = true } },
         { "/files/read", { path = { "a" } } },
@@ -294,6 +296,8 @@ describe("api exec", function()
       assert.same({ 3, false }, { r.exitCode, r.success })
       _, r = call("POST", "/exec", { body = { command = "sleep 5", timeout = 100 } })
       assert.same({ true, 124 }, { r.timedOut, r.exitCode })
+      _, r = call("POST", "/exec", { body = { command = "printf 12345678", maxOutputBytes = 4 } })
+      assert.same({ "1234", true }, { r.stdout, r.truncated })
     end)
   end)
 

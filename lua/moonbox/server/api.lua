@@ -252,10 +252,20 @@ function H.env(ctx)
   return 200, ctx:sandbox():setEnvVars(f.envVars)
 end
 
+-- A script may raise maxOutputBytes for its own calls; a client of the
+-- server may not go past the policy's limit (the server's memory).
+local function check_output_limit(ctx, s)
+  local v, limit = ctx:body().maxOutputBytes, s.sandbox.policy.limits.maxOutputBytes
+  if type(v) == "number" and v > limit then
+    V.fail("maxOutputBytes", ("at most %d (the policy's limits.maxOutputBytes)"):format(limit))
+  end
+end
+
 function H.exec(ctx)
   check_query(ctx)
   local s = ctx:session(true)
   local f = ctx:take { command = "any" }
+  check_output_limit(ctx, s)
   return 200, exec_result(s:exec(f.command, ctx:rest()))
 end
 
@@ -263,6 +273,7 @@ function H.exec_stream(ctx)
   check_query(ctx)
   local s = ctx:session(true)
   local f = ctx:take { command = "any" }
+  check_output_limit(ctx, s)
   sse.pump(ctx.res, s:execStream(f.command, ctx:rest()), data_event)
 end
 
