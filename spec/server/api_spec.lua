@@ -103,6 +103,28 @@ describe("api routing", function()
     end)
   end)
 
+  it("has a route for every endpoint docs/http-api.md documents, and documents every route", function()
+    local router_mod = require "moonbox.server.api_router"
+    local src = os.getenv("MOONBOX_SOURCE_DIR") or "."
+    local doc = assert(io.open(src .. "/docs/http-api.md")):read("*a")
+    local documented = {}
+    for method, path in doc:gmatch("\n### `(%u+) ([^`?]+)[^`]*`") do
+      if path:sub(1, 4) ~= "/v1/" then path = "/v1/sandboxes/{id}" .. path end
+      documented[method .. " " .. path] = true
+      local concrete = path:gsub("{%w+}", "x1")
+      local route = api.router:match(method, router_mod.segments(concrete))
+      assert.is_table(route, "no route for the documented " .. method .. " " .. path)
+      assert.equal(path, route.pattern)
+    end
+    local n = 0
+    for _, route in ipairs(api.router.routes) do
+      n = n + 1
+      assert.is_true(documented[route.method .. " " .. route.pattern], route.method .. " " .. route.pattern ..
+        " is not in docs/http-api.md")
+    end
+    assert.is_true(n >= 35)
+  end)
+
   it("refuses ids holding '/' or '..' and bad sandbox ids with 400 VALIDATION_FAILED", function()
     with_api(function(call, base)
       assert_error(400, "VALIDATION_FAILED", call("GET", "/sessions/.."))
