@@ -23,7 +23,11 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define SERVER "moonbox.http_server"
@@ -60,6 +64,8 @@ typedef struct conn {
   char ws_reason[124];
   size_t ws_reason_len;
   int reject_status;       /* WebSocket upgrade refused synchronously by Lua */
+  uint64_t deadline;       /* loop time (ms) the client must act by, 0: none */
+  int kill;                /* the deadline passed: hang up at the next chance */
   char *reject_body, *reject_type;
   out_chunk *head, *tail;
   size_t queued;
@@ -77,6 +83,7 @@ struct server {
   size_t max_body;
   int max_conns;
   int idle_secs;
+  int64_t idle_ms;
   int close_requested;     /* close() was called */
   int destroying;          /* lws_context_destroy was called */
   char unix_path[108];
@@ -180,6 +187,11 @@ static void conn_gone(server *s, struct lws *wsi) {
   s->nconns--;
   free(c);
   if (id) emit_simple(s, "closed", id);
+}
+
+/* The client must send (or read) something within the idle timeout. */
+static void arm(conn *c) {
+  c->deadline = uv_now(srv_core(c->srv)->loop) + (uint64_t)c->srv->idle_ms;
 }
 
 static conn *conn_by_id(server *s, lua_Integer id) {
@@ -325,17 +337,20 @@ static int write_http(conn *c) {
   }
   if (c->head) {
     lws_callback_on_writable(wsi);
-    lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, c->srv->idle_secs);
+    arm(c); /* a reader that stops reading is dropped */
     return 0;
   }
-  lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0);
+  c->deadline = 0;
   if (c->finishing) {
     lua_Integer id = c->id;
     int close_after = c->close_after;
     request_reset(c);
     emit_simple(c->srv, "done", id);
     if (close_after) return -1;
-    return lws_http_transaction_completed(wsi) ? -1 : 0;
+    if (lws_http_transaction_completed(wsi)) return -1;
+    /* kept alive: the next request head must arrive within the idle timeout */
+    arm(c);
+    return 0;
   }
   emit_simple(c->srv, "drain", c->id);
   return 0;
@@ -404,13 +419,14 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
   case LWS_CALLBACK_FILTER_NETWORK_CONNECTION:
     return (s->close_requested || s->nconns >= s->max_conns) ? -1 : 0;
   case LWS_CALLBACK_SERVER_NEW_CLIENT_INSTANTIATED:
-    conn_of(s, wsi);
+    /* the whole request head must arrive within the idle timeout */
+    if ((c = conn_of(s, wsi))) arm(c);
     return 0;
   case LWS_CALLBACK_HTTP: {
     if (s->close_requested || !(c = conn_of(s, wsi))) return -1;
     request_reset(c);
     if (begin_request(c, 0) < 0) return -1;
-    lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0);
+    c->deadline = 0;
     char cl[32];
     long long length = 0;
     if (lws_hdr_copy(wsi, cl, sizeof cl, WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0) length = atoll(cl);
@@ -422,7 +438,7 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
       return 0;
     }
     if (length > 0 || chunked) {
-      lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, s->idle_secs);
+      arm(c);
       return 0; /* the body follows */
     }
     emit_request(c);
@@ -431,7 +447,7 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
   case LWS_CALLBACK_HTTP_BODY:
     if (!(c = conn_of(NULL, wsi)) || !c->id) return 0;
     if (c->too_large || c->req_ref == LUA_NOREF) return 0; /* answered already, discard */
-    lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, s->idle_secs);
+    arm(c);
     if (append_body(c, in, len) < 0) {
       c->too_large = 1;
       c->close_after = 1;
@@ -440,11 +456,12 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
     return 0;
   case LWS_CALLBACK_HTTP_BODY_COMPLETION:
     if (!(c = conn_of(NULL, wsi)) || !c->id) return 0;
-    lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0);
+    c->deadline = 0;
     if (c->req_ref != LUA_NOREF) emit_request(c);
     return 0;
   case LWS_CALLBACK_HTTP_WRITEABLE:
-    if (!(c = conn_of(NULL, wsi)) || !c->id) return 0;
+    if ((c = conn_of(NULL, wsi)) && c->kill) return -1;
+    if (!c || !c->id) return 0;
     return write_http(c);
   case LWS_CALLBACK_HTTP_CONFIRM_UPGRADE: {
     if (s->close_requested || !in || strcmp((const char *)in, "websocket") != 0) return -1;
@@ -488,7 +505,8 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
     }
     return 0;
   case LWS_CALLBACK_SERVER_WRITEABLE:
-    if (!(c = conn_of(NULL, wsi)) || !c->id) return 0;
+    if ((c = conn_of(NULL, wsi)) && c->kill) return -1;
+    if (!c || !c->id) return 0;
     return write_ws(c);
   case LWS_CALLBACK_WSI_DESTROY:
     conn_gone(s, wsi);
@@ -526,6 +544,27 @@ static void finish_context(server *s, uv_loop_t *loop) {
   int closing = 0;
   uv_walk(loop, count_closing, &closing);
   if (closing == 0 && s->ctx) lws_context_destroy(s->ctx);
+}
+
+/* While serving, once a second: lws 4.1 on a foreign uv loop does not run
+ * its own wsi timeouts while a connection is quiet (its timer is armed
+ * only on socket activity), so the deadlines are kept here. An expired
+ * connection is closed at once (we are outside any lws callback); closing
+ * frees it, so the walk starts over after each. */
+static void on_service_tick(uv_timer_t *t) {
+  server *s = (server *)((mb_handle *)t->data)->extra;
+  uint64_t now = uv_now(t->loop);
+  for (int again = 1; again && !s->close_requested;) {
+    again = 0;
+    for (conn *c = s->conns; c; c = c->next) {
+      if (c->deadline && now > c->deadline && !c->kill) {
+        c->kill = 1;
+        lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
+        again = 1;
+        break;
+      }
+    }
+  }
 }
 
 static void on_anchor_tick(uv_timer_t *t) {
@@ -575,6 +614,34 @@ static int push_closed(lua_State *L) {
   return 3;
 }
 
+/* Bind the address once ourselves before lws does: when lws fails to bind
+ * on a foreign loop it leaves a close pending on that loop for a context it
+ * has already freed (lws 4.1), so its failure path must not be taken.
+ * Returns 0 or a negative errno. */
+static int probe_bind(const char *host, int port, const char *unix_path) {
+  int fd = socket(unix_path ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int rc = 0;
+  if (unix_path) {
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", unix_path);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) rc = -errno; else unlink(unix_path);
+  } else {
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* as lws does */
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) rc = -EINVAL;
+    else if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) rc = -errno;
+  }
+  close(fd);
+  return rc;
+}
+
 static void lws_log_to_stderr(int level, const char *line) {
   (void)level;
   fprintf(stderr, "moonbox: lws: %s", line);
@@ -599,12 +666,21 @@ static int http_listen(lua_State *L) {
   if (unix_path && strlen(unix_path) >= sizeof(((server *)0)->unix_path))
     return luaL_argerror(L, 1, "unix socket path too long");
 
+  if (unix_path) {
+    struct stat sb;
+    /* a socket file left by an earlier run would make bind fail */
+    if (lstat(unix_path, &sb) == 0 && S_ISSOCK(sb.st_mode)) unlink(unix_path);
+  }
+  int probe = probe_bind(host, (int)port, unix_path);
+  if (probe < 0) return mb_push_errno(L, -probe, unix_path ? unix_path : host);
+
   mb_handle *h = mb_handle_new(L, SERVER, sizeof(server));
   server *s = (server *)h->extra;
   s->h = h;
   s->max_body = (size_t)max_body;
   s->max_conns = (int)max_conns;
   s->idle_secs = (int)((idle_ms + 999) / 1000);
+  s->idle_ms = idle_ms;
   uv_timer_init(h->core->loop, &h->uv.timer);
   mb_handle_set_cb(L, h, CB_EVENT, 2);
 
@@ -635,9 +711,6 @@ static int http_listen(lua_State *L) {
   info.retry_and_idle_policy = &s->retry;
   info.vhost_name = "moonbox";
   if (unix_path) {
-    struct stat sb;
-    /* a socket file left by an earlier run would make bind fail */
-    if (lstat(unix_path, &sb) == 0 && S_ISSOCK(sb.st_mode)) unlink(unix_path);
     snprintf(s->unix_path, sizeof s->unix_path, "%s", unix_path);
     info.options |= LWS_SERVER_OPTION_UNIX_SOCK;
     info.iface = s->unix_path;
@@ -671,6 +744,8 @@ static int http_listen(lua_State *L) {
   }
   s->next_server = live_servers;
   live_servers = s;
+  uv_timer_start(&h->uv.timer, on_service_tick, 1000, 1000);
+  uv_unref(&h->uv.handle); /* the listening socket keeps the loop alive, not this */
   return 1;
 }
 
@@ -749,7 +824,6 @@ static int server_respond(lua_State *L) {
   }
   hc->len = (size_t)(p - start);
   c->responding = 1;
-  lws_set_timeout(c->wsi, NO_PENDING_TIMEOUT, 0); /* a quiet stream is not idle */
   queue_push(c, hc);
   if (body) {
     if (blen) {
@@ -889,6 +963,7 @@ static int server_close(lua_State *L) {
   if (s->close_requested) return 0;
   if (lua_isfunction(L, 2)) mb_handle_set_cb(L, h, CB_CLOSE, 2);
   s->close_requested = 1; /* no new requests; lws is destroyed outside its callbacks */
+  uv_ref(&h->uv.handle);
   uv_timer_start(&h->uv.timer, on_anchor_tick, 0, 1);
   return 0;
 }

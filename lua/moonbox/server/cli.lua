@@ -62,12 +62,17 @@ local function json_response(status, code, message)
     body = cjson.encode({ code = code, message = message, httpStatus = status }) }
 end
 
--- The request's token: "Authorization: Bearer <token>", or for a WebSocket
--- (browsers cannot set headers on one) the query parameter access_token.
+local function is_page(req)
+  return req.method == "GET" and (req.path == "/" or req.path == "/index.html" or req.path:match("^/page/") ~= nil)
+end
+
+-- The request's token: "Authorization: Bearer <token>", or the query
+-- parameter access_token where a browser cannot set headers: a WebSocket,
+-- and the page itself.
 local function presented_token(req)
   local auth = req.headers["authorization"]
   if auth then return auth:match("^[Bb]earer%s+(%S+)%s*$") end
-  if req.websocket then return req.query.access_token end
+  if req.websocket or is_page(req) then return req.query.access_token end
 end
 
 -- ---- the page ---------------------------------------------------------------------
@@ -147,8 +152,11 @@ function M.app(opts)
     end
     if req.path == "/v1" or req.path:sub(1, 4) == "/v1/" then
       local ok, api = pcall(require, "moonbox.server.api")
-      if not ok then return json_response(404, "NOT_FOUND", "the HTTP API is not available") end
-      return api.handle(req, res)
+      if ok then return api.handle(req, res) end
+      -- without the JSON API, the page's terminal still works
+      local id, sid = req.path:match("^/v1/sandboxes/([^/]+)/sessions/([^/]+)/terminal$")
+      if id then return require("moonbox.server.terminal_ws").handle(req, res, id, sid) end
+      return json_response(404, "NOT_FOUND", "the HTTP API is not available")
     end
     local page = page_route(app, req)
     if page then return page end

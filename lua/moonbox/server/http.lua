@@ -315,7 +315,8 @@ end
 
 -- http.listen(opts, handler) -> server
 function M.listen(opts, handler)
-  opts = V.options(opts, { listen = true, maxBody = true, maxConnections = true, idleTimeoutMs = true }, "listen options")
+  opts = V.options(opts, { listen = true, maxBody = true, maxConnections = true, idleTimeoutMs = true },
+    "listen options")
   V.type(handler, "function", "handler")
   local addr = M.parse_listen(opts.listen or "127.0.0.1:8080")
   local function positive(name, default)

@@ -101,7 +101,8 @@ local function control(entry, ws, text)
   elseif msg.type == "input" and type(msg.data) == "string" then
     entry.t:write(msg.data)
   else
-    send_json(ws, { type = "error", code = "VALIDATION_FAILED", message = ("unknown control message %q"):format(msg.type) })
+    send_json(ws, { type = "error", code = "VALIDATION_FAILED",
+      message = ("unknown control message %q"):format(msg.type) })
   end
 end
 
