@@ -8,7 +8,9 @@
 // {"error":..}, and {"timeout":step} if an expectation is not met in 10 s.
 const [url, stepsJson] = process.argv.slice(2);
 const steps = JSON.parse(stepsJson || "[]");
-const out = (o) => process.stdout.write(JSON.stringify(o) + "\n");
+const fs = require("fs");
+// synchronous: process.exit() must not cut a large frame short
+const out = (o) => fs.writeSync(1, JSON.stringify(o) + "\n");
 let received = "";
 let waiting = null;
 const ws = new WebSocket(url);
