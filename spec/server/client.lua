@@ -10,11 +10,20 @@ local M = {}
 M.PATH = "/usr/local/bin:/usr/bin:/bin"
 M.SOURCE = os.getenv("MOONBOX_SOURCE_DIR") or "."
 
+-- The environment of programs the specs run (the sanitizer build's moonbox
+-- needs its sanitizer options: leak reports at exit are not ours to judge).
+function M.env(extra)
+  local env = { PATH = M.PATH, HOME = os.getenv("HOME") or "/tmp",
+    ASAN_OPTIONS = os.getenv("ASAN_OPTIONS"), UBSAN_OPTIONS = os.getenv("UBSAN_OPTIONS") }
+  for k, v in pairs(extra or {}) do env[k] = v end
+  return env
+end
+
 -- run(argv[, stdin]) -> stdout, stderr, exit code
 function M.run(args, stdin)
   local exit = {}
   local proc, pipes = core.spawn {
-    args = args, env = { PATH = M.PATH, HOME = os.getenv("HOME") or "/tmp" },
+    args = args, env = M.env(),
     stdio = { [0] = stdin and "pipe" or "null", [1] = "pipe", [2] = "pipe" },
     on_exit = function(code)
       exit.code = code

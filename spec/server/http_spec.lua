@@ -390,7 +390,7 @@ describe("moonbox serve", function()
       local exit = {}
       local proc, pipes = assert(core.spawn {
         args = { bin, "serve", "--listen", "127.0.0.1:0", "--handler", client.SOURCE .. "/examples/handler.lua" },
-        env = { PATH = client.PATH, HOME = home, MOONBOX_HOME = home },
+        env = client.env { HOME = home, MOONBOX_HOME = home },
         stdio = { [0] = "null", [1] = "pipe", [2] = "pipe" },
         on_exit = function(c) exit.code = c if exit.resume then exit.resume() end end,
       })

@@ -39,8 +39,8 @@ describe("terminal over WebSocket", function()
       assert.matches("^HTTP/1%.1 426", out)
       local events = client.ws_client(url .. "/nope", {})
       assert.matches("non%-101", events[1].error) -- the handshake got a 404
-      out = client.curl("-i", "-H", "Upgrade: websocket", "-H", "Connection: Upgrade", "-H", "Sec-WebSocket-Version: 13",
-        "-H", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", http_url .. "/nope")
+      out = client.curl("-i", "-H", "Upgrade: websocket", "-H", "Connection: Upgrade",
+        "-H", "Sec-WebSocket-Version: 13", "-H", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", http_url .. "/nope")
       assert.matches("^HTTP/1%.[01] 404", out)
       assert.equal("SESSION_NOT_FOUND", cjson.decode(out:match("\r\n\r\n(.*)$")).code)
     end)
