@@ -5,7 +5,8 @@
  *
  *   core.http_listen(opts, on_event(kind, id, ...)) -> server | nil, msg, CODE
  *     opts: host, port | unix (path), max_body, max_connections, idle_timeout_ms
- *   events: "request", id, req, body   (req.too_large: the body was not read)
+ *   events: "request", id, req, body   (req.too_large, req.length_required:
+ *                                       the body was not read)
  *           "message", id, data, is_binary   (a whole WebSocket message)
  *           "drain", id                      (every queued byte was written)
  *           "done", id                       (the response is complete)
@@ -287,7 +288,7 @@ static void emit_request(conn *c) {
   c->req_ref = LUA_NOREF;
   if (c->too_large) {
     lua_pushboolean(cbL, 1);
-    lua_setfield(cbL, -2, "too_large");
+    lua_setfield(cbL, -2, c->too_large == 2 ? "length_required" : "too_large");
     lua_pushnil(cbL);
   } else {
     lua_pushlstring(cbL, c->body ? c->body : "", c->body_len);
@@ -437,7 +438,14 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
       emit_request(c);
       return 0;
     }
-    if (length > 0 || chunked) {
+    if (chunked && length <= 0) {
+      /* lws 4.1 does not decode chunked request bodies: answer 411 */
+      c->too_large = 2;
+      c->close_after = 1;
+      emit_request(c);
+      return 0;
+    }
+    if (length > 0) {
       arm(c);
       return 0; /* the body follows */
     }

@@ -291,6 +291,12 @@ function Server:_on_event(kind, id, a, b)
     }
     local res = setmetatable({ req = req, closed = false, _server = self, _id = id, _on_close = {} }, Response)
     self._live[id] = res
+    if a.length_required then
+      res:_send(411, { ["content-type"] = "application/json" }, cjson.encode({
+        code = "LENGTH_REQUIRED", httpStatus = 411,
+        message = "send the request body with a Content-Length (chunked bodies are not accepted)" }))
+      return
+    end
     if a.too_large then
       res:_send(413, { ["content-type"] = "application/json" }, cjson.encode({
         code = "REQUEST_TOO_LARGE", httpStatus = 413,
