@@ -497,9 +497,15 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
       c->body_len = 0;
       c->msg_binary = lws_frame_is_binary(wsi);
     }
+    if (c->ws_closing) return 0; /* closing: the rest is not read */
     if (append_body(c, in, len) < 0) {
-      lws_close_reason(wsi, LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE, (unsigned char *)"message too large", 17);
-      return -1;
+      c->ws_close_code = LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE;
+      memcpy(c->ws_reason, "message too large", 17);
+      c->ws_reason_len = 17;
+      c->ws_closing = 1;
+      c->body_len = 0;
+      lws_callback_on_writable(wsi);
+      return 0;
     }
     if (lws_is_final_fragment(wsi) && !lws_remaining_packet_payload(wsi)) {
       lua_State *cbL = event_begin(s, "message", c->id);

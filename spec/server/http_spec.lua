@@ -249,6 +249,19 @@ describe("moonbox.server.http", function()
     end)
   end)
 
+  it("closes a WebSocket whose message is over maxBody with 1009", function()
+    with_server({ maxBody = 1000 }, function(_, res)
+      local ws = res:upgrade()
+      for data in ws:messages() do ws:send("got " .. #data) end
+    end, function(server)
+      local events = client.ws_client("ws://" .. server.address .. "/", {
+        { send = ("a"):rep(1000) }, { expect = "got 1000" }, { send = ("b"):rep(1001) }, { expect = "never" },
+      })
+      assert.same({ text = "got 1000" }, events[2])
+      assert.same({ close = 1009, reason = "message too large" }, events[3])
+    end)
+  end)
+
   it("a WebSocket request answered with a plain response gets that HTTP response", function()
     with_server({}, function(req)
       assert.is_true(req.websocket)
