@@ -74,6 +74,16 @@ foreach(example ${EXAMPLE_FILES})
   set_tests_properties(example.${name} PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 300)
 endforeach()
 
+# The page of `moonbox serve` in headless Debian chromium, driven by
+# playwright-core: type `echo hi` in the terminal, see hi, keep a screenshot.
+if(NOT MOONBOX_SANITIZE)
+  find_program(NODE_BIN node)
+  add_test(NAME page.terminal
+    COMMAND ${NODE_BIN} ${CMAKE_SOURCE_DIR}/spec/server/page_test.js $<TARGET_FILE:moonbox_cli>
+      ${CMAKE_BINARY_DIR}/page/node_modules ${CMAKE_BINARY_DIR}/test-output/page)
+  set_tests_properties(page.terminal PROPERTIES TIMEOUT 180)
+endif()
+
 add_test(NAME example.embed COMMAND $<TARGET_FILE:embed_example>)
 set_tests_properties(example.embed PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}"
   PASS_REGULAR_EXPRESSION "hello from a task on the host loop\npending tasks: 0")

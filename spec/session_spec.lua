@@ -25,6 +25,18 @@ describe("session validation", function()
     end)
   end)
 
+  it("makes one default session when several tasks use a sandbox first at once", function()
+    with_sandbox(function(sb)
+      sb:createSession { id = "warm" } -- from now on a spare shell waits: adopting it yields
+      moonbox.sleep(50)
+      local fns = {}
+      for i = 1, 5 do fns[i] = function() return sb:exec("echo $$").stdout end end
+      local pids = moonbox.all(fns)
+      for i = 2, 5 do assert.equal(pids[1], pids[i]) end
+      assert.same({ "default", "warm" }, sb:listSessions())
+    end)
+  end)
+
   it("raises SESSION_NOT_FOUND, SESSION_ALREADY_EXISTS and refuses to delete the default session", function()
     with_sandbox(function(sb)
       assert.equal("SESSION_NOT_FOUND", select(2, pcall(sb.getSession, sb, "nope")).code)
@@ -338,6 +350,38 @@ describe("execStream", function()
       assert.equal(1, completes)
       assert.equal("complete", events[#events].type)
       assert.equal(5, events[#events].exitCode)
+    end)
+  end)
+
+  it("cancel() kills the command's whole tree, reports cancelled, and keeps the session", function()
+    with_sandbox(function(sb)
+      sb:exec("export KEEP=k")
+      local iter = sb:execStream("sleep 300 & echo $!; setsid sleep 300 & echo $!; sleep 300")
+      local pids, last = {}, nil
+      for ev in iter do
+        if ev.type == "stdout" then
+          for pid in ev.data:gmatch("%d+") do pids[#pids + 1] = tonumber(pid) end
+          if #pids == 2 then iter.cancel() end
+        end
+        last = ev
+      end
+      assert.same({ "complete", true, false }, { last.type, last.cancelled, last.timedOut })
+      assert.equal(2, #pids)
+      for _, pid in ipairs(pids) do assert.is_false(alive(pid)) end
+      assert.equal("k\n", sb:exec("echo $KEEP").stdout)
+    end)
+  end)
+
+  it("cancel() of a stream still waiting in the queue means its command never runs", function()
+    with_sandbox(function(sb)
+      local first = moonbox.spawn(function() return sb:exec("sleep 0.2; echo first") end)
+      local iter = sb:execStream("touch never-ran")
+      iter.cancel()
+      local events = {}
+      for ev in iter do events[#events + 1] = ev end
+      assert.equal("CANCELLED", events[#events].error.code)
+      assert.equal("first\n", first:wait().stdout)
+      assert.is_false(sb:exists("never-ran").exists)
     end)
   end)
 

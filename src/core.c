@@ -321,6 +321,7 @@ static int core_gc(lua_State *L) {
   mb_core *core = *(mb_core **)lua_touserdata(L, 1);
   core->dead = 1;
   mb_spawn_teardown(core);
+  mb_http_teardown(core);
   for (mb_handle *h = core->handles; h; h = h->next)
     if (!uv_is_closing(&h->uv.handle)) uv_close(&h->uv.handle, on_close);
   while (core->handles) uv_run(core->loop, UV_RUN_NOWAIT);
@@ -386,5 +387,6 @@ LUALIB_API int luaopen_moonbox_core(lua_State *L) {
   mb_open_tcp(L);
   mb_open_seccomp(L);
   mb_open_nsinit(L);
+  mb_open_http(L);
   return 1;
 }

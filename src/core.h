@@ -94,6 +94,7 @@ int mb_bytes_view(lua_State *L, int idx, const char **data, size_t *len);
 void mb_open_tcp(lua_State *L);
 void mb_open_seccomp(lua_State *L);
 void mb_open_nsinit(lua_State *L);
+void mb_open_http(lua_State *L);
 struct sock_fprog;
 const struct sock_fprog *mb_seccomp_check(lua_State *L, int idx);
 
@@ -104,5 +105,7 @@ int mb_stream_push_fd(lua_State *L, int fd, int is_pty);
 
 /* Close spawn bookkeeping at core teardown. */
 void mb_spawn_teardown(mb_core *core);
+/* Destroy every HTTP server's lws context at core teardown (http.c). */
+void mb_http_teardown(mb_core *core);
 
 #endif

@@ -7,7 +7,9 @@ local M = {}
 local PROBE_TIMEOUT_MS = 2000
 
 -- opts.sandbox: a sandbox with its own network namespace is probed from
--- inside it, through a socket its init creates there.
+-- inside it, through a socket its init creates there. A cancelled wait
+-- (e.g. an HTTP client that went away) leaves nothing behind: a connection
+-- that completes later is closed at once.
 local function connect(host, port, opts)
   local sb = opts and opts.sandbox
   local sock
@@ -16,11 +18,19 @@ local function connect(host, port, opts)
     if not sock then return nil end
   end
   return async.await(function(resume)
-    local ok, msg = core.tcp_connect(host, port, function(err, fd) resume(fd, err) end, sock)
+    local abandoned = false
+    local ok, msg = core.tcp_connect(host, port, function(err, fd)
+      if abandoned then
+        if fd then core.close_fd(fd) end
+        return
+      end
+      resume(fd, err)
+    end, sock)
     if not ok then
       if sock then core.close_fd(sock) end
       resume(nil, msg)
     end
+    return function() abandoned = true end
   end, "waitForPort")
 end
 
@@ -37,11 +47,14 @@ function M.http(host, port, opts)
   local stream = core.stream_open(fd)
   local path = opts.path or "/"
   local request = ("GET %s HTTP/1.0\r\nHost: %s:%d\r\nConnection: close\r\n\r\n"):format(path, host, port)
-  local status = async.await(function(resume)
+  local ok, status = pcall(async.await, function(resume)
     local buf, timer = "", core.timer()
-    local function finish(code)
+    local function stop()
       if timer then timer:close() timer = nil end
       stream:read_stop()
+    end
+    local function finish(code)
+      stop()
       resume(code)
     end
     timer:start(PROBE_TIMEOUT_MS, 0, function() timer:close() timer = nil finish(nil) end)
@@ -52,8 +65,10 @@ function M.http(host, port, opts)
       local code = buf:match("^HTTP/%d[%.%d]* (%d%d%d)")
       if code or #buf > 4096 then finish(tonumber(code)) end
     end)
+    return stop
   end, "waitForPort")
   stream:close()
+  if not ok then error(status, 0) end
   if not status then return false end
   if opts.status then return status == opts.status end
   return status >= 200 and status < 400

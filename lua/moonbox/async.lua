@@ -84,7 +84,11 @@ function M.await(register, what)
   end
   local cleanup = register(resume)
   if state.done then return unpack(state.results, 1, state.results.n) end
-  task.cleanup = cleanup
+  -- a cleanup that calls resume (cancellation) must not wake the task too
+  task.cleanup = cleanup and function()
+    state.done = true
+    return cleanup()
+  end
   state.waiting = true
   local r = pack(coroutine.yield())
   if r[1] == CANCEL then

@@ -176,9 +176,12 @@ function Process:_wait_until(check, timeout_ms, what)
   end
   local result, reason = async.await(function(resume)
     local timers, listener = {}, nil
-    local function finish(...)
+    local function teardown()
       for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
       for i, l in ipairs(self._listeners) do if l == listener then table.remove(self._listeners, i) break end end
+    end
+    local function finish(...)
+      teardown()
       resume(...)
     end
     listener = function(kind)
@@ -187,7 +190,8 @@ function Process:_wait_until(check, timeout_ms, what)
     end
     table.insert(self._listeners, listener)
     if timeout_ms then timers.timeout = after(timeout_ms, function() finish(nil, "timeout") end) end
-    return function() finish(nil, "cancelled") end
+    -- cancelled: undo only (resuming here would wake the task twice)
+    return teardown
   end, what)
   if result then return result end
   if reason == "timeout" then
@@ -230,9 +234,19 @@ function Process:waitForPort(port, opts)
     host = true }, "waitForPort options")
   local mode = opts.mode or "http"
   if mode ~= "http" and mode ~= "tcp" then V.fail("mode", "expected \"http\" or \"tcp\"") end
+  V.timeout(opts.timeout, "timeout")
+  local interval = opts.interval
+  if interval ~= nil and (type(interval) ~= "number" or interval ~= interval or interval < 1) then
+    V.fail("interval", "expected a number of milliseconds >= 1") -- 0 would probe without pause
+  end
+  V.type(opts.path, "string", "path", true)
+  V.type(opts.host, "string", "host", true)
+  if opts.status ~= nil and (type(opts.status) ~= "number" or opts.status < 100 or opts.status > 599) then
+    V.fail("status", "expected an HTTP status 100-599")
+  end
   local probe = require("moonbox._probe")
   local host = opts.host or "127.0.0.1"
-  local interval = opts.interval or 100
+  interval = interval or 100
   local deadline = opts.timeout and util.now_ms() + opts.timeout
   -- A port gives no event to wait for: probe, then sleep an interval (or
   -- until the process exits, whichever comes first).
@@ -422,6 +436,7 @@ end
 -- streamProcessLogs(id) -> iterator of {type = "stdout"|"stderr"|"exit",
 -- data, exitCode, processId, timestamp}: the buffer is replayed and live
 -- output follows from the same instant, so nothing is lost or repeated.
+-- iterator:close() stops following (the process runs on).
 function Session:streamProcessLogs(id)
   self:_check_live()
   local p = find(self.sandbox, id)
@@ -437,7 +452,7 @@ function Session:streamProcessLogs(id)
     local text = p._logs[stream]:text()
     if #text > 0 then push { type = stream, data = text, processId = id, timestamp = util.timestamp() } end
   end
-  local listener
+  local listener, closed = nil, false
   local function detach()
     for i, l in ipairs(p._listeners) do if l == listener then table.remove(p._listeners, i) break end end
   end
@@ -459,7 +474,15 @@ function Session:streamProcessLogs(id)
     push { type = "exit", exitCode = p.exitCode, processId = id, timestamp = util.timestamp() }
     push(false)
   end
-  return setmetatable({ close = detach }, {
+  -- close(): stop following; a loop waiting for the next event ends (nil)
+  local function close()
+    if closed then return end
+    closed = true
+    detach()
+    events, head, tail = {}, 1, 0
+    push(false)
+  end
+  return setmetatable({ close = close, cancel = close }, {
     __call = function()
       while head > tail do
         async.await(function(resume)

@@ -289,6 +289,10 @@ function Sandbox:createSession(opts)
   self.sessions[id] = true   -- reserved: a concurrent create of this id loses
   local ok, session = pcall(session_mod.new, self, id, {
     env = self:_session_env(env), cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
+  if ok and self.destroyed then -- destroyed while it started: it must not outlive the sandbox
+    session:_destroy()
+    ok, session = false, errors.new("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
+  end
   if not ok then
     self.sessions[id] = nil
     error(session, 0)
@@ -328,13 +332,33 @@ function Sandbox:deleteSession(id)
   return { success = true, sessionId = id, timestamp = util.timestamp() }
 end
 
+-- The default session, made on first use. Making it may wait (it adopts the
+-- warm spare shell); tasks that ask meanwhile wait for that one instead of
+-- making (and leaking) shells of their own.
 function Sandbox:_default()
-  self:_check_live()
-  local s = self.sessions.default
-  if type(s) ~= "table" then
-    s = session_mod.new(self, "default", { env = self:_session_env(), cwd = self.home })
-    self.sessions.default = s
+  while true do
+    self:_check_live()
+    local s = self.sessions.default
+    if type(s) == "table" then return s end
+    if s ~= true then break end
+    async.await(function(resume)
+      self.default_waiters = self.default_waiters or {}
+      local w = { resume = resume }
+      table.insert(self.default_waiters, w)
+      return function() w.resume = function() end end
+    end, "default session")
   end
+  self.sessions.default = true -- reserved while it starts
+  local ok, s = pcall(session_mod.new, self, "default", { env = self:_session_env(), cwd = self.home })
+  if ok and self.destroyed then -- destroyed while it started: it must not outlive the sandbox
+    s:_destroy()
+    ok, s = false, errors.new("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
+  end
+  self.sessions.default = ok and s or nil
+  local waiters = self.default_waiters or {}
+  self.default_waiters = nil
+  for _, w in ipairs(waiters) do w.resume() end
+  if not ok then error(s, 0) end
   return s
 end
 

@@ -228,36 +228,48 @@ function Session:_run(command, opts, sink)
 
   local timeout = opts.timeout or self.commandTimeoutMs or sb.policy.limits.commandTimeoutMs
   if timeout == 0 then timeout = nil end
-  -- Only a command that can time out needs its own cgroup (two cgroup
-  -- migrations per call); deleteSession kills the session's whole cgroup.
-  local cmd_cg = timeout and self:_cmd_cgroup()
+  local control = opts.control -- execStream's: cancel() kills this command as a timeout would
+  if control and control.cancelled then
+    errors.raise("CANCELLED", "the command was cancelled before it started", { sessionId = self.id })
+  end
+  -- Only a command that can be killed (timeout, cancel) needs its own cgroup
+  -- (two cgroup migrations per call); deleteSession kills the session's whole cgroup.
+  local cmd_cg = (timeout or control) and self:_cmd_cgroup()
   if cmd_cg then tree.move(cmd_cg, sh.pid) end
   local timers, grace_deadline = {}, nil
-  if timeout then
+  local cancelled = false
+  local function expire()
+    if timed_out then return end
+    timed_out = true
     local grace = sb.policy.limits.timeoutGraceMs
-    timers[1] = after(timeout, function()
-      timed_out = true
-      grace_deadline = util.now_ms() + grace
-      if sh.dead then return end
-      local termed = {}
-      self:_signal_command("SIGTERM", termed)
-      -- processes started after this pass get their SIGTERM too
-      local again = core.timer()
-      timers[4] = again
-      again:start(20, 20, function() if not sh.dead then self:_signal_command("SIGTERM", termed) end end)
-      timers[2] = after(grace, function()
-        again:stop()
-        if sh.dead or sh.waiting == nil then return end
-        self:_signal_command("SIGKILL")
-        -- a shell busy in a builtin loop never reports: end it too
-        timers[3] = after(grace, function()
-          if not sh.dead and sh.waiting then sh:kill("SIGKILL") end
-        end)
+    grace_deadline = util.now_ms() + grace
+    if sh.dead then return end
+    local termed = {}
+    self:_signal_command("SIGTERM", termed)
+    -- processes started after this pass get their SIGTERM too
+    local again = core.timer()
+    timers[4] = again
+    again:start(20, 20, function() if not sh.dead then self:_signal_command("SIGTERM", termed) end end)
+    timers[2] = after(grace, function()
+      again:stop()
+      if sh.dead or sh.waiting == nil then return end
+      self:_signal_command("SIGKILL")
+      -- a shell busy in a builtin loop never reports: end it too
+      timers[3] = after(grace, function()
+        if not sh.dead and sh.waiting then sh:kill("SIGKILL") end
       end)
     end)
   end
+  if timeout then timers[1] = after(timeout, expire) end
+  if control then
+    control.abort = function()
+      cancelled = not timed_out
+      expire()
+    end
+  end
   local oom_before = limits.oom_kills(sb.limits_state)
   local record = sh:run(req)
+  if control then control.abort = nil end
   for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
 
   if cmd_cg and not sh.dead then
@@ -291,11 +303,12 @@ function Session:_run(command, opts, sink)
     sh:wait_exit(2000)
     if sh.exit_signal and sh.exit_signal > 0 then exit_code = 128 + sh.exit_signal end
   end
-  if timed_out then exit_code = 124 end
+  if timed_out and not cancelled then exit_code = 124 end
   return {
     oomKilled = exit_code == 137 and limits.oom_kills(sb.limits_state) > oom_before or nil,
     exitCode = exit_code,
-    timedOut = timed_out,
+    timedOut = timed_out and not cancelled,
+    cancelled = cancelled or nil,
     duration = util.now_ms() - started,
     timestamp = timestamp,
   }
@@ -369,12 +382,18 @@ function Session:exec(command, opts)
 end
 
 -- execStream(command, opts) -> iterator of events (a callable table with
--- :cancel()). Output is queued up to maxOutputBytes per stream; beyond that
--- chunks are dropped and the complete event says truncated = true, so a slow
--- or absent reader can never stall the session.
+-- task and cancel()). Output is queued up to maxOutputBytes per stream;
+-- beyond that chunks are dropped and the complete event says truncated =
+-- true, so a slow or absent reader can never stall the session.
+-- cancel() (a consumer that went away, e.g. an HTTP client) kills the
+-- command's whole tree as a timeout does (complete has cancelled = true), or
+-- takes it out of the session's queue if it has not started; iterating on
+-- after it drains the events up to the end, by when nothing of it is left.
 function Session:execStream(command, opts)
   local o
   command, o = self:_prepare(command, opts, "execStream")
+  local control = {}
+  o.control = control
   local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
   local events, head, tail, waiter = {}, 1, 0, nil
   local queued = { stdout = 0, stderr = 0 }
@@ -394,16 +413,27 @@ function Session:execStream(command, opts)
     push { type = stream, data = data, timestamp = util.timestamp(), _size = #data }
   end
   local task = async.spawn(function()
-    local ok, r = pcall(self.queue.run, self.queue, self._run, self, command, o, sink)
+    local ok, r = pcall(self.queue.run, self.queue, function(...)
+      control.started = true
+      return self._run(...)
+    end, self, command, o, sink)
+    control.finished = true
     if ok then
       push { type = "complete", exitCode = r.exitCode, timedOut = r.timedOut, truncated = truncated,
-        timestamp = util.timestamp(), sessionId = self.id, duration = r.duration }
+        timestamp = util.timestamp(), sessionId = self.id, duration = r.duration, cancelled = r.cancelled }
     else
       push { type = "error", error = r, timestamp = util.timestamp() }
     end
     push(false)
   end)
-  local iter = setmetatable({ task = task }, {
+  local function cancel()
+    if control.finished or control.cancelled then return end
+    control.cancelled = true
+    if control.abort then control.abort()
+    elseif not control.started then task:cancel() end -- still queued: it never runs
+    -- (started but not yet running: _run sees control.cancelled and stops)
+  end
+  local iter = setmetatable({ task = task, cancel = cancel }, {
     __call = function()
       while head > tail do
         async.await(function(resume)

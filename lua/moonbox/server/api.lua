@@ -1,0 +1,570 @@
+-- The /v1 HTTP API (issue #7): every call of the Lua API under
+-- /v1/sandboxes/{id}, with the Lua calls' names and JSON fields, streams as
+-- Server-Sent Events and errors as {code, message, context, httpStatus}.
+-- api.handle(req, res) is the request handler for moonbox.server.http; it
+-- runs as a task per request. Sandboxes are made on first use, like
+-- moonbox.getSandbox, and live as long as the server. Docs: docs/http-api.md.
+local moonbox = require "moonbox"
+local sandbox_mod = require "moonbox.sandbox"
+local errors = require "moonbox.errors"
+local util = require "moonbox._util"
+local V = require "moonbox._validate"
+local json = require "moonbox.server.api_json"
+local api_errors = require "moonbox.server.api_errors"
+local router_mod = require "moonbox.server.api_router"
+local sse = require "moonbox.server.api_sse"
+
+local M = {}
+
+-- configure{home?, policy?, limits?, maxBodyBytes?, maxSandboxes?}: how the
+-- server makes its sandboxes (root = <home>/sandboxes/<id>; default
+-- $MOONBOX_HOME as in getSandbox), the largest request body it takes, and
+-- how many sandboxes requests may bring into being (each is a directory and
+-- cgroups: an unbounded number of ids must not exhaust the host).
+local DEFAULTS = { maxBodyBytes = 64 * 1024 * 1024, maxSandboxes = 1024 }
+M.config = DEFAULTS
+
+function M.configure(opts)
+  opts = V.options(opts, { home = true, policy = true, limits = true, maxBodyBytes = true, maxSandboxes = true },
+    "api options")
+  M.config = {
+    home = V.type(opts.home, "string", "home", true),
+    policy = opts.policy,
+    limits = V.type(opts.limits, "table", "limits", true),
+    maxBodyBytes = V.type(opts.maxBodyBytes, "number", "maxBodyBytes", true) or DEFAULTS.maxBodyBytes,
+    maxSandboxes = V.type(opts.maxSandboxes, "number", "maxSandboxes", true) or DEFAULTS.maxSandboxes,
+  }
+end
+
+local function reply(status, value, headers)
+  local h = { ["content-type"] = "application/json" }
+  for k, v in pairs(headers or {}) do h[k] = v end
+  return { status = status, headers = h, body = json.encode(value) .. "\n" }
+end
+
+local function fail(code, message, context)
+  errors.raise(code, message, context)
+end
+
+-- ---- request context ------------------------------------------------------------
+
+-- Each handler gets ctx: req, res, params, query, and these helpers.
+local Ctx = {}
+Ctx.__index = Ctx
+
+function Ctx:sandbox()
+  if not self._sandbox then
+    local id = self.params.id
+    local live = sandbox_mod.all()
+    if not live[id] then
+      local n = 0
+      for _ in pairs(live) do n = n + 1 end
+      if n >= M.config.maxSandboxes then
+        fail("POLICY_DENIED", ("the server already holds %d sandboxes (maxSandboxes)"):format(n),
+          { maxSandboxes = M.config.maxSandboxes })
+      end
+    end
+    local opts = {}
+    if M.config.home then opts.root = M.config.home .. "/sandboxes/" .. id end
+    opts.policy, opts.limits = M.config.policy, M.config.limits
+    self._sandbox = moonbox.getSandbox(id, opts)
+  end
+  return self._sandbox
+end
+
+-- The JSON body's fields, decoded once.
+function Ctx:body()
+  if not self._body then self._body = json.decode_object(self.req.body) end
+  return self._body
+end
+
+-- take(spec) -> the body's fields named in spec, type-checked and removed
+-- from the body; spec values are "string", "number", "boolean", "table",
+-- "any", with "?" for optional. What is left is the call's options.
+function Ctx:take(spec)
+  local body = self:body()
+  local out = {}
+  for field, kind in pairs(spec) do
+    local optional = kind:sub(-1) == "?"
+    kind = optional and kind:sub(1, -2) or kind
+    local v = body[field]
+    body[field] = nil
+    if v == nil then
+      if not optional then V.fail(field, "missing") end
+    elseif kind ~= "any" and type(v) ~= kind then
+      V.fail(field, ("expected a %s, got %s"):format(kind, type(v) == "table" and "object or array" or type(v)))
+    end
+    out[field] = v
+  end
+  return out
+end
+
+-- The rest of the body must be empty (calls without options).
+function Ctx:no_more()
+  local k = next(self:body())
+  if k ~= nil then V.fail(tostring(k), "unknown field") end
+end
+
+-- The options left in the body, or nil when none (the Lua calls check them).
+function Ctx:rest()
+  local body = self:body()
+  if next(body) == nil then return nil end
+  return body
+end
+
+-- Query parameters: only those named in allowed (sessionId always).
+local function check_query(ctx, allowed)
+  for k in pairs(ctx.query) do
+    if k ~= "sessionId" and not (allowed and allowed[k]) then V.fail(k, "unknown query parameter") end
+  end
+end
+
+local function query_bool(ctx, name)
+  local v = ctx.query[name]
+  if v == nil or v == "" then return nil end
+  if v == "true" or v == "1" then return true end
+  if v == "false" or v == "0" then return false end
+  V.fail(name, "expected true or false")
+end
+
+local function query_list(ctx, name)
+  local v = ctx.query[name]
+  if v == nil or v == "" then return nil end
+  local list = json.array()
+  for item in v:gmatch("[^,]+") do list[#list + 1] = item end
+  return list
+end
+
+-- The session a call runs in: sessionId from the body (taken out of it) or
+-- the query; the default session (made on first use) when absent.
+function Ctx:session(from_body)
+  if self._session then return self._session end
+  local id
+  if from_body then id = self:take({ sessionId = "string?" }).sessionId end
+  id = id or self.query.sessionId
+  if id == nil then
+    self._session = self:sandbox():getSession("default")
+  else
+    self._session = self:sandbox():getSession(router_mod.check_id(id, "sessionId"))
+  end
+  return self._session
+end
+
+-- signal from ?signal=: a name or a number
+local function query_signal(ctx)
+  local s = ctx.query.signal
+  if s == nil or s == "" then return nil end
+  return tonumber(s) or s
+end
+
+-- ---- result shapes ----------------------------------------------------------------
+
+local function session_info(sb, s)
+  return { success = true, id = s.id, sessionId = s.id, cwd = sb:view_path(s.cwd), timestamp = util.timestamp() }
+end
+
+local function exec_result(r)
+  json.binary_field(r, "stdout", "stdoutEncoding")
+  json.binary_field(r, "stderr", "stderrEncoding")
+  return r
+end
+
+-- stream events with raw bytes in data (exec, process logs)
+local function data_event(ev)
+  return json.binary_field(ev, "data", "encoding")
+end
+
+local function text_event(ev)
+  return json.binary_field(ev, "text", "encoding")
+end
+
+local function process_info(p)
+  return { id = p.id, pid = p.pid, command = p.command, status = p.status, startTime = p.startTime,
+    endTime = p.endTime, exitCode = p.exitCode, sessionId = p.sessionId, error = p.error,
+    oomKilled = p.oomKilled }
+end
+
+local function code_result(r)
+  json.array(r.logs.stdout)
+  json.array(r.logs.stderr)
+  json.array(r.results)
+  return r
+end
+
+-- ---- handlers -------------------------------------------------------------------------
+-- Each returns status, value (a JSON reply) or nothing (it streamed).
+
+local H = {}
+
+function H.info(ctx)
+  check_query(ctx)
+  local info = ctx:sandbox():info()
+  json.array(info.namespaces)
+  json.array(info.notEnforced)
+  return 200, info
+end
+
+function H.destroy(ctx)
+  check_query(ctx, { keepFiles = true })
+  return 200, ctx:sandbox():destroy { keepFiles = query_bool(ctx, "keepFiles") }
+end
+
+function H.create_session(ctx)
+  check_query(ctx)
+  local sb = ctx:sandbox()
+  local s = sb:createSession(ctx:rest())
+  return 200, session_info(sb, s)
+end
+
+function H.list_sessions(ctx)
+  check_query(ctx)
+  return 200, json.array(ctx:sandbox():listSessions())
+end
+
+function H.get_session(ctx)
+  check_query(ctx)
+  local sb = ctx:sandbox()
+  return 200, session_info(sb, sb:getSession(router_mod.check_id(ctx.params.sessionId, "sessionId")))
+end
+
+function H.delete_session(ctx)
+  check_query(ctx)
+  return 200, ctx:sandbox():deleteSession(router_mod.check_id(ctx.params.sessionId, "sessionId"))
+end
+
+function H.terminal(ctx)
+  local sid = router_mod.check_id(ctx.params.sessionId, "sessionId")
+  local ok, terminal_ws = pcall(require, "moonbox.server.terminal_ws")
+  if not ok then
+    fail("INTERNAL_ERROR", "the WebSocket terminal is not available in this build", { reason = tostring(terminal_ws) })
+  end
+  return terminal_ws.handle(ctx.req, ctx.res, ctx.params.id, sid)
+end
+
+-- POST /env {envVars, sessionId?}: sandbox level without sessionId.
+function H.env(ctx)
+  check_query(ctx)
+  local f = ctx:take { envVars = "table" }
+  local explicit = ctx:body().sessionId ~= nil or ctx.query.sessionId ~= nil
+  local s = ctx:session(true)
+  ctx:no_more()
+  if explicit then return 200, s:setEnvVars(f.envVars) end
+  return 200, ctx:sandbox():setEnvVars(f.envVars)
+end
+
+-- A script may raise maxOutputBytes for its own calls; a client of the
+-- server may not go past the policy's limit (the server's memory).
+local function check_output_limit(ctx, s)
+  local v, limit = ctx:body().maxOutputBytes, s.sandbox.policy.limits.maxOutputBytes
+  if type(v) == "number" and v > limit then
+    V.fail("maxOutputBytes", ("at most %d (the policy's limits.maxOutputBytes)"):format(limit))
+  end
+end
+
+function H.exec(ctx)
+  check_query(ctx)
+  local s = ctx:session(true)
+  local f = ctx:take { command = "any" }
+  check_output_limit(ctx, s)
+  return 200, exec_result(s:exec(f.command, ctx:rest()))
+end
+
+function H.exec_stream(ctx)
+  check_query(ctx)
+  local s = ctx:session(true)
+  local f = ctx:take { command = "any" }
+  check_output_limit(ctx, s)
+  sse.pump(ctx.res, s:execStream(f.command, ctx:rest()), data_event)
+end
+
+-- ---- processes
+
+function H.start_process(ctx)
+  check_query(ctx)
+  local s = ctx:session(true)
+  local f = ctx:take { command = "any" }
+  return 200, process_info(s:startProcess(f.command, ctx:rest()))
+end
+
+function H.list_processes(ctx)
+  check_query(ctx)
+  local list = json.array()
+  for i, p in ipairs(ctx:session():listProcesses()) do list[i] = process_info(p) end
+  return 200, list
+end
+
+function H.kill_all(ctx)
+  check_query(ctx, { signal = true })
+  local n = ctx:session():killAllProcesses(query_signal(ctx))
+  return 200, { success = true, count = n, timestamp = util.timestamp() }
+end
+
+local function find_process(ctx)
+  local id = router_mod.check_id(ctx.params.processId, "processId")
+  local p = ctx:session():getProcess(id)
+  if not p then fail("PROCESS_NOT_FOUND", ("process %q does not exist"):format(id), { processId = id }) end
+  return p
+end
+
+function H.get_process(ctx)
+  check_query(ctx)
+  return 200, process_info(find_process(ctx))
+end
+
+function H.kill_process(ctx)
+  check_query(ctx, { signal = true })
+  local id = router_mod.check_id(ctx.params.processId, "processId")
+  return 200, ctx:session():killProcess(id, query_signal(ctx))
+end
+
+function H.process_logs(ctx)
+  check_query(ctx)
+  local id = router_mod.check_id(ctx.params.processId, "processId")
+  return 200, exec_result(ctx:session():getProcessLogs(id))
+end
+
+function H.process_logs_stream(ctx)
+  check_query(ctx)
+  local id = router_mod.check_id(ctx.params.processId, "processId")
+  sse.pump(ctx.res, ctx:session():streamProcessLogs(id), data_event)
+end
+
+-- Run fn as a task of its own that is cancelled if the client goes away
+-- (a wait the client no longer waits for).
+local function while_connected(ctx, fn)
+  local task = moonbox.spawn(fn)
+  ctx.res:onClose(function() task:cancel() end)
+  if ctx.res.closed then task:cancel() end
+  return task:wait()
+end
+
+-- POST /processes/{id}/wait {exit: true | pattern | port, timeout, ...}
+function H.wait_process(ctx)
+  check_query(ctx)
+  local f = ctx:take { exit = "boolean?", pattern = "string?", port = "number?", timeout = "number?" }
+  local kinds = (f.exit and 1 or 0) + (f.pattern and 1 or 0) + (f.port and 1 or 0)
+  if kinds ~= 1 then V.fail("body", "give exactly one of exit: true, pattern or port") end
+  ctx:session(true)
+  local p = find_process(ctx)
+  local result
+  if f.exit then
+    ctx:no_more()
+    result = while_connected(ctx, function() return p:waitForExit(f.timeout) end)
+  elseif f.pattern then
+    local o = ctx:take { plain = "boolean?" }
+    ctx:no_more()
+    result = while_connected(ctx, function() return p:waitForLog(f.pattern, f.timeout, { plain = o.plain }) end)
+  else
+    local o = ctx:take { mode = "string?", path = "string?", status = "number?", interval = "number?" }
+    ctx:no_more()
+    o.timeout = f.timeout
+    result = while_connected(ctx, function() return p:waitForPort(f.port, o) end)
+  end
+  result.processId = p.id
+  return 200, result
+end
+
+-- ---- files
+
+-- POST /files/{op}: the Lua arguments by name
+local file_ops = {
+  write = function(s, ctx)
+    local f = ctx:take { path = "string", content = "string" }
+    return s:writeFile(f.path, f.content, ctx:rest())
+  end,
+  read = function(s, ctx)
+    local f = ctx:take { path = "string" }
+    return s:readFile(f.path, ctx:rest())
+  end,
+  mkdir = function(s, ctx)
+    local f = ctx:take { path = "string" }
+    return s:mkdir(f.path, ctx:rest())
+  end,
+  delete = function(s, ctx)
+    local f = ctx:take { path = "string" }
+    ctx:no_more()
+    return s:deleteFile(f.path)
+  end,
+  rename = function(s, ctx)
+    local f = ctx:take { path = "string?", oldPath = "string?", newPath = "string" }
+    if (f.path == nil) == (f.oldPath == nil) then V.fail("path", "give path (or oldPath), once") end
+    ctx:no_more()
+    return s:renameFile(f.path or f.oldPath, f.newPath)
+  end,
+  move = function(s, ctx)
+    local f = ctx:take { path = "string?", sourcePath = "string?", newPath = "string?", destinationPath = "string?" }
+    if (f.path == nil) == (f.sourcePath == nil) then V.fail("path", "give path (or sourcePath), once") end
+    if (f.newPath == nil) == (f.destinationPath == nil) then
+      V.fail("newPath", "give newPath (or destinationPath), once")
+    end
+    ctx:no_more()
+    return s:moveFile(f.path or f.sourcePath, f.newPath or f.destinationPath)
+  end,
+  list = function(s, ctx)
+    local f = ctx:take { path = "string" }
+    local r = s:listFiles(f.path, ctx:rest())
+    json.array(r.files)
+    return r
+  end,
+  exists = function(s, ctx)
+    local f = ctx:take { path = "string" }
+    ctx:no_more()
+    return s:exists(f.path)
+  end,
+}
+
+local function file_handler(op)
+  return function(ctx)
+    check_query(ctx)
+    local s = ctx:session(true)
+    return 200, file_ops[op](s, ctx)
+  end
+end
+
+local function query_path(ctx)
+  local path = ctx.query.path
+  if path == nil then V.fail("path", "missing (?path=)") end
+  return path
+end
+
+-- GET /files/stream?path=: the file's raw bytes
+function H.file_stream(ctx)
+  check_query(ctx, { path = true })
+  local iter = ctx:session():readFileStream(query_path(ctx))
+  local res, gone = ctx.res, false
+  res:onClose(function() gone = true end)
+  res:start(200, { ["content-type"] = "application/octet-stream" })
+  local ok, err = pcall(function()
+    for chunk in iter do
+      if gone or res.closed or not res:write(chunk) then break end
+    end
+  end)
+  iter.close()
+  -- the status is sent: a read error can only cut the body short
+  if not ok then io.stderr:write("moonbox api: files/stream: ", errors.format(err), "\n") end
+  if not gone and not res.closed then res:finish() end
+end
+
+-- PUT /files/raw?path=: the body is the file's content
+function H.file_raw(ctx)
+  check_query(ctx, { path = true })
+  return 200, ctx:session():writeFile(query_path(ctx), ctx.req.body or "")
+end
+
+-- GET /files/watch?path=&recursive=&include=&exclude= (SSE)
+function H.watch(ctx)
+  check_query(ctx, { path = true, recursive = true, include = true, exclude = true })
+  local iter = ctx:session():watch(query_path(ctx), {
+    recursive = query_bool(ctx, "recursive"), include = query_list(ctx, "include"),
+    exclude = query_list(ctx, "exclude") })
+  sse.pump(ctx.res, iter)
+end
+
+function H.git_checkout(ctx)
+  check_query(ctx)
+  local s = ctx:session(true)
+  local f = ctx:take { repoUrl = "string" }
+  return 200, s:gitCheckout(f.repoUrl, ctx:rest())
+end
+
+-- ---- code contexts
+
+function H.create_context(ctx)
+  check_query(ctx)
+  local s = ctx:session(true)
+  return 200, s:createCodeContext(ctx:rest())
+end
+
+function H.list_contexts(ctx)
+  check_query(ctx)
+  return 200, json.array(ctx:session():listCodeContexts())
+end
+
+function H.delete_context(ctx)
+  check_query(ctx)
+  return 200, ctx:session():deleteCodeContext(router_mod.check_id(ctx.params.contextId, "contextId"))
+end
+
+function H.run_code(ctx)
+  check_query(ctx)
+  local s = ctx:session(true)
+  local f = ctx:take { code = "string" }
+  return 200, code_result(s:runCode(f.code, ctx:rest()))
+end
+
+function H.run_code_stream(ctx)
+  check_query(ctx)
+  local s = ctx:session(true)
+  local f = ctx:take { code = "string" }
+  sse.pump(ctx.res, s:runCodeStream(f.code, ctx:rest()), text_event)
+end
+
+-- ---- routes ------------------------------------------------------------------------------
+
+local router = router_mod.new()
+for _, r in ipairs {
+  { "GET", "", H.info }, { "DELETE", "", H.destroy },
+  { "POST", "/sessions", H.create_session }, { "GET", "/sessions", H.list_sessions },
+  { "GET", "/sessions/{sessionId}", H.get_session }, { "DELETE", "/sessions/{sessionId}", H.delete_session },
+  { "GET", "/sessions/{sessionId}/terminal", H.terminal },
+  { "POST", "/env", H.env },
+  { "POST", "/exec", H.exec }, { "POST", "/exec/stream", H.exec_stream },
+  { "POST", "/processes", H.start_process }, { "GET", "/processes", H.list_processes },
+  { "DELETE", "/processes", H.kill_all },
+  { "GET", "/processes/{processId}", H.get_process }, { "DELETE", "/processes/{processId}", H.kill_process },
+  { "GET", "/processes/{processId}/logs", H.process_logs },
+  { "GET", "/processes/{processId}/logs/stream", H.process_logs_stream },
+  { "POST", "/processes/{processId}/wait", H.wait_process },
+  { "GET", "/files/stream", H.file_stream }, { "PUT", "/files/raw", H.file_raw },
+  { "GET", "/files/watch", H.watch },
+  { "POST", "/git/checkout", H.git_checkout },
+  { "POST", "/contexts", H.create_context }, { "GET", "/contexts", H.list_contexts },
+  { "DELETE", "/contexts/{contextId}", H.delete_context },
+  { "POST", "/code", H.run_code }, { "POST", "/code/stream", H.run_code_stream },
+} do
+  router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
+end
+for op in pairs(file_ops) do router:add("POST", "/v1/sandboxes/{id}/files/" .. op, file_handler(op)) end
+M.router = router
+
+-- The sandbox id in the path: getSandbox's rule, checked before anything runs.
+local function check_sandbox_id(id)
+  if #id < 1 or #id > 63 or not id:match("^[a-z0-9_-]+$") or id:match("^%-") or id:match("%-$") then
+    V.fail("id", ("invalid sandbox id %q: 1-63 characters [a-z0-9_-], not starting or ending with '-'"):format(id))
+  end
+end
+
+local function dispatch(req, res)
+  local segs = router_mod.segments(req.path or "/", req.rawPath)
+  local route, params, allow = router:match(req.method, segs)
+  if not route then
+    if params == "method" then
+      local status, body = api_errors.body(errors.new("METHOD_NOT_ALLOWED",
+        ("%s is not allowed here; allowed: %s"):format(tostring(req.method), table.concat(allow, ", ")),
+        { method = req.method, allow = json.array(allow) }))
+      return reply(status, body, { allow = table.concat(allow, ", ") })
+    end
+    local status, body = api_errors.body(errors.new("NOT_FOUND", ("no route for %s %s"):format(
+      tostring(req.method), tostring(req.path)), { method = req.method, path = req.path }))
+    return reply(status, body)
+  end
+  check_sandbox_id(params.id)
+  if req.body and #req.body > M.config.maxBodyBytes then
+    fail("REQUEST_TOO_LARGE", ("the request body is larger than %d bytes"):format(M.config.maxBodyBytes),
+      { limit = M.config.maxBodyBytes })
+  end
+  local ctx = setmetatable({ req = req, res = res, params = params, query = req.query or {} }, Ctx)
+  local status, value = route.handler(ctx)
+  if status == nil then return nil end -- streamed, or answered by another module
+  if type(status) == "table" then return status end
+  return reply(status, value)
+end
+
+-- handle(req, res) -> {status, headers, body}, or nil after streaming on res.
+function M.handle(req, res)
+  local ok, result = pcall(dispatch, req, res)
+  if ok then return result end
+  return reply(api_errors.body(result))
+end
+
+return M

@@ -1,0 +1,58 @@
+-- Error responses of the HTTP API: {code, message, context, httpStatus}
+-- with the status the seed's SDK gives that code (its shared status map),
+-- and the codes moonbox adds placed beside their nearest kin. Anything that
+-- is not an error table of ours is a bug: 500 INTERNAL_ERROR, logged.
+local errors = require "moonbox.errors"
+
+local M = {}
+
+M.STATUS = {
+  -- 400: the request itself is wrong
+  VALIDATION_FAILED = 400, IS_DIRECTORY = 400, NOT_DIRECTORY = 400, INVALID_GIT_URL = 400,
+  -- 401
+  GIT_AUTH_FAILED = 401, UNAUTHORIZED = 401,
+  -- 403: not allowed
+  POLICY_DENIED = 403, PERMISSION_DENIED = 403, PATH_OUTSIDE_SANDBOX = 403,
+  -- 404
+  NOT_FOUND = 404, SESSION_NOT_FOUND = 404, FILE_NOT_FOUND = 404, PROCESS_NOT_FOUND = 404,
+  CONTEXT_NOT_FOUND = 404, GIT_REPOSITORY_NOT_FOUND = 404, GIT_BRANCH_NOT_FOUND = 404,
+  -- 405
+  METHOD_NOT_ALLOWED = 405,
+  -- 408: a wait ran out of time
+  PROCESS_READY_TIMEOUT = 408, TIMEOUT = 408,
+  -- 409: the state of a resource conflicts with the call
+  SESSION_ALREADY_EXISTS = 409, FILE_EXISTS = 409, PROCESS_ALREADY_EXISTS = 409, CONTEXT_ALREADY_EXISTS = 409,
+  SESSION_DESTROYED = 409, SANDBOX_DESTROYED = 409, TERMINAL_CLOSED = 409, PROCESS_EXITED_BEFORE_READY = 409,
+  -- 499: the client went away (nginx's "client closed request"); nobody reads it
+  CANCELLED = 499,
+  -- 413
+  FILE_TOO_LARGE = 413, REQUEST_TOO_LARGE = 413,
+  -- 500: the runtime failed
+  INTERNAL_ERROR = 500, FILESYSTEM_ERROR = 500, SHELL_START_FAILED = 500, GIT_CLONE_FAILED = 500,
+  DEADLOCK = 500, NOT_IN_TASK = 500,
+  -- 501: this host or build cannot do it
+  INTERPRETER_NOT_AVAILABLE = 501, ISOLATION_UNAVAILABLE = 501, SECCOMP_UNAVAILABLE = 501,
+  -- 502: something beyond the sandbox failed
+  GIT_NETWORK_ERROR = 502,
+  -- 507
+  NO_SPACE = 507,
+}
+
+function M.status(code)
+  return M.STATUS[code] or 500
+end
+
+-- body(err) -> status, {code, message, context, httpStatus}
+function M.body(err)
+  if not errors.is_error(err) then
+    io.stderr:write("moonbox api: internal error: ", errors.format(err), "\n")
+    return 500, { code = "INTERNAL_ERROR", message = "internal error", context = {}, httpStatus = 500 }
+  end
+  local status = M.status(err.code)
+  if status == 500 and err.code ~= "FILESYSTEM_ERROR" and err.code ~= "GIT_CLONE_FAILED" then
+    io.stderr:write("moonbox api: ", errors.format(err), "\n")
+  end
+  return status, { code = err.code, message = err.message, context = err.context or {}, httpStatus = status }
+end
+
+return M

@@ -1,0 +1,163 @@
+-- JSON for the HTTP API. Requests are decoded with lua-cjson (strictly: an
+-- object, valid UTF-8, bounded depth); responses are encoded here, because
+-- the lua-cjson of Debian 12 (2.1.0) cannot tell an empty array from an
+-- empty object and lets invalid UTF-8 through into its output.
+local cjson = require "cjson.safe"
+local core = require "moonbox.core"
+local errors = require "moonbox.errors"
+local V = require "moonbox._validate"
+
+local M = {}
+
+M.MAX_DEPTH = 32
+
+-- A table marked with array() is encoded as a JSON array, also when empty.
+local ARRAY = { __name = "json array" }
+function M.array(t) return setmetatable(t or {}, ARRAY) end
+
+-- ---- decoding ----------------------------------------------------------------
+
+local decoder = cjson.new()
+decoder.decode_max_depth(M.MAX_DEPTH)
+decoder.decode_invalid_numbers(false) -- no NaN, Infinity or hex numbers
+
+-- null inside a value becomes false (the Lua API's "unset", as in env maps);
+-- strings (keys too) must be valid UTF-8 (a lone surrogate escape is not).
+local function clean(v, field)
+  if v == cjson.null then return false end
+  if type(v) == "string" then
+    if not core.utf8_valid(v) then V.fail(field, "not valid UTF-8") end
+  elseif type(v) == "table" then
+    for k, x in pairs(v) do
+      local name = type(k) == "number" and ("%s[%d]"):format(field, k) or field .. "." .. tostring(k)
+      if type(k) == "string" and not core.utf8_valid(k) then V.fail(field, "a key is not valid UTF-8") end
+      v[k] = clean(x, name)
+    end
+  end
+  return v
+end
+
+-- decode_object(body) -> table: the fields of a JSON object body. An empty
+-- body is an empty object; a null field is dropped (= not given).
+function M.decode_object(body)
+  if body == nil or not body:find("%S") then return {} end
+  if not core.utf8_valid(body) then V.fail("body", "not valid UTF-8") end
+  if not body:match("^%s*{") then V.fail("body", "expected a JSON object") end
+  local value, err = decoder.decode(body)
+  if value == nil then V.fail("body", "malformed JSON: " .. tostring(err)) end
+  for k, x in pairs(value) do
+    if not core.utf8_valid(k) then V.fail("body", "a key is not valid UTF-8") end
+    if x == cjson.null then value[k] = nil else value[k] = clean(x, k) end
+  end
+  return value
+end
+
+-- ---- encoding ----------------------------------------------------------------
+
+local escapes = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n",
+  ["\r"] = "\\r", ["\t"] = "\\t" }
+local function escape_char(c) return escapes[c] or ("\\u%04x"):format(c:byte()) end
+
+-- Invalid UTF-8 sequences become U+FFFD. Fields that carry raw bytes are
+-- base64-encoded by the API before they get here (see binary_field).
+function M.valid_utf8(s)
+  local ok, pos = core.utf8_valid(s)
+  if ok then return s end
+  local out = {}
+  while not ok do
+    out[#out + 1] = s:sub(1, pos - 1)
+    out[#out + 1] = "\239\191\189"
+    s = s:sub(pos + 1)
+    ok, pos = core.utf8_valid(s)
+  end
+  out[#out + 1] = s
+  return table.concat(out)
+end
+
+local function quote(s)
+  return '"' .. M.valid_utf8(s):gsub('[%c"\\]', escape_char) .. '"'
+end
+
+local function is_sequence(t)
+  local n = #t
+  if n == 0 then return false end
+  local count = 0
+  for _ in pairs(t) do count = count + 1 end
+  return count == n
+end
+
+local encode_value
+
+local function encode_table(t, buf, depth)
+  if depth > M.MAX_DEPTH then error("JSON encode: nesting deeper than " .. M.MAX_DEPTH, 0) end
+  if errors.is_error(t) then
+    -- an error value: its public fields only (no traceback)
+    t = { code = t.code, message = t.message, context = t.context }
+  end
+  if getmetatable(t) == ARRAY or is_sequence(t) then
+    buf[#buf + 1] = "["
+    for i = 1, #t do
+      if i > 1 then buf[#buf + 1] = "," end
+      encode_value(t[i], buf, depth + 1)
+    end
+    buf[#buf + 1] = "]"
+    return
+  end
+  buf[#buf + 1] = "{"
+  local first = true
+  for k, v in pairs(t) do
+    local kt, vt = type(k), type(v)
+    -- "_" marks fields private to the runtime; functions and handles have no JSON form
+    if (kt == "string" and k:sub(1, 1) ~= "_" or kt == "number")
+      and vt ~= "function" and vt ~= "thread" and (vt ~= "userdata" or v == cjson.null) then
+      if not first then buf[#buf + 1] = "," end
+      first = false
+      buf[#buf + 1] = quote(tostring(k))
+      buf[#buf + 1] = ":"
+      encode_value(v, buf, depth + 1)
+    end
+  end
+  buf[#buf + 1] = "}"
+end
+
+function encode_value(v, buf, depth)
+  local t = type(v)
+  if t == "string" then
+    buf[#buf + 1] = quote(v)
+  elseif t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then
+      buf[#buf + 1] = "null"
+    elseif v % 1 == 0 and v > -2 ^ 53 and v < 2 ^ 53 then
+      buf[#buf + 1] = ("%d"):format(v)
+    else
+      buf[#buf + 1] = ("%.14g"):format(v)
+    end
+  elseif t == "boolean" then
+    buf[#buf + 1] = v and "true" or "false"
+  elseif t == "table" then
+    encode_table(v, buf, depth)
+  else
+    buf[#buf + 1] = "null"
+  end
+end
+
+-- encode(value) -> JSON text
+function M.encode(v)
+  local buf = {}
+  encode_value(v, buf, 0)
+  return table.concat(buf)
+end
+
+-- A field of raw bytes (command output, log data): kept as text when it is
+-- valid UTF-8, else replaced by its base64 and marked in encoding_field
+-- (t.stdout -> t.stdoutEncoding = "base64"; event data -> encoding).
+function M.binary_field(t, field, encoding_field)
+  local s = t[field]
+  if type(s) == "string" and not core.utf8_valid(s) then
+    t[field] = core.base64_encode(s)
+    t[encoding_field] = "base64"
+  end
+  return t
+end
+
+return M

@@ -1,0 +1,222 @@
+-- `moonbox serve`: one HTTP server on the runtime's loop in front of the
+-- process's sandboxes. /v1/... goes to the JSON API (moonbox.server.api),
+-- / serves the terminal page, anything else goes to the --handler script.
+-- A bearer token guards every path whenever one is configured, and one is
+-- required unless the address is loopback or a unix socket.
+local async = require "moonbox.async"
+local errors = require "moonbox.errors"
+local http = require "moonbox.server.http"
+local fs = require "moonbox._fs"
+local cjson = require "cjson.safe"
+local bit = require "bit"
+
+local M = {}
+
+M.usage = [[
+usage: moonbox serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]
+                     [--policy file.lua] [--handler app.lua] [--token-file F]
+                     [--max-body BYTES] [--max-connections N] [--idle-timeout-ms MS]
+]]
+
+local function usage_error(message)
+  errors.raise("VALIDATION_FAILED", message .. "\n" .. M.usage)
+end
+
+-- parse({...}) -> {listen, policy, handler, tokenFile, maxBody, maxConnections, idleTimeoutMs}
+function M.parse(argv)
+  local opts = { listen = "127.0.0.1:8080" }
+  local names = {
+    ["--listen"] = "listen", ["--policy"] = "policy", ["--handler"] = "handler", ["--token-file"] = "tokenFile",
+    ["--max-body"] = "maxBody", ["--max-connections"] = "maxConnections", ["--idle-timeout-ms"] = "idleTimeoutMs",
+  }
+  local numeric = { maxBody = true, maxConnections = true, idleTimeoutMs = true }
+  local i = 1
+  while i <= #argv do
+    local flag, value = argv[i], argv[i + 1]
+    local inline_flag, inline_value = flag:match("^(%-%-[%w-]+)=(.*)$")
+    if inline_flag then flag, value, i = inline_flag, inline_value, i - 1 end
+    local key = names[flag]
+    if not key then usage_error(("unknown argument %q"):format(flag)) end
+    if value == nil then usage_error(flag .. " needs a value") end
+    if numeric[key] then
+      value = tonumber(value)
+      if not value or value < 1 or value % 1 ~= 0 then usage_error(flag .. " needs a positive integer") end
+    end
+    opts[key] = value
+    i = i + 2
+  end
+  return opts
+end
+
+-- Equal strings, in time that depends on the lengths only.
+function M.constant_time_equal(a, b)
+  local diff = bit.bxor(#a, #b)
+  for i = 1, #b do
+    diff = bit.bor(diff, bit.bxor(a:byte(i) or 0, b:byte(i)))
+  end
+  return diff == 0
+end
+
+local function json_response(status, code, message)
+  return { status = status, headers = { ["content-type"] = "application/json" },
+    body = cjson.encode({ code = code, message = message, httpStatus = status }) }
+end
+
+local function is_page(req)
+  return req.method == "GET" and (req.path == "/" or req.path == "/index.html" or req.path:match("^/page/") ~= nil)
+end
+
+-- The request's token: "Authorization: Bearer <token>", or the query
+-- parameter access_token where a browser cannot set headers: a WebSocket,
+-- and the page itself.
+local function presented_token(req)
+  local auth = req.headers["authorization"]
+  if auth then return auth:match("^[Bb]earer%s+(%S+)%s*$") end
+  if req.websocket or is_page(req) then return req.query.access_token end
+end
+
+-- ---- the page ---------------------------------------------------------------------
+
+local CONTENT_TYPES = { html = "text/html; charset=utf-8", js = "text/javascript; charset=utf-8",
+  css = "text/css; charset=utf-8" }
+
+local function lua_dir()
+  local here = package.searchpath("moonbox.server.cli", package.path)
+  return here and here:match("^(.*)/moonbox/server/cli%.lua$")
+end
+
+local function exists(path)
+  return fs.stat(path) ~= nil
+end
+
+-- Where the page and its npm packages are: the source and build trees, or
+-- an installed prefix (share/moonbox/page with vendor/).
+function M.find_page()
+  local ldir = lua_dir() or "."
+  local page
+  for _, dir in ipairs { os.getenv("MOONBOX_PAGE_DIR") or false, ldir .. "/../share/page", ldir .. "/../page" } do
+    if dir and exists(dir .. "/index.html") then page = dir break end
+  end
+  local exe = fs.readlink("/proc/self/exe")
+  local exe_dir = exe and exe:match("^(.*)/[^/]+$") or "."
+  local vendor = {}
+  local xterm = {
+    exe_dir .. "/page/node_modules/@xterm/xterm", -- build tree (the npm step in CMakeLists.txt)
+    page and (page .. "/vendor") or false,         -- installed
+  }
+  for _, dir in ipairs(xterm) do
+    if dir and exists(dir .. "/lib/xterm.js") then
+      vendor["xterm.js"], vendor["xterm.css"] = dir .. "/lib/xterm.js", dir .. "/css/xterm.css"
+      break
+    end
+  end
+  return page, vendor
+end
+
+local function serve_file(path)
+  local data = path and fs.read_file(path)
+  if not data then return json_response(404, "NOT_FOUND", "no such page asset") end
+  local ext = path:match("%.(%w+)$")
+  return { status = 200, body = data, headers = {
+    ["content-type"] = CONTENT_TYPES[ext] or "application/octet-stream",
+    ["cache-control"] = "no-cache", ["x-content-type-options"] = "nosniff" } }
+end
+
+local function page_route(app, req)
+  if req.method ~= "GET" and req.method ~= "HEAD" then return nil end
+  local path = req.path
+  if path == "/" or path == "/index.html" then
+    return serve_file(app.page and app.page .. "/index.html")
+  end
+  local name = path:match("^/page/([%w%-]+%.%w+)$")
+  if not name then return nil end
+  if app.vendor[name] then return serve_file(app.vendor[name]) end
+  return serve_file(app.page and app.page .. "/" .. name)
+end
+
+-- ---- the app ---------------------------------------------------------------------------
+
+-- app(opts) -> handler(req, res): token check, then /v1, the page, the
+-- user's handler. opts: token (string or nil), userHandler (function or nil).
+function M.app(opts)
+  local app = { token = opts.token, user = opts.userHandler }
+  app.page, app.vendor = opts.page, opts.vendor or {}
+  return function(req, res)
+    if app.token then
+      local given = presented_token(req)
+      if not given or not M.constant_time_equal(given, app.token) then
+        local r = json_response(401, "UNAUTHORIZED", "a valid bearer token is required")
+        r.headers["www-authenticate"] = 'Bearer realm="moonbox"'
+        return r
+      end
+    end
+    if req.path == "/v1" or req.path:sub(1, 4) == "/v1/" then
+      local ok, api = pcall(require, "moonbox.server.api")
+      if ok then return api.handle(req, res) end
+      -- without the JSON API, the page's terminal still works
+      local id, sid = req.path:match("^/v1/sandboxes/([^/]+)/sessions/([^/]+)/terminal$")
+      if id then return require("moonbox.server.terminal_ws").handle(req, res, id, sid) end
+      return json_response(404, "NOT_FOUND", "the HTTP API is not available")
+    end
+    local page = page_route(app, req)
+    if page then return page end
+    if app.user then return app.user(req, res) end
+    return json_response(404, "NOT_FOUND", ("no route for %s %s"):format(req.method, req.path))
+  end
+end
+
+local function read_token(path)
+  local data = fs.read_file(path)
+  if not data then errors.raise("VALIDATION_FAILED", ("cannot read the token file %q"):format(path)) end
+  local token = data:match("^%s*(%S+)%s*$")
+  if not token or #token < 16 then
+    errors.raise("VALIDATION_FAILED", ("the token in %q must be one word of at least 16 characters"):format(path))
+  end
+  return token
+end
+
+-- A handler script returns function handle(req, res).
+local function load_handler(path)
+  local chunk, err = loadfile(path)
+  if not chunk then errors.raise("VALIDATION_FAILED", "cannot load the handler: " .. tostring(err)) end
+  local fn = chunk()
+  if type(fn) ~= "function" then
+    errors.raise("VALIDATION_FAILED", ("the handler %q must return a function handle(req, res)"):format(path))
+  end
+  return fn
+end
+
+-- Start serving; returns the server (main() keeps it running).
+function M.start(opts)
+  local addr = http.parse_listen(opts.listen)
+  local token = opts.tokenFile and read_token(opts.tokenFile)
+  if not token and not http.is_local(addr) then
+    errors.raise("VALIDATION_FAILED", ("refusing to listen on %s without --token-file: " ..
+      "only loopback addresses and unix sockets may go without a token"):format(opts.listen))
+  end
+  if opts.policy then require("moonbox.policy").set_default(opts.policy) end
+  local page, vendor = M.find_page()
+  local handler = M.app {
+    token = token, userHandler = opts.handler and load_handler(opts.handler), page = page, vendor = vendor,
+  }
+  return http.listen({ listen = opts.listen, maxBody = opts.maxBody, maxConnections = opts.maxConnections,
+    idleTimeoutMs = opts.idleTimeoutMs }, handler)
+end
+
+function M.main(argv)
+  local ok, server = pcall(function() return M.start(M.parse(argv)) end)
+  if not ok then
+    if not (errors.is_error(server) and server.code == "VALIDATION_FAILED") then error(server, 0) end
+    io.stderr:write("moonbox serve: ", server.message, "\n")
+    os.exit(2)
+  end
+  require("moonbox._runtime").at_exit(function() server:close() end)
+  io.stdout:write("moonbox: listening on ", server.address:match("^unix:") and server.address
+    or ("http://" .. server.address), "\n")
+  io.stdout:flush()
+  -- serve until a signal stops the runtime (_runtime.lua kills the sandboxes first)
+  async.await(function(resume) M._stop = resume end, "moonbox serve")
+  server:close()
+end
+
+return M

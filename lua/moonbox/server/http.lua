@@ -1,0 +1,364 @@
+-- HTTP/1.1, SSE and WebSocket server on the runtime's loop. The protocol
+-- work is libwebsockets' (src/http.c); here each request becomes a task:
+--
+--   local server = http.listen({ listen = "127.0.0.1:8080" }, function(req, res)
+--     return { status = 200, headers = { ["content-type"] = "text/plain" }, body = "hi" }
+--   end)
+--
+-- handler(req, res) returns {status, headers, body}, or streams with
+-- res:start / res:write / res:finish, or turns a WebSocket request into a
+-- socket with res:upgrade(). An error raised by the handler becomes a 500
+-- JSON response {code = "INTERNAL", message}.
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+local errors = require "moonbox.errors"
+local V = require "moonbox._validate"
+local cjson = require "cjson.safe"
+
+local M = {}
+
+M.HIGH_WATER = 256 * 1024 -- res:write / ws:send wait while more than this is queued
+
+local Server, Response, WebSocket = {}, {}, {}
+Server.__index, Response.__index, WebSocket.__index = Server, Response, WebSocket
+
+-- ---- listen addresses -----------------------------------------------------------
+
+-- "127.0.0.1:8080", "localhost:0", "0.0.0.0:80" or "unix:/path.sock"
+function M.parse_listen(listen)
+  V.type(listen, "string", "listen")
+  local path = listen:match("^unix:(.+)$")
+  if path then return { unix = path } end
+  local host, port = listen:match("^([%w%.%-]+):(%d+)$")
+  port = tonumber(port)
+  if not host or port > 65535 then
+    V.fail("listen", ("expected host:port or unix:/path, got %q"):format(listen))
+  end
+  if host == "localhost" then host = "127.0.0.1" end
+  if not host:match("^%d+%.%d+%.%d+%.%d+$") then
+    V.fail("listen", ("expected an IPv4 address, got %q"):format(host))
+  end
+  return { host = host, port = port }
+end
+
+-- Loopback and unix-socket addresses need no token (cli.lua).
+function M.is_local(addr)
+  return addr.unix ~= nil or (addr.host or ""):match("^127%.") ~= nil
+end
+
+-- ---- requests ---------------------------------------------------------------------
+
+local function url_decode(s)
+  return (s:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+M.url_decode = url_decode
+
+-- lws hands the query as decoded "name=value" fragments.
+local function parse_args(args)
+  local query, raw = {}, {}
+  for i, frag in ipairs(args) do
+    raw[i] = frag
+    local k, v = frag:match("^([^=]*)=(.*)$")
+    if not k then k, v = frag, "" end
+    if query[k] == nil then query[k] = v end
+  end
+  return query, table.concat(raw, "&")
+end
+
+local function lower_keys(t)
+  local out = {}
+  for k, v in pairs(t or {}) do
+    V.type(k, "string", "headers")
+    out[k:lower()] = tostring(v)
+  end
+  return out
+end
+
+-- ---- responses -------------------------------------------------------------------
+
+local function wake(self)
+  local w = self._waiter
+  if w then self._waiter = nil w() end
+end
+
+local function set_closed(self)
+  if self.closed then return end
+  self.closed = true
+  wake(self)
+  if self._ws then self._ws:_closed() end
+  local listeners = self._on_close
+  self._on_close = {}
+  for _, fn in ipairs(listeners) do
+    local ok, err = pcall(fn)
+    if not ok then io.stderr:write("moonbox: http: onClose: ", errors.format(err), "\n") end
+  end
+end
+
+local function split_headers(headers)
+  local h = lower_keys(headers)
+  local ctype, length = h["content-type"], tonumber(h["content-length"])
+  h["content-type"], h["content-length"] = nil, nil
+  return h, ctype, length
+end
+
+-- Send a complete response (also used for a WebSocket request refused).
+function Response:_send(status, headers, body)
+  V.type(status, "number", "status")
+  body = body == nil and "" or body
+  V.type(body, "string", "body")
+  if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
+  self._started = true
+  local h, ctype = split_headers(headers)
+  ctype = ctype or "text/plain; charset=utf-8"
+  if self.req.websocket then
+    if self._handshake then
+      self._server._core:ws_reject(self._id, status, ctype, body)
+    else -- already upgraded: the nearest thing to a status is a close code
+      local code = (status >= 100 and status <= 999) and 4000 + status or 1011
+      self._server._core:ws_close(self._id, code, body:sub(1, 120))
+    end
+    return
+  end
+  if self.closed then return end
+  local ok = self._server._core:respond(self._id, status, ctype, h, nil, body)
+  if not ok then set_closed(self) end
+end
+
+-- res:start(status, headers): begin a streamed response. Without a
+-- content-length header the connection closes at the end (as SSE expects).
+function Response:start(status, headers)
+  V.type(status, "number", "status")
+  if self.req.websocket then errors.raise("VALIDATION_FAILED", "a WebSocket request is answered with upgrade()") end
+  if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
+  self._started, self._streaming = true, true
+  if self.closed then return false end
+  local h, ctype, length = split_headers(headers)
+  local ok = self._server._core:respond(self._id, status, ctype or "application/octet-stream", h, length)
+  if not ok then set_closed(self) return false end
+  return true
+end
+
+-- Wait (in a task) while more than HIGH_WATER bytes are queued.
+local function wait_queue(self, queued)
+  while queued and queued > M.HIGH_WATER and not self.closed and async.in_task() do
+    async.await(function(resume)
+      self._waiter = resume
+      return function() if self._waiter == resume then self._waiter = nil end end
+    end, "res:write")
+    if self.closed then return end
+    queued = self._server._core:queued(self._id)
+  end
+end
+
+-- ok = res:write(data): false once the client is gone. Yields while the
+-- client reads slower than we write.
+function Response:write(data)
+  V.type(data, "string", "data")
+  if not self._streaming then errors.raise("VALIDATION_FAILED", "res:write before res:start") end
+  if self.closed or self._finished then return false end
+  local queued = self._server._core:write(self._id, data)
+  if not queued then set_closed(self) return false end
+  wait_queue(self, queued)
+  return not self.closed
+end
+
+function Response:finish()
+  if not self._streaming or self._finished then return end
+  self._finished = true
+  if not self.closed then self._server._core:finish(self._id) end
+end
+
+function Response:onClose(fn)
+  V.type(fn, "function", "onClose")
+  if self.closed then pcall(fn) return end
+  self._on_close[#self._on_close + 1] = fn
+end
+
+-- ---- WebSocket -------------------------------------------------------------------
+
+-- ws = res:upgrade(): the request's WebSocket.
+function Response:upgrade()
+  if not self.req.websocket then errors.raise("VALIDATION_FAILED", "not a WebSocket request") end
+  if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
+  self._started = true
+  self._ws = setmetatable({ _res = self, _inbox = {}, _head = 1, _tail = 0, closed = self.closed }, WebSocket)
+  return self._ws
+end
+
+function WebSocket:_push(data, is_binary)
+  self._tail = self._tail + 1
+  self._inbox[self._tail] = { data, is_binary }
+  local w = self._reader
+  if w then self._reader = nil w() end
+end
+
+function WebSocket:_closed()
+  self.closed = true
+  local w = self._reader
+  if w then self._reader = nil w() end
+end
+
+-- ok = ws:send(data, isBinary): false once the socket is closed. In a task
+-- it waits while the peer is slow.
+function WebSocket:send(data, is_binary)
+  V.type(data, "string", "data")
+  local res = self._res
+  if self.closed or self._closing then return false end
+  local queued = res._server._core:write(res._id, data, is_binary and true or false)
+  if not queued then set_closed(res) return false end
+  wait_queue(res, queued)
+  return not self.closed
+end
+
+-- data, isBinary = ws:receive(): the next message, nil once closed.
+function WebSocket:receive()
+  while true do
+    local box = self._inbox
+    local m = box[self._head]
+    if m then
+      box[self._head] = nil
+      self._head = self._head + 1
+      return m[1], m[2]
+    end
+    if self.closed then return nil end
+    async.await(function(resume)
+      self._reader = resume
+      return function() if self._reader == resume then self._reader = nil end end
+    end, "ws:receive")
+  end
+end
+
+-- for data, isBinary in ws:messages() do ... end (ends when the peer closes)
+function WebSocket:messages()
+  return function() return self:receive() end
+end
+
+function WebSocket:close(code, reason)
+  if self.closed or self._closing then return end
+  self._closing = true
+  local res = self._res
+  res._server._core:ws_close(res._id, code or 1000, reason or "")
+end
+
+-- ---- the server -----------------------------------------------------------------------
+
+local function json_error(code, message)
+  return cjson.encode({ code = code, message = message }) or '{"code":"INTERNAL"}'
+end
+
+local function run_handler(self, req, res)
+  local ok, result = xpcall(self.handler, function(e)
+    if errors.is_error(e) then return e end
+    return debug.traceback(tostring(e), 2)
+  end, req, res)
+  if not ok then
+    if errors.is_error(result) and result.code == "CANCELLED" and res.closed then return end
+    io.stderr:write("moonbox: http: ", req.method, " ", req.path, ": ", errors.format(result), "\n")
+    local message = errors.is_error(result) and result.message or tostring(result):match("^[^\n]*")
+    if not res._started then
+      res:_send(500, { ["content-type"] = "application/json" }, json_error("INTERNAL", message))
+    elseif res._ws then
+      res._ws:close(1011, "internal error")
+    else
+      res:finish()
+    end
+    return
+  end
+  if res._ws then
+    res._ws:close()
+  elseif res._streaming then
+    res:finish()
+  elseif not res._started then
+    if type(result) ~= "table" then
+      res:_send(500, { ["content-type"] = "application/json" },
+        json_error("INTERNAL", "the handler returned no response"))
+    else
+      res:_send(result.status or 200, result.headers, result.body)
+    end
+  end
+end
+
+function Server:_on_event(kind, id, a, b)
+  if kind == "request" then
+    local query, raw = parse_args(a.args)
+    local srv = self._core
+    local req = {
+      method = a.method, path = a.path, query = query, rawQuery = raw,
+      headers = setmetatable(a.headers, { __index = function(_, name)
+        return type(name) == "string" and srv:header(id, name:lower()) or nil
+      end }),
+      body = b or "", websocket = a.websocket, peer = a.peer, tooLarge = a.too_large,
+    }
+    local res = setmetatable({ req = req, closed = false, _server = self, _id = id, _on_close = {} }, Response)
+    self._live[id] = res
+    if a.length_required then
+      res:_send(411, { ["content-type"] = "application/json" }, cjson.encode({
+        code = "LENGTH_REQUIRED", httpStatus = 411,
+        message = "send the request body with a Content-Length (chunked bodies are not accepted)" }))
+      return
+    end
+    if a.too_large then
+      res:_send(413, { ["content-type"] = "application/json" }, cjson.encode({
+        code = "REQUEST_TOO_LARGE", httpStatus = 413,
+        message = ("the request body is larger than %d bytes"):format(self.maxBody) }))
+      return
+    end
+    res._handshake = a.websocket -- until the handler first waits, a refusal is a plain response
+    async.spawn(run_handler, self, req, res)
+    res._handshake = false
+  elseif kind == "message" then
+    local res = self._live[id]
+    if res and res._ws then res._ws:_push(a, b) end
+  elseif kind == "drain" then
+    local res = self._live[id]
+    if res then wake(res) end
+  elseif kind == "done" or kind == "closed" then
+    local res = self._live[id]
+    self._live[id] = nil
+    if res and (kind == "closed" or res.req.websocket) then set_closed(res) end
+  end
+end
+
+-- http.listen(opts, handler) -> server
+function M.listen(opts, handler)
+  opts = V.options(opts, { listen = true, maxBody = true, maxConnections = true, idleTimeoutMs = true },
+    "listen options")
+  V.type(handler, "function", "handler")
+  local addr = M.parse_listen(opts.listen or "127.0.0.1:8080")
+  local function positive(name, default)
+    local v = opts[name]
+    if v == nil then return default end
+    if type(v) ~= "number" or v < 1 or v % 1 ~= 0 then V.fail(name, "expected a positive integer") end
+    return v
+  end
+  local self = setmetatable({
+    handler = handler, maxBody = positive("maxBody", 1024 * 1024),
+    maxConnections = positive("maxConnections", 256), idleTimeoutMs = positive("idleTimeoutMs", 30000),
+    _live = {},
+  }, Server)
+  local srv, msg, code = core.http_listen({
+    host = addr.host, port = addr.port, unix = addr.unix, max_body = self.maxBody,
+    max_connections = self.maxConnections, idle_timeout_ms = self.idleTimeoutMs,
+  }, function(kind, id, a, b) self:_on_event(kind, id, a, b) end)
+  if not srv then
+    errors.raise("LISTEN_FAILED", ("cannot listen on %s: %s"):format(opts.listen or "127.0.0.1:8080", msg),
+      { errno = code })
+  end
+  self._core = srv
+  self.address = addr.unix and ("unix:" .. addr.unix) or ("%s:%d"):format(addr.host, srv:port())
+  self.isLocal = M.is_local(addr)
+  return self
+end
+
+-- Stop listening and drop every connection: streams see res.closed, sockets end.
+function Server:close()
+  if self.closed then return end
+  self.closed = true
+  self._core:close()
+end
+
+function Server:connections()
+  return self.closed and 0 or self._core:connections()
+end
+
+return M

@@ -1,0 +1,446 @@
+-- moonbox.server.http over src/http.c (libwebsockets on the runtime's loop):
+-- requests as tasks, bounded input, streaming, WebSockets, unix sockets,
+-- the token of `moonbox serve`, and nothing left open afterwards.
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+local cjson = require "cjson"
+local http = require "moonbox.server.http"
+local cli = require "moonbox.server.cli"
+local client = require "server.client"
+
+local curl = client.curl
+
+-- run_task(fn(server, url)) with a server on a free loopback port, closed afterwards.
+local function with_server(opts, handler, fn)
+  run_task(function()
+    opts.listen = opts.listen or "127.0.0.1:0"
+    local server = http.listen(opts, handler)
+    local ok, err = pcall(fn, server, "http://" .. server.address)
+    server:close()
+    if not ok then error(err, 0) end
+  end)
+end
+
+local function port_of(server) return tonumber(server.address:match(":(%d+)$")) end
+
+describe("moonbox.server.http", function()
+  it("rejects a bad listen address before listening", function()
+    run_task(function()
+      for _, listen in ipairs { "nowhere", "127.0.0.1:99999", "example.com:80", "[::1]:80" } do
+        local err = helper.error_of(http.listen, { listen = listen }, function() end)
+        assert.equal("VALIDATION_FAILED", err.code)
+      end
+      local err = helper.error_of(http.listen, { listen = "127.0.0.1:0", maxBody = -1 }, function() end)
+      assert.equal("VALIDATION_FAILED", err.code)
+    end)
+  end)
+
+  it("reports a port in use as LISTEN_FAILED", function()
+    with_server({}, function() end, function(server)
+      local err = helper.error_of(http.listen, { listen = server.address }, function() end)
+      assert.equal("LISTEN_FAILED", err.code)
+    end)
+  end)
+
+  it("answers a plain request: method, decoded path and query, lowercase headers, body", function()
+    local seen, user
+    with_server({}, function(req)
+      seen = req
+      user = req.headers["x-user"] -- a header lws has no name for: looked up while the request lasts
+      return { status = 201, headers = { ["X-Answer"] = "42", ["Content-Type"] = "text/plain" },
+        body = req.method .. " " .. req.path .. " " .. req.body }
+    end, function(_, url)
+      local out, _, code = curl("-i", "-X", "PUT", "-H", "X-User: alice", "--data-binary", "payload",
+        url .. "/a%20b/c?name=J%C3%BCrgen&flag&x=1+2")
+      assert.equal(0, code)
+      assert.matches("^HTTP/1%.1 201", out)
+      assert.matches("\r\nx%-answer: 42\r\n", out)
+      assert.matches("\r\ncontent%-type: text/plain\r\n", out)
+      assert.matches("\r\n\r\nPUT /a b/c payload$", out)
+      assert.equal("PUT", seen.method)
+      assert.equal("/a b/c", seen.path)
+      assert.same({ name = "Jürgen", flag = "", x = "1 2" }, seen.query)
+      assert.equal("alice", user)
+      assert.equal("7", seen.headers["content-length"])
+    end)
+  end)
+
+  it("keeps a connection alive across requests", function()
+    local count = 0
+    with_server({}, function(req)
+      count = count + 1
+      return { status = 200, body = "n=" .. count .. " " .. req.path }
+    end, function(server)
+      local conn = client.connect(port_of(server))
+      conn:send("GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
+      local status, _, body = conn:response()
+      assert.equal(200, status)
+      assert.equal("n=1 /one", body)
+      conn:send("GET /two HTTP/1.1\r\nHost: x\r\n\r\n")
+      status, _, body = conn:response()
+      assert.equal(200, status)
+      assert.equal("n=2 /two", body)
+      assert.equal(1, server:connections())
+      conn:close()
+    end)
+  end)
+
+  it("receives a 1 MB body whole", function()
+    local body = ("0123456789abcdef"):rep(65536)
+    local file = helper.mkdtemp() .. "/body"
+    local f = assert(io.open(file, "wb"))
+    f:write(body)
+    f:close()
+    with_server({ maxBody = 2 * 1024 * 1024 }, function(req)
+      return { status = 200, body = ("%d %s"):format(#req.body, tostring(req.body == body)) }
+    end, function(_, url)
+      local out, _, code = curl("--data-binary", "@" .. file, url .. "/upload")
+      assert.equal(0, code)
+      assert.equal("1048576 true", out)
+    end)
+    os.remove(file)
+  end)
+
+  it("answers 413 to a body over maxBody without running the handler, and keeps serving", function()
+    local ran = 0
+    with_server({ maxBody = 1000 }, function()
+      ran = ran + 1
+      return { status = 200, body = "ok" }
+    end, function(_, url)
+      local out, _, code = curl("-i", "--data-binary", ("x"):rep(5000), url .. "/big")
+      assert.equal(0, code)
+      assert.matches("^HTTP/1%.1 413", out)
+      local json = cjson.decode(out:match("\r\n\r\n(.*)$"))
+      assert.equal("REQUEST_TOO_LARGE", json.code)
+      assert.equal(0, ran)
+      out = curl("--data-binary", ("x"):rep(1000), url .. "/fits")
+      assert.equal("ok", out)
+    end)
+  end)
+
+  it("answers 411 to a chunked request body (lws does not decode those) and keeps serving", function()
+    with_server({}, function() return { status = 200, body = "ok" } end, function(_, url)
+      local out = curl("-i", "-H", "Transfer-Encoding: chunked", "--data-binary", "abc", url .. "/chunked")
+      assert.matches("^HTTP/1%.1 411", out)
+      assert.equal("LENGTH_REQUIRED", cjson.decode(out:match("\r\n\r\n(.*)$")).code)
+      assert.equal("ok", (curl(url .. "/")))
+    end)
+  end)
+
+  it("refuses headers over the limit and keeps serving", function()
+    with_server({}, function() return { status = 200, body = "ok" } end, function(server, url)
+      local conn = client.connect(port_of(server))
+      conn:send("GET / HTTP/1.1\r\nHost: x\r\nX-Big: " .. ("y"):rep(20000) .. "\r\n\r\n")
+      local status = conn:response()
+      assert.is_true(status == nil or status >= 400, "got status " .. tostring(status))
+      conn:close()
+      assert.equal("ok", (curl(url .. "/")))
+    end)
+  end)
+
+  it("streams Server-Sent Events: the first event arrives while the handler still runs", function()
+    local release, finished
+    with_server({}, function(_, res)
+      res:start(200, { ["content-type"] = "text/event-stream" })
+      res:write("data: first\n\n")
+      moonbox.timeout(10000, function()
+        require("moonbox.async").await(function(resume) release = resume end)
+      end)
+      res:write("data: second\n\n")
+      finished = true
+    end, function(server)
+      local conn = client.connect(port_of(server))
+      conn:send("GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert.truthy(conn:read_until("data: first\n\n"))
+      assert.is_nil(finished)
+      assert.truthy(conn:read_until("\r\ncontent%-type: text/event%-stream\r\n"))
+      release()
+      assert.truthy(conn:read_until("data: second\n\n"))
+      assert.is_true(conn:wait_eof()) -- a stream without a length ends with the connection
+      assert.is_true(finished)
+      conn:close()
+    end)
+  end)
+
+  it("a client that disconnects mid-stream: write returns false, res.closed, onClose runs", function()
+    local result = {}
+    local done
+    with_server({}, function(_, res)
+      res:onClose(function() result.on_close = true end)
+      res:start(200, { ["content-type"] = "text/event-stream" })
+      local n = 0
+      while true do
+        n = n + 1
+        if not res:write(("data: %d\n\n"):format(n)) then break end
+        moonbox.sleep(5)
+      end
+      result.closed = res.closed
+      done()
+    end, function(server)
+      local conn = client.connect(port_of(server))
+      conn:send("GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert.truthy(conn:read_until("data: 2\n\n"))
+      conn:close()
+      moonbox.timeout(10000, function()
+        require("moonbox.async").await(function(resume) done = resume end)
+      end)
+      assert.same({ on_close = true, closed = true }, result)
+    end)
+  end)
+
+  it("a slow reader makes write yield instead of buffering without bound", function()
+    local max_queued = 0
+    local done
+    with_server({}, function(_, res)
+      res:start(200, { ["content-type"] = "application/octet-stream" })
+      local chunk = ("z"):rep(64 * 1024)
+      for _ = 1, 200 do -- 12.5 MiB, far more than the socket buffers hold
+        if not res:write(chunk) then break end
+        max_queued = math.max(max_queued, res._server._core:queued(res._id) or 0)
+      end
+      done()
+    end, function(server)
+      local conn = client.connect(port_of(server))
+      conn.stream:read_stop() -- read nothing for now
+      conn:send("GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+      local wait = moonbox.spawn(function()
+        require("moonbox.async").await(function(resume) done = resume end)
+      end)
+      moonbox.sleep(200)
+      assert.is_true(wait:status() == "running", "the handler finished although nobody read")
+      assert.is_true(max_queued <= http.HIGH_WATER + 64 * 1024, "queued " .. max_queued)
+      conn:close()
+      moonbox.timeout(10000, function() wait:wait() end)
+    end)
+  end)
+
+  it("turns a raised error into a 500 INTERNAL JSON response", function()
+    local stderr = io.stderr
+    io.stderr = { write = function() end } -- luacheck: ignore 122 (the expected log line)
+    with_server({}, function() error("kaputt") end, function(_, url)
+      local out = curl("-i", url .. "/boom")
+      io.stderr = stderr -- luacheck: ignore 122
+      assert.matches("^HTTP/1%.1 500", out)
+      local json = cjson.decode(out:match("\r\n\r\n(.*)$"))
+      assert.equal("INTERNAL", json.code)
+      assert.matches("kaputt", json.message)
+    end)
+    io.stderr = stderr -- luacheck: ignore 122
+  end)
+
+  it("echoes WebSocket text and binary messages on any path without a subprotocol", function()
+    local path
+    with_server({}, function(req, res)
+      path = req.path
+      local ws = res:upgrade()
+      ws:send("hello")
+      for data, is_binary in ws:messages() do ws:send((is_binary and "bin:" or "text:") .. data, is_binary) end
+    end, function(server)
+      local events = client.ws_client("ws://" .. server.address .. "/any/path/here?x=1", {
+        { expect = "hello" }, { send = "abc" }, { expect = "text:abc" },
+        { binary = "\0\1\127" }, { expect = "bin:\0\1\127" }, { close = 1000 },
+      })
+      assert.equal("/any/path/here", path)
+      assert.same({ open = true }, events[1])
+      assert.same({ text = "hello" }, events[2])
+      assert.same({ text = "text:abc" }, events[3])
+      assert.same({ binary = "bin:\0\1\127" }, events[4])
+      assert.same({ close = 1000, reason = "" }, events[5])
+    end)
+  end)
+
+  it("closes a WebSocket whose message is over maxBody with 1009", function()
+    with_server({ maxBody = 1000 }, function(_, res)
+      local ws = res:upgrade()
+      for data in ws:messages() do ws:send("got " .. #data) end
+    end, function(server)
+      local events = client.ws_client("ws://" .. server.address .. "/", {
+        { send = ("a"):rep(1000) }, { expect = "got 1000" }, { send = ("b"):rep(1001) }, { expect = "never" },
+      })
+      assert.same({ text = "got 1000" }, events[2])
+      assert.same({ close = 1009, reason = "message too large" }, events[3])
+    end)
+  end)
+
+  it("a WebSocket request answered with a plain response gets that HTTP response", function()
+    with_server({}, function(req)
+      assert.is_true(req.websocket)
+      return { status = 404, body = "no terminal here" }
+    end, function(server)
+      local conn = client.connect(port_of(server))
+      conn:send("GET /nope HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" ..
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+      local status, _, body = conn:response()
+      assert.equal(404, status)
+      assert.equal("no terminal here", body)
+      conn:close()
+    end)
+  end)
+
+  it("the server closes a WebSocket with its code and reason", function()
+    with_server({}, function(_, res)
+      local ws = res:upgrade()
+      ws:send("bye")
+      ws:close(4001, "done here")
+    end, function(server)
+      local events = client.ws_client("ws://" .. server.address .. "/", { { expect = "bye" } })
+      assert.same({ close = 4001, reason = "done here" }, events[#events])
+    end)
+  end)
+
+  it("listens on a unix socket", function()
+    local sock = helper.mkdtemp() .. "/moonbox.sock"
+    run_task(function()
+      local server = http.listen({ listen = "unix:" .. sock }, function(req)
+        return { status = 200, body = "over unix " .. req.path }
+      end)
+      assert.equal("unix:" .. sock, server.address)
+      assert.is_true(server.isLocal)
+      local out = curl("--unix-socket", sock, "http://localhost/here")
+      server:close()
+      assert.equal("over unix /here", out)
+    end)
+    assert.is_nil(io.open(sock), "the socket file outlived the server")
+  end)
+
+  it("bounds connections: one over maxConnections is hung up, a freed slot is reused", function()
+    with_server({ maxConnections = 2 }, function() return { status = 200, body = "ok" } end, function(server)
+      local port = port_of(server)
+      local a, b = client.connect(port), client.connect(port)
+      a:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      b:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert.equal(200, (a:response()))
+      assert.equal(200, (b:response()))
+      local c = client.connect(port)
+      c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert.is_nil((c:response()))
+      c:close()
+      a:close()
+      moonbox.timeout(10000, function() while server:connections() > 1 do moonbox.sleep(10) end end)
+      local d = client.connect(port)
+      d:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert.equal(200, (d:response()))
+      b:close()
+      d:close()
+    end)
+  end)
+
+  it("drops a client that sends half a request and goes quiet", function()
+    with_server({ idleTimeoutMs = 1000 }, function() return { status = 200, body = "ok" } end, function(server)
+      local conn = client.connect(port_of(server))
+      conn:send("GET / HTTP/1.1\r\nHost:")
+      assert.is_true(conn:wait_eof())
+      conn:close()
+    end)
+  end)
+
+  it("closing the server ends open streams and sockets, and leaves nothing open", function()
+    local stream_closed
+    run_task(function()
+      local server = http.listen({ listen = "127.0.0.1:0" }, function(_, res)
+        res:start(200, { ["content-type"] = "text/event-stream" })
+        while res:write("data: tick\n\n") do moonbox.sleep(10) end
+        stream_closed = res.closed
+      end)
+      local conn = client.connect(port_of(server))
+      conn:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert.truthy(conn:read_until("data: tick"))
+      server:close()
+      assert.is_true(conn:wait_eof())
+      conn:close()
+    end)
+    assert.is_true(stream_closed)
+  end)
+
+  it("processes started after the server listens have default signal dispositions and an empty mask", function()
+    with_server({}, function() return { status = 200 } end, function()
+      local sb = helper.new_sandbox()
+      local r = sb:exec("grep -E '^Sig(Ign|Blk):' /proc/self/status")
+      sb:destroy()
+      local ign = tonumber(r.stdout:match("SigIgn:%s*(%x+)"), 16)
+      local blk = tonumber(r.stdout:match("SigBlk:%s*(%x+)"), 16)
+      assert.equal(0, bit.band(ign, 0x1000), "SIGPIPE (bit 13) is ignored: " .. r.stdout)
+      assert.equal(0, blk, r.stdout)
+      -- and the runtime itself does ignore it (lws and the core both ask for that)
+      local f = io.open("/proc/self/status")
+      local own = tonumber(f:read("*a"):match("SigIgn:%s*(%x+)"), 16)
+      f:close()
+      assert.equal(0x1000, bit.band(own, 0x1000))
+    end)
+  end)
+end)
+
+describe("moonbox serve", function()
+  local TOKEN = "s3cret-token-0123456789"
+
+  it("requires the bearer token on every path when one is configured (compared in constant time)", function()
+    with_server({}, cli.app { token = TOKEN, userHandler = function() return { status = 200, body = "mine" } end },
+      function(server, url)
+        local _, _, code = curl("-f", url .. "/app")
+        assert.equal(22, code) -- curl -f: HTTP error
+        local out = curl("-i", url .. "/v1/sandboxes")
+        assert.matches("^HTTP/1%.1 401", out)
+        assert.matches("\r\nwww%-authenticate: Bearer", out)
+        out = curl("-i", "-H", "Authorization: Bearer wrong-token-0123456789", url .. "/app")
+        assert.matches("^HTTP/1%.1 401", out)
+        out = curl("-H", "Authorization: Bearer " .. TOKEN, url .. "/app")
+        assert.equal("mine", out)
+        -- a WebSocket may carry it as access_token (browsers cannot set the header)
+        local conn = client.connect(port_of(server))
+        conn:send("GET /app HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" ..
+          "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        assert.equal(401, (conn:response()))
+        conn:close()
+      end)
+    assert.is_true(cli.constant_time_equal(TOKEN, TOKEN))
+    assert.is_false(cli.constant_time_equal(TOKEN, TOKEN .. "x"))
+    assert.is_false(cli.constant_time_equal("", TOKEN))
+  end)
+
+  it("refuses to listen on a non-loopback address without a token", function()
+    run_task(function()
+      local _, err, code = client.run { os.getenv("MOONBOX_BIN") or "build/moonbox", "serve", "--listen", "0.0.0.0:0" }
+      assert.equal(2, code)
+      assert.matches("refusing to listen on 0%.0%.0%.0:0 without %-%-token%-file", err)
+    end)
+  end)
+
+  it("serves /, a --handler script and /v1 side by side, and prints its address", function()
+    run_task(function()
+      local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+      local home = helper.mkdtemp()
+      local exit = {}
+      local proc, pipes = assert(core.spawn {
+        args = { bin, "serve", "--listen", "127.0.0.1:0", "--handler", client.SOURCE .. "/examples/handler.lua" },
+        env = client.env { HOME = home, MOONBOX_HOME = home },
+        stdio = { [0] = "null", [1] = "pipe", [2] = "pipe" },
+        on_exit = function(c) exit.code = c if exit.resume then exit.resume() end end,
+      })
+      local line = moonbox.timeout(10000, function()
+        local buf = ""
+        return require("moonbox.async").await(function(resume)
+          pipes[1]:read_start(function(_, data)
+            buf = buf .. (data or "")
+            local l = buf:match("^[^\n]*\n")
+            if l or not data then pipes[1]:read_stop() resume(l) end
+          end)
+        end)
+      end)
+      local url = line and line:match("listening on (http://127%.0%.0%.1:%d+)")
+      assert.truthy(url, "no address printed: " .. tostring(line))
+      local page = curl("-i", url .. "/")
+      local run = curl("-H", "Content-Type: application/json", "--data-binary", '{"code":"echo $((6*7))"}',
+        url .. "/run/alice")
+      local api_status = curl("-o", "/dev/null", "-w", "%{http_code}", url .. "/v1/nope")
+      proc:kill("SIGTERM")
+      if exit.code == nil then require("moonbox.async").await(function(resume) exit.resume = resume end) end
+      pipes[1]:close()
+      pipes[2]:close()
+      assert.matches("^HTTP/1%.1 200", page)
+      assert.matches("<title>moonbox</title>", page)
+      assert.equal("42\n", cjson.decode(run).stdout)
+      assert.equal("404", api_status)
+      assert.equal(128 + 15, exit.code)
+    end)
+  end)
+end)

@@ -1,0 +1,995 @@
+/* HTTP/1.1, Server-Sent Events and WebSocket through libwebsockets, on the
+ * runtime's own uv loop (a foreign loop for lws). Mechanism only: requests
+ * go to one Lua callback as events, responses come back as queued writes;
+ * what a path means is Lua's business.
+ *
+ *   core.http_listen(opts, on_event(kind, id, ...)) -> server | nil, msg, CODE
+ *     opts: host, port | unix (path), max_body, max_connections, idle_timeout_ms
+ *   events: "request", id, req, body   (req.too_large, req.length_required:
+ *                                       the body was not read)
+ *           "message", id, data, is_binary   (a whole WebSocket message)
+ *           "drain", id                      (every queued byte was written)
+ *           "done", id                       (the response is complete)
+ *           "closed", id                     (the client is gone)
+ *
+ * Each request gets a new id (a keep-alive connection carries several);
+ * methods given an id that is no longer current return nil, "closed".
+ * A server is one handle for core.open_handles(); close() destroys the lws
+ * context (its own uv handles close asynchronously) and the handle closes
+ * once lws reports the context gone. */
+#include "core.h"
+
+#include <libwebsockets.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define SERVER "moonbox.http_server"
+#define HTTP_SLICE 65536 /* bytes of body per writeable callback */
+
+enum { CB_CLOSE = 0, CB_EVENT = 1 };
+enum { OUT_HEADERS, OUT_BODY, OUT_TEXT, OUT_BINARY };
+
+typedef struct out_chunk {
+  struct out_chunk *next;
+  int kind;
+  size_t len, off;
+  unsigned char *data; /* points LWS_PRE into mem */
+  unsigned char mem[];
+} out_chunk;
+
+typedef struct server server;
+
+typedef struct conn {
+  struct conn *next, *prev;
+  server *srv;
+  struct lws *wsi;
+  lua_Integer id;          /* the current request, 0 between requests */
+  int req_ref;             /* request table while its body arrives */
+  char *body;              /* request body or WebSocket message being assembled */
+  size_t body_len, body_cap;
+  int too_large;           /* body over the limit: answered without reading it */
+  int msg_binary;
+  int is_ws, established;
+  int responding;          /* headers queued */
+  int finishing;           /* no more data after the queue */
+  int close_after;         /* close the connection once the response is out */
+  int ws_closing, ws_close_code;
+  char ws_reason[124];
+  size_t ws_reason_len;
+  int reject_status;       /* WebSocket upgrade refused synchronously by Lua */
+  uint64_t deadline;       /* loop time (ms) the client must act by, 0: none */
+  int kill;                /* the deadline passed: hang up at the next chance */
+  char *reject_body, *reject_type;
+  out_chunk *head, *tail;
+  size_t queued;
+} conn;
+
+struct server {
+  mb_handle *h;            /* anchor (a uv timer that also drives teardown) */
+  struct lws_context *ctx; /* lws writes NULL here once destruction is done */
+  struct lws_vhost *vh;
+  struct lws_protocols protocols[2];
+  lws_retry_bo_t retry;
+  conn *conns;
+  int nconns;
+  lua_Integer next_id;
+  size_t max_body;
+  int max_conns;
+  int idle_secs;
+  int64_t idle_ms;
+  int close_requested;     /* close() was called */
+  int destroying;          /* lws_context_destroy was called */
+  char unix_path[108];
+  struct server *next_server; /* the core's live servers, for teardown */
+};
+
+static server *live_servers; /* one core per process in practice; see teardown */
+
+/* ---- output queue -------------------------------------------------------- */
+
+static out_chunk *chunk_new(int kind, const void *data, size_t len) {
+  out_chunk *c = (out_chunk *)malloc(sizeof *c + LWS_PRE + len);
+  if (!c) return NULL;
+  c->next = NULL;
+  c->kind = kind;
+  c->len = len;
+  c->off = 0;
+  c->data = c->mem + LWS_PRE;
+  if (data && len) memcpy(c->data, data, len);
+  return c;
+}
+
+static void queue_push(conn *c, out_chunk *ch) {
+  if (c->tail) c->tail->next = ch; else c->head = ch;
+  c->tail = ch;
+  c->queued += ch->len;
+}
+
+static void queue_free(conn *c) {
+  while (c->head) {
+    out_chunk *n = c->head->next;
+    free(c->head);
+    c->head = n;
+  }
+  c->tail = NULL;
+  c->queued = 0;
+}
+
+/* ---- events to Lua ------------------------------------------------------- */
+
+static mb_core *srv_core(server *s) { return s->h->core; }
+
+/* Push the event callback and its first two arguments; NULL if Lua is gone. */
+static lua_State *event_begin(server *s, const char *kind, lua_Integer id) {
+  if (srv_core(s)->dead) return NULL;
+  lua_State *cbL = mb_handle_push_cb(s->h, CB_EVENT);
+  if (!cbL) return NULL;
+  lua_pushstring(cbL, kind);
+  lua_pushinteger(cbL, id);
+  return cbL;
+}
+
+static void emit_simple(server *s, const char *kind, lua_Integer id) {
+  lua_State *cbL = event_begin(s, kind, id);
+  if (cbL) mb_call(srv_core(s), cbL, 2);
+}
+
+/* ---- connections ---------------------------------------------------------- */
+
+static conn *conn_of(server *s, struct lws *wsi) {
+  conn *c = (conn *)lws_get_opaque_user_data(wsi);
+  if (c || !s) return c;
+  c = (conn *)calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->srv = s;
+  c->wsi = wsi;
+  c->req_ref = LUA_NOREF;
+  c->next = s->conns;
+  if (c->next) c->next->prev = c;
+  s->conns = c;
+  s->nconns++;
+  lws_set_opaque_user_data(wsi, c);
+  return c;
+}
+
+static void request_reset(conn *c) {
+  mb_core *core = srv_core(c->srv);
+  if (c->req_ref != LUA_NOREF && !core->dead) luaL_unref(core->cbL, LUA_REGISTRYINDEX, c->req_ref);
+  c->req_ref = LUA_NOREF;
+  free(c->body);
+  c->body = NULL;
+  c->body_len = c->body_cap = 0;
+  c->too_large = 0;
+  c->id = 0;
+  c->responding = c->finishing = 0;
+  free(c->reject_body);
+  free(c->reject_type);
+  c->reject_body = c->reject_type = NULL;
+  c->reject_status = 0;
+  queue_free(c);
+}
+
+static void conn_gone(server *s, struct lws *wsi) {
+  conn *c = (conn *)lws_get_opaque_user_data(wsi);
+  if (!c) return;
+  lws_set_opaque_user_data(wsi, NULL);
+  lua_Integer id = c->id;
+  request_reset(c);
+  if (c->prev) c->prev->next = c->next; else s->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  s->nconns--;
+  free(c);
+  if (id) emit_simple(s, "closed", id);
+}
+
+/* The client must send (or read) something within the idle timeout. */
+static void arm(conn *c) {
+  c->deadline = uv_now(srv_core(c->srv)->loop) + (uint64_t)c->srv->idle_ms;
+}
+
+static conn *conn_by_id(server *s, lua_Integer id) {
+  if (id <= 0) return NULL;
+  for (conn *c = s->conns; c; c = c->next)
+    if (c->id == id) return c;
+  return NULL;
+}
+
+static int append_body(conn *c, const void *in, size_t len) {
+  if (c->body_len + len > c->srv->max_body) return -1;
+  if (c->body_len + len > c->body_cap) {
+    size_t cap = c->body_cap ? c->body_cap : 4096;
+    while (cap < c->body_len + len) cap *= 2;
+    if (cap > c->srv->max_body) cap = c->srv->max_body;
+    char *nb = (char *)realloc(c->body, cap);
+    if (!nb) return -1;
+    c->body = nb;
+    c->body_cap = cap;
+  }
+  memcpy(c->body + c->body_len, in, len);
+  c->body_len += len;
+  return 0;
+}
+
+/* ---- the request table ------------------------------------------------------ */
+
+static const char *const method_names[] = {"GET", "POST", "OPTIONS", "PUT", "PATCH", "DELETE", "CONNECT", "HEAD", ":path"};
+
+static void push_header_value(lua_State *L, struct lws *wsi, int token) {
+  int n = lws_hdr_total_length(wsi, (enum lws_token_indexes)token);
+  char *buf = (char *)malloc((size_t)n + 1);
+  if (!buf || lws_hdr_copy(wsi, buf, n + 1, (enum lws_token_indexes)token) < 0) {
+    lua_pushliteral(L, "");
+  } else {
+    lua_pushstring(L, buf);
+  }
+  free(buf);
+}
+
+/* {method, path, args = {fragments}, headers = {lowercase = value}, websocket, peer} */
+static void push_request(lua_State *L, struct lws *wsi, int websocket) {
+  lua_createtable(L, 0, 7);
+  char *uri = NULL;
+  int uri_len = 0;
+  int m = lws_http_get_uri_and_method(wsi, &uri, &uri_len);
+  lua_pushstring(L, m >= 0 && m < (int)(sizeof method_names / sizeof *method_names) ? method_names[m] : "UNKNOWN");
+  lua_setfield(L, -2, "method");
+  if (uri) lua_pushlstring(L, uri, (size_t)uri_len); else lua_pushliteral(L, "/");
+  lua_setfield(L, -2, "path");
+  lua_newtable(L);
+  char frag[8192];
+  for (int i = 0; lws_hdr_copy_fragment(wsi, frag, sizeof frag, WSI_TOKEN_HTTP_URI_ARGS, i) > 0; i++) {
+    lua_pushstring(L, frag);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "args");
+  lua_newtable(L);
+  for (int t = WSI_TOKEN_HOST; t < WSI_TOKEN_COUNT; t++) {
+    if (t == WSI_TOKEN_HTTP_URI_ARGS || t == WSI_TOKEN_GET_URI || t == WSI_TOKEN_POST_URI ||
+        t == WSI_TOKEN_OPTIONS_URI || t == WSI_TOKEN_PATCH_URI || t == WSI_TOKEN_PUT_URI ||
+        t == WSI_TOKEN_DELETE_URI || t == WSI_TOKEN_HEAD_URI || t == WSI_TOKEN_CONNECT ||
+        t == WSI_TOKEN_HTTP || t == WSI_TOKEN_HTTP1_0)
+      continue;
+    if (lws_hdr_total_length(wsi, (enum lws_token_indexes)t) <= 0) continue;
+    const char *name = (const char *)lws_token_to_string((enum lws_token_indexes)t);
+    if (!name || name[0] == ':' || name[0] == 0) continue;
+    size_t nlen = strlen(name);
+    if (nlen && name[nlen - 1] == ':') nlen--; /* lws names end with ':' */
+    char lower[64];
+    if (nlen >= sizeof lower) continue;
+    for (size_t i = 0; i < nlen; i++) lower[i] = (char)((name[i] >= 'A' && name[i] <= 'Z') ? name[i] + 32 : name[i]);
+    lua_pushlstring(L, lower, nlen);
+    push_header_value(L, wsi, t);
+    lua_rawset(L, -3);
+  }
+  lua_setfield(L, -2, "headers");
+  lua_pushboolean(L, websocket);
+  lua_setfield(L, -2, "websocket");
+  char peer[64];
+  peer[0] = 0;
+  lws_get_peer_simple(wsi, peer, sizeof peer);
+  lua_pushstring(L, peer);
+  lua_setfield(L, -2, "peer");
+}
+
+static void emit_request(conn *c) {
+  server *s = c->srv;
+  lua_State *cbL = event_begin(s, "request", c->id);
+  if (!cbL) return;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, c->req_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, c->req_ref);
+  c->req_ref = LUA_NOREF;
+  if (c->too_large) {
+    lua_pushboolean(cbL, 1);
+    lua_setfield(cbL, -2, c->too_large == 2 ? "length_required" : "too_large");
+    lua_pushnil(cbL);
+  } else {
+    lua_pushlstring(cbL, c->body ? c->body : "", c->body_len);
+  }
+  free(c->body);
+  c->body = NULL;
+  c->body_len = c->body_cap = 0;
+  mb_call(srv_core(s), cbL, 4);
+}
+
+/* Take the request's headers now: they are gone once the body has arrived. */
+static int begin_request(conn *c, int websocket) {
+  server *s = c->srv;
+  mb_core *core = srv_core(s);
+  if (core->dead) return -1;
+  c->id = ++s->next_id;
+  push_request(core->cbL, c->wsi, websocket);
+  c->req_ref = luaL_ref(core->cbL, LUA_REGISTRYINDEX);
+  return 0;
+}
+
+/* ---- writing ---------------------------------------------------------------- */
+
+static int write_http(conn *c) {
+  struct lws *wsi = c->wsi;
+  out_chunk *ch = c->head;
+  if (ch) {
+    if (ch->kind == OUT_HEADERS) {
+      if (lws_write(wsi, ch->data, ch->len, LWS_WRITE_HTTP_HEADERS) != (int)ch->len) return -1;
+      ch->off = ch->len;
+    } else {
+      size_t n = ch->len - ch->off;
+      if (n > HTTP_SLICE) n = HTTP_SLICE;
+      int last = c->finishing && ch->next == NULL && ch->off + n == ch->len;
+      /* lws may use the LWS_PRE bytes before the buffer: those are either
+       * headroom or bytes of this chunk already sent */
+      if (lws_write(wsi, ch->data + ch->off, n, last ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) != (int)n) return -1;
+      ch->off += n;
+      c->queued -= n;
+    }
+    if (ch->off == ch->len) {
+      c->head = ch->next;
+      if (!c->head) c->tail = NULL;
+      if (ch->kind == OUT_HEADERS) c->queued -= ch->len;
+      free(ch);
+    }
+  }
+  if (c->head) {
+    lws_callback_on_writable(wsi);
+    arm(c); /* a reader that stops reading is dropped */
+    return 0;
+  }
+  c->deadline = 0;
+  if (c->finishing) {
+    lua_Integer id = c->id;
+    int close_after = c->close_after;
+    request_reset(c);
+    emit_simple(c->srv, "done", id);
+    if (close_after) return -1;
+    if (lws_http_transaction_completed(wsi)) return -1;
+    /* kept alive: the next request head must arrive within the idle timeout */
+    arm(c);
+    return 0;
+  }
+  emit_simple(c->srv, "drain", c->id);
+  return 0;
+}
+
+static int write_ws(conn *c) {
+  struct lws *wsi = c->wsi;
+  out_chunk *ch = c->head;
+  if (ch) {
+    int n = lws_write(wsi, ch->data, ch->len, ch->kind == OUT_BINARY ? LWS_WRITE_BINARY : LWS_WRITE_TEXT);
+    if (n < (int)ch->len) return -1;
+    c->head = ch->next;
+    if (!c->head) c->tail = NULL;
+    c->queued -= ch->len;
+    free(ch);
+  }
+  /* the close frame goes in a callback of its own: after a write in the
+   * same callback lws drops the connection without sending it */
+  if (c->head || (ch && c->ws_closing)) { lws_callback_on_writable(wsi); return 0; }
+  if (c->ws_closing == 1) {
+    /* lws_close_reason() followed by -1 drops the connection here without
+     * a close frame (lws 4.1); send it as lws itself does (opcode 4, the
+     * value lws keeps for LWS_WRITE_CLOSE) and wait for the peer's reply */
+    unsigned char frame[LWS_PRE + 2 + sizeof c->ws_reason];
+    unsigned char *p = frame + LWS_PRE;
+    p[0] = (unsigned char)(c->ws_close_code >> 8);
+    p[1] = (unsigned char)(c->ws_close_code & 0xff);
+    memcpy(p + 2, c->ws_reason, c->ws_reason_len);
+    c->ws_closing = 2;
+    if (lws_write(wsi, p, 2 + c->ws_reason_len, (enum lws_write_protocol)4) < 0) return -1;
+    lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_ACK, 5);
+    return 0;
+  }
+  if (ch) emit_simple(c->srv, "drain", c->id);
+  return 0;
+}
+
+/* Refuse an upgrade with a plain response, written at once (lws expects it). */
+static int write_reject(conn *c) {
+  struct lws *wsi = c->wsi;
+  size_t blen = c->reject_body ? strlen(c->reject_body) : 0;
+  unsigned char buf[LWS_PRE + 1024], *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
+  if (lws_add_http_common_headers(wsi, (unsigned int)c->reject_status,
+        c->reject_type ? c->reject_type : "text/plain", blen, &p, end) ||
+      lws_finalize_write_http_header(wsi, start, &p, end))
+    return -1;
+  if (blen) {
+    out_chunk *ch = chunk_new(OUT_BODY, c->reject_body, blen);
+    if (!ch) return -1;
+    int n = lws_write(wsi, ch->data, blen, LWS_WRITE_HTTP_FINAL);
+    free(ch);
+    if (n != (int)blen) return -1;
+  }
+  return 1;
+}
+
+/* ---- the lws callback ---------------------------------------------------------- */
+
+static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len) {
+  (void)user;
+  struct lws_context *ctx = lws_get_context(wsi);
+  server *s = ctx ? (server *)lws_context_user(ctx) : NULL;
+  if (!s) return lws_callback_http_dummy(wsi, reason, user, in, len);
+  conn *c;
+  switch (reason) {
+  case LWS_CALLBACK_FILTER_NETWORK_CONNECTION:
+    return (s->close_requested || s->nconns >= s->max_conns) ? -1 : 0;
+  case LWS_CALLBACK_SERVER_NEW_CLIENT_INSTANTIATED:
+    /* the whole request head must arrive within the idle timeout */
+    if ((c = conn_of(s, wsi))) arm(c);
+    return 0;
+  case LWS_CALLBACK_HTTP: {
+    if (s->close_requested || !(c = conn_of(s, wsi))) return -1;
+    request_reset(c);
+    if (begin_request(c, 0) < 0) return -1;
+    c->deadline = 0;
+    char cl[32];
+    long long length = 0;
+    if (lws_hdr_copy(wsi, cl, sizeof cl, WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0) length = atoll(cl);
+    int chunked = lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0;
+    if (length > (long long)s->max_body) {
+      c->too_large = 1;
+      c->close_after = 1; /* the body stays unread: the connection cannot be reused */
+      emit_request(c);
+      return 0;
+    }
+    if (chunked && length <= 0) {
+      /* lws 4.1 does not decode chunked request bodies: answer 411 */
+      c->too_large = 2;
+      c->close_after = 1;
+      emit_request(c);
+      return 0;
+    }
+    if (length > 0) {
+      arm(c);
+      return 0; /* the body follows */
+    }
+    emit_request(c);
+    return 0;
+  }
+  case LWS_CALLBACK_HTTP_BODY:
+    if (!(c = conn_of(NULL, wsi)) || !c->id) return 0;
+    if (c->too_large || c->req_ref == LUA_NOREF) return 0; /* answered already, discard */
+    arm(c);
+    if (append_body(c, in, len) < 0) {
+      c->too_large = 1;
+      c->close_after = 1;
+      emit_request(c);
+    }
+    return 0;
+  case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+    if (!(c = conn_of(NULL, wsi)) || !c->id) return 0;
+    c->deadline = 0;
+    if (c->req_ref != LUA_NOREF) emit_request(c);
+    return 0;
+  case LWS_CALLBACK_HTTP_WRITEABLE:
+    if ((c = conn_of(NULL, wsi)) && c->kill) return -1;
+    if (!c || !c->id) return 0;
+    return write_http(c);
+  case LWS_CALLBACK_HTTP_CONFIRM_UPGRADE: {
+    if (s->close_requested || !in || strcmp((const char *)in, "websocket") != 0) return -1;
+    if (!(c = conn_of(s, wsi))) return -1;
+    request_reset(c);
+    if (begin_request(c, 1) < 0) return -1;
+    c->is_ws = 1;
+    emit_request(c);
+    if (c->reject_status) {
+      int rc = write_reject(c);
+      c->is_ws = 0;
+      request_reset(c);
+      return rc;
+    }
+    return 0;
+  }
+  case LWS_CALLBACK_ESTABLISHED:
+    if (!(c = conn_of(NULL, wsi))) return -1;
+    c->established = 1;
+    if (c->head || c->ws_closing) lws_callback_on_writable(wsi);
+    return 0;
+  case LWS_CALLBACK_RECEIVE:
+    if (!(c = conn_of(NULL, wsi)) || !c->id) return 0;
+    if (lws_is_first_fragment(wsi)) {
+      c->body_len = 0;
+      c->msg_binary = lws_frame_is_binary(wsi);
+    }
+    if (c->ws_closing) return 0; /* closing: the rest is not read */
+    if (append_body(c, in, len) < 0) {
+      c->ws_close_code = LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE;
+      memcpy(c->ws_reason, "message too large", 17);
+      c->ws_reason_len = 17;
+      c->ws_closing = 1;
+      c->body_len = 0;
+      lws_callback_on_writable(wsi);
+      return 0;
+    }
+    if (lws_is_final_fragment(wsi) && !lws_remaining_packet_payload(wsi)) {
+      lua_State *cbL = event_begin(s, "message", c->id);
+      if (cbL) {
+        lua_pushlstring(cbL, c->body ? c->body : "", c->body_len);
+        lua_pushboolean(cbL, c->msg_binary);
+        c->body_len = 0;
+        mb_call(srv_core(s), cbL, 4);
+      }
+      c->body_len = 0;
+    }
+    return 0;
+  case LWS_CALLBACK_SERVER_WRITEABLE:
+    if ((c = conn_of(NULL, wsi)) && c->kill) return -1;
+    if (!c || !c->id) return 0;
+    return write_ws(c);
+  case LWS_CALLBACK_WSI_DESTROY:
+    conn_gone(s, wsi);
+    return 0;
+  default:
+    break;
+  }
+  return lws_callback_http_dummy(wsi, reason, user, in, len);
+}
+
+/* ---- server lifetime ----------------------------------------------------------- */
+
+static void unlink_server(server *s) {
+  for (server **p = &live_servers; *p; p = &(*p)->next_server)
+    if (*p == s) { *p = s->next_server; break; }
+}
+
+/* Start lws's teardown; it closes its uv handles and NULLs s->ctx when done. */
+static void destroy_context(server *s) {
+  if (s->destroying) return;
+  s->destroying = s->close_requested = 1;
+  if (s->ctx) lws_context_destroy(s->ctx);
+  if (s->unix_path[0]) unlink(s->unix_path);
+}
+
+static void count_closing(uv_handle_t *uvh, void *arg) {
+  if (uv_is_closing(uvh)) (*(int *)arg)++;
+}
+
+/* lws (4.1) finishes a context on a foreign loop in two steps: the first
+ * destroy closes its uv handles; once their close callbacks have run, a
+ * second destroy frees the context (and NULLs s->ctx). Calling it earlier
+ * frees memory those callbacks still use. */
+static void finish_context(server *s, uv_loop_t *loop) {
+  int closing = 0;
+  uv_walk(loop, count_closing, &closing);
+  if (closing == 0 && s->ctx) lws_context_destroy(s->ctx);
+}
+
+/* While serving, once a second: lws 4.1 on a foreign uv loop does not run
+ * its own wsi timeouts while a connection is quiet (its timer is armed
+ * only on socket activity), so the deadlines are kept here. An expired
+ * connection is closed at once (we are outside any lws callback); closing
+ * frees it, so the walk starts over after each. */
+static void on_service_tick(uv_timer_t *t) {
+  server *s = (server *)((mb_handle *)t->data)->extra;
+  uint64_t now = uv_now(t->loop);
+  for (int again = 1; again && !s->close_requested;) {
+    again = 0;
+    for (conn *c = s->conns; c; c = c->next) {
+      if (c->deadline && now > c->deadline && !c->kill) {
+        c->kill = 1;
+        lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
+        again = 1;
+        break;
+      }
+    }
+  }
+}
+
+static void on_anchor_tick(uv_timer_t *t) {
+  mb_handle *h = (mb_handle *)t->data;
+  server *s = (server *)h->extra;
+  if (!s->destroying) { destroy_context(s); return; }
+  if (s->ctx) { finish_context(s, t->loop); if (s->ctx) return; }
+  uv_timer_stop(t);
+  unlink_server(s);
+  mb_core *core = h->core;
+  if (h->closing || core->dead) return;
+  /* mb_handle_close takes the close callback from a stack slot */
+  lua_State *cbL = core->cbL;
+  int top = lua_gettop(cbL);
+  if (h->cb_ref[CB_CLOSE] != LUA_NOREF) lua_rawgeti(cbL, LUA_REGISTRYINDEX, h->cb_ref[CB_CLOSE]);
+  mb_handle_close(cbL, h, lua_gettop(cbL) > top ? lua_gettop(cbL) : 0);
+  lua_settop(cbL, top);
+}
+
+/* Called from core teardown with the Lua state closing: finish every lws
+ * context on the loop before the core frees its handles. */
+void mb_http_teardown(mb_core *core) {
+  for (server *s = live_servers; s; s = s->next_server) {
+    if (s->h->core != core) continue;
+    destroy_context(s);
+    for (int i = 0; s->ctx && i < 1000; i++) {
+      uv_run(core->loop, UV_RUN_NOWAIT);
+      finish_context(s, core->loop);
+    }
+  }
+  for (server **p = &live_servers; *p;) {
+    if ((*p)->h->core == core) *p = (*p)->next_server; else p = &(*p)->next_server;
+  }
+}
+
+static server *check_server(lua_State *L, int idx) {
+  mb_handle **ud = (mb_handle **)luaL_checkudata(L, idx, SERVER);
+  if (!*ud || (*ud)->closing) return NULL;
+  server *s = (server *)(*ud)->extra;
+  return s->close_requested ? NULL : s;
+}
+
+static int push_closed(lua_State *L) {
+  lua_pushnil(L);
+  lua_pushliteral(L, "ECONNRESET: the client or the server has gone");
+  lua_pushliteral(L, "ECONNRESET");
+  return 3;
+}
+
+/* Bind the address once ourselves before lws does: when lws fails to bind
+ * on a foreign loop it leaves a close pending on that loop for a context it
+ * has already freed (lws 4.1), so its failure path must not be taken.
+ * Returns 0 or a negative errno. */
+static int probe_bind(const char *host, int port, const char *unix_path) {
+  int fd = socket(unix_path ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int rc = 0;
+  if (unix_path) {
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", unix_path);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) rc = -errno; else unlink(unix_path);
+  } else {
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* as lws does */
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) rc = -EINVAL;
+    else if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) rc = -errno;
+  }
+  close(fd);
+  return rc;
+}
+
+static void lws_log_to_stderr(int level, const char *line) {
+  (void)level;
+  fprintf(stderr, "moonbox: lws: %s", line);
+}
+
+/* core.http_listen({host, port | unix, max_body, max_connections, idle_timeout_ms}, on_event) */
+static int http_listen(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_getfield(L, 1, "host");
+  const char *host = lua_tostring(L, -1);
+  lua_getfield(L, 1, "unix");
+  const char *unix_path = lua_tostring(L, -1);
+  lua_pop(L, 2);
+  lua_Integer port = mb_opt_intfield(L, 1, "port", 0);
+  lua_Integer max_body = mb_opt_intfield(L, 1, "max_body", 1 << 20);
+  lua_Integer max_conns = mb_opt_intfield(L, 1, "max_connections", 256);
+  lua_Integer idle_ms = mb_opt_intfield(L, 1, "idle_timeout_ms", 30000);
+  if (!host == !unix_path) return luaL_argerror(L, 1, "give exactly one of host or unix");
+  if (port < 0 || port > 65535) return luaL_argerror(L, 1, "port must be 0-65535");
+  if (max_body < 0 || max_conns < 1 || idle_ms < 1) return luaL_argerror(L, 1, "limits must be positive");
+  if (unix_path && strlen(unix_path) >= sizeof(((server *)0)->unix_path))
+    return luaL_argerror(L, 1, "unix socket path too long");
+
+  if (unix_path) {
+    struct stat sb;
+    /* a socket file left by an earlier run would make bind fail */
+    if (lstat(unix_path, &sb) == 0 && S_ISSOCK(sb.st_mode)) unlink(unix_path);
+  }
+  int probe = probe_bind(host, (int)port, unix_path);
+  if (probe < 0) return mb_push_errno(L, -probe, unix_path ? unix_path : host);
+
+  mb_handle *h = mb_handle_new(L, SERVER, sizeof(server));
+  server *s = (server *)h->extra;
+  s->h = h;
+  s->max_body = (size_t)max_body;
+  s->max_conns = (int)max_conns;
+  s->idle_secs = (int)((idle_ms + 999) / 1000);
+  s->idle_ms = idle_ms;
+  uv_timer_init(h->core->loop, &h->uv.timer);
+  mb_handle_set_cb(L, h, CB_EVENT, 2);
+
+  lws_set_log_level(LLL_ERR, lws_log_to_stderr);
+  /* lws loads its libuv glue as a plugin and unloads it with the context;
+   * keep it mapped, so no late uv callback can land in unmapped code */
+  static int pinned;
+  if (!pinned) pinned = dlopen("libwebsockets-evlib_uv.so", RTLD_NOW | RTLD_NODELETE) != NULL;
+  s->protocols[0].name = "moonbox";
+  s->protocols[0].callback = on_lws;
+  s->protocols[0].rx_buffer_size = 65536;
+  /* ping a quiet WebSocket after 30 s, hang up when the peer stays silent */
+  s->retry.secs_since_valid_ping = 30;
+  s->retry.secs_since_valid_hangup = 75;
+
+  struct lws_context_creation_info info;
+  memset(&info, 0, sizeof info);
+  void *loops[1] = {h->core->loop};
+  info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_DISABLE_IPV6;
+  info.foreign_loops = loops;
+  info.protocols = s->protocols;
+  info.user = s;
+  info.pcontext = &s->ctx;
+  info.max_http_header_data = 8192;
+  info.max_http_header_pool = (unsigned short)(max_conns < 65535 ? max_conns : 65535);
+  info.timeout_secs = (unsigned int)s->idle_secs;
+  info.keepalive_timeout = s->idle_secs;
+  info.retry_and_idle_policy = &s->retry;
+  info.vhost_name = "moonbox";
+  if (unix_path) {
+    snprintf(s->unix_path, sizeof s->unix_path, "%s", unix_path);
+    info.options |= LWS_SERVER_OPTION_UNIX_SOCK;
+    info.iface = s->unix_path;
+    info.port = 0;
+  } else {
+    info.iface = host;
+    info.port = (int)port; /* 0: the kernel picks a free port */
+  }
+
+  struct lws_context *ctx = lws_create_context(&info);
+  if (!ctx) {
+    s->unix_path[0] = 0;
+    s->destroying = 1;
+    mb_handle_close(L, h, 0);
+    lua_pop(L, 1);
+    return mb_push_error(L, UV_EADDRNOTAVAIL, unix_path ? unix_path : host);
+  }
+  s->ctx = ctx;
+  s->vh = lws_get_vhost_by_name(ctx, "moonbox");
+  if (!s->vh || (!unix_path && lws_get_vhost_listen_port(s->vh) <= 0)) {
+    int e = UV_EADDRINUSE;
+    destroy_context(s);
+    s->unix_path[0] = 0;
+    for (int i = 0; s->ctx && i < 1000; i++) {
+      uv_run(h->core->loop, UV_RUN_NOWAIT);
+      finish_context(s, h->core->loop);
+    }
+    mb_handle_close(L, h, 0);
+    lua_pop(L, 1);
+    return mb_push_error(L, e, unix_path ? unix_path : host);
+  }
+  s->next_server = live_servers;
+  live_servers = s;
+  uv_timer_start(&h->uv.timer, on_service_tick, 1000, 1000);
+  uv_unref(&h->uv.handle); /* the listening socket keeps the loop alive, not this */
+  return 1;
+}
+
+/* server:port() -> the port listened on (0 for a unix socket) */
+static int server_port(lua_State *L) {
+  server *s = check_server(L, 1);
+  if (!s) return push_closed(L);
+  lua_pushinteger(L, s->unix_path[0] ? 0 : lws_get_vhost_listen_port(s->vh));
+  return 1;
+}
+
+static void add_header(lua_State *L, struct lws *wsi, unsigned char **p, unsigned char *end, int *err) {
+  /* key at -2, value at -1 */
+  if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING) { *err = 1; return; }
+  size_t klen, vlen;
+  const char *k = lua_tolstring(L, -2, &klen);
+  const char *v = lua_tolstring(L, -1, &vlen);
+  char name[256];
+  if (klen == 0 || klen + 2 > sizeof name || memchr(v, '\n', vlen) || memchr(v, '\r', vlen)) { *err = 1; return; }
+  for (size_t i = 0; i < klen; i++)
+    if (k[i] == ':' || k[i] == '\r' || k[i] == '\n' || k[i] == ' ') { *err = 1; return; }
+  memcpy(name, k, klen);
+  name[klen] = ':';
+  name[klen + 1] = 0;
+  if (lws_add_http_header_by_name(wsi, (unsigned char *)name, (const unsigned char *)v, (int)vlen, p, end)) *err = 2;
+}
+
+/* server:respond(id, status, content_type, headers, length|nil, body|nil)
+ * -> true | nil, msg, code. With a body the response is complete; without
+ * one, write() and finish() follow (length: the content length, if known;
+ * unknown means the connection closes at the end). */
+static int server_respond(lua_State *L) {
+  server *s = check_server(L, 1);
+  lua_Integer id = luaL_checkinteger(L, 2);
+  int status = (int)luaL_checkinteger(L, 3);
+  const char *ctype = luaL_optstring(L, 4, "text/plain");
+  if (!lua_isnoneornil(L, 5)) luaL_checktype(L, 5, LUA_TTABLE);
+  size_t blen = 0;
+  const char *body = lua_isnoneornil(L, 7) ? NULL : luaL_checklstring(L, 7, &blen);
+  lua_Integer length = body ? (lua_Integer)blen : (lua_isnoneornil(L, 6) ? -1 : luaL_checkinteger(L, 6));
+  if (status < 100 || status > 999) return luaL_argerror(L, 3, "status must be 100-999");
+  conn *c = s ? conn_by_id(s, id) : NULL;
+  if (!c || c->is_ws) return push_closed(L);
+  if (c->responding) return luaL_error(L, "response already started");
+  size_t hsize = 1024 + strlen(ctype);
+  if (!lua_isnoneornil(L, 5)) {
+    lua_pushnil(L);
+    while (lua_next(L, 5)) {
+      size_t a = 0, b = 0;
+      if (lua_type(L, -2) == LUA_TSTRING) lua_tolstring(L, -2, &a);
+      if (lua_type(L, -1) == LUA_TSTRING) lua_tolstring(L, -1, &b);
+      hsize += a + b + 8;
+      lua_pop(L, 1);
+    }
+  }
+  out_chunk *hc = chunk_new(OUT_HEADERS, NULL, hsize);
+  if (!hc) return luaL_error(L, "out of memory");
+  unsigned char *start = hc->data, *p = start, *end = start + hsize - 1;
+  int err = 0;
+  if (lws_add_http_common_headers(c->wsi, (unsigned int)status, ctype,
+        length < 0 ? LWS_ILLEGAL_HTTP_CONTENT_LEN : (lws_filepos_t)length, &p, end))
+    err = 2;
+  if (!err && !lua_isnoneornil(L, 5)) {
+    lua_pushnil(L);
+    while (!err && lua_next(L, 5)) {
+      add_header(L, c->wsi, &p, end, &err);
+      lua_pop(L, 1);
+    }
+    if (err) lua_pop(L, 1);
+  }
+  if (!err && lws_finalize_http_header(c->wsi, &p, end)) err = 2;
+  if (err) {
+    free(hc);
+    if (err == 1) return luaL_argerror(L, 5, "header names and values must be strings without CR, LF or ':'");
+    return mb_push_error(L, UV_E2BIG, "response headers");
+  }
+  hc->len = (size_t)(p - start);
+  c->responding = 1;
+  queue_push(c, hc);
+  if (body) {
+    if (blen) {
+      out_chunk *bc = chunk_new(OUT_BODY, body, blen);
+      if (!bc) return luaL_error(L, "out of memory");
+      queue_push(c, bc);
+    }
+    c->finishing = 1;
+  }
+  lws_callback_on_writable(c->wsi);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* server:write(id, data[, is_binary]) -> queued bytes | nil, msg, code
+ * Body bytes of a started response, or a WebSocket message (text unless
+ * is_binary). "drain" follows once everything queued is written. */
+static int server_write(lua_State *L) {
+  server *s = check_server(L, 1);
+  lua_Integer id = luaL_checkinteger(L, 2);
+  size_t len;
+  const char *data = luaL_checklstring(L, 3, &len);
+  int binary = lua_toboolean(L, 4);
+  conn *c = s ? conn_by_id(s, id) : NULL;
+  if (!c || c->finishing || c->ws_closing) return push_closed(L);
+  if (!c->is_ws && !c->responding) return luaL_error(L, "write before respond");
+  if (!c->is_ws && len == 0) { lua_pushnumber(L, (lua_Number)c->queued); return 1; }
+  out_chunk *ch = chunk_new(c->is_ws ? (binary ? OUT_BINARY : OUT_TEXT) : OUT_BODY, data, len);
+  if (!ch) return luaL_error(L, "out of memory");
+  queue_push(c, ch);
+  if (!c->is_ws || c->established) lws_callback_on_writable(c->wsi);
+  lua_pushnumber(L, (lua_Number)c->queued);
+  return 1;
+}
+
+/* server:finish(id): end a streamed response once the queue is written */
+static int server_finish(lua_State *L) {
+  server *s = check_server(L, 1);
+  lua_Integer id = luaL_checkinteger(L, 2);
+  conn *c = s ? conn_by_id(s, id) : NULL;
+  if (!c || c->is_ws) return push_closed(L);
+  if (!c->responding) return luaL_error(L, "finish before respond");
+  c->finishing = 1;
+  lws_callback_on_writable(c->wsi);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* server:ws_close(id[, code[, reason]]): close a WebSocket after its queue */
+static int server_ws_close(lua_State *L) {
+  server *s = check_server(L, 1);
+  lua_Integer id = luaL_checkinteger(L, 2);
+  int code = (int)luaL_optinteger(L, 3, 1000);
+  size_t rlen = 0;
+  const char *reason = luaL_optlstring(L, 4, "", &rlen);
+  if (code < 1000 || code > 4999) return luaL_argerror(L, 3, "close code must be 1000-4999");
+  conn *c = s ? conn_by_id(s, id) : NULL;
+  if (!c || !c->is_ws) return push_closed(L);
+  if (c->ws_closing) { lua_pushboolean(L, 1); return 1; }
+  if (rlen > sizeof c->ws_reason) rlen = sizeof c->ws_reason;
+  memcpy(c->ws_reason, reason, rlen);
+  c->ws_reason_len = rlen;
+  c->ws_close_code = code;
+  c->ws_closing = 1;
+  if (c->established) lws_callback_on_writable(c->wsi);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* server:ws_reject(id, status, content_type, body): refuse a WebSocket
+ * upgrade with a plain response. Only while the "request" event for it is
+ * being delivered; afterwards the upgrade has happened (returns false). */
+static int server_ws_reject(lua_State *L) {
+  server *s = check_server(L, 1);
+  lua_Integer id = luaL_checkinteger(L, 2);
+  int status = (int)luaL_checkinteger(L, 3);
+  const char *ctype = luaL_optstring(L, 4, "text/plain");
+  const char *body = luaL_optstring(L, 5, "");
+  if (status < 100 || status > 999) return luaL_argerror(L, 3, "status must be 100-999");
+  conn *c = s ? conn_by_id(s, id) : NULL;
+  if (!c || !c->is_ws || c->established) { lua_pushboolean(L, 0); return 1; }
+  free(c->reject_body);
+  free(c->reject_type);
+  c->reject_body = strdup(body);
+  c->reject_type = strdup(ctype);
+  c->reject_status = status;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* server:header(id, name) -> value | nil: any request header by name, also
+ * those lws has no token for, while the request's headers are held. */
+static int server_header(lua_State *L) {
+  server *s = check_server(L, 1);
+  lua_Integer id = luaL_checkinteger(L, 2);
+  size_t nlen;
+  const char *name = luaL_checklstring(L, 3, &nlen);
+  conn *c = s ? conn_by_id(s, id) : NULL;
+  if (!c || nlen == 0 || nlen > 200) return 0;
+  char key[256];
+  memcpy(key, name, nlen);
+  key[nlen] = ':';
+  key[nlen + 1] = 0;
+  int n = lws_hdr_custom_length(c->wsi, key, (int)nlen + 1);
+  if (n < 0) return 0;
+  char *buf = (char *)malloc((size_t)n + 1);
+  if (!buf) return luaL_error(L, "out of memory");
+  if (lws_hdr_custom_copy(c->wsi, buf, n + 1, key, (int)nlen + 1) < 0) { free(buf); return 0; }
+  lua_pushlstring(L, buf, (size_t)n);
+  free(buf);
+  return 1;
+}
+
+/* server:queued(id) -> bytes waiting to be written | nil when gone */
+static int server_queued(lua_State *L) {
+  server *s = check_server(L, 1);
+  conn *c = s ? conn_by_id(s, luaL_checkinteger(L, 2)) : NULL;
+  if (!c) return push_closed(L);
+  lua_pushnumber(L, (lua_Number)c->queued);
+  return 1;
+}
+
+/* server:connections() -> open connections */
+static int server_connections(lua_State *L) {
+  server *s = check_server(L, 1);
+  lua_pushinteger(L, s ? s->nconns : 0);
+  return 1;
+}
+
+/* server:close([callback]): stop listening, drop every connection; the
+ * handle closes once lws has closed its own uv handles. */
+static int server_close(lua_State *L) {
+  mb_handle **ud = (mb_handle **)luaL_checkudata(L, 1, SERVER);
+  mb_handle *h = *ud;
+  if (!h || h->closing) return 0;
+  server *s = (server *)h->extra;
+  if (s->close_requested) return 0;
+  if (lua_isfunction(L, 2)) mb_handle_set_cb(L, h, CB_CLOSE, 2);
+  s->close_requested = 1; /* no new requests; lws is destroyed outside its callbacks */
+  uv_ref(&h->uv.handle);
+  uv_timer_start(&h->uv.timer, on_anchor_tick, 0, 1);
+  return 0;
+}
+
+static const luaL_Reg server_methods[] = {
+  {"port", server_port}, {"respond", server_respond}, {"write", server_write},
+  {"finish", server_finish}, {"ws_close", server_ws_close}, {"ws_reject", server_ws_reject},
+  {"header", server_header}, {"queued", server_queued}, {"connections", server_connections},
+  {"close", server_close}, {NULL, NULL}};
+
+void mb_open_http(lua_State *L) {
+  mb_new_class(L, SERVER, server_methods);
+  lua_pushcfunction(L, http_listen);
+  lua_setfield(L, -2, "http_listen");
+}
