@@ -367,7 +367,7 @@ describe("execStream", function()
       end
       assert.same({ "complete", true, false }, { last.type, last.cancelled, last.timedOut })
       assert.equal(2, #pids)
-      for _, pid in ipairs(pids) do assert.is_false(alive(pid)) end
+      for _, pid in ipairs(pids) do assert.is_false(alive(pid, sb)) end
       assert.equal("k\n", sb:exec("echo $KEEP").stdout)
     end)
   end)

@@ -358,7 +358,7 @@ describe("api exec", function()
   end)
 
   it("kills a streamed command's whole tree when its client goes away, and the session goes on", function()
-    with_api(function(call)
+    with_api(function(call, _, id)
       call("POST", "/sessions", { body = { id = "s", env = { KEEP = "kept" } } })
       local seen = {}
       local status, events, _, res = call("POST", "/exec/stream", {
@@ -375,8 +375,10 @@ describe("api exec", function()
       assert.is_number(bg)
       assert.is_number(sid)
       -- the handler returned only once the command's processes were gone
-      assert.is_false(helper.pid_alive(bg))
-      assert.is_false(helper.pid_alive(sid))
+      -- (pids as the sandbox sees them: look in its /proc)
+      local sb = moonbox.getSandbox(id)
+      assert.is_false(helper.pid_alive(bg, sb))
+      assert.is_false(helper.pid_alive(sid, sb))
       for _, ev in ipairs(events) do assert.are_not.equal("complete", ev.type) end
       local _, r = call("POST", "/exec", { body = { sessionId = "s", command = "echo $KEEP" } })
       assert.equal("kept\n", r.stdout)
@@ -621,7 +623,7 @@ describe("api sandbox", function()
       local status, info, _, raw = call("GET", "")
       assert.equal(200, status)
       assert.equal(id, info.id)
-      assert.truthy(raw:find('"namespaces":[]', 1, true))
+      assert.truthy(raw:find('"namespaces":[', 1, true)) -- an array, even when empty
       local _, p = call("POST", "/processes", { body = { command = "exec sleep 300" } })
       local r
       status, r = call("DELETE", "")

@@ -179,12 +179,14 @@ describe("http api end to end", function()
       out:close()
       wait()
       -- the kill runs on the server's side of the closed connection: wait for it (bounded)
+      -- (pids as the sandbox sees them: look in its /proc)
+      local sb = moonbox.getSandbox(base:match("([^/]+)$"))
       for _ = 1, 500 do
-        if not helper.pid_alive(bg) and not helper.pid_alive(sid) then break end
+        if not helper.pid_alive(bg, sb) and not helper.pid_alive(sid, sb) then break end
         moonbox.sleep(10)
       end
-      assert.is_false(helper.pid_alive(bg))
-      assert.is_false(helper.pid_alive(sid))
+      assert.is_false(helper.pid_alive(bg, sb))
+      assert.is_false(helper.pid_alive(sid, sb))
       local status, r = post(base .. "/exec", '{"sessionId": "s", "command": "echo after"}')
       assert.same({ 200, "after\n" }, { status, r.stdout })
     end)
