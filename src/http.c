@@ -382,7 +382,7 @@ static int write_ws(conn *c) {
     memcpy(p + 2, c->ws_reason, c->ws_reason_len);
     c->ws_closing = 2;
     if (lws_write(wsi, p, 2 + c->ws_reason_len, (enum lws_write_protocol)4) < 0) return -1;
-    lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_ACK, 5);
+    arm(c); /* a peer that never answers the close is dropped */
     return 0;
   }
   if (ch) emit_simple(c->srv, "drain", c->id);
