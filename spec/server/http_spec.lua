@@ -352,6 +352,29 @@ describe("moonbox.server.http", function()
     assert.is_true(stream_closed)
   end)
 
+  it("closing the server ends a WebSocket's messages() loop", function()
+    local ended, connected
+    run_task(function()
+      local server = http.listen({ listen = "127.0.0.1:0" }, function(_, res)
+        local ws = res:upgrade()
+        ws:receive() -- the client is there
+        connected()
+        for _ in ws:messages() do end
+        ended = ws.closed
+      end)
+      local wait_connected = moonbox.spawn(function()
+        require("moonbox.async").await(function(resume) connected = resume end)
+      end)
+      local peer = moonbox.spawn(client.ws_client, "ws://" .. server.address .. "/",
+        { { send = "here" }, { expect = "never" } })
+      moonbox.timeout(10000, function() wait_connected:wait() end)
+      server:close()
+      local events = moonbox.timeout(15000, function() return peer:wait() end)
+      assert.same({ close = 1006, reason = "" }, events[2]) -- no close frame: the server went away
+    end)
+    assert.is_true(ended)
+  end)
+
   it("processes started after the server listens have default signal dispositions and an empty mask", function()
     with_server({}, function() return { status = 200 } end, function()
       local sb = helper.new_sandbox()
