@@ -538,12 +538,19 @@ static void unlink_server(server *s) {
     if (*p == s) { *p = s->next_server; break; }
 }
 
+/* The socket file goes when close() is asked for: a process that exits
+ * right after (moonbox serve on SIGTERM) leaves none behind. */
+static void forget_socket_file(server *s) {
+  if (s->unix_path[0]) unlink(s->unix_path);
+  s->unix_path[0] = 0;
+}
+
 /* Start lws's teardown; it closes its uv handles and NULLs s->ctx when done. */
 static void destroy_context(server *s) {
   if (s->destroying) return;
   s->destroying = s->close_requested = 1;
+  forget_socket_file(s);
   if (s->ctx) lws_context_destroy(s->ctx);
-  if (s->unix_path[0]) unlink(s->unix_path);
 }
 
 static void count_closing(uv_handle_t *uvh, void *arg) {
@@ -977,6 +984,7 @@ static int server_close(lua_State *L) {
   if (s->close_requested) return 0;
   if (lua_isfunction(L, 2)) mb_handle_set_cb(L, h, CB_CLOSE, 2);
   s->close_requested = 1; /* no new requests; lws is destroyed outside its callbacks */
+  forget_socket_file(s);
   uv_ref(&h->uv.handle);
   uv_timer_start(&h->uv.timer, on_anchor_tick, 0, 1);
   return 0;
