@@ -249,6 +249,19 @@ describe("moonbox.server.http", function()
     end)
   end)
 
+  it("keeps a quiet WebSocket open past the idle timeout", function()
+    with_server({ idleTimeoutMs = 1000 }, function(_, res)
+      local ws = res:upgrade()
+      for data in ws:messages() do ws:send("echo " .. data) end
+    end, function(server)
+      local events = client.ws_client("ws://" .. server.address .. "/", {
+        { send = "a" }, { expect = "echo a" }, { sleep = 2500 }, { send = "b" }, { expect = "echo b" }, { close = 1000 },
+      })
+      assert.same({ text = "echo b" }, events[3])
+      assert.same({ close = 1000, reason = "" }, events[4])
+    end)
+  end)
+
   it("closes a WebSocket whose message is over maxBody with 1009", function()
     with_server({ maxBody = 1000 }, function(_, res)
       local ws = res:upgrade()
