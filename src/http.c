@@ -476,6 +476,7 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
     if (!(c = conn_of(s, wsi))) return -1;
     request_reset(c);
     if (begin_request(c, 1) < 0) return -1;
+    c->deadline = 0; /* the head is in; a quiet WebSocket is not idle */
     c->is_ws = 1;
     emit_request(c);
     if (c->reject_status) {

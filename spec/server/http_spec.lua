@@ -255,7 +255,8 @@ describe("moonbox.server.http", function()
       for data in ws:messages() do ws:send("echo " .. data) end
     end, function(server)
       local events = client.ws_client("ws://" .. server.address .. "/", {
-        { send = "a" }, { expect = "echo a" }, { sleep = 2500 }, { send = "b" }, { expect = "echo b" }, { close = 1000 },
+        { send = "a" }, { expect = "echo a" }, { sleep = 2500 },
+        { send = "b" }, { expect = "echo b" }, { close = 1000 },
       })
       assert.same({ text = "echo b" }, events[3])
       assert.same({ close = 1000, reason = "" }, events[4])
