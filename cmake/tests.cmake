@@ -33,6 +33,11 @@ foreach(spec ${SPEC_FILES})
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(spec.${name} PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 600)
 endforeach()
+# The load spec keeps both cores busy for a minute: beside it, specs that
+# wait a few seconds for a shell (terminal, process) time out.
+if(TEST spec.server.load)
+  set_tests_properties(spec.server.load PROPERTIES RUN_SERIAL TRUE)
+endif()
 
 # A subset again as an unprivileged user (when the tests run as root): no
 # cgroup delegation, so trees are tracked through /proc and the runtime is a

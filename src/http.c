@@ -314,8 +314,11 @@ static int begin_request(conn *c, int websocket) {
 
 static int write_http(conn *c) {
   struct lws *wsi = c->wsi;
-  out_chunk *ch = c->head;
-  if (ch) {
+  /* several pieces per callback while the socket takes them, as lws's own
+   * file serving does: headers and a small body leave in one pass */
+  for (int n_writes = 0; c->head && n_writes < 8; n_writes++) {
+    if (n_writes && lws_send_pipe_choked(wsi)) break;
+    out_chunk *ch = c->head;
     if (ch->kind == OUT_HEADERS) {
       if (lws_write(wsi, ch->data, ch->len, LWS_WRITE_HTTP_HEADERS) != (int)ch->len) return -1;
       ch->off = ch->len;
