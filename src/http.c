@@ -314,8 +314,11 @@ static int begin_request(conn *c, int websocket) {
 
 static int write_http(conn *c) {
   struct lws *wsi = c->wsi;
-  out_chunk *ch = c->head;
-  if (ch) {
+  /* several pieces per callback while the socket takes them, as lws's own
+   * file serving does: headers and a small body leave in one pass */
+  for (int n_writes = 0; c->head && n_writes < 8; n_writes++) {
+    if (n_writes && lws_send_pipe_choked(wsi)) break;
+    out_chunk *ch = c->head;
     if (ch->kind == OUT_HEADERS) {
       if (lws_write(wsi, ch->data, ch->len, LWS_WRITE_HTTP_HEADERS) != (int)ch->len) return -1;
       ch->off = ch->len;
@@ -382,7 +385,7 @@ static int write_ws(conn *c) {
     memcpy(p + 2, c->ws_reason, c->ws_reason_len);
     c->ws_closing = 2;
     if (lws_write(wsi, p, 2 + c->ws_reason_len, (enum lws_write_protocol)4) < 0) return -1;
-    lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_ACK, 5);
+    arm(c); /* a peer that never answers the close is dropped */
     return 0;
   }
   if (ch) emit_simple(c->srv, "drain", c->id);
@@ -476,6 +479,7 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
     if (!(c = conn_of(s, wsi))) return -1;
     request_reset(c);
     if (begin_request(c, 1) < 0) return -1;
+    c->deadline = 0; /* the head is in; a quiet WebSocket is not idle */
     c->is_ws = 1;
     emit_request(c);
     if (c->reject_status) {
@@ -538,12 +542,19 @@ static void unlink_server(server *s) {
     if (*p == s) { *p = s->next_server; break; }
 }
 
+/* The socket file goes when close() is asked for: a process that exits
+ * right after (moonbox serve on SIGTERM) leaves none behind. */
+static void forget_socket_file(server *s) {
+  if (s->unix_path[0]) unlink(s->unix_path);
+  s->unix_path[0] = 0;
+}
+
 /* Start lws's teardown; it closes its uv handles and NULLs s->ctx when done. */
 static void destroy_context(server *s) {
   if (s->destroying) return;
   s->destroying = s->close_requested = 1;
+  forget_socket_file(s);
   if (s->ctx) lws_context_destroy(s->ctx);
-  if (s->unix_path[0]) unlink(s->unix_path);
 }
 
 static void count_closing(uv_handle_t *uvh, void *arg) {
@@ -977,6 +988,7 @@ static int server_close(lua_State *L) {
   if (s->close_requested) return 0;
   if (lua_isfunction(L, 2)) mb_handle_set_cb(L, h, CB_CLOSE, 2);
   s->close_requested = 1; /* no new requests; lws is destroyed outside its callbacks */
+  forget_socket_file(s);
   uv_ref(&h->uv.handle);
   uv_timer_start(&h->uv.timer, on_anchor_tick, 0, 1);
   return 0;

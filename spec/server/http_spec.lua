@@ -249,6 +249,20 @@ describe("moonbox.server.http", function()
     end)
   end)
 
+  it("keeps a quiet WebSocket open past the idle timeout", function()
+    with_server({ idleTimeoutMs = 1000 }, function(_, res)
+      local ws = res:upgrade()
+      for data in ws:messages() do ws:send("echo " .. data) end
+    end, function(server)
+      local events = client.ws_client("ws://" .. server.address .. "/", {
+        { send = "a" }, { expect = "echo a" }, { sleep = 2500 },
+        { send = "b" }, { expect = "echo b" }, { close = 1000 },
+      })
+      assert.same({ text = "echo b" }, events[3])
+      assert.same({ close = 1000, reason = "" }, events[4])
+    end)
+  end)
+
   it("closes a WebSocket whose message is over maxBody with 1009", function()
     with_server({ maxBody = 1000 }, function(_, res)
       local ws = res:upgrade()
@@ -352,6 +366,29 @@ describe("moonbox.server.http", function()
     assert.is_true(stream_closed)
   end)
 
+  it("closing the server ends a WebSocket's messages() loop", function()
+    local ended, connected
+    run_task(function()
+      local server = http.listen({ listen = "127.0.0.1:0" }, function(_, res)
+        local ws = res:upgrade()
+        ws:receive() -- the client is there
+        connected()
+        for _ in ws:messages() do end
+        ended = ws.closed
+      end)
+      local wait_connected = moonbox.spawn(function()
+        require("moonbox.async").await(function(resume) connected = resume end)
+      end)
+      local peer = moonbox.spawn(client.ws_client, "ws://" .. server.address .. "/",
+        { { send = "here" }, { expect = "never" } })
+      moonbox.timeout(10000, function() wait_connected:wait() end)
+      server:close()
+      local events = moonbox.timeout(15000, function() return peer:wait() end)
+      assert.same({ close = 1006, reason = "" }, events[2]) -- no close frame: the server went away
+    end)
+    assert.is_true(ended)
+  end)
+
   it("processes started after the server listens have default signal dispositions and an empty mask", function()
     with_server({}, function() return { status = 200 } end, function()
       local sb = helper.new_sandbox()
@@ -405,42 +442,63 @@ describe("moonbox serve", function()
     end)
   end)
 
-  it("serves /, a --handler script and /v1 side by side, and prints its address", function()
-    run_task(function()
-      local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
-      local home = helper.mkdtemp()
-      local exit = {}
-      local proc, pipes = assert(core.spawn {
-        args = { bin, "serve", "--listen", "127.0.0.1:0", "--handler", client.SOURCE .. "/examples/handler.lua" },
-        env = client.env { HOME = home, MOONBOX_HOME = home },
-        stdio = { [0] = "null", [1] = "pipe", [2] = "pipe" },
-        on_exit = function(c) exit.code = c if exit.resume then exit.resume() end end,
-      })
-      local line = moonbox.timeout(10000, function()
-        local buf = ""
-        return require("moonbox.async").await(function(resume)
-          pipes[1]:read_start(function(_, data)
-            buf = buf .. (data or "")
-            local l = buf:match("^[^\n]*\n")
-            if l or not data then pipes[1]:read_stop() resume(l) end
-          end)
+  -- Start `moonbox serve args...`; returns the address line's address, and stop() -> exit code.
+  local function serve(args)
+    local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+    local home = helper.mkdtemp()
+    local exit = {}
+    local argv = { bin, "serve" }
+    for _, a in ipairs(args) do argv[#argv + 1] = a end
+    local proc, pipes = assert(core.spawn {
+      args = argv, env = client.env { HOME = home, MOONBOX_HOME = home },
+      stdio = { [0] = "null", [1] = "pipe", [2] = "pipe" },
+      on_exit = function(c) exit.code = c if exit.resume then exit.resume() end end,
+    })
+    local line = moonbox.timeout(10000, function()
+      local buf = ""
+      return require("moonbox.async").await(function(resume)
+        pipes[1]:read_start(function(_, data)
+          buf = buf .. (data or "")
+          local l = buf:match("^[^\n]*\n")
+          if l or not data then pipes[1]:read_stop() resume(l) end
         end)
       end)
-      local url = line and line:match("listening on (http://127%.0%.0%.1:%d+)")
-      assert.truthy(url, "no address printed: " .. tostring(line))
-      local page = curl("-i", url .. "/")
-      local run = curl("-H", "Content-Type: application/json", "--data-binary", '{"code":"echo $((6*7))"}',
-        url .. "/run/alice")
-      local api_status = curl("-o", "/dev/null", "-w", "%{http_code}", url .. "/v1/nope")
+    end)
+    local function stop()
       proc:kill("SIGTERM")
       if exit.code == nil then require("moonbox.async").await(function(resume) exit.resume = resume end) end
       pipes[1]:close()
       pipes[2]:close()
+      return exit.code
+    end
+    return line and line:match("listening on (%S+)"), stop
+  end
+
+  it("serves /, a --handler script and /v1 side by side, and prints its address", function()
+    run_task(function()
+      local url, stop = serve { "--listen", "127.0.0.1:0", "--handler", client.SOURCE .. "/examples/handler.lua" }
+      assert.truthy(url and url:match("^http://127%.0%.0%.1:%d+$"), "no address printed: " .. tostring(url))
+      local page = curl("-i", url .. "/")
+      local run = curl("-H", "Content-Type: application/json", "--data-binary", '{"code":"echo $((6*7))"}',
+        url .. "/run/alice")
+      local api_status = curl("-o", "/dev/null", "-w", "%{http_code}", url .. "/v1/nope")
+      assert.equal(128 + 15, stop())
       assert.matches("^HTTP/1%.1 200", page)
       assert.matches("<title>moonbox</title>", page)
       assert.equal("42\n", cjson.decode(run).stdout)
       assert.equal("404", api_status)
-      assert.equal(128 + 15, exit.code)
+    end)
+  end)
+
+  it("on a unix socket: answers there, and SIGTERM leaves no socket file", function()
+    run_task(function()
+      local sock = helper.mkdtemp() .. "/serve.sock"
+      local addr, stop = serve { "--listen", "unix:" .. sock }
+      assert.equal("unix:" .. sock, addr)
+      local status = curl("-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", sock, "http://localhost/")
+      assert.equal(128 + 15, stop())
+      assert.equal("200", status)
+      assert.is_nil(io.open(sock), "the socket file outlived the server")
     end)
   end)
 end)
