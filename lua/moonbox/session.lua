@@ -40,7 +40,9 @@ function M.new(sandbox, id, opts)
   if tree.mode() == "cgroup" then
     self.cgroup = assert(tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
   end
-  local spare = async.in_task() and sandbox:_take_spare()
+  -- spares serve createSession: a sandbox driven through its default
+  -- session alone never starts one (it would compete with the first command)
+  local spare = async.in_task() and id ~= "default" and sandbox:_take_spare()
   if not (spare and self:_adopt(spare)) then self:_start_shell() end
   return self
 end
