@@ -94,15 +94,20 @@ static int sys_write_fd(lua_State *L) {
   return 1;
 }
 
-/* core.mkfifo(path[, mode = 0600]) -> true | nil, msg, code */
+static int opt_dirfd(lua_State *L, int idx) {
+  return lua_isnoneornil(L, idx) ? AT_FDCWD : (int)luaL_checkinteger(L, idx);
+}
+
+/* core.mkfifo(path[, mode = 0600[, dirfd]]) -> true | nil, msg, code; a
+ * relative path is taken from dirfd (core.dir_fd), as in mkfifoat */
 static int sys_mkfifo(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
-  if (mkfifo(path, (mode_t)luaL_optinteger(L, 2, 0600)) < 0) return mb_push_errno(L, errno, path);
+  if (mkfifoat(opt_dirfd(L, 3), path, (mode_t)luaL_optinteger(L, 2, 0600)) < 0) return mb_push_errno(L, errno, path);
   lua_pushboolean(L, 1);
   return 1;
 }
 
-/* core.open_fd(path, how) -> fd (close-on-exec) | nil, msg, code. how: "r",
+/* core.open_fd(path, how[, dirfd]) -> fd (close-on-exec) | nil, msg, code. how: "r",
  * "w" (create/truncate, 0600), or "fifo" (read-write and non-blocking: a
  * FIFO reader that is never at EOF and never blocks its writers' open). */
 static int sys_open_fd(lua_State *L) {
@@ -113,9 +118,26 @@ static int sys_open_fd(lua_State *L) {
   else if (strcmp(how, "w") == 0) flags = O_WRONLY | O_CREAT | O_TRUNC;
   else if (strcmp(how, "fifo") == 0) flags = O_RDWR | O_NONBLOCK;
   else return luaL_argerror(L, 2, "expected \"r\", \"w\" or \"fifo\"");
-  int fd = open(path, flags | O_CLOEXEC, 0600);
+  int fd = openat(opt_dirfd(L, 3), path, flags | O_CLOEXEC, 0600);
   if (fd < 0) return mb_push_errno(L, errno, path);
   lua_pushinteger(L, fd);
+  return 1;
+}
+
+/* core.dir_fd(path) -> an O_PATH directory fd for the *at calls here */
+static int sys_dir_fd(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  int fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return mb_push_errno(L, errno, path);
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+/* core.unlink(path[, dirfd]) -> true | nil, msg, code */
+static int sys_unlink(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (unlinkat(opt_dirfd(L, 2), path, 0) < 0) return mb_push_errno(L, errno, path);
+  lua_pushboolean(L, 1);
   return 1;
 }
 
@@ -131,6 +153,7 @@ static int sys_readlink(lua_State *L) {
 
 static const luaL_Reg sys_funcs[] = {
   {"mkfifo", sys_mkfifo}, {"open_fd", sys_open_fd}, {"readlink", sys_readlink},
+  {"dir_fd", sys_dir_fd}, {"unlink", sys_unlink},
   {"write_fd", sys_write_fd},
   {"dup_to", sys_dup_to}, {"devnull", sys_devnull},
   {"readdir", sys_readdir}, {"mkdir", sys_mkdir}, {"rmdir", sys_rmdir},

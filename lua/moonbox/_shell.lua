@@ -10,7 +10,7 @@
 --
 --   __mb_id=7;eval "$__mb_c1"
 --
--- with __mb_c1 = 'builtin . <body> </dev/null >|<out> 2>|<err>;
+-- with __mb_c1 = 'builtin . <body> </dev/null >|<out> 2>|<err> 61>&-;
 -- __mb_report $__mb_id $? run'. The body itself never travels through the
 -- control channel: bash sources it from its own pipe, so heredocs,
 -- unbalanced quotes, `exit`, `exec`, `break` and fd games stay inside it.
@@ -23,9 +23,11 @@
 -- (rundir): the body, stdin and prelude are small files written per
 -- command, stdout and stderr fresh FIFOs the runtime holds open read-write
 -- (never at EOF, never blocking the shell's open). Each is unlinked after
--- the command, so a background job keeps only its own old copy. The status
--- record goes to a FIFO there too, opened per report, so that no fd of the
--- runtime's is open in the sandbox's commands.
+-- the command, so a background job keeps only its own old copy.
+--
+-- The status pipe is closed for the command itself (61>&- on the source
+-- command), so no fd of the runtime's is open in the sandbox's commands;
+-- bash restores it before the EXIT trap runs.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 
@@ -42,7 +44,7 @@ local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
 local function prelude(slots, rundir)
   local p = {}
   for name, i in pairs(SLOTS) do p[name] = rundir and (rundir.inside .. "/" .. name) or fd_path(slots[i]) end
-  local out = (" >|%s 2>|%s; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
+  local out = (" >|%s 2>|%s 61>&-; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
   local main = "builtin . " .. p.body
   local sub = ("( builtin . %s && builtin . %s )"):format(p.prelude, p.body)
   local shapes = {
@@ -52,7 +54,7 @@ local function prelude(slots, rundir)
   local lines = {
     "shopt -s expand_aliases",
     "__mb_report() { builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\";" ..
-      " builtin export -p; builtin printf '\\0'; } " .. (rundir and (">>" .. rundir.inside .. "/status") or ">&61"),
+      " builtin export -p; builtin printf '\\0'; } >&61",
     -- a subshell hit by a signal right after fork may still run this trap:
     -- only the shell itself reports its exit
     "trap '__mb_s=$?; [ \"$BASHPID\" = \"$$\" ] && __mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit' EXIT",
@@ -130,22 +132,14 @@ function M.spawn(opts)
   if self.rundir then
     local ok, err, code = core.mkdir(self.rundir.host, 448)
     if not ok and code ~= "EEXIST" then return nil, err, code end
+    -- per-command entries are made relative to this fd: no path walk
+    -- through /proc/<init>/root each time
+    self.rundir_fd, err, code = core.dir_fd(self.rundir.host)
+    if not self.rundir_fd then core.rmdir(self.rundir.host) return nil, err, code end
   end
   local spec_of = opts.spawn_spec or function(spec) return spec end
   local stdio = { [0] = "null", [1] = "null", [2] = "null", [CONTROL_FD] = "in", [STATUS_FD] = "out",
     [PRELUDE_FD] = "in" }
-  local status_fd
-  if self.rundir then
-    stdio[STATUS_FD] = nil
-    local path = self.rundir.host .. "/status"
-    local ok, err, code = core.mkfifo(path)
-    if ok then status_fd, err, code = core.open_fd(path, "fifo") end
-    if not status_fd then
-      os.remove(path)
-      core.rmdir(self.rundir.host)
-      return nil, err, code
-    end
-  end
   local proc, pipes_or_err, code = core.spawn(spec_of {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",
@@ -162,8 +156,7 @@ function M.spawn(opts)
   })
   if not proc then
     if self.rundir then
-      core.close_fd(status_fd)
-      os.remove(self.rundir.host .. "/status")
+      core.close_fd(self.rundir_fd)
       core.rmdir(self.rundir.host)
     end
     return nil, pipes_or_err, code
@@ -175,7 +168,7 @@ function M.spawn(opts)
   end
   self.proc, self.pid = proc, proc:pid()
   self.control = pipes_or_err[CONTROL_FD]
-  self.status = status_fd and core.stream_open(status_fd) or pipes_or_err[STATUS_FD]
+  self.status = pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)
   -- bash reads a script from a pipe one byte per read(2), but sources a
   -- file in blocks: the start-up script comes through its own pipe, sourced
@@ -240,8 +233,8 @@ function Shell:_close_slots()
   core.close_fd(self.devnull)
   self.slots = nil
   if self.rundir then
-    for name in pairs(SLOTS) do os.remove(self.rundir.host .. "/" .. name) end
-    os.remove(self.rundir.host .. "/status")
+    for name in pairs(SLOTS) do core.unlink(name, self.rundir_fd) end
+    core.close_fd(self.rundir_fd)
     core.rmdir(self.rundir.host)
   end
 end
@@ -274,12 +267,12 @@ function Shell:run(req)
   for name, i in pairs(SLOTS) do names[i] = name end
   local function entry(slot)
     used[#used + 1] = slot
-    return self.rundir.host .. "/" .. names[slot]
+    return names[slot]
   end
   -- a pipe the shell reads: we write data and close our end
   local function feed(slot, data)
     if self.rundir then
-      local fd = assert(core.open_fd(entry(slot), "w"))
+      local fd = assert(core.open_fd(entry(slot), "w", self.rundir_fd))
       local ok, err = pcall(function()
         local done = 0
         while done < #data do
@@ -309,9 +302,9 @@ function Shell:run(req)
   local function drain(slot, name)
     local s
     if self.rundir then
-      local path = entry(slot)
-      assert(core.mkfifo(path))
-      s = core.stream_open(assert(core.open_fd(path, "fifo")))
+      local fifo = entry(slot)
+      assert(core.mkfifo(fifo, 384, self.rundir_fd))
+      s = core.stream_open(assert(core.open_fd(fifo, "fifo", self.rundir_fd)))
     else
       local r, w = pipe()
       place(slot, w)
@@ -335,7 +328,7 @@ function Shell:run(req)
     for _, s in ipairs(feeders) do s:close() end
     self.running = false
     if self.rundir then
-      for _, slot in ipairs(used) do os.remove(self.rundir.host .. "/" .. names[slot]) end
+      for _, slot in ipairs(used) do core.unlink(names[slot], self.rundir_fd) end
       if self.dead then self:_close_slots() end
     elseif self.dead then
       self:_close_slots()
