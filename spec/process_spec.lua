@@ -225,7 +225,7 @@ end)
 describe("waitForPort", function()
   it("waits for an HTTP server that listens after a delay", function()
     with_sandbox(function(sb)
-      local port = 20000 + core.getpid() % 20000
+      local port = 10000 + core.getpid() % 20000 -- below the ephemeral range (32768-)
       local srv = sb:startProcess(("sleep 0.5; exec python3 -m http.server %d --bind 127.0.0.1"):format(port))
       assert.is_true(srv:waitForPort(port, { timeout = 15000 }).success)
       assert.is_true(srv:waitForPort(port, { mode = "tcp", timeout = 1000 }).success)

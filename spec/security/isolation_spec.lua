@@ -118,7 +118,7 @@ describe("isolation: namespaces", function()
   it("with network = none reaches only its own loopback", function()
     run_task(function()
       -- a listener on the host's loopback
-      local port = 20000 + core.getpid() % 20000
+      local port = 10000 + core.getpid() % 20000 -- below the ephemeral range (32768-)
       local server, server_pipes = assert(core.spawn {
         args = { "python3", "-c", ([[
 import socket
