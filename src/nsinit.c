@@ -88,8 +88,20 @@ static int touch(const char *path) {
   return 0;
 }
 
+/* The host's /tmp as it was before the new root was mounted over it, for a
+ * deferred bind whose source lies under /tmp. */
+static int old_tmp_fd = -1;
+
 static int detach(const char *src, int readonly, int devices) {
-  int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE);
+  int dirfd = AT_FDCWD;
+  int flags = OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE;
+  if (old_tmp_fd >= 0 && strncmp(src, "/tmp", 4) == 0 && (src[4] == '/' || src[4] == 0)) {
+    dirfd = old_tmp_fd;
+    src += 4;
+    while (*src == '/') src++;
+    if (!*src) flags |= AT_EMPTY_PATH;
+  }
+  int fd = (int)syscall(SYS_open_tree, dirfd, src, flags);
   if (fd < 0) return -1;
   struct mb_mount_attr attr = {MOUNT_ATTR_NOSUID | (devices ? 0 : MOUNT_ATTR_NODEV) | (readonly ? MOUNT_ATTR_RDONLY : 0),
                                0, 0, 0};
@@ -179,6 +191,7 @@ static void setup_root(const mb_nsinit_plan *p) {
     snprintf(path, sizeof path, "/dev/%s", dev_nodes[i]);
     devfd[i] = need_dev ? detach(path, 0, 1) : -1;
   }
+  if (p->defer_pivot) old_tmp_fd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
   /* The new root is a small tmpfs over /tmp of this (private) mount tree. */
   if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1048576") < 0 || chdir("/tmp") < 0)
     die(p, MB_NSINIT_MOUNT, -1);
@@ -208,11 +221,15 @@ static void setup_root(const mb_nsinit_plan *p) {
     if (rc < 0) die(p, MB_NSINIT_MOUNT, i);
   }
   for (size_t i = 0; i < NDEV; i++) if (devfd[i] >= 0) close(devfd[i]);
-  /* pivot_root(".", "."): the old root ends up on top, then goes away */
-  if (syscall(SYS_pivot_root, ".", ".") < 0) die(p, MB_NSINIT_PIVOT, -1);
-  if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) die(p, MB_NSINIT_PIVOT, -1);
-  if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
-    die(p, MB_NSINIT_PIVOT, -1);
+}
+
+/* From the new root's directory (our cwd): pivot_root(".", "."), the old
+ * root ends up on top, then goes away; the root becomes read-only. Every
+ * process of the namespace whose root or cwd was the old root moves too. */
+static int pivot_into_root(void) {
+  if (syscall(SYS_pivot_root, ".", ".") < 0) return -1;
+  if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) return -1;
+  return mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL);
 }
 
 static int loopback_up(void) {
@@ -348,6 +365,37 @@ out:
   reply(ctl_fd, r, r.err ? 0 : pid, -1);
 }
 
+static int pivoted;
+
+static void do_finish(int ctl_fd, const mb_nsinit_finish *f) {
+  mb_nsinit_reply r = {0, 0, 0};
+  char hostname[66], line[80];
+  memcpy(hostname, f->hostname, sizeof f->hostname);
+  hostname[sizeof f->hostname] = 0;
+  if (pivoted || !memchr(f->src, 0, sizeof f->src) || !memchr(f->dst, 0, sizeof f->dst) || f->dst[0] != '/') {
+    r.stage = MB_NSINIT_MOUNT;
+    r.err = EINVAL;
+  } else if (hostname[0] && sethostname(hostname, strlen(hostname)) < 0) {
+    r.stage = MB_NSINIT_HOSTNAME;
+    r.err = errno;
+  } else {
+    int n = snprintf(line, sizeof line, "%s\n", hostname);
+    int fd = f->src[0] ? detach(f->src, 0, 0) : -1;
+    if ((f->src[0] && (fd < 0 || attach(fd, rel(f->dst)) < 0)) ||
+        (hostname[0] && write_file("etc/hostname", line, (size_t)n) < 0)) {
+      r.stage = MB_NSINIT_MOUNT;
+      r.err = errno;
+    } else if (pivot_into_root() < 0) {
+      r.stage = MB_NSINIT_PIVOT;
+      r.err = errno;
+    } else {
+      pivoted = 1;
+    }
+    if (fd >= 0) close(fd);
+  }
+  reply(ctl_fd, r, 0, -1);
+}
+
 static void do_socket(int ctl_fd, int domain, int type) {
   mb_nsinit_reply r = {0, 0, 0};
   int fd = socket(domain, type | SOCK_CLOEXEC, 0);
@@ -357,9 +405,10 @@ static void do_socket(int ctl_fd, int domain, int type) {
 }
 
 static void handle_request(int ctl_fd) {
+  static union { mb_nsinit_request req; mb_nsinit_finish finish; } in;
   mb_nsinit_request req;
   union { char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)]; struct cmsghdr align; } u;
-  struct iovec iov = {&req, sizeof req};
+  struct iovec iov = {&in, sizeof in};
   struct msghdr msg;
   memset(&msg, 0, sizeof msg);
   msg.msg_iov = &iov;
@@ -369,6 +418,7 @@ static void handle_request(int ctl_fd) {
   ssize_t n;
   do n = recvmsg(ctl_fd, &msg, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
   if (n <= 0) _exit(0); /* the runtime closed the sandbox (or died) */
+  memcpy(&req, &in.req, sizeof req);
   int fds[MB_WIRE_MAX_FDS], nfds = 0;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -377,6 +427,7 @@ static void handle_request(int ctl_fd) {
   }
   if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SPAWN) { do_spawn(ctl_fd, fds, nfds); return; }
   for (int i = 0; i < nfds; i++) close(fds[i]);
+  if (n == (ssize_t)sizeof in.finish && req.type == MB_NSINIT_FINISH) { do_finish(ctl_fd, &in.finish); return; }
   if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SOCKET) { do_socket(ctl_fd, req.arg1, req.arg2); return; }
   reply(ctl_fd, (mb_nsinit_reply){MB_STAGE_NONE, EINVAL, 0}, 0, -1);
 }
@@ -459,6 +510,10 @@ int mb_nsinit_main(void *arg) {
   if (p->hostname && sethostname(p->hostname, strlen(p->hostname)) < 0) die(p, MB_NSINIT_HOSTNAME, -1);
   if (p->loopback && loopback_up() < 0) die(p, MB_NSINIT_LOOPBACK, -1);
   setup_root(p);
+  if (!p->defer_pivot) {
+    if (pivot_into_root() < 0) die(p, MB_NSINIT_PIVOT, -1);
+    pivoted = 1;
+  }
   setsid();
   /* stdio of pid 1 is /dev/null from here on */
   int null = open("/dev/null", O_RDWR | O_CLOEXEC);

@@ -43,6 +43,7 @@ typedef struct {
   int ctl_fd, event_fd;       /* the init's ends of the two sockets */
   int go_fd;                  /* read end: the runtime writes one byte once the id maps are set */
   int report_fd;              /* write end: one mb_nsinit_report, then closed */
+  int defer_pivot;            /* build the root but stay outside it until MB_NSINIT_FINISH */
 } mb_nsinit_plan;
 
 enum mb_nsinit_stage {
@@ -53,8 +54,16 @@ enum mb_nsinit_stage {
 typedef struct { int32_t stage, err, index; } mb_nsinit_report;
 
 /* ctl requests and replies */
-enum { MB_NSINIT_SPAWN = 1, MB_NSINIT_SOCKET = 2 };
+enum { MB_NSINIT_SPAWN = 1, MB_NSINIT_SOCKET = 2, MB_NSINIT_FINISH = 3 };
 typedef struct { int32_t type, arg1, arg2; } mb_nsinit_request;
+/* A pre-built init (defer_pivot) becomes a sandbox's: its hostname, one more
+ * bind (the workspace), then pivot_root. */
+typedef struct {
+  int32_t type;
+  char hostname[65];
+  char src[4096];
+  char dst[256];
+} mb_nsinit_finish;
 typedef struct { int32_t stage, err, pid; } mb_nsinit_reply; /* pid inside; SCM_CREDENTIALS carry it outside */
 /* events */
 typedef struct { int32_t pid, status; } mb_nsinit_event;

@@ -10,7 +10,11 @@
  *   init:pid()           host pid of the init
  *   init:socket(kind)    "tcp4" | "tcp6": an unconnected socket in the sandbox's network namespace
  *   init:kill(signal)    signal the init (SIGKILL ends the whole sandbox)
- *   init:close()         stop serving: the init exits, and the pid namespace with it */
+ *   init:close()         stop serving: the init exits, and the pid namespace with it
+ *   init:finish(hostname, src, dst)
+ *                        an init started with spec.defer_pivot (a spare, built
+ *                        before it is known whose it is): set the hostname,
+ *                        bind src (host) at dst, and enter the new root */
 #include "core.h"
 #include "nsinit.h"
 #include "child/wire.h"
@@ -135,6 +139,8 @@ static int nsinit_start(lua_State *L) {
   p->hostname = lua_tostring(L, -1);
   lua_getfield(L, 1, "loopback");
   p->loopback = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "defer_pivot");
+  p->defer_pivot = lua_toboolean(L, -1);
   parse_mounts(L, 1, p);
   lua_getfield(L, 1, "on_exit");
   int exit_cb_idx = lua_isfunction(L, -1) ? lua_gettop(L) : 0;
@@ -398,6 +404,35 @@ static int nsinit_socket(lua_State *L) {
   return 1;
 }
 
+static int nsinit_finish(lua_State *L) {
+  mb_handle *h;
+  nsinit_state *st = check_live(L, 1, &h);
+  size_t hl, sl, dl;
+  const char *hostname = luaL_checklstring(L, 2, &hl);
+  const char *src = luaL_checklstring(L, 3, &sl);
+  const char *dst = luaL_checklstring(L, 4, &dl);
+  static mb_nsinit_finish f;
+  if (hl >= sizeof f.hostname || sl >= sizeof f.src || dl >= sizeof f.dst) return luaL_error(L, "finish: name too long");
+  if (h->closing || st->gone || st->ctl_fd < 0) return mb_push_errno(L, ESRCH, "sandbox init is gone");
+  memset(&f, 0, sizeof f);
+  f.type = MB_NSINIT_FINISH;
+  memcpy(f.hostname, hostname, hl);
+  memcpy(f.src, src, sl);
+  memcpy(f.dst, dst, dl);
+  ssize_t n;
+  do n = send(st->ctl_fd, &f, sizeof f, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+  if (n < 0) return mb_push_errno(L, errno, "finish");
+  mb_nsinit_reply r;
+  int e = recv_reply(st, &r, NULL, NULL);
+  if (e) return mb_push_errno(L, e, "finish");
+  if (r.stage || r.err) {
+    lua_pushfstring(L, "sandbox set-up: %s (%s -> %s)", stage_name(r.stage), src, dst);
+    return mb_push_errno(L, r.err ? r.err : EIO, lua_tostring(L, -1));
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int nsinit_kill(lua_State *L) {
   nsinit_state *st = check_live(L, 1, NULL);
   int sig = lua_isnoneornil(L, 2) ? SIGKILL : mb_check_signal(L, 2);
@@ -432,7 +467,8 @@ static int nsinit_new(lua_State *L) {
 }
 
 static const luaL_Reg nsinit_methods[] = {
-  {"pid", nsinit_pid}, {"socket", nsinit_socket}, {"kill", nsinit_kill}, {"close", nsinit_close}, {NULL, NULL}};
+  {"pid", nsinit_pid}, {"socket", nsinit_socket}, {"kill", nsinit_kill}, {"close", nsinit_close},
+  {"finish", nsinit_finish}, {NULL, NULL}};
 
 void mb_open_nsinit(lua_State *L) {
   mb_new_class(L, NSINIT, nsinit_methods);

@@ -73,7 +73,8 @@ function M.mounts(sb, opts)
   m[#m + 1] = { type = "dev", dst = "/dev" }
   m[#m + 1] = { type = "tmpfs", dst = "/tmp", size = opts.tmpBytes }
   m[#m + 1] = { type = "tmpfs", dst = "/root", size = opts.tmpBytes }
-  m[#m + 1] = { type = "bind", src = sb.workspace, dst = "/workspace" }
+  -- a pre-built root (deferred) gets its workspace when a sandbox claims it
+  if not opts.deferred then m[#m + 1] = { type = "bind", src = sb.workspace, dst = "/workspace" } end
   m[#m + 1] = { type = "tmpfs", dst = M.RUN_DIR }
   if opts.kernels then m[#m + 1] = { type = "ro_bind", src = opts.kernels, dst = M.KERNEL_DIR } end
   for _, extra in ipairs(opts.extra or {}) do
@@ -84,7 +85,8 @@ end
 
 -- start(sb, opts) -> init, namespaces | nil, message, code
 -- opts: network ("none" | "host"), hostname, tmpBytes, kernels, extra
--- (policy mounts), cgroups (dirs the init joins), on_exit.
+-- (policy mounts), cgroups (dirs the init joins), on_exit, deferred (build
+-- the root without the workspace and stay outside it: _prewarm).
 function M.start(sb, opts)
   local namespaces = { "user", "mnt", "pid", "ipc", "uts" }
   if opts.network == "none" then namespaces[#namespaces + 1] = "net" end
@@ -95,6 +97,7 @@ function M.start(sb, opts)
     mounts = M.mounts(sb, opts),
     cgroups = opts.cgroups,
     on_exit = opts.on_exit,
+    defer_pivot = opts.deferred,
   }
   if not init then return nil, err, code end
   return init, namespaces

@@ -124,18 +124,28 @@ end
 local Shell = {}
 Shell.__index = Shell
 
+-- The run directory of a namespaced shell; per-command entries are made
+-- relative to its fd (no path walk through /proc/<init>/root each time).
+function Shell:_open_rundir(rundir)
+  local ok, err, code = core.mkdir(rundir.host, 448)
+  if not ok and code ~= "EEXIST" then return nil, err, code end
+  local fd
+  fd, err, code = core.dir_fd(rundir.host)
+  if not fd then core.rmdir(rundir.host) return nil, err, code end
+  self.rundir, self.rundir_fd = rundir, fd
+  return true
+end
+
 -- spawn{env = map, cwd, cgroup, shell, on_exit(code, signal), rundir =
--- {host, inside} (namespaces), spawn_spec(spec) -> spec (the sandbox's)}
+-- {host, inside} (namespaces), spawn_spec(spec) -> spec (the sandbox's),
+-- deferred (bash starts now, its start-up script comes with :begin(rundir):
+-- a shell made ahead inside a sandbox init that is not finished yet)}
 function M.spawn(opts)
   local self = setmetatable({ seq = 0, status_buf = {}, waiting = nil, dead = false,
-    on_exit = opts.on_exit, spawn_env = opts.env, rundir = opts.rundir }, Shell)
-  if self.rundir then
-    local ok, err, code = core.mkdir(self.rundir.host, 448)
-    if not ok and code ~= "EEXIST" then return nil, err, code end
-    -- per-command entries are made relative to this fd: no path walk
-    -- through /proc/<init>/root each time
-    self.rundir_fd, err, code = core.dir_fd(self.rundir.host)
-    if not self.rundir_fd then core.rmdir(self.rundir.host) return nil, err, code end
+    on_exit = opts.on_exit, spawn_env = opts.env }, Shell)
+  if opts.rundir then
+    local ok, err, code = self:_open_rundir(opts.rundir)
+    if not ok then return nil, err, code end
   end
   local spec_of = opts.spawn_spec or function(spec) return spec end
   local stdio = { [0] = "null", [1] = "null", [2] = "null", [CONTROL_FD] = "in", [STATUS_FD] = "out",
@@ -163,19 +173,31 @@ function M.spawn(opts)
   end
   self.devnull = core.devnull()
   self.slots = {}
-  if not self.rundir then
-    for i = 1, 5 do self.slots[i] = core.devnull() end
-  end
   self.proc, self.pid = proc, proc:pid()
   self.control = pipes_or_err[CONTROL_FD]
   self.status = pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)
+  self.prelude_pipe = pipes_or_err[PRELUDE_FD]
+  if not opts.deferred then self:begin() end
+  return self
+end
+
+-- Send the start-up script (bash waits for it on the control pipe).
+function Shell:begin(rundir)
+  if rundir then
+    local ok, err, code = self:_open_rundir(rundir)
+    if not ok then return nil, err, code end
+  end
+  if not self.rundir then
+    for i = 1, 5 do self.slots[i] = core.devnull() end
+  end
   -- bash reads a script from a pipe one byte per read(2), but sources a
   -- file in blocks: the start-up script comes through its own pipe, sourced
-  local p = pipes_or_err[PRELUDE_FD]
+  local p = self.prelude_pipe
+  self.prelude_pipe = nil
   p:write(prelude(self.slots, self.rundir), function() p:close() end)
   self.control:write(". /dev/fd/62; exec 62<&-\n")
-  return self
+  return true
 end
 
 -- Status records arrive in pieces; a record is complete after three NULs.
@@ -222,6 +244,7 @@ function Shell:_exited(code, signal)
 end
 
 function Shell:_close_pipes()
+  if self.prelude_pipe then self.prelude_pipe:close() self.prelude_pipe = nil end
   if self.control then self.control:close() self.control = nil end
   if self.status then self.status:close() self.status = nil end
   if not self.running then self:_close_slots() end

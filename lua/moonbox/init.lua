@@ -23,6 +23,10 @@ require("moonbox._runtime").at_exit(sandbox.shutdown)
 -- getSandbox(id, opts) -> Sandbox; the same id returns the same object.
 moonbox.getSandbox = sandbox.getSandbox
 
+-- prewarm(true | false) (beyond): keep one sandbox with namespaces built
+-- ahead, claimed by the next getSandbox with the default policy.
+moonbox.prewarm = sandbox.prewarm
+
 -- Policy presets as data: moonbox.policies.strict, moonbox.policies.dev
 moonbox.policies = setmetatable({}, {
   __index = function(_, name) return require("moonbox.policies." .. name) end,

@@ -14,6 +14,7 @@ local limits = require "moonbox._limits"
 local V = require "moonbox._validate"
 local isolation_mod = require "moonbox._isolation"
 local fs = require "moonbox._fs"
+local prewarm = require "moonbox._prewarm"
 
 local M = {}
 
@@ -93,24 +94,45 @@ function M.getSandbox(id, opts)
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
   self.limits_state = limits.setup(self)
   if isolation ~= "none" then
-    local init, namespaces, code = isolation_mod.start(self, {
-      network = opts.network or policy.network or "none",
-      hostname = policy.hostname or id,
-      tmpBytes = policy.limits.tmpBytes,
-      kernels = require("moonbox.code").kernel_dir(),
-      extra = policy.mounts,
-      cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
-      on_exit = function()
-        self.init_dead = true
-        if self._on_init_exit then self._on_init_exit() end
-      end,
-    })
+    local network = opts.network or policy.network or "none"
+    local function on_init_exit()
+      self.init_dead = true
+      if self._on_init_exit then self._on_init_exit() end
+    end
+    local init, namespaces, code
+    local pre = prewarm.enabled and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
+      workspace, on_init_exit)
+    if pre then
+      -- a pre-built sandbox: into our cgroup (its spare shell moves with
+      -- the session that adopts it)
+      init, namespaces = pre.init, pre.namespaces
+      if tree.mode() == "cgroup" then tree.move(tree.base() .. "/" .. self.cgroup_name, init:pid()) end
+      self.prebuilt_shell = pre.shell
+    else
+      init, namespaces, code = isolation_mod.start(self, {
+        network = network,
+        hostname = policy.hostname or id,
+        tmpBytes = policy.limits.tmpBytes,
+        kernels = require("moonbox.code").kernel_dir(),
+        extra = policy.mounts,
+        cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
+        on_exit = on_init_exit,
+      })
+    end
     if init then
       self.init, self.isolation, self.namespaces = init, "namespaces", namespaces
       self.network = opts.network or policy.network or "none"
       self.fs_root = "/proc/" .. init:pid() .. "/root"
       self.home = "/workspace"
       self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
+      if self.prebuilt_shell then
+        -- its start-up script can name paths inside only now
+        local sh = self.prebuilt_shell
+        self.prebuilt_shell = nil
+        self.shell_seq = self.shell_seq + 1
+        local inside = isolation_mod.RUN_DIR .. "/sh-" .. self.shell_seq
+        if sh:begin({ host = self.fs_root .. inside, inside = inside }) then self.spare = sh else sh:kill() end
+      end
     elseif isolation == "namespaces" or tostring(namespaces):find("mount #", 1, true) then
       -- "auto" falls back when the kernel refuses namespaces, never to hide
       -- a policy whose mounts cannot be made
@@ -193,11 +215,11 @@ end
 
 -- A warm spare shell for the next createSession (see Session:_adopt). It is
 -- started only once a sandbox creates sessions, outside the caller's time.
-function Sandbox:_take_spare()
+function Sandbox:_take_spare(no_refill)
   local spare = self.spare
   self.spare = nil
   if spare and not spare:usable() then spare = nil end
-  if not self.destroyed and not self.spare_pending then
+  if not no_refill and not self.destroyed and not self.spare_pending then
     self.spare_pending = true
     local t = core.timer()
     t:start(0, 0, function()
@@ -455,7 +477,10 @@ M.Sandbox = Sandbox
 function M.all() return registry end
 
 -- Runtime exit: every sandbox's processes die with it; files stay.
+M.prewarm = prewarm.enable
+
 function M.shutdown()
+  prewarm.enable(false)
   for _, sb in pairs(registry) do pcall(sb.destroy, sb, { keepFiles = true }) end
   tree.cleanup(async.sleep)
   limits.shutdown()

@@ -41,8 +41,9 @@ function M.new(sandbox, id, opts)
     self.cgroup = assert(tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
   end
   -- spares serve createSession: a sandbox driven through its default
-  -- session alone never starts one (it would compete with the first command)
-  local spare = async.in_task() and id ~= "default" and sandbox:_take_spare()
+  -- session alone never starts one (it would compete with the first
+  -- command), but adopts the shell a pre-built sandbox came with
+  local spare = async.in_task() and (id ~= "default" or sandbox.spare) and sandbox:_take_spare(id == "default")
   if not (spare and self:_adopt(spare)) then self:_start_shell() end
   return self
 end

@@ -227,3 +227,46 @@ moonbox.sleep(100000)
     end)
   end)
 end)
+
+describe("isolation: pre-built sandboxes (moonbox.prewarm)", function()
+  local prewarm = require "moonbox._prewarm"
+  local function wait_ready()
+    for _ = 1, 300 do
+      if prewarm.ready() then return end
+      moonbox.sleep(10)
+    end
+    error("no pre-built sandbox after 3 s")
+  end
+
+  it("hands a claimed sandbox its own workspace, hostname and shell, and leaves nothing behind", function()
+    run_task(function()
+      moonbox.prewarm(true)
+      local ok, err = pcall(function()
+        wait_ready()
+        local sb = ns_sandbox()
+        assert.is_false(prewarm.ready()) -- claimed
+        local f = assert(io.open(sb.root .. "/workspace/from-host.txt", "w"))
+        f:write("host side")
+        f:close()
+        local r = sb:exec("hostname; pwd; cat from-host.txt; echo; echo $MOONBOX_SANDBOX; ls /tmp | wc -l")
+        assert.equal(sb.id .. "\n/workspace\nhost side\n" .. sb.id .. "\n0\n", r.stdout)
+        assert.equal("namespaces", sb:info().isolation)
+        local s = sb:createSession { id = "second", env = { X = "x" } }
+        assert.equal("x /workspace\n", s:exec("echo $X $PWD").stdout)
+        local p = sb:startProcess("exec sleep 100")
+        local init = sb:info().initPid
+        sb:destroy()
+        assert.equal("killed", p.status)
+        assert.is_false(helper.pid_alive(init))
+        -- a policy the pre-built root does not match builds its own
+        wait_ready()
+        local other = ns_sandbox { policy = { hostname = "h" }, limits = { pids = 100 } }
+        assert.is_true(prewarm.ready())
+        assert.equal("h\n", other:exec("hostname").stdout)
+        other:destroy()
+      end)
+      moonbox.prewarm(false)
+      if not ok then error(err, 0) end
+    end)
+  end)
+end)

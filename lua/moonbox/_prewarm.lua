@@ -1,0 +1,113 @@
+-- Pre-built sandboxes (opt-in: moonbox.prewarm(true)): a sandbox init with
+-- its namespaces and root filesystem made ahead, pivot_root deferred, and a
+-- session shell already started inside it. The next getSandbox whose policy
+-- builds the same root claims it: the init binds that sandbox's workspace,
+-- takes its hostname and enters the root (init:finish); the shell becomes
+-- the sandbox's warm spare, adopted by its first session. A claim is
+-- replaced a moment later, outside the caller's time.
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+local policy_mod = require "moonbox.policy"
+local isolation_mod = require "moonbox._isolation"
+local shell_mod = require "moonbox._shell"
+local seccomp = require "moonbox.seccomp"
+
+local M = { enabled = false }
+
+local REFILL_DELAY_MS = 10
+local spare        -- {init, shell, key, namespaces, owner}
+local refill_timer
+
+-- What the pre-built root and shell depend on: a sandbox may claim a spare
+-- only when all of it matches.
+local function key_of(policy, network)
+  local mounts = {}
+  for i, m in ipairs(policy.mounts or {}) do
+    mounts[i] = table.concat({ m.type, m.src or "", m.dst, tostring(m.size or "") }, "\1")
+  end
+  local caps = policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES
+  local l = policy.limits
+  return table.concat({ network, table.concat(mounts, "\2"), table.concat(caps, ","),
+    tostring(policy.seccomp or "default"), tostring(policy.shell), tostring(l.tmpBytes),
+    tostring(l.cpuTime), tostring(l.fileSizeBytes), tostring(l.openFiles), tostring(l.memoryBytes),
+    tostring(l.pids) }, "\3")
+end
+M.key_of = key_of
+
+local function drop(s)
+  if not s then return end
+  if s.shell and not s.shell.dead then s.shell:kill("SIGKILL") end
+  s.init:close()
+end
+
+local function make()
+  local policy = policy_mod.resolve(nil, nil)
+  if policy.limits.memoryBytes or policy.limits.pids or policy.limits.cpuTime or policy.limits.fileSizeBytes
+    or policy.limits.openFiles then
+    return nil -- per-sandbox cgroups and rlimits: not pre-built
+  end
+  local network = policy.network or "none"
+  local s = { key = key_of(policy, network) }
+  local init, namespaces = isolation_mod.start({}, {
+    network = network, hostname = "moonbox", tmpBytes = policy.limits.tmpBytes,
+    kernels = require("moonbox.code").kernel_dir(), extra = policy.mounts, deferred = true,
+    on_exit = function() if s.owner then s.owner() end end,
+  })
+  if not init then return nil end
+  s.init, s.namespaces = init, namespaces
+  local caps = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
+  local env = { PATH = policy.env.PATH, LANG = policy.env.LANG, HOME = "/root" }
+  s.shell = shell_mod.spawn {
+    env = env, shell = policy.shell, seccomp = seccomp.filter(policy.seccomp), deferred = true,
+    spawn_spec = function(spec)
+      spec.sandbox, spec.no_new_privs, spec.cap_keep = init, true, caps
+      return spec
+    end,
+  }
+  if not s.shell then drop(s) return nil end
+  return s
+end
+
+local function schedule_refill()
+  if not M.enabled or spare or refill_timer then return end
+  refill_timer = core.timer()
+  refill_timer:start(REFILL_DELAY_MS, 0, function()
+    refill_timer:close()
+    refill_timer = nil
+    -- a task: finding the kernels' directory waits on the file system
+    async.spawn(function()
+      local s = M.enabled and not spare and make() or nil
+      if s and M.enabled and not spare then spare = s else drop(s) end
+    end)
+  end)
+end
+
+-- enable(true | false): keep one pre-built sandbox ready, or drop it.
+function M.enable(on)
+  M.enabled = on and true or false
+  if M.enabled then
+    schedule_refill()
+  else
+    if refill_timer then refill_timer:close() refill_timer = nil end
+    local s = spare
+    spare = nil
+    drop(s)
+  end
+end
+
+-- Whether a pre-built sandbox is ready now.
+function M.ready() return spare ~= nil end
+
+-- claim(key, hostname, workspace, on_exit) -> {init, shell, namespaces} | nil
+function M.claim(key, hostname, workspace, on_exit)
+  local s = spare
+  if not s or s.key ~= key or s.shell.dead then return nil end
+  spare = nil
+  schedule_refill()
+  local ok = s.init:finish(hostname, workspace, "/workspace")
+  if not ok then drop(s) return nil end
+  s.owner = on_exit
+  return s
+end
+
+return M
