@@ -410,6 +410,15 @@ end)
 describe("moonbox serve", function()
   local TOKEN = "s3cret-token-0123456789"
 
+  it("parses its flags, --prewarm on|off among them, and names a bad one", function()
+    local opts = cli.parse { "--listen", "127.0.0.1:0", "--prewarm", "on", "--max-body=2048" }
+    assert.same({ listen = "127.0.0.1:0", prewarm = "on", maxBody = 2048 }, opts)
+    local ok, err = pcall(cli.parse, { "--prewarm", "maybe" })
+    assert.is_false(ok)
+    assert.equal("VALIDATION_FAILED", err.code)
+    assert.matches("%-%-prewarm needs on or off", err.message)
+  end)
+
   it("requires the bearer token on every path when one is configured (compared in constant time)", function()
     with_server({}, cli.app { token = TOKEN, userHandler = function() return { status = 200, body = "mine" } end },
       function(server, url)

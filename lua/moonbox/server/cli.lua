@@ -16,6 +16,7 @@ M.usage = [[
 usage: moonbox serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]
                      [--policy file.lua] [--handler app.lua] [--token-file F]
                      [--max-body BYTES] [--max-connections N] [--idle-timeout-ms MS]
+                     [--prewarm on|off]   (keep a sandbox built ahead; docs/isolation.md)
 ]]
 
 local function usage_error(message)
@@ -28,6 +29,7 @@ function M.parse(argv)
   local names = {
     ["--listen"] = "listen", ["--policy"] = "policy", ["--handler"] = "handler", ["--token-file"] = "tokenFile",
     ["--max-body"] = "maxBody", ["--max-connections"] = "maxConnections", ["--idle-timeout-ms"] = "idleTimeoutMs",
+    ["--prewarm"] = "prewarm",
   }
   local numeric = { maxBody = true, maxConnections = true, idleTimeoutMs = true }
   local i = 1
@@ -42,6 +44,7 @@ function M.parse(argv)
       value = tonumber(value)
       if not value or value < 1 or value % 1 ~= 0 then usage_error(flag .. " needs a positive integer") end
     end
+    if key == "prewarm" and value ~= "on" and value ~= "off" then usage_error("--prewarm needs on or off") end
     opts[key] = value
     i = i + 2
   end
@@ -195,6 +198,7 @@ function M.start(opts)
       "only loopback addresses and unix sockets may go without a token"):format(opts.listen))
   end
   if opts.policy then require("moonbox.policy").set_default(opts.policy) end
+  if opts.prewarm == "on" then require("moonbox").prewarm(true) end
   local page, vendor = M.find_page()
   local handler = M.app {
     token = token, userHandler = opts.handler and load_handler(opts.handler), page = page, vendor = vendor,
