@@ -1,22 +1,26 @@
 -- One session shell: a bash process that reads its script from a control
 -- pipe (fd 60, which bash moves to a private close-on-exec fd) and reports
--- on a status pipe (fd 61).
+-- on its own stdout, the status pipe.
 --
 -- Each shell has five fixed fd slots in the runtime (body, stdin, stdout,
 -- stderr, per-call prelude) whose paths /proc/<rt>/fd/<slot> never change;
 -- per command the runtime makes fresh pipes and dup3()s them onto the slots.
--- The prelude stores the four command shapes in variables, so the line sent
--- per command is tiny (bash reads a pipe one byte per read(2)):
+-- The prelude stores the four command shapes in readonly variables, so the
+-- line sent per command is tiny (bash reads a pipe one byte per read(2),
+-- and every system call is dear on a paravirtualised VM):
 --
---   __mb_id=7;eval "$__mb_c1"
+--   eval "$__mb_c1"
 --
--- with __mb_c1 = 'builtin . <body> </dev/null >|<out> 2>|<err> 61>&-;
--- __mb_report $__mb_id $? run'. The body itself never travels through the
+-- with __mb_c1 = '__mb_id=$((__mb_id+1)); builtin . <body> </dev/null
+-- >|<out> 2>|<err>; __mb_report $__mb_id $? run' (the shell counts its
+-- commands as the runtime does). The body itself never travels through the
 -- control channel: bash sources it from its own pipe, so heredocs,
 -- unbalanced quotes, `exit`, `exec`, `break` and fd games stay inside it.
 -- Completion is the status record "<id> <exit status> <run|exit>\0<PWD>\0
 -- <export -p>\0", written by __mb_report after the body, or by the EXIT trap
--- when the body ends the shell.
+-- when the body ends the shell. The status pipe is the shell's fd 1, which
+-- every command has redirected to its own stdout, so no fd of the runtime's
+-- is open in a command; bash restores it before an EXIT trap runs.
 --
 -- Inside a sandbox's namespaces the runtime's /proc is not visible, so the
 -- five paths name entries of a run directory of the shell's own instead
@@ -24,16 +28,12 @@
 -- command, stdout and stderr fresh FIFOs the runtime holds open read-write
 -- (never at EOF, never blocking the shell's open). Each is unlinked after
 -- the command, so a background job keeps only its own old copy.
---
--- The status pipe is closed for the command itself (61>&- on the source
--- command), so no fd of the runtime's is open in the sandbox's commands;
--- bash restores it before the EXIT trap runs.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 
 local M = {}
 
-local CONTROL_FD, STATUS_FD, PRELUDE_FD = 60, 61, 62
+local CONTROL_FD, STATUS_FD, PRELUDE_FD = 60, 1, 62
 local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-pages-soft
 local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 
@@ -44,17 +44,21 @@ local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
 local function prelude(slots, rundir)
   local p = {}
   for name, i in pairs(SLOTS) do p[name] = rundir and (rundir.inside .. "/" .. name) or fd_path(slots[i]) end
-  local out = (" >|%s 2>|%s 61>&-; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
-  local main = "builtin . " .. p.body
-  local sub = ("( builtin . %s && builtin . %s )"):format(p.prelude, p.body)
+  local out = (" >|%s 2>|%s; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
+  -- the shell counts commands itself, as the runtime does: the control line
+  -- carries nothing but the shape
+  local main = "__mb_id=$((__mb_id+1)); builtin . " .. p.body
+  local sub = ("__mb_id=$((__mb_id+1)); ( builtin . %s && builtin . %s )"):format(p.prelude, p.body)
   local shapes = {
     main .. " </dev/null" .. out, main .. " <" .. p.stdin .. out,
     sub .. " </dev/null" .. out, sub .. " <" .. p.stdin .. out,
   }
   local lines = {
     "shopt -s expand_aliases",
+    -- the shell's own stdout is the status pipe (a command's is redirected)
     "__mb_report() { builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\";" ..
-      " builtin export -p; builtin printf '\\0'; } >&61",
+      " builtin export -p; builtin printf '\\0'; }",
+    "readonly -f __mb_report",
     -- a subshell hit by a signal right after fork may still run this trap:
     -- only the shell itself reports its exit
     "trap '__mb_s=$?; [ \"$BASHPID\" = \"$$\" ] && __mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit' EXIT",
@@ -64,7 +68,7 @@ local function prelude(slots, rundir)
     "exec 60<&-",
   }
   for i, shape in ipairs(shapes) do
-    lines[#lines + 1] = ("__mb_c%d=%s"):format(i, "'" .. shape:gsub("'", "'\\''") .. "'")
+    lines[#lines + 1] = ("readonly __mb_c%d=%s"):format(i, "'" .. shape:gsub("'", "'\\''") .. "'")
   end
   return table.concat(lines, "\n") .. "\n"
 end
@@ -148,8 +152,7 @@ function M.spawn(opts)
     if not ok then return nil, err, code end
   end
   local spec_of = opts.spawn_spec or function(spec) return spec end
-  local stdio = { [0] = "null", [1] = "null", [2] = "null", [CONTROL_FD] = "in", [STATUS_FD] = "out",
-    [PRELUDE_FD] = "in" }
+  local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [CONTROL_FD] = "in", [PRELUDE_FD] = "in" }
   local proc, pipes_or_err, code = core.spawn(spec_of {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",
@@ -366,7 +369,7 @@ function Shell:run(req)
     drain(SLOTS.stderr, "stderr")
     if req.prelude then feed(SLOTS.prelude, req.prelude) end
     local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
-    self.control:write(("__mb_id=%d;eval \"$__mb_c%d\"\n"):format(id, shape))
+    self.control:write(("eval \"$__mb_c%d\"\n"):format(shape))
   end)
   if not ok then
     cleanup()
