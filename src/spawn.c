@@ -353,7 +353,7 @@ int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *hos
 static int spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   mb_core *core = mb_core_get(L);
-  state_of(L, core);
+  state_of(L, core); /* the SIGCHLD watcher must be up before a child can exit */
   spawn_job job;
   memset(&job, 0, sizeof job);
   for (int i = 0; i < MB_MAX_FDS; i++) job.pipe_parent_end[i] = job.pipe_child_end[i] = -1;

@@ -36,6 +36,8 @@ local M = {}
 local CONTROL_FD, STATUS_FD, PRELUDE_FD = 60, 1, 62
 local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-pages-soft
 local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
+local SLOT_NAMES = {}
+for name, i in pairs(SLOTS) do SLOT_NAMES[i] = name end
 
 local rt_pid = core.getpid()
 local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
@@ -289,11 +291,9 @@ function Shell:run(req)
     core.close_fd(fd)
     used[#used + 1] = slot
   end
-  local names = {}
-  for name, i in pairs(SLOTS) do names[i] = name end
   local function entry(slot)
     used[#used + 1] = slot
-    return names[slot]
+    return SLOT_NAMES[slot]
   end
   -- a pipe the shell reads: we write data and close our end
   local function feed(slot, data)
@@ -354,7 +354,7 @@ function Shell:run(req)
     for _, s in ipairs(feeders) do s:close() end
     self.running = false
     if self.rundir then
-      for _, slot in ipairs(used) do core.unlink(names[slot], self.rundir_fd) end
+      for _, slot in ipairs(used) do core.unlink(SLOT_NAMES[slot], self.rundir_fd) end
       if self.dead then self:_close_slots() end
     elseif self.dead then
       self:_close_slots()

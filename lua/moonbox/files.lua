@@ -1056,9 +1056,7 @@ end
 local function host_only_repo(sb, url)
   local path = sb.init and local_repo_path(url)
   if not path then return false end
-  local ok, st = pcall(fs.stat_beneath, sb.fs_root, path:sub(2), "in_root")
-  if ok and type(st) == "table" then return false end
-  return util.is_dir(path)
+  return not sb:_dir_exists(path) and util.is_dir(path)
 end
 
 -- git on the host; -> {exitCode, stderr, timedOut}

@@ -10,12 +10,9 @@ local function ns_sandbox(opts)
 end
 
 local function with_ns(fn, opts)
-  return run_task(function()
-    local sb = ns_sandbox(opts)
-    local ok, err = pcall(fn, sb)
-    sb:destroy()
-    if not ok then error(err, 0) end
-  end)
+  opts = opts or {}
+  opts.isolation = "namespaces"
+  return helper.with_sandbox(fn, opts)
 end
 
 describe("isolation: namespaces", function()
