@@ -25,6 +25,11 @@ static int timer_start(lua_State *L) {
   if (timeout > 9007199254740992.0) timeout = 9007199254740992.0; /* 2^53 ms: forever, and castable */
   if (repeat > 9007199254740992.0) repeat = 9007199254740992.0;
   mb_handle_set_cb(L, h, 1, 4);
+  /* A timer counts from now, not from the loop's cached time (stale by as
+   * long as the current callback has run), and never fires early: the loop
+   * clock is whole milliseconds, truncated, so one more is added. */
+  uv_update_time(h->core->loop);
+  if (timeout > 0) timeout += 1;
   int rc = uv_timer_start(&h->uv.timer, on_timer, (uint64_t)timeout, (uint64_t)repeat);
   if (rc < 0) return mb_push_error(L, rc, NULL);
   lua_pushboolean(L, 1);
