@@ -42,7 +42,7 @@ endif()
 # The suites that depend on how a sandbox is isolated run a second time
 # without namespaces (the default, "auto", uses them where the kernel can).
 foreach(spec spec/session_spec.lua spec/process_spec.lua spec/files_spec.lua spec/code_spec.lua
-        spec/terminal_spec.lua spec/security/containment_spec.lua)
+        spec/terminal_spec.lua spec/security/containment_spec.lua spec/contract_spec.lua)
   string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
   string(REPLACE "/" "." name ${name})
   add_test(NAME spec.${name}.no-namespaces

@@ -130,7 +130,7 @@ local function target(self, op, path)
     local changed, reason = hook(self, op, t.view)
     if changed == nil then
       errors.raise("POLICY_DENIED", ("%s denied by policy: %s"):format(op, tostring(reason)),
-        { op = op, path = t.view })
+        { op = op, path = t.view, reason = reason })
     end
     if type(changed) == "string" and changed ~= t.view then
       t = resolve(self, V.path(changed, "path"))

@@ -64,6 +64,8 @@ function Process:_exited(code, signal)
     local rest = s:try_read()
     if rest and #rest > 0 then self:_output(stream, rest) end
   end
+  -- forgotten before anyone is told, so a waiter that wakes sees it gone
+  if self._auto_cleanup and self._sandbox.processes[self.id] == self then self._sandbox.processes[self.id] = nil end
   if self._on_exit then
     local ok, err = pcall(self._on_exit, code)
     if not ok then io.stderr:write("moonbox: onExit: ", errors.format(err), "\n") end
@@ -76,7 +78,6 @@ function Process:_exited(code, signal)
     tree.remove_cgroup(self._cgroup)
     self._cgroup_removed = true
   end
-  if self._auto_cleanup then self._sandbox.processes[self.id] = nil end
 end
 
 function Process:_close_pipes()
@@ -291,7 +292,8 @@ function Session:startProcess(command, opts)
   if hook then
     local changed, reason = hook(self, command, opts)
     if changed == nil then
-      errors.raise("POLICY_DENIED", "startProcess denied by policy: " .. tostring(reason), { command = command })
+      errors.raise("POLICY_DENIED", "startProcess denied by policy: " .. tostring(reason),
+        { command = command, reason = reason })
     end
     if type(changed) == "string" or (type(changed) == "table" and changed[1]) then command = changed end
   end

@@ -289,7 +289,7 @@ function Sandbox:createSession(opts)
     V.fail("id", ("invalid session id %q: 1-128 characters [A-Za-z0-9_.-]"):format(tostring(id)))
   end
   local env = V.env(opts.env, "env")
-  V.timeout(opts.commandTimeoutMs, "commandTimeoutMs")
+  local commandTimeoutMs = V.timeout(opts.commandTimeoutMs, "commandTimeoutMs")
   local cwd = self.home
   if opts.cwd ~= nil then
     cwd = self:host_path(V.path(opts.cwd, "cwd"))
@@ -306,11 +306,21 @@ function Sandbox:createSession(opts)
   local hook = self.policy.hooks.onCreateSession
   if hook then
     local changed, reason = hook(self, { id = id, env = env, cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
-    if changed == nil then errors.raise("POLICY_DENIED", "createSession denied by policy: " .. tostring(reason)) end
+    if changed == nil then
+      errors.raise("POLICY_DENIED", "createSession denied by policy: " .. tostring(reason), { reason = reason })
+    end
+    if type(changed) == "table" then -- rewritten options (the id stays)
+      env = V.env(changed.env, "env")
+      commandTimeoutMs = V.timeout(changed.commandTimeoutMs, "commandTimeoutMs")
+      if changed.cwd ~= cwd and changed.cwd ~= nil then
+        cwd = self:host_path(V.path(changed.cwd, "cwd"))
+        if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
+      end
+    end
   end
   self.sessions[id] = true   -- reserved: a concurrent create of this id loses
   local ok, session = pcall(session_mod.new, self, id, {
-    env = self:_session_env(env), cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
+    env = self:_session_env(env), cwd = cwd, commandTimeoutMs = commandTimeoutMs })
   if ok and self.destroyed then -- destroyed while it started: it must not outlive the sandbox
     session:_destroy()
     ok, session = false, errors.new("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
@@ -389,9 +399,12 @@ end
 function Sandbox:setEnvVars(map)
   self:_check_live()
   local env = V.env(V.type(map, "table", "envVars"), "envVars")
+  local default = type(self.sessions.default) == "table" and self.sessions.default or nil
+  -- the policy sees (and may rewrite or refuse) what later sessions get too
+  env = session_mod.env_hook(self, default or self, env)
   for k, v in pairs(env) do self.env[k] = v end
-  if type(self.sessions.default) == "table" then
-    return self.sessions.default:setEnvVars(env)
+  if default then
+    return default:_apply_env(env)
   end
   return { success = true, timestamp = util.timestamp() }
 end

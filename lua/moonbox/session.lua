@@ -347,6 +347,8 @@ function Session:_prepare(command, opts, what)
   V.type(opts.onOutput, "function", "onOutput", true)
   V.type(opts.stdin, "string", "stdin", true)
   V.type(opts.maxOutputBytes, "number", "maxOutputBytes", true)
+  local max_out = opts.maxOutputBytes
+  if max_out and (max_out < 0 or max_out ~= max_out) then V.fail("maxOutputBytes", "expected a number >= 0") end
   local env = V.env(opts.env, "env")
   local cwd
   if opts.cwd ~= nil then
@@ -360,7 +362,8 @@ function Session:_prepare(command, opts, what)
   if hook then
     local changed, reason = hook(self, command, o)
     if changed == nil then
-      errors.raise("POLICY_DENIED", "exec denied by policy: " .. tostring(reason), { command = command })
+      errors.raise("POLICY_DENIED", "exec denied by policy: " .. tostring(reason),
+        { command = command, reason = reason })
     end
     if type(changed) == "string" or (type(changed) == "table" and changed[1]) then command = changed end
   end
@@ -462,12 +465,25 @@ end
 function Session:setEnvVars(map)
   self:_check_live()
   local env = V.env(V.type(map, "table", "envVars"), "envVars")
-  local hook = self.sandbox.policy.hooks.onEnv
+  return self:_apply_env(M.env_hook(self.sandbox, self, env))
+end
+
+-- The policy's onEnv hook: the map to apply, or POLICY_DENIED.
+function M.env_hook(sandbox, caller, env)
+  local hook = sandbox.policy.hooks.onEnv
   if hook then
-    local changed, reason = hook(self, env)
-    if changed == nil then errors.raise("POLICY_DENIED", "setEnvVars denied by policy: " .. tostring(reason)) end
-    env = changed
+    local changed, reason = hook(caller, env)
+    if changed == nil then
+      errors.raise("POLICY_DENIED", "setEnvVars denied by policy: " .. tostring(reason), { reason = reason })
+    end
+    if type(changed) == "table" then env = V.env(changed, "envVars") end
   end
+  return env
+end
+
+-- Export / unset an already validated (and hooked) map in the shell.
+function Session:_apply_env(env)
+  self:_check_live()
   if next(env) == nil then return { success = true, sessionId = self.id, timestamp = util.timestamp() } end
   local body = env_prelude(env)
   local r = self.queue:run(self._run, self, body, {}, function() end)

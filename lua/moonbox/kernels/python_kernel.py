@@ -44,9 +44,10 @@ def _setup_fds():
 
 _req_in, _msg_fd = _setup_fds()
 # User output streams as soon as a line is complete (the runtime reads fd 1/2 pipes and streams them).
+# Not write-through (-u makes it so): a print() is one write, so one log entry, not "hi" then "\n".
 for _s in (sys.stdout, sys.stderr):
     try:
-        _s.reconfigure(line_buffering=True)
+        _s.reconfigure(line_buffering=True, write_through=False)
     except Exception:
         pass
 

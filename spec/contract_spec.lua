@@ -1,0 +1,102 @@
+-- Contract details of /work/shared/API.md found to deviate in an audit, one
+-- `it` per fixed deviation, observable results only.
+local with_sandbox = helper.with_sandbox
+local error_of = helper.error_of
+
+describe("contract: background processes", function()
+  it("forgets an autoCleanup process before a waiter of its exit wakes", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("echo done", { autoCleanup = true })
+      assert.equal(0, p:waitForExit(10000).exitCode)
+      assert.is_nil(sb:getProcess(p.id))
+      assert.equal("PROCESS_NOT_FOUND", error_of(sb.getProcessLogs, sb, p.id).code)
+      -- without it the record stays
+      local kept = sb:startProcess("true")
+      kept:waitForExit(10000)
+      assert.equal(kept, sb:getProcess(kept.id))
+    end)
+  end)
+end)
+
+describe("contract: policy hooks", function()
+  it("let onCreateSession rewrite the options and give the reason in POLICY_DENIED", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession { id = "rewritten", env = { ASKED = "yes" } }
+      assert.equal("from-policy|\n", s:exec('echo "$INJECTED|${ASKED-}"').stdout)
+      local err = error_of(sb.createSession, sb, { id = "refused" })
+      assert.equal("POLICY_DENIED", err.code)
+      assert.truthy(err.message:find("not this one", 1, true))
+      assert.equal("not this one", err.context.reason)
+    end, { policy = { hooks = {
+      onCreateSession = function(_, opts)
+        if opts.id == "refused" then return nil, "not this one" end
+        opts.env = { INJECTED = "from-policy" }
+        return opts
+      end,
+    } } })
+  end)
+
+  it("apply onEnv to sandbox-level setEnvVars, also before the default session exists", function()
+    with_sandbox(function(sb)
+      -- the first call: no default session yet
+      local err = error_of(sb.setEnvVars, sb, { DENY = "1" })
+      assert.equal("POLICY_DENIED", err.code)
+      assert.equal("no DENY", err.context.reason)
+      sb:setEnvVars { SECRET = "s", KEPT = "k" }
+      assert.equal("|k\n", sb:exec('echo "${SECRET-}|$KEPT"').stdout)
+      assert.equal("|k\n", sb:createSession():exec('echo "${SECRET-}|$KEPT"').stdout)
+      assert.equal("POLICY_DENIED", error_of(sb.setEnvVars, sb, { DENY = "1" }).code)
+    end, { policy = { hooks = {
+      onEnv = function(_, map)
+        if map.DENY then return nil, "no DENY" end
+        map.SECRET = nil
+        return map
+      end,
+    } } })
+  end)
+
+  it("treat a non-table value from onEnv as allowing the map unchanged", function()
+    with_sandbox(function(sb)
+      assert.is_true(sb:setEnvVars({ ALLOWED = "1" }).success)
+      assert.equal("1\n", sb:exec("echo $ALLOWED").stdout)
+      local s = sb:createSession()
+      assert.is_true(s:setEnvVars({ ALSO = "2" }).success)
+      assert.equal("1 2\n", s:exec("echo $ALLOWED $ALSO").stdout)
+    end, { policy = { hooks = { onEnv = function() return true end } } })
+  end)
+
+  it("put the reason into the context of POLICY_DENIED for exec, startProcess and files", function()
+    with_sandbox(function(sb)
+      assert.equal("no exec", error_of(sb.exec, sb, "echo forbidden").context.reason)
+      assert.equal("no process", error_of(sb.startProcess, sb, "sleep 1").context.reason)
+      assert.equal("no secrets", error_of(sb.writeFile, sb, "secret.txt", "x").context.reason)
+    end, { policy = { hooks = {
+      onExec = function(_, cmd) if cmd == "echo forbidden" then return nil, "no exec" end return cmd end,
+      onStartProcess = function() return nil, "no process" end,
+      onFile = function(_, _, path) if path:find("secret", 1, true) then return nil, "no secrets" end return path end,
+    } } })
+  end)
+end)
+
+describe("contract: commands", function()
+  it("rejects a negative maxOutputBytes with VALIDATION_FAILED", function()
+    with_sandbox(function(sb)
+      local err = error_of(sb.exec, sb, "echo hi", { maxOutputBytes = -1 })
+      assert.equal("VALIDATION_FAILED", err.code)
+      assert.equal("maxOutputBytes", err.context.field)
+      assert.equal("VALIDATION_FAILED", error_of(sb.execStream, sb, "echo hi", { maxOutputBytes = -5 }).code)
+      local r = sb:exec("echo hi", { maxOutputBytes = 0 })
+      assert.equal("", r.stdout)
+      assert.is_true(r.truncated)
+    end)
+  end)
+end)
+
+describe("contract: code interpreter", function()
+  it("logs each python print as one stdout entry", function()
+    with_sandbox(function(sb)
+      assert.same({ "hello\n" }, sb:runCode("print('hello')", { language = "python" }).logs.stdout)
+      assert.same({ "a b\n" }, sb:runCode("print('a', 'b')", { language = "python" }).logs.stdout)
+    end)
+  end)
+end)
