@@ -52,6 +52,22 @@ describe("core.utf8_valid and core.text_info", function()
     assert.same({ false, false, false, 2 }, { core.text_info("a\255") })
     assert.same({ false, false, false, 2 }, { core.text_info("a\255\0") }) -- stops at the first bad byte
   end)
+
+  it("classifies a byte wherever it sits in a block, word or tail of ASCII", function()
+    -- the scan reads 16-byte blocks, then 8-byte words, then single bytes
+    local cases = { ["\0"] = { true, true, false }, ["\1"] = { true, false, true }, ["\127"] = { true, false, true },
+      ["\31"] = { true, false, true }, ["\n"] = { true, false, false }, ["\27"] = { true, false, false },
+      ["\8"] = { true, false, false }, ["\13"] = { true, false, false }, ["\14"] = { true, false, true },
+      ["\7"] = { true, false, true }, ["~"] = { true, false, false } }
+    for byte, want in pairs(cases) do
+      for pos = 1, 40 do
+        local s = ("a"):rep(pos - 1) .. byte .. ("b"):rep(40 - pos)
+        assert.same(want, { core.text_info(s) }, ("byte %d at %d"):format(byte:byte(), pos))
+        -- after a multi-byte character the scan restarts mid-string
+        assert.same(want, { core.text_info("é" .. s) }, ("byte %d at %d after é"):format(byte:byte(), pos))
+      end
+    end
+  end)
 end)
 
 describe("core.bytes", function()
