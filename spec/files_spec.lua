@@ -249,11 +249,37 @@ describe("files: confinement", function()
         local err = fails("PATH_OUTSIDE_SANDBOX", sb.readFile, sb, p)
         assert.equal(p, err.context.path)
       end
-      fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, "/tmp/moonbox-escape", "x")
       fails("PATH_OUTSIDE_SANDBOX", sb.listFiles, sb, "/etc")
       fails("PATH_OUTSIDE_SANDBOX", sb.exists, sb, "/etc/passwd")
-      fails("PATH_OUTSIDE_SANDBOX", sb.gitCheckout, sb, "file:///x.git", { targetDir = "/tmp/escape" })
+      if sb:info().isolation == "namespaces" then
+        -- /tmp is the sandbox's own (a private tmpfs): reached, and not the host's
+        sb:writeFile("/tmp/moonbox-escape", "x")
+        assert.equal("x", sb:exec("cat /tmp/moonbox-escape").stdout)
+      else
+        fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, "/tmp/moonbox-escape", "x")
+        fails("PATH_OUTSIDE_SANDBOX", sb.gitCheckout, sb, "file:///x.git", { targetDir = "/tmp/escape" })
+      end
       assert.is_nil(slurp("/tmp/moonbox-escape"))
+    end)
+  end)
+
+  it("reaches the sandbox's own /tmp and /root under namespaces, not its system directories", function()
+    with_sandbox(function(sb)
+      if sb:info().isolation ~= "namespaces" then return end
+      sb:writeFile("/tmp/t.txt", "tmp")
+      sb:mkdir("/root/d")
+      sb:writeFile("/root/d/r.txt", "home")
+      assert.equal("tmp|home", sb:exec("printf '%s|%s' \"$(cat /tmp/t.txt)\" \"$(cat /root/d/r.txt)\"").stdout)
+      assert.equal("home", sb:readFile("/root/d/r.txt").content)
+      sb:exec("echo made > /tmp/made")
+      assert.equal("made\n", sb:readFile("/tmp/made").content)
+      local names = {}
+      for _, f in ipairs(sb:listFiles("/tmp").files) do names[f.name] = true end
+      assert.is_true(names["t.txt"] and names.made)
+      assert.is_nil(slurp("/tmp/t.txt")) -- the host's /tmp never saw it
+      for _, p in ipairs { "/usr/bin/env", "/etc/passwd", "/proc/1/environ", "/dev/null", "/run/moonbox" } do
+        fails("PATH_OUTSIDE_SANDBOX", sb.readFile, sb, p)
+      end
     end)
   end)
 

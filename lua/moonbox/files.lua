@@ -97,14 +97,32 @@ end
 -- resolve(session, path) -> {rel, view, host}: rel is relative to the sandbox
 -- root ("." for the root itself). A path that is outside the root as a
 -- string raises PATH_OUTSIDE_SANDBOX; symlinks are judged by the kernel later.
+-- Under namespaces the file API reaches the sandbox's own storage: the
+-- workspace, its private /tmp and /root, and the policy's mounts; not the
+-- system directories bound in read-only from the host (/usr, /etc, ...).
+local OWN_STORAGE = { "/workspace", "/tmp", "/root" }
+local reach_cache = setmetatable({}, { __mode = "k" })
+local function reach_of(sb)
+  local reach = reach_cache[sb]
+  if not reach then
+    reach = util.copy(OWN_STORAGE)
+    for _, m in ipairs(sb.policy.mounts or {}) do
+      if m.dst and m.dst ~= "/" then reach[#reach + 1] = normalize(m.dst) end
+    end
+    reach_cache[sb] = reach
+  end
+  return reach
+end
+
 local function resolve(self, path)
   local sb = self.sandbox
   if sb.init then
-    -- namespaces: the same reach as without (the workspace), resolved by
-    -- the kernel from the sandbox's own root, /proc/<init>/root
+    -- resolved by the kernel from the sandbox's own root, /proc/<init>/root
     local p = sb:host_path(path, self.cwd)
-    if p == "/workspace" or p:sub(1, 11) == "/workspace/" then
-      return { rel = p:sub(2), view = p, host = p }
+    for _, dir in ipairs(reach_of(sb)) do
+      if p == dir or p:sub(1, #dir + 1) == dir .. "/" then
+        return { rel = p:sub(2), view = p, host = p }
+      end
     end
     errors.raise("PATH_OUTSIDE_SANDBOX", ("%s is outside the sandbox"):format(path), { path = path })
   end
