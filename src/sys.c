@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -94,6 +95,37 @@ static int sys_write_fd(lua_State *L) {
   return 1;
 }
 
+/* core.memfd(name) -> fd (close-on-exec) | nil, msg, code: an anonymous
+ * file whose /proc/<pid>/fd path another process may open and rewrite */
+static int sys_memfd(lua_State *L) {
+  int fd = memfd_create(luaL_checkstring(L, 1), MFD_CLOEXEC);
+  if (fd < 0) return mb_push_errno(L, errno, "memfd_create");
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+/* core.pread_all(fd, max) -> string | nil, msg, code: the file's content
+ * from offset 0 (at most max bytes), however often it was rewritten */
+static int sys_pread_all(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1);
+  lua_Integer max = luaL_checkinteger(L, 2);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  off_t off = 0;
+  while (off < max) {
+    char *p = luaL_prepbuffer(&b);
+    size_t want = (size_t)(max - off) < LUAL_BUFFERSIZE ? (size_t)(max - off) : LUAL_BUFFERSIZE;
+    ssize_t n;
+    do n = pread(fd, p, want, off); while (n < 0 && errno == EINTR);
+    if (n < 0) return mb_push_errno(L, errno, "pread");
+    if (n == 0) break;
+    luaL_addsize(&b, (size_t)n);
+    off += n;
+  }
+  luaL_pushresult(&b);
+  return 1;
+}
+
 static int opt_dirfd(lua_State *L, int idx) {
   return lua_isnoneornil(L, idx) ? AT_FDCWD : (int)luaL_checkinteger(L, idx);
 }
@@ -154,7 +186,7 @@ static int sys_readlink(lua_State *L) {
 static const luaL_Reg sys_funcs[] = {
   {"mkfifo", sys_mkfifo}, {"open_fd", sys_open_fd}, {"readlink", sys_readlink},
   {"dir_fd", sys_dir_fd}, {"unlink", sys_unlink},
-  {"write_fd", sys_write_fd},
+  {"write_fd", sys_write_fd}, {"memfd", sys_memfd}, {"pread_all", sys_pread_all},
   {"dup_to", sys_dup_to}, {"devnull", sys_devnull},
   {"readdir", sys_readdir}, {"mkdir", sys_mkdir}, {"rmdir", sys_rmdir},
   {"time", sys_time},

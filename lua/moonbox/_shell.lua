@@ -16,9 +16,12 @@
 -- commands as the runtime does). The body itself never travels through the
 -- control channel: bash sources it from its own pipe, so heredocs,
 -- unbalanced quotes, `exit`, `exec`, `break` and fd games stay inside it.
--- Completion is the status record "<id> <exit status> <run|exit>\0<PWD>\0
--- <export -p>\0", written by __mb_report after the body, or by the EXIT trap
--- when the body ends the shell. The status pipe is the shell's fd 1, which
+-- Completion is the status record "<id> <exit status> <run|exit>\0<PWD>\0",
+-- one write by __mb_report after the body, or by the EXIT trap when the body
+-- ends the shell. Just before it, `export -p` (the state a fresh shell is
+-- restored to) rewrites the env file, a memfd of the runtime's (a file in
+-- the run directory under namespaces): bash writes a line per variable, and
+-- on the status pipe each of those writes could wake the runtime. The status pipe is the shell's fd 1, which
 -- every command has redirected to its own stdout, so no fd of the runtime's
 -- is open in a command; bash restores it before an EXIT trap runs.
 --
@@ -34,6 +37,7 @@ local async = require "moonbox.async"
 local M = {}
 
 local CONTROL_FD, STATUS_FD, PRELUDE_FD = 60, 1, 62
+local MAX_ENV_BYTES = 16 * 1024 * 1024 -- far past what execve would take
 local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-pages-soft
 local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 local SLOT_NAMES = {}
@@ -43,9 +47,10 @@ local rt_pid = core.getpid()
 local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
 
 -- The shell's start-up script: report function, EXIT trap, command shapes.
-local function prelude(slots, rundir)
+local function prelude(slots, rundir, env_fd)
   local p = {}
   for name, i in pairs(SLOTS) do p[name] = rundir and (rundir.inside .. "/" .. name) or fd_path(slots[i]) end
+  local env_path = rundir and (rundir.inside .. "/env") or fd_path(env_fd)
   local out = (" >|%s 2>|%s; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
   -- the shell counts commands itself, as the runtime does: the control line
   -- carries nothing but the shape
@@ -58,8 +63,8 @@ local function prelude(slots, rundir)
   local lines = {
     "shopt -s expand_aliases",
     -- the shell's own stdout is the status pipe (a command's is redirected)
-    "__mb_report() { builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\";" ..
-      " builtin export -p; builtin printf '\\0'; }",
+    "__mb_report() { builtin export -p >|" .. env_path ..
+      "; builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\"; }",
     "readonly -f __mb_report",
     -- a subshell hit by a signal right after fork may still run this trap:
     -- only the shell itself reports its exit
@@ -142,6 +147,19 @@ function Shell:_open_rundir(rundir)
   return true
 end
 
+-- The env file the shell's `export -p` rewrites before each report, held
+-- open for reading: a memfd (its /proc/<rt>/fd path), or a file in the run
+-- directory under namespaces.
+function Shell:_open_env_file()
+  if not self.rundir then
+    self.env_fd = assert(core.memfd("moonbox-env"))
+    return
+  end
+  local w = assert(core.open_fd("env", "w", self.rundir_fd))
+  core.close_fd(w)
+  self.env_fd = assert(core.open_fd("env", "r", self.rundir_fd))
+end
+
 -- spawn{env = map, cwd, cgroup, shell, on_exit(code, signal), rundir =
 -- {host, inside} (namespaces), spawn_spec(spec) -> spec (the sandbox's),
 -- deferred (bash starts now, its start-up script comes with :begin(rundir):
@@ -198,14 +216,16 @@ function Shell:begin(rundir)
   end
   -- bash reads a script from a pipe one byte per read(2), but sources a
   -- file in blocks: the start-up script comes through its own pipe, sourced
+  self:_open_env_file()
   local p = self.prelude_pipe
   self.prelude_pipe = nil
-  p:write(prelude(self.slots, self.rundir), function() p:close() end)
+  p:write(prelude(self.slots, self.rundir, self.env_fd), function() p:close() end)
   self.control:write(". /dev/fd/62; exec 62<&-\n")
   return true
 end
 
--- Status records arrive in pieces; a record is complete after three NULs.
+-- Status records arrive in pieces; a record is complete after two NULs.
+-- The env file then holds that report's `export -p`.
 function Shell:_status_data(data)
   if data == nil then return end
   local buf = self.status_buf
@@ -215,12 +235,11 @@ function Shell:_status_data(data)
   while true do
     local a = text:find("\0", 1, true)
     local b = a and text:find("\0", a + 1, true)
-    local c = b and text:find("\0", b + 1, true)
-    if not c then break end
+    if not b then break end
     local id, status, kind = text:sub(1, a - 1):match("^(%d+) (%d+) (%a+)$")
     local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
-      pwd = text:sub(a + 1, b - 1), exports = text:sub(b + 1, c - 1) }
-    text = text:sub(c + 1)
+      pwd = text:sub(a + 1, b - 1), exports = self.env_fd and core.pread_all(self.env_fd, MAX_ENV_BYTES) or "" }
+    text = text:sub(b + 1)
     if record.exiting then self.exiting = true end
     if self.waiting and record.id == self.waiting.id then
       local w = self.waiting
@@ -260,8 +279,10 @@ function Shell:_close_slots()
   for _, fd in ipairs(self.slots) do core.close_fd(fd) end
   core.close_fd(self.devnull)
   self.slots = nil
+  if self.env_fd then core.close_fd(self.env_fd) self.env_fd = nil end
   if self.rundir then
     for name in pairs(SLOTS) do core.unlink(name, self.rundir_fd) end
+    core.unlink("env", self.rundir_fd)
     core.close_fd(self.rundir_fd)
     core.rmdir(self.rundir.host)
   end
