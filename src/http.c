@@ -70,10 +70,17 @@ typedef struct conn {
   char *reject_body, *reject_type;
   out_chunk *head, *tail;
   size_t queued;
+  uv_poll_t *poll;         /* lws's uv poll handle for the socket (see raw heads) */
+  int poll_walked;         /* looked for it */
+  char *raw_line;          /* the next request's line as the client sent it */
+  int raw_missed;          /* bytes went by unseen: no raw line until the next request */
+  int head_refused;        /* answered 431: the head was over the limit */
 } conn;
 
 struct server {
   mb_handle *h;            /* anchor (a uv timer that also drives teardown) */
+  uv_prepare_t rehook;     /* before each poll: put the wrappers back (raw heads) */
+  int rehook_on;
   struct lws_context *ctx; /* lws writes NULL here once destruction is done */
   struct lws_vhost *vh;
   struct lws_protocols protocols[2];
@@ -92,6 +99,26 @@ struct server {
 };
 
 static server *live_servers; /* one core per process in practice; see teardown */
+
+/* ---- raw request heads ----------------------------------------------------------
+ * lws 4.1 decodes the request target while it parses it (%2F becomes a '/'
+ * that splits segments, "." and ".." segments, also %2E%2E, are removed) and
+ * keeps nothing of what the client sent, so "/sessions/a%2Fb" and
+ * "/sessions/%2E%2E" reach us as "/sessions/a/b" and "/". To see the target
+ * as sent, the uv poll callback lws registers for each connection is
+ * wrapped: while a connection waits for its next request head, the wrapper
+ * peeks (MSG_PEEK) at the bytes lws is about to read and keeps the request
+ * line; the request event carries it as raw_line, and Lua uses it only when
+ * it decodes to the path lws made of it (a pipelined request read along
+ * with the one before is seen by nobody: it has no raw line). lws restarts
+ * its poll (uv_poll_start) whenever it changes the events it waits for,
+ * which puts its own callback back; the wrapper is put back after every
+ * lws callback for the connection and after every poll event.
+ * The wrapper also knows which connection lws is parsing, which is how an
+ * oversized head (lws only logs "Ran out of header data space" and drops
+ * the connection) gets its 431. */
+static uv_poll_cb lws_poll_cb; /* lws's callback: one function for every socket */
+static struct conn *servicing; /* the connection whose socket event lws handles now */
 
 /* ---- output queue -------------------------------------------------------- */
 
@@ -181,8 +208,11 @@ static void conn_gone(server *s, struct lws *wsi) {
   conn *c = (conn *)lws_get_opaque_user_data(wsi);
   if (!c) return;
   lws_set_opaque_user_data(wsi, NULL);
+  if (servicing == c) servicing = NULL;
   lua_Integer id = c->id;
   request_reset(c);
+  free(c->raw_line);
+  c->raw_line = NULL;
   if (c->prev) c->prev->next = c->next; else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   s->nconns--;
@@ -200,6 +230,98 @@ static conn *conn_by_id(server *s, lua_Integer id) {
   for (conn *c = s->conns; c; c = c->next)
     if (c->id == id) return c;
   return NULL;
+}
+
+static conn *conn_by_poll(uv_poll_t *p) {
+  for (server *s = live_servers; s; s = s->next_server)
+    for (conn *c = s->conns; c; c = c->next)
+      if (c->poll == p) return c;
+  return NULL;
+}
+
+static void on_conn_poll(uv_poll_t *p, int status, int events);
+
+static void find_poll(uv_handle_t *h, void *arg) {
+  conn *c = (conn *)arg;
+  uv_os_fd_t fd;
+  if (c->poll || h->type != UV_POLL || uv_is_closing(h)) return;
+  if (uv_fileno(h, &fd) == 0 && fd == lws_get_socket_fd(c->wsi)) c->poll = (uv_poll_t *)h;
+}
+
+/* Wrap lws's poll callback for c's socket (again, if lws restarted it). */
+static void hook_poll(conn *c) {
+  if (!c->poll) {
+    if (c->poll_walked || lws_get_socket_fd(c->wsi) < 0) return;
+    c->poll_walked = 1;
+    uv_walk(srv_core(c->srv)->loop, find_poll, c);
+    if (!c->poll) return;
+  }
+  uv_poll_cb cb = c->poll->poll_cb;
+  if (!cb || cb == on_conn_poll || uv_is_closing((uv_handle_t *)c->poll)) return;
+  if (lws_poll_cb && cb != lws_poll_cb) return; /* not lws's: leave it alone */
+  lws_poll_cb = cb;
+  c->poll->poll_cb = on_conn_poll;
+}
+
+/* The request line waiting in the socket, before lws reads it. */
+static void peek_head(conn *c) {
+  if (c->id || c->is_ws || c->raw_line || c->raw_missed) return;
+  char buf[8192 + 512];
+  ssize_t n = recv(lws_get_socket_fd(c->wsi), buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+  if (n <= 0) return;
+  size_t i = 0;
+  while (i + 1 < (size_t)n && buf[i] == '\r' && buf[i + 1] == '\n') i += 2; /* empty lines first */
+  char *eol = (char *)memchr(buf + i, '\n', (size_t)n - i);
+  if (eol) {
+    size_t len = (size_t)(eol - (buf + i));
+    if (len && eol[-1] == '\r') len--;
+    c->raw_line = (char *)malloc(len + 1);
+    if (c->raw_line) {
+      memcpy(c->raw_line, buf + i, len);
+      c->raw_line[len] = 0;
+    }
+  }
+  /* lws reads what is there now: the next bytes are not a request's start */
+  if (!c->raw_line) c->raw_missed = 1;
+}
+
+/* Before the loop polls: lws restarts a socket's poll (accepting it, or
+ * changing its events) from wherever it is, so the wrappers are put back
+ * here, ahead of the events they are for. */
+static void on_rehook(uv_prepare_t *p) {
+  server *s = (server *)p->data;
+  servicing = NULL;
+  for (conn *c = s->conns; c; c = c->next) hook_poll(c);
+}
+
+static void on_conn_poll(uv_poll_t *p, int status, int events) {
+  conn *c = conn_by_poll(p);
+  if (c && status == 0) peek_head(c);
+
+  conn *prev = servicing;
+  servicing = c;
+  lws_poll_cb(p, status, events);
+  servicing = prev;
+  if ((c = conn_by_poll(p))) hook_poll(c); /* still open: lws may have restarted its poll */
+}
+
+/* 431 for a head over max_http_header_data, written straight to the socket
+ * (lws is about to drop the connection without a word). The unread rest of
+ * the head is read and dropped first, so the close is not a reset that
+ * could destroy the response before the client reads it. */
+static void refuse_head(conn *c) {
+  static const char body[] = "{\"code\":\"REQUEST_HEADER_FIELDS_TOO_LARGE\",\"httpStatus\":431,"
+    "\"message\":\"the request head is larger than 8192 bytes\",\"context\":{\"limit\":8192}}\n";
+  char resp[512];
+  int fd = lws_get_socket_fd(c->wsi);
+  if (c->head_refused || fd < 0) return;
+  c->head_refused = 1;
+  char sink[16384];
+  for (int i = 0; i < 64 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
+  int n = snprintf(resp, sizeof resp, "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    "content-type: application/json\r\ncontent-length: %zu\r\nconnection: close\r\n\r\n%s",
+    sizeof body - 1, body);
+  if (n > 0 && send(fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) == n) shutdown(fd, SHUT_WR);
 }
 
 static int append_body(conn *c, const void *in, size_t len) {
@@ -277,6 +399,15 @@ static void push_request(lua_State *L, struct lws *wsi, int websocket) {
   lws_get_peer_simple(wsi, peer, sizeof peer);
   lua_pushstring(L, peer);
   lua_setfield(L, -2, "peer");
+  conn *c = (conn *)lws_get_opaque_user_data(wsi);
+  if (c && c->raw_line) {
+    lua_pushstring(L, c->raw_line);
+    lua_setfield(L, -2, "raw_line");
+  }
+  if (c) {
+    free(c->raw_line);
+    c->raw_line = NULL;
+  }
 }
 
 static void emit_request(conn *c) {
@@ -354,6 +485,8 @@ static int write_http(conn *c) {
     if (lws_http_transaction_completed(wsi)) return -1;
     /* kept alive: the next request head must arrive within the idle timeout */
     arm(c);
+    c->raw_missed = 0;
+    hook_poll(c);
     return 0;
   }
   emit_simple(c->srv, "drain", c->id);
@@ -418,13 +551,19 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
   struct lws_context *ctx = lws_get_context(wsi);
   server *s = ctx ? (server *)lws_context_user(ctx) : NULL;
   if (!s) return lws_callback_http_dummy(wsi, reason, user, in, len);
-  conn *c;
+  conn *c = (conn *)lws_get_opaque_user_data(wsi);
+  if (c && c->poll && reason != LWS_CALLBACK_WSI_DESTROY) hook_poll(c);
   switch (reason) {
   case LWS_CALLBACK_FILTER_NETWORK_CONNECTION:
     return (s->close_requested || s->nconns >= s->max_conns) ? -1 : 0;
   case LWS_CALLBACK_SERVER_NEW_CLIENT_INSTANTIATED:
     /* the whole request head must arrive within the idle timeout */
-    if ((c = conn_of(s, wsi))) arm(c);
+    if ((c = conn_of(s, wsi))) {
+      arm(c);
+      hook_poll(c);
+      peek_head(c); /* lws reads a head already there before it polls */
+      servicing = c; /* ... in the listening socket's callback, until the next poll */
+    }
     return 0;
   case LWS_CALLBACK_HTTP: {
     if (s->close_requested || !(c = conn_of(s, wsi))) return -1;
@@ -553,6 +692,10 @@ static void forget_socket_file(server *s) {
 static void destroy_context(server *s) {
   if (s->destroying) return;
   s->destroying = s->close_requested = 1;
+  if (s->rehook_on) {
+    s->rehook_on = 0;
+    uv_close((uv_handle_t *)&s->rehook, NULL); /* finish_context waits for it */
+  }
   forget_socket_file(s);
   if (s->ctx) lws_context_destroy(s->ctx);
 }
@@ -669,6 +812,12 @@ static int probe_bind(const char *host, int port, const char *unix_path) {
 
 static void lws_log_to_stderr(int level, const char *line) {
   (void)level;
+  /* lws 4.1's only word on a head over max_http_header_data (it then
+   * drops the connection): answer 431 on the connection it is parsing */
+  if (servicing && !servicing->id && strstr(line, "Ran out of header data space")) {
+    refuse_head(servicing);
+    return;
+  }
   fprintf(stderr, "moonbox: lws: %s", line);
 }
 
@@ -769,6 +918,11 @@ static int http_listen(lua_State *L) {
   }
   s->next_server = live_servers;
   live_servers = s;
+  uv_prepare_init(h->core->loop, &s->rehook);
+  s->rehook.data = s;
+  uv_prepare_start(&s->rehook, on_rehook);
+  uv_unref((uv_handle_t *)&s->rehook);
+  s->rehook_on = 1;
   uv_timer_start(&h->uv.timer, on_service_tick, 1000, 1000);
   uv_unref(&h->uv.handle); /* the listening socket keeps the loop alive, not this */
   return 1;

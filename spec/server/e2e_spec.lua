@@ -119,7 +119,8 @@ describe("http api end to end", function()
         { 400, "VALIDATION_FAILED", "-X", "POST", "--data-binary", '{"command": "true", "processId": "a/b"}',
           base .. "/processes" },
         { 400, "VALIDATION_FAILED", url .. "/v1/sandboxes/No_Such..Id!" },
-        { 404, "NOT_FOUND", base .. "/sessions/a%2Fb" }, -- the transport decodes %2F: no route has that shape
+        { 400, "VALIDATION_FAILED", base .. "/sessions/a%2Fb" }, -- routed on the raw path: the id "a/b"
+        { 400, "VALIDATION_FAILED", "-X", "DELETE", base .. "/sessions/%2E%2E" }, -- not DELETE of the sandbox
         { 404, "NOT_FOUND", url .. "/v2/anything" },
         { 404, "SESSION_NOT_FOUND", base .. "/sessions/nobody" },
         { 405, "METHOD_NOT_ALLOWED", "-X", "PATCH", base .. "/sessions" },

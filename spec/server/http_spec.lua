@@ -127,14 +127,90 @@ describe("moonbox.server.http", function()
     end)
   end)
 
-  it("refuses headers over the limit and keeps serving", function()
+  it("answers 431 to headers over the limit, also on a kept-alive connection, and keeps serving", function()
     with_server({}, function() return { status = 200, body = "ok" } end, function(server, url)
+      local big = "X-Big: " .. ("y"):rep(20000) .. "\r\n"
       local conn = client.connect(port_of(server))
-      conn:send("GET / HTTP/1.1\r\nHost: x\r\nX-Big: " .. ("y"):rep(20000) .. "\r\n\r\n")
-      local status = conn:response()
-      assert.is_true(status == nil or status >= 400, "got status " .. tostring(status))
+      conn:send("GET / HTTP/1.1\r\nHost: x\r\n" .. big .. "\r\n")
+      local status, headers, body = conn:response()
+      assert.equal(431, status)
+      assert.equal("application/json", headers["content-type"])
+      local err = cjson.decode(body)
+      assert.equal("REQUEST_HEADER_FIELDS_TOO_LARGE", err.code)
+      assert.equal(431, err.httpStatus)
+      assert.is_true(conn:wait_eof())
       conn:close()
       assert.equal("ok", (curl(url .. "/")))
+      -- the second request of a connection
+      conn = client.connect(port_of(server))
+      conn:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert.equal(200, (conn:response()))
+      conn:send("GET / HTTP/1.1\r\nHost: x\r\n" .. big .. "\r\n")
+      assert.equal(431, (conn:response()))
+      conn:close()
+      -- curl's own oversized header
+      local out = curl("-o", "/dev/null", "-w", "%{http_code}", "-H", "X-Big: " .. ("z"):rep(9000), url .. "/")
+      assert.equal("431", out)
+      assert.equal("ok", (curl(url .. "/")))
+    end)
+  end)
+
+  it("gives the handler the path as sent (req.rawPath): %2F and dot segments kept, also when kept alive", function()
+    local seen = {}
+    with_server({}, function(req)
+      seen[#seen + 1] = { path = req.path, raw = req.rawPath }
+      return { status = 200, body = "ok" }
+    end, function(server)
+      local conn = client.connect(port_of(server))
+      for _, target in ipairs { "/a%2Fb/c", "/x/%2E%2E/y?q=1", "/x/../y", "/plain" } do
+        conn:send("GET " .. target .. " HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert.equal(200, (conn:response()))
+      end
+      conn:close()
+      assert.same({ { path = "/a/b/c", raw = "/a%2Fb/c" }, { path = "/y", raw = "/x/%2E%2E/y" },
+        { path = "/y", raw = "/x/../y" }, { path = "/plain", raw = "/plain" } }, seen)
+    end)
+  end)
+
+  it("lets the API refuse ids with %2F or .. in a path segment with 400, not 404 or another route", function()
+    local api = require "moonbox.server.api"
+    api.configure { home = helper.mkdtemp() }
+    with_server({}, api.handle, function(server)
+      local conn = client.connect(port_of(server))
+      local function req(method, target)
+        conn:send(method .. " " .. target .. " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        local status, _, body = conn:response()
+        return status, cjson.decode(body)
+      end
+      assert.equal(200, (req("POST", "/v1/sandboxes/rawids/sessions")))
+      for _, case in ipairs {
+        { "GET", "/v1/sandboxes/rawids/sessions/a%2Fb", "sessionId" },
+        { "GET", "/v1/sandboxes/rawids/sessions/..", "sessionId" },
+        { "DELETE", "/v1/sandboxes/rawids/sessions/%2E%2E", "sessionId" }, -- lws alone: DELETE the sandbox
+        { "GET", "/v1/sandboxes/rawids/sessions/a%2Fterminal", "sessionId" },
+        { "GET", "/v1/sandboxes/rawids/processes/a%2Fb/logs", "processId" },
+        { "DELETE", "/v1/sandboxes/rawids/processes/..", "processId" },
+        { "DELETE", "/v1/sandboxes/rawids/contexts/%2e%2e", "contextId" },
+        { "GET", "/v1/sandboxes/a%2Fb/sessions", "id" },
+        { "GET", "/v1/sandboxes/..", "id" },
+        { "GET", "/v1/sandboxes//sessions", "id" },
+        { "GET", "/v1/sandboxes/UPPER/sessions", "id" },
+        { "GET", "/v1/sandboxes/-dash/sessions", "id" },
+        { "GET", "/v1/sandboxes/" .. ("a"):rep(64), "id" },
+      } do
+        local status, body = req(case[1], case[2])
+        assert.equal(400, status, case[1] .. " " .. case[2])
+        assert.equal("VALIDATION_FAILED", body.code, case[2])
+        assert.equal(400, body.httpStatus)
+        assert.equal(case[3], body.context.field, case[2])
+        assert.is_string(body.message)
+      end
+      -- still serving, the sandbox and its session still there
+      local status, body = req("GET", "/v1/sandboxes/rawids/sessions")
+      assert.equal(200, status)
+      assert.same({ "default", "session-1" }, body)
+      assert.equal(200, (req("DELETE", "/v1/sandboxes/rawids")))
+      conn:close()
     end)
   end)
 

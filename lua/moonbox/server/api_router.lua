@@ -1,8 +1,9 @@
 -- Routing for the HTTP API: a route is a method and a path of literal
 -- segments and {params}; match() finds the handler, or says why not: no
 -- route has this path (404 NOT_FOUND), or none takes this method (405,
--- with the methods that it does take). Params are path segments, so an id
--- can never hold a "/"; "." and ".." are refused as ids.
+-- with the methods that it does take). Params are path segments; split on
+-- the raw path, an id may hold a decoded "/" (from %2F) or be "." or "..":
+-- check_id refuses those.
 local V = require "moonbox._validate"
 
 local M = {}
@@ -27,11 +28,15 @@ local function percent_decode(s)
 end
 
 -- segments(path, raw) -> array of decoded segments. With the raw
--- (undecoded) path a %2F inside a segment stays in that segment.
+-- (undecoded) path a %2F inside a segment stays in that segment, "." and
+-- ".." stay segments (to be refused as ids), and an empty segment ("//")
+-- stays one; a single trailing "/" is ignored.
 function M.segments(path, raw)
   local segs = {}
   if raw then
-    for seg in raw:gmatch("[^/]+") do segs[#segs + 1] = percent_decode(seg) end
+    raw = raw:gsub("^/", ""):gsub("/$", "")
+    if raw == "" then return segs end
+    for seg in (raw .. "/"):gmatch("([^/]*)/") do segs[#segs + 1] = percent_decode(seg) end
   else
     for seg in path:gmatch("[^/]+") do segs[#segs + 1] = seg end
   end

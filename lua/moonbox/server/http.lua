@@ -65,6 +65,37 @@ local function parse_args(args)
   return query, table.concat(raw, "&")
 end
 
+-- The path lws 4.1 makes of a request target: percent-decoded as a whole,
+-- then empty, "." and ".." segments removed (a trailing "/" is ignored by
+-- the comparison below).
+local function lws_path(raw)
+  local decoded = raw:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+  local out = {}
+  for seg in decoded:gmatch("[^/]+") do
+    if seg == ".." then out[#out] = nil elseif seg ~= "." then out[#out + 1] = seg end
+  end
+  return "/" .. table.concat(out, "/")
+end
+
+-- The raw path (undecoded, without the query) of the request line src/http.c
+-- saw in the socket, if it is this request's: the same method, and the
+-- path lws decoded from it.
+function M.raw_path(raw_line, method, path)
+  if type(raw_line) ~= "string" then return nil end
+  local m, target = raw_line:match("^(%u+) (%S+) HTTP/%d%.%d$")
+  if m ~= method or not target or target:sub(1, 1) ~= "/" then return nil end
+  local raw = target:match("^[^?#]*")
+  local got, want = lws_path(raw):gsub("/+$", ""), (path or "/"):gsub("/+$", "")
+  -- lws 4.1 also ends its path at a ';' or '&' (then a NUL and stray bytes)
+  local cut = want:find("\0", 1, true)
+  if cut then
+    want = want:sub(1, cut - 1)
+    got = got:sub(1, #want)
+  end
+  if got ~= want then return nil end
+  return raw
+end
+
 local function lower_keys(t)
   local out = {}
   for k, v in pairs(t or {}) do
@@ -284,6 +315,7 @@ function Server:_on_event(kind, id, a, b)
     local srv = self._core
     local req = {
       method = a.method, path = a.path, query = query, rawQuery = raw,
+      rawPath = M.raw_path(a.raw_line, a.method, a.path),
       headers = setmetatable(a.headers, { __index = function(_, name)
         return type(name) == "string" and srv:header(id, name:lower()) or nil
       end }),
