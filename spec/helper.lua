@@ -84,9 +84,9 @@ function helper.pid_alive(pid, sb)
   end
   local f = io.open(proc .. pid .. "/stat")
   if not f then return false end
-  local stat = f:read("*a")
+  local stat = f:read("*a") -- nil when the process went between open and read
   f:close()
-  return not stat:match("%) Z ")
+  return stat ~= nil and not stat:match("%) Z ")
 end
 
 -- Let pending close callbacks and exit notifications run; orphans the
