@@ -197,6 +197,7 @@ function M.spawn(opts)
   self.devnull = core.devnull()
   self.slots = {}
   self.proc, self.pid = proc, proc:pid()
+  self.cgroup = opts.cgroup -- where it was born (a session that adopts it moves it)
   self.control = pipes_or_err[CONTROL_FD]
   self.status = pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)

@@ -103,11 +103,13 @@ function M.getSandbox(id, opts)
     local pre = prewarm.enabled and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
       workspace, on_init_exit)
     if pre then
-      -- a pre-built sandbox: into our cgroup (its spare shell moves with
-      -- the session that adopts it)
       init, namespaces = pre.init, pre.namespaces
-      if tree.mode() == "cgroup" then tree.move(tree.base() .. "/" .. self.cgroup_name, init:pid()) end
       self.prebuilt_shell = pre.shell
+      if pre.cgroup_name then
+        -- it brings its cgroup (no limits there: limits are never pre-built)
+        core.rmdir(tree.base() .. "/" .. self.cgroup_name)
+        self.cgroup_name = pre.cgroup_name
+      end
     else
       init, namespaces, code = isolation_mod.start(self, {
         network = network,

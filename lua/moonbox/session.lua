@@ -52,7 +52,10 @@ end
 -- costs one command instead of a bash start-up): move it into our cgroup,
 -- then set our cwd and env in it. false if it could not be set up.
 function Session:_adopt(sh)
-  if self.cgroup then tree.move(self.cgroup, sh.pid) end
+  if self.cgroup and sh.cgroup ~= self.cgroup then
+    tree.move(self.cgroup, sh.pid)
+    sh.cgroup = self.cgroup
+  end
   local want = util.copy(self.env)
   want.MOONBOX_OWNER = tree.owner(self.sandbox.id, self.id)
   local lines = { "cd -- " .. util.shell_quote(self.cwd) .. " || exit 1" }

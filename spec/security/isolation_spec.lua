@@ -252,9 +252,25 @@ describe("isolation: pre-built sandboxes (moonbox.prewarm)", function()
         assert.equal("x /workspace\n", s:exec("echo $X $PWD").stdout)
         local p = sb:startProcess("exec sleep 100")
         local init = sb:info().initPid
+        local tree = require "moonbox._tree"
+        local cgroup_dir = tree.mode() == "cgroup" and tree.base() .. "/" .. sb.cgroup_name
+        if cgroup_dir then
+          -- the sandbox kept the spare's cgroup: the init and the default
+          -- session's shell were born where they belong
+          local function cgroup_of(pid)
+            local f = assert(io.open("/proc/" .. pid .. "/cgroup"))
+            local text = f:read("*a")
+            f:close()
+            return text:match("0::([^\n]*)")
+          end
+          local function ends(s, suffix) return s:sub(-#suffix) == suffix end
+          assert.is_true(ends(cgroup_of(init), "/" .. sb.cgroup_name))
+          assert.is_true(ends(cgroup_of(sb.sessions.default.shell.pid), "/" .. sb.cgroup_name .. "/s-default"))
+        end
         sb:destroy()
         assert.equal("killed", p.status)
         assert.is_false(helper.pid_alive(init))
+        if cgroup_dir then assert.is_nil(io.open(cgroup_dir .. "/cgroup.procs")) end
         -- a policy the pre-built root does not match builds its own
         wait_ready()
         local other = ns_sandbox { policy = { hostname = "h" }, limits = { pids = 100 } }
