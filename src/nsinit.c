@@ -339,7 +339,14 @@ static void do_spawn(int ctl_fd, const int *fds, int nfds) {
   if (pipe2(report, O_CLOEXEC) < 0) { r.err = errno; goto out; }
   plan.report_fd = report[1];
   plan.parent_pid = getpid();
-  pid = clone(mb_child_main, child_stack + sizeof child_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &plan);
+  /* born in its cgroup where the kernel can (src/child/clone_into.c) */
+  plan.cgroup_joined = plan.cgroup_dir_fd >= 0;
+  pid = plan.cgroup_joined ? mb_clone_into_cgroup(mb_child_main, &plan, child_stack, sizeof child_stack,
+                                                  CLONE_VM | CLONE_VFORK, plan.cgroup_dir_fd) : -1;
+  if (pid < 0) {
+    plan.cgroup_joined = 0;
+    pid = clone(mb_child_main, child_stack + sizeof child_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &plan);
+  }
   if (pid < 0) { r.err = errno; goto out; }
   close(report[1]);
   report[1] = -1;
@@ -504,7 +511,7 @@ int mb_nsinit_main(void *arg) {
   if (read(p->go_fd, &go, 1) != 1) _exit(1); /* the runtime gave up (or died) */
   close(p->go_fd);
   for (int i = 0; i < 8 && p->cgroup_fds[i] >= 0; i++) {
-    if (write(p->cgroup_fds[i], "0", 1) != 1) die(p, MB_NSINIT_CGROUP, i);
+    if ((i > 0 || !p->first_cgroup_joined) && write(p->cgroup_fds[i], "0", 1) != 1) die(p, MB_NSINIT_CGROUP, i);
     close(p->cgroup_fds[i]);
   }
   if (p->hostname && sethostname(p->hostname, strlen(p->hostname)) < 0) die(p, MB_NSINIT_HOSTNAME, -1);

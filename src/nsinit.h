@@ -40,6 +40,7 @@ typedef struct {
   mb_mount mounts[MB_NSINIT_MAX_MOUNTS];
   int nmounts;
   int cgroup_fds[8];          /* cgroup.procs files to join first; -1: none */
+  int first_cgroup_joined;    /* born in the first of them (clone3, src/child/clone_into.c) */
   int ctl_fd, event_fd;       /* the init's ends of the two sockets */
   int go_fd;                  /* read end: the runtime writes one byte once the id maps are set */
   int report_fd;              /* write end: one mb_nsinit_report, then closed */

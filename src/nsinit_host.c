@@ -148,6 +148,7 @@ static int nsinit_start(lua_State *L) {
   int ctl[2] = {-1, -1}, ev[2] = {-1, -1}, go[2] = {-1, -1}, rep[2] = {-1, -1};
   int err = 0;
   const char *what = NULL;
+  int cgroup_dir = -1; /* the first cgroup's directory, to clone the init into */
   lua_getfield(L, 1, "cgroups");
   if (lua_istable(L, -1)) {
     for (int i = 1; i <= (int)lua_objlen(L, -1) && i <= 8 && !err; i++) {
@@ -155,6 +156,7 @@ static int nsinit_start(lua_State *L) {
       lua_pushfstring(L, "%s/cgroup.procs", luaL_checkstring(L, -1));
       p->cgroup_fds[i - 1] = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
       if (p->cgroup_fds[i - 1] < 0) { err = errno; what = "cgroup"; }
+      if (i == 1) cgroup_dir = open(lua_tostring(L, -2), O_PATH | O_DIRECTORY | O_CLOEXEC);
       lua_pop(L, 2);
     }
   }
@@ -176,13 +178,21 @@ static int nsinit_start(lua_State *L) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid = clone(mb_nsinit_main, stack + INIT_STACK, p->clone_flags | SIGCHLD, p);
+    /* born in its cgroup where the kernel can: no migration to wait for */
+    p->first_cgroup_joined = cgroup_dir >= 0;
+    pid = p->first_cgroup_joined ? mb_clone_into_cgroup(mb_nsinit_main, p, stack, INIT_STACK, p->clone_flags,
+                                                        cgroup_dir) : -1;
+    if (pid < 0) {
+      p->first_cgroup_joined = 0;
+      pid = clone(mb_nsinit_main, stack + INIT_STACK, p->clone_flags | SIGCHLD, p);
+    }
     if (pid < 0) { err = errno; what = "clone"; }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     free(stack);
   }
   close_fd(&ctl[1]); close_fd(&ev[1]); close_fd(&go[0]); close_fd(&rep[1]);
   for (int i = 0; i < 8; i++) close_fd(&p->cgroup_fds[i]);
+  close_fd(&cgroup_dir);
   if (!err) {
     char map[64];
     if (getuid() != 0) err = write_proc(pid, "setgroups", "deny");

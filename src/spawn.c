@@ -131,7 +131,8 @@ static void job_cleanup(spawn_job *job) {
     job->pipe_parent_end[i] = job->pipe_child_end[i] = -1;
   }
   if (job->plan.cgroup_procs_fd >= 0) close(job->plan.cgroup_procs_fd);
-  job->plan.cgroup_procs_fd = -1;
+  if (job->plan.cgroup_dir_fd >= 0) close(job->plan.cgroup_dir_fd);
+  job->plan.cgroup_procs_fd = job->plan.cgroup_dir_fd = -1;
   for (int i = 0; i < MB_MAX_EXTRA_CGROUPS; i++) {
     if (job->plan.extra_cgroup_fds[i] >= 0) close(job->plan.extra_cgroup_fds[i]);
     job->plan.extra_cgroup_fds[i] = -1;
@@ -308,7 +309,14 @@ static int clone_child(spawn_job *job, pid_t *pid_out, mb_child_report *r, int *
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  pid_t pid = clone(mb_child_main, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, p);
+  /* born in its cgroup where the kernel can, else cgroup.procs in the child */
+  p->cgroup_joined = p->cgroup_dir_fd >= 0;
+  pid_t pid = p->cgroup_joined ?
+    mb_clone_into_cgroup(mb_child_main, p, stack, CHILD_STACK, CLONE_VM | CLONE_VFORK, p->cgroup_dir_fd) : -1;
+  if (pid < 0) {
+    p->cgroup_joined = 0;
+    pid = clone(mb_child_main, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, p);
+  }
   int clone_errno = errno;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   free(stack);
@@ -358,7 +366,7 @@ static int spawn(lua_State *L) {
   memset(&job, 0, sizeof job);
   for (int i = 0; i < MB_MAX_FDS; i++) job.pipe_parent_end[i] = job.pipe_child_end[i] = -1;
   mb_child_plan *p = &job.plan;
-  p->cgroup_procs_fd = -1;
+  p->cgroup_procs_fd = p->cgroup_dir_fd = -1;
   for (int i = 0; i < MB_MAX_EXTRA_CGROUPS; i++) p->extra_cgroup_fds[i] = -1;
   p->report_fd = -1;
   p->parent_pid = getpid();
@@ -420,6 +428,7 @@ static int spawn(lua_State *L) {
     lua_pushfstring(L, "%s/cgroup.procs", dir);
     p->cgroup_procs_fd = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
     if (p->cgroup_procs_fd < 0) { rc = uv_translate_sys_error(errno); fail_detail = "cgroup"; }
+    p->cgroup_dir_fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC); /* -1: join by cgroup.procs */
   }
   /* extra_cgroups: directories in other (v1) hierarchies, e.g. memory, pids */
   lua_getfield(L, 1, "extra_cgroups");

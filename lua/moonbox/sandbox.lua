@@ -229,9 +229,12 @@ function Sandbox:_take_spare(no_refill)
       self.spare_pending = false
       if self.destroyed or self.spare then return end
       local env = self:_session_env()
+      -- born in a cgroup of its own, which the session that adopts it
+      -- keeps: a migration after a quiet spell costs milliseconds
+      self.spare_seq = (self.spare_seq or 0) + 1
       self.spare = self:_spawn_shell {
         env = env, cwd = self.home, shell = self.policy.shell,
-        cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil,
+        cgroup = tree.create(self.cgroup_name .. "/spare-" .. self.spare_seq),
         extra_cgroups = self.limits_state.extra_cgroups, rlimits = self.limits_state.rlimits,
         seccomp = self.limits_state.seccomp,
       }

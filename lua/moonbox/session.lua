@@ -37,14 +37,21 @@ function M.new(sandbox, id, opts)
     destroyed = false,
     cmd_seq = 0,
   }, Session)
-  if tree.mode() == "cgroup" then
-    self.cgroup = assert(tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
-  end
   -- spares serve createSession: a sandbox driven through its default
   -- session alone never starts one (it would compete with the first
   -- command), but adopts the shell a pre-built sandbox came with
   local spare = async.in_task() and (id ~= "default" or sandbox.spare) and sandbox:_take_spare(id == "default")
-  if not (spare and self:_adopt(spare)) then self:_start_shell() end
+  local function own_cgroup()
+    if tree.mode() == "cgroup" then
+      self.cgroup = assert(tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
+    end
+  end
+  -- an adopted spare brings the cgroup it was born in: no migration
+  if spare and spare.cgroup then self.cgroup = spare.cgroup else own_cgroup() end
+  if not (spare and self:_adopt(spare)) then
+    if spare and self.cgroup == spare.cgroup then own_cgroup() end
+    self:_start_shell()
+  end
   return self
 end
 

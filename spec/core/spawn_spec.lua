@@ -279,6 +279,23 @@ describe("core.spawn", function()
     end)
   end)
 
+  it("starts the child in the cgroup given, its children too", function()
+    local tree = require "moonbox._tree"
+    if tree.mode() ~= "cgroup" then return end -- no writable cgroup v2 here (unprivileged)
+    run_task(function()
+      local dir = assert(tree.create("spawn-spec"))
+      local ok, err = pcall(function()
+        local out = run { args = { "sh", "-c", "grep ^0:: /proc/self/cgroup; sh -c 'grep ^0:: /proc/self/cgroup'" },
+          cgroup = dir }
+        local rel = dir:match("/sys/fs/cgroup/unified(.*)$") or dir:match("/sys/fs/cgroup(.*)$")
+        assert.equals(("0::%s\n"):rep(2):format(rel, rel), out)
+      end)
+      helper.settle()
+      core.rmdir(dir)
+      if not ok then error(err, 0) end
+    end)
+  end)
+
   it("reports exit codes and signals as (code, signal) with 128+N", function()
     run_task(function()
       assert.same({ "", 0, 0 }, { run { args = { "true" } } })

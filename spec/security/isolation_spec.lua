@@ -258,12 +258,12 @@ describe("isolation: pre-built sandboxes (moonbox.prewarm)", function()
           -- the sandbox kept the spare's cgroup: the init and the default
           -- session's shell were born where they belong
           local function cgroup_of(pid)
-            local f = assert(io.open("/proc/" .. pid .. "/cgroup"))
-            local text = f:read("*a")
-            f:close()
+            local file = assert(io.open("/proc/" .. pid .. "/cgroup"))
+            local text = file:read("*a")
+            file:close()
             return text:match("0::([^\n]*)")
           end
-          local function ends(s, suffix) return s:sub(-#suffix) == suffix end
+          local function ends(str, suffix) return str:sub(-#suffix) == suffix end
           assert.is_true(ends(cgroup_of(init), "/" .. sb.cgroup_name))
           assert.is_true(ends(cgroup_of(sb.sessions.default.shell.pid), "/" .. sb.cgroup_name .. "/s-default"))
         end

@@ -54,7 +54,7 @@ static int step_pdeathsig(const mb_child_plan *p) {
 }
 
 static int step_cgroup(const mb_child_plan *p) {
-  if (p->cgroup_procs_fd >= 0 && write(p->cgroup_procs_fd, "0", 1) != 1) return MB_STAGE_CGROUP;
+  if (p->cgroup_procs_fd >= 0 && !p->cgroup_joined && write(p->cgroup_procs_fd, "0", 1) != 1) return MB_STAGE_CGROUP;
   for (int i = 0; i < MB_MAX_EXTRA_CGROUPS; i++)
     if (p->extra_cgroup_fds[i] >= 0 && write(p->extra_cgroup_fds[i], "0", 1) != 1) return MB_STAGE_CGROUP;
   return 0;

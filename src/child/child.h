@@ -61,6 +61,8 @@ typedef struct {
   int pdeathsig;                 /* 0: none */
   pid_t parent_pid;
   int cgroup_procs_fd;           /* -1: none; else an open cgroup.procs to join */
+  int cgroup_dir_fd;             /* that cgroup's directory, to be born in it (clone_into.c); -1: none */
+  int cgroup_joined;             /* born in it: cgroup_procs_fd is not written */
   int extra_cgroup_fds[MB_MAX_EXTRA_CGROUPS]; /* v1 controllers (memory, pids) to join; -1: none */
   mb_fd_plan fds[MB_MAX_FDS];
   int nfds;
@@ -78,6 +80,12 @@ typedef struct {
 
 /* Entry point for clone(); never returns on success. */
 int mb_child_main(void *plan);
+
+/* clone3 with CLONE_INTO_CGROUP: fn(arg) runs in the child on [stack,
+ * stack + stack_size), exit_signal SIGCHLD. -1 with errno when it cannot be
+ * done (no clone3, an older kernel, not x86_64): use clone() then. */
+pid_t mb_clone_into_cgroup(int (*fn)(void *), void *arg, void *stack, size_t stack_size, int flags,
+                           int cgroup_dir_fd);
 
 const char *mb_stage_name(int stage);
 

@@ -18,7 +18,7 @@ typedef struct {
   uint32_t magic, size;
   int32_t ncand, cand_off, argv_off, env_off, cwd_off;
   int32_t setsid, setpgid, ctty, pdeathsig;
-  int32_t cgroup_idx, extra_idx[MB_MAX_EXTRA_CGROUPS];
+  int32_t cgroup_idx, cgroup_dir_idx, extra_idx[MB_MAX_EXTRA_CGROUPS];
   int32_t nfds;
   struct { int32_t target, kind, source_idx, null_flags; } fds[MB_MAX_FDS];
   int32_t nrlimits;
@@ -88,6 +88,7 @@ int mb_wire_pack(const mb_child_plan *p, int *fds, int *nfds) {
   h.ctty = p->ctty;
   h.pdeathsig = p->pdeathsig;
   h.cgroup_idx = fd_index(fds, nfds, p->cgroup_procs_fd);
+  h.cgroup_dir_idx = fd_index(fds, nfds, p->cgroup_dir_fd);
   for (int i = 0; i < MB_MAX_EXTRA_CGROUPS; i++) h.extra_idx[i] = fd_index(fds, nfds, p->extra_cgroup_fds[i]);
   h.nfds = p->nfds;
   for (int i = 0; i < p->nfds; i++) {
@@ -183,6 +184,8 @@ int mb_wire_unpack(void *map, size_t len, const int *fds, int nfds, mb_child_pla
   p->ctty = h.ctty;
   p->pdeathsig = h.pdeathsig;
   p->cgroup_procs_fd = fd_at(fds, nfds, h.cgroup_idx);
+  p->cgroup_dir_fd = fd_at(fds, nfds, h.cgroup_dir_idx);
+  p->cgroup_joined = 0;
   for (int i = 0; i < MB_MAX_EXTRA_CGROUPS; i++) p->extra_cgroup_fds[i] = fd_at(fds, nfds, h.extra_idx[i]);
   p->nfds = h.nfds;
   for (int i = 0; i < h.nfds; i++) {

@@ -12,8 +12,8 @@
 
 #include <stddef.h>
 
-/* fds that travel with a plan: the memfd, a cgroup, extra cgroups, stdio */
-#define MB_WIRE_MAX_FDS (2 + MB_MAX_EXTRA_CGROUPS + MB_MAX_FDS)
+/* fds that travel with a plan: the memfd, a cgroup (cgroup.procs and its directory), extra cgroups, stdio */
+#define MB_WIRE_MAX_FDS (3 + MB_MAX_EXTRA_CGROUPS + MB_MAX_FDS)
 
 /* Pack p into a new sealed memfd. fds[0] is the memfd; fds[1..] are the
  * runtime's fds the plan uses (not dup'ed: send them before closing). */
