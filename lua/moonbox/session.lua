@@ -119,13 +119,27 @@ end
 
 -- ---- killing a command's tree -------------------------------------------
 
-function Session:_cmd_cgroup()
+-- The cgroup a command that may be killed runs in, with the shell in it:
+-- every process the command starts is born there. The shell stays there
+-- after the command (moving it costs a migration, milliseconds after a
+-- quiet spell), so the next such command reuses it unless something else
+-- lives on in it (background jobs): then the shell moves to a new one.
+function Session:_cmd_cgroup(sh)
   if not self.cgroup then return nil end
-  if not self.cmd_cgroup then
-    self.cmd_seq = self.cmd_seq + 1
-    self.cmd_cgroup = assert(tree.create(self.cgroup:sub(#tree.base() + 2) .. "/cmd" .. self.cmd_seq))
+  local cg = self.cmd_cgroup
+  if cg and sh.cgroup == cg then
+    local alone = true
+    for _, pid in ipairs(tree.cgroup_pids(cg)) do
+      if pid ~= sh.pid then alone = false break end
+    end
+    if alone then return cg end
   end
-  return self.cmd_cgroup
+  self.cmd_seq = self.cmd_seq + 1
+  cg = assert(tree.create(self.cgroup:sub(#tree.base() + 2) .. "/cmd" .. self.cmd_seq))
+  self.cmd_cgroup = cg
+  tree.move(cg, sh.pid)
+  sh.cgroup = cg
+  return cg
 end
 
 -- proc mode: orphans the runtime adopted that came from this session
@@ -247,8 +261,7 @@ function Session:_run(command, opts, sink)
   end
   -- Only a command that can be killed (timeout, cancel) needs its own cgroup
   -- (two cgroup migrations per call); deleteSession kills the session's whole cgroup.
-  local cmd_cg = (timeout or control) and self:_cmd_cgroup()
-  if cmd_cg then tree.move(cmd_cg, sh.pid) end
+  local cmd_cg = (timeout or control) and self:_cmd_cgroup(sh)
   local timers, grace_deadline = {}, nil
   local cancelled = false
   local function expire()
@@ -285,8 +298,10 @@ function Session:_run(command, opts, sink)
   if control then control.abort = nil end
   for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
 
-  if cmd_cg and not sh.dead then
+  if cmd_cg and timed_out and not sh.dead then
+    -- the shell leaves, what is left of the command is killed with the cgroup
     tree.move(self.cgroup, sh.pid)
+    sh.cgroup = self.cgroup
   end
   if #held_stderr > 0 then
     local text = table.concat(held_stderr):gsub("[^\n]*%d+ ?[%a ]*%f[%a](Terminated)[^\n]*\n", "")
@@ -297,9 +312,6 @@ function Session:_run(command, opts, sink)
     -- What survived SIGTERM gets the rest of the grace, then SIGKILL; the
     -- call returns only when no process of the command is left.
     self:_finish_kill(sh, grace_deadline)
-  elseif cmd_cg and tree.populated(cmd_cg) then
-    -- background jobs live on in their own cgroup; the next command gets a new one
-    self.cmd_cgroup = nil
   end
 
   if self.destroyed then
