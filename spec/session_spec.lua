@@ -239,6 +239,24 @@ describe("timeouts", function()
     end)
   end)
 
+  it("kills only the timed-out command's tree, not background jobs earlier commands left", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession { id = "bg" }
+      -- one job from a command with a timeout, one from a command without
+      local timed = tonumber(s:exec("sleep 60 >/dev/null 2>&1 & echo $!", { timeout = 5000 }).stdout)
+      local untimed = tonumber(s:exec("sleep 60 >/dev/null 2>&1 & echo $!").stdout)
+      for _ = 1, 3 do
+        local r = s:exec("sh -c 'echo $$ > victim; exec sleep 30'", { timeout = 200 })
+        assert.is_true(r.timedOut)
+        assert.is_false(alive(tonumber(s:exec("cat victim").stdout), sb), "the timed-out command survived")
+        assert.equal("ok\n", s:exec("echo ok", { timeout = 5000 }).stdout)
+      end
+      assert.is_true(alive(timed, sb), "a background job of an earlier command was killed")
+      assert.is_true(alive(untimed, sb), "a background job of an earlier command was killed")
+      s:exec("kill " .. timed .. " " .. untimed)
+    end)
+  end)
+
   it("kills a command that starts after its timeout already fired (regression: it ran to the end)", function()
     with_sandbox(function(sb)
       sb:exec("export KEEP=1")

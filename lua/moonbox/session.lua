@@ -155,6 +155,21 @@ function Session:_marked_orphans()
   return out
 end
 
+-- proc mode: the processes of the running command, found as the shell's
+-- descendants and the session's marked orphans, less those that were there
+-- before it started (background jobs of earlier commands)
+function Session:_proc_command_pids(sh)
+  local before = self.pids_before_cmd or {}
+  local pids = {}
+  for _, pid in ipairs(tree.descendants(sh.pid)) do
+    if not before[pid] then pids[#pids + 1] = pid end
+  end
+  for _, pid in ipairs(self:_marked_orphans()) do
+    if not before[pid] then pids[#pids + 1] = pid end
+  end
+  return pids
+end
+
 -- Signal every process of the running command, but not the shell itself;
 -- `seen` (optional) skips pids signalled by an earlier pass. The shell stays
 -- in the command's cgroup until it reports, so a command it forks late (the
@@ -170,9 +185,7 @@ function Session:_signal_command(sig, seen)
     end
     tree.signal_pids(pids, sig)
   else
-    local pids = tree.descendants(self.shell.pid)
-    for _, pid in ipairs(self:_marked_orphans()) do pids[#pids + 1] = pid end
-    tree.signal_pids(pids, sig)
+    tree.signal_pids(self:_proc_command_pids(self.shell), sig)
   end
 end
 
@@ -186,11 +199,7 @@ function Session:_finish_kill(sh, deadline)
     tree.remove_when_empty(cg, async.sleep)
     self.cmd_cgroup = nil
   elseif not sh.dead then
-    local function leftovers()
-      local pids = tree.descendants(sh.pid)
-      for _, pid in ipairs(self:_marked_orphans()) do pids[#pids + 1] = pid end
-      return pids
-    end
+    local function leftovers() return self:_proc_command_pids(sh) end
     while #leftovers() > 0 and util.now_ms() < deadline do async.sleep(10) end
     for _ = 1, 50 do
       local pids = leftovers()
@@ -262,6 +271,14 @@ function Session:_run(command, opts, sink)
   -- Only a command that can be killed (timeout, cancel) needs its own cgroup
   -- (two cgroup migrations per call); deleteSession kills the session's whole cgroup.
   local cmd_cg = (timeout or control) and self:_cmd_cgroup(sh)
+  self.pids_before_cmd = nil
+  if (timeout or control) and not cmd_cg then
+    -- proc mode: what lives already is not this command's to kill
+    local before = {}
+    for _, pid in ipairs(tree.descendants(sh.pid)) do before[pid] = true end
+    for _, pid in ipairs(self:_marked_orphans()) do before[pid] = true end
+    self.pids_before_cmd = before
+  end
   local timers, grace_deadline = {}, nil
   local cancelled = false
   local function expire()
