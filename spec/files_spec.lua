@@ -312,6 +312,30 @@ describe("files: confinement", function()
     end)
   end)
 
+  it("follows absolute symlinks as the sandbox's processes do, under namespaces", function()
+    with_sandbox(function(sb)
+      if sb:info().isolation ~= "namespaces" then return end -- there an absolute link names a host path
+      sb:exec("mkdir d && echo hi > d/t.txt && echo tt > /tmp/x && ln -s /workspace/d/t.txt alink" ..
+        " && ln -s /workspace/d adir && ln -s /tmp tmpl && ln -s /etc/passwd pw && ln -s /usr/bin ub")
+      assert.equal("hi\n", sb:readFile("alink").content)
+      assert.equal("hi\n", sb:readFile("adir/t.txt").content)
+      assert.equal("tt\n", sb:readFile("tmpl/x").content)
+      sb:writeFile("adir/new.txt", "n")
+      assert.equal("n", sb:exec("cat d/new.txt").stdout)
+      assert.equal(2, sb:listFiles("adir").count)
+      assert.is_true(sb:exists("alink").exists)
+      -- where a link leads must be in reach too
+      fails("PATH_OUTSIDE_SANDBOX", sb.readFile, sb, "pw")
+      fails("PATH_OUTSIDE_SANDBOX", sb.listFiles, sb, "ub")
+      -- deleteFile and renameFile act on the link itself
+      sb:renameFile("alink", "blink")
+      assert.equal("symlink", sb:exec("stat -c %F blink").stdout:match("symbolic link") and "symlink")
+      sb:deleteFile("blink")
+      assert.is_false(sb:exists("blink").exists)
+      assert.equal("hi\n", sb:readFile("d/t.txt").content)
+    end)
+  end)
+
   it("is not fooled by a symlink swapped in after the path was checked", function()
     local root_dir
     run_task(function()

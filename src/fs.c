@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -764,6 +765,31 @@ static int fs_stat_beneath(lua_State *L) {
   return 1;
 }
 
+/* core.fs_where_beneath(root, relpath, resolve) -> path | nil, message, CODE:
+ * where relpath leads, every symlink followed (a final one too), as the
+ * kernel names the object it reached (readlink of /proc/self/fd/<n>): for a
+ * root seen through /proc/<pid>/root, the path inside that process's view.
+ * Synchronous. */
+static int fs_where_beneath(lua_State *L) {
+  const char *rel = luaL_checkstring(L, 2);
+  root_ctx rc;
+  int n = root_begin(L, &rc, 3);
+  if (n) return n;
+  int fd = openat2_fd(rc.root, rel, O_PATH | O_CLOEXEC, 0, rc.resolve);
+  int err = errno;
+  root_end(&rc);
+  if (fd < 0) return return_openat2_error(L, err, rel, rc.resolve_name);
+  char link[64], buf[4096];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t len = readlink(link, buf, sizeof buf);
+  err = errno;
+  close(fd);
+  if (len < 0) return return_at_error(L, err, "readlink", rel);
+  if ((size_t)len >= sizeof buf) return return_at_error(L, ENAMETOOLONG, "readlink", rel);
+  lua_pushlstring(L, buf, (size_t)len);
+  return 1;
+}
+
 /* core.fs_scandir_beneath(root, relpath, resolve) -> {{name=, type=}, ...}
  * unsorted, without . and ... Synchronous. */
 static int fs_scandir_beneath(lua_State *L) {
@@ -823,6 +849,7 @@ static const luaL_Reg fs_funcs[] = {
   {"fs_mkdir_beneath", fs_mkdir_beneath}, {"fs_unlink_beneath", fs_unlink_beneath},
   {"fs_rmdir_beneath", fs_rmdir_beneath}, {"fs_rename_beneath", fs_rename_beneath},
   {"fs_stat_beneath", fs_stat_beneath}, {"fs_scandir_beneath", fs_scandir_beneath},
+  {"fs_where_beneath", fs_where_beneath},
   {NULL, NULL}};
 
 void mb_open_fs(lua_State *L) {

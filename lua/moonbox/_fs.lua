@@ -236,6 +236,13 @@ function M.lstat_beneath(root, relpath, resolve)
   return confined(core.fs_stat_beneath(root, relpath, resolve, false))
 end
 
+-- where_beneath(root, relpath[, resolve]) -> where relpath leads, every
+-- symlink followed, as the kernel names it (inside a /proc/<pid>/root: that
+-- process's view). Synchronous.
+function M.where_beneath(root, relpath, resolve)
+  return confined(core.fs_where_beneath(root, relpath, resolve))
+end
+
 -- scandir_beneath(root, relpath[, resolve]) -> entries sorted by name. Synchronous.
 function M.scandir_beneath(root, relpath, resolve)
   return sorted(confined(core.fs_scandir_beneath(root, relpath, resolve)))

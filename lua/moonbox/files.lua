@@ -114,14 +114,42 @@ local function reach_of(sb)
   return reach
 end
 
-local function resolve(self, path)
+local function in_reach(sb, p)
+  for _, dir in ipairs(reach_of(sb)) do
+    if p == dir or p:sub(1, #dir + 1) == dir .. "/" then return true end
+  end
+  return false
+end
+
+-- Under namespaces a symlink means what it means to the sandbox's own
+-- processes (an absolute one names a path inside it): the parent, and the
+-- final component for calls that follow it, are resolved in the sandbox's
+-- root, and where they lead must be in reach too. The call then works on
+-- that path, still confined beneath the root (a symlink swapped in after
+-- this point cannot lead out of the sandbox).
+local function sandbox_where(sb, p, follow)
+  local root = sb.fs_root
+  if follow then
+    local where = fs.where_beneath(root, p:sub(2), "in_root")
+    if where then return where end
+  end
+  local parent, last = p:match("^(.*)/([^/]+)$")
+  if not parent or parent == "" then return p end
+  local where = fs.where_beneath(root, parent:sub(2), "in_root")
+  if not where then return p end -- a missing parent: the call says FILE_NOT_FOUND
+  return (where == "/" and "" or where) .. "/" .. last
+end
+
+-- follow: whether the call follows a final symlink (deleteFile and rename
+-- act on the link itself)
+local function resolve(self, path, follow)
   local sb = self.sandbox
   if sb.init then
-    -- resolved by the kernel from the sandbox's own root, /proc/<init>/root
     local p = sb:host_path(path, self.cwd)
-    for _, dir in ipairs(reach_of(sb)) do
-      if p == dir or p:sub(1, #dir + 1) == dir .. "/" then
-        return { rel = p:sub(2), view = p, host = p }
+    if in_reach(sb, p) then
+      local where = sandbox_where(sb, p, follow ~= false)
+      if where == p or in_reach(sb, where) then
+        return { rel = where:sub(2), view = p, host = p }
       end
     end
     errors.raise("PATH_OUTSIDE_SANDBOX", ("%s is outside the sandbox"):format(path), { path = path })
@@ -141,8 +169,10 @@ end
 
 -- Inside the queue: resolve, then ask the policy's onFile hook, which may
 -- refuse (nil, reason) or name another path.
+local ACTS_ON_LINK = { deleteFile = true, renameFile = true, moveFile = true }
 local function target(self, op, path)
-  local t = resolve(self, path)
+  local follow = not ACTS_ON_LINK[op]
+  local t = resolve(self, path, follow)
   local hook = self.sandbox.policy.hooks.onFile
   if hook then
     local changed, reason = hook(self, op, t.view)
@@ -151,7 +181,7 @@ local function target(self, op, path)
         { op = op, path = t.view, reason = reason })
     end
     if type(changed) == "string" and changed ~= t.view then
-      t = resolve(self, V.path(changed, "path"))
+      t = resolve(self, V.path(changed, "path"), follow)
     end
   end
   return t
