@@ -268,15 +268,14 @@ function Session:_run(command, opts, sink)
   if control and control.cancelled then
     errors.raise("CANCELLED", "the command was cancelled before it started", { sessionId = self.id })
   end
-  -- Only a command that can be killed (timeout, cancel) needs its own cgroup
-  -- (two cgroup migrations per call); deleteSession kills the session's whole cgroup.
+  -- Only a command that can be killed (timeout, cancel) needs a cgroup of
+  -- its own (_cmd_cgroup); deleteSession kills the session's whole cgroup.
   local cmd_cg = (timeout or control) and self:_cmd_cgroup(sh)
   self.pids_before_cmd = nil
   if (timeout or control) and not cmd_cg then
     -- proc mode: what lives already is not this command's to kill
     local before = {}
-    for _, pid in ipairs(tree.descendants(sh.pid)) do before[pid] = true end
-    for _, pid in ipairs(self:_marked_orphans()) do before[pid] = true end
+    for _, pid in ipairs(self:_proc_command_pids(sh)) do before[pid] = true end
     self.pids_before_cmd = before
   end
   local timers, grace_deadline = {}, nil
