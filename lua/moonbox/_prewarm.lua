@@ -21,7 +21,7 @@ local refill_timer
 local seq = 0
 
 -- In cgroup mode a spare is built in a cgroup of its own, pre-<n>, with its
--- shell in pre-<n>/s-default, and the sandbox that claims it keeps that
+-- shell in pre-<n>/s-default/cmd0, and the sandbox that claims it keeps that
 -- cgroup as its own: no process migrates (moving the init cost 4-15 ms, a
 -- migration waits out an RCU grace period when none happened lately), and
 -- the default session finds its shell already in place.
@@ -62,12 +62,13 @@ local function make()
   end
   local network = policy.network or "none"
   local s = { key = key_of(policy, network) }
-  local cgroups, shell_cgroup
+  local cgroups, shell_cgroup, session_cgroup
   if tree.mode() == "cgroup" then
     seq = seq + 1
     s.cgroup_name = "pre-" .. seq
     local dir = tree.create(s.cgroup_name)
-    shell_cgroup = dir and tree.create(s.cgroup_name .. "/" .. SHELL_CGROUP)
+    session_cgroup = dir and tree.create(s.cgroup_name .. "/" .. SHELL_CGROUP)
+    shell_cgroup = session_cgroup and tree.create(s.cgroup_name .. "/" .. SHELL_CGROUP .. "/cmd0")
     if not shell_cgroup then drop(s) return nil end
     cgroups = { dir }
   end
@@ -82,7 +83,7 @@ local function make()
   local env = { PATH = policy.env.PATH, LANG = policy.env.LANG, HOME = "/root" }
   s.shell = shell_mod.spawn {
     env = env, shell = policy.shell, seccomp = seccomp.filter(policy.seccomp), deferred = true,
-    cgroup = shell_cgroup,
+    cgroup = shell_cgroup, session_cgroup = session_cgroup,
     spawn_spec = function(spec)
       spec.sandbox, spec.no_new_privs, spec.cap_keep = init, true, caps
       return spec

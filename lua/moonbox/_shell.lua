@@ -160,7 +160,7 @@ function Shell:_open_env_file()
   self.env_fd = assert(core.open_fd("env", "r", self.rundir_fd))
 end
 
--- spawn{env = map, cwd, cgroup, shell, on_exit(code, signal), rundir =
+-- spawn{env = map, cwd, cgroup, session_cgroup, shell, on_exit(code, signal), rundir =
 -- {host, inside} (namespaces), spawn_spec(spec) -> spec (the sandbox's),
 -- deferred (bash starts now, its start-up script comes with :begin(rundir):
 -- a shell made ahead inside a sandbox init that is not finished yet)}
@@ -197,7 +197,9 @@ function M.spawn(opts)
   self.devnull = core.devnull()
   self.slots = {}
   self.proc, self.pid = proc, proc:pid()
-  self.cgroup = opts.cgroup -- where it was born (a session that adopts it moves it)
+  -- where it was born, and the cgroup meant as its session's (a spare's
+  -- cmd cgroup sits inside one): a session that adopts it keeps both
+  self.cgroup, self.session_cgroup = opts.cgroup, opts.session_cgroup
   self.control = pipes_or_err[CONTROL_FD]
   self.status = pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)

@@ -232,9 +232,11 @@ function Sandbox:_take_spare(no_refill)
       -- born in a cgroup of its own, which the session that adopts it
       -- keeps: a migration after a quiet spell costs milliseconds
       self.spare_seq = (self.spare_seq or 0) + 1
+      local name = self.cgroup_name .. "/spare-" .. self.spare_seq
+      local session_cgroup = tree.create(name)
       self.spare = self:_spawn_shell {
         env = env, cwd = self.home, shell = self.policy.shell,
-        cgroup = tree.create(self.cgroup_name .. "/spare-" .. self.spare_seq),
+        cgroup = session_cgroup and tree.create(name .. "/cmd0"), session_cgroup = session_cgroup,
         extra_cgroups = self.limits_state.extra_cgroups, rlimits = self.limits_state.rlimits,
         seccomp = self.limits_state.seccomp,
       }

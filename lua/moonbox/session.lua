@@ -46,10 +46,18 @@ function M.new(sandbox, id, opts)
       self.cgroup = assert(tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
     end
   end
-  -- an adopted spare brings the cgroup it was born in: no migration
-  if spare and spare.cgroup then self.cgroup = spare.cgroup else own_cgroup() end
+  -- an adopted spare brings the cgroups it was born in: no migration
+  if spare and spare.cgroup then
+    self.cgroup = spare.session_cgroup or spare.cgroup
+    if spare.session_cgroup then self.cmd_cgroup = spare.cgroup end
+  else
+    own_cgroup()
+  end
   if not (spare and self:_adopt(spare)) then
-    if spare and self.cgroup == spare.cgroup then own_cgroup() end
+    if spare and spare.cgroup and self.cgroup == (spare.session_cgroup or spare.cgroup) then
+      self.cmd_cgroup = nil
+      own_cgroup()
+    end
     self:_start_shell()
   end
   return self
@@ -59,7 +67,7 @@ end
 -- costs one command instead of a bash start-up): move it into our cgroup,
 -- then set our cwd and env in it. false if it could not be set up.
 function Session:_adopt(sh)
-  if self.cgroup and sh.cgroup ~= self.cgroup then
+  if self.cgroup and sh.cgroup ~= self.cgroup and sh.cgroup ~= self.cmd_cgroup then
     tree.move(self.cgroup, sh.pid)
     sh.cgroup = self.cgroup
   end
@@ -88,7 +96,8 @@ function Session:_start_shell()
   local sh, err, code = self.sandbox:_spawn_shell {
     env = env,
     cwd = self.sandbox:_dir_exists(self.cwd) and self.cwd or self.sandbox.home,
-    cgroup = self.cgroup,
+    -- born where its commands run (_cmd_cgroup): no migration for the first
+    cgroup = self.cgroup and self:_new_cmd_cgroup(),
     shell = self.sandbox.policy.shell,
     extra_cgroups = self.sandbox.limits_state.extra_cgroups,
     rlimits = self.sandbox.limits_state.rlimits,
@@ -134,12 +143,16 @@ function Session:_cmd_cgroup(sh)
     end
     if alone then return cg end
   end
-  self.cmd_seq = self.cmd_seq + 1
-  cg = assert(tree.create(self.cgroup:sub(#tree.base() + 2) .. "/cmd" .. self.cmd_seq))
-  self.cmd_cgroup = cg
+  cg = self:_new_cmd_cgroup()
   tree.move(cg, sh.pid)
   sh.cgroup = cg
   return cg
+end
+
+function Session:_new_cmd_cgroup()
+  self.cmd_seq = self.cmd_seq + 1
+  self.cmd_cgroup = assert(tree.create(self.cgroup:sub(#tree.base() + 2) .. "/cmd" .. self.cmd_seq))
+  return self.cmd_cgroup
 end
 
 -- proc mode: orphans the runtime adopted that came from this session
