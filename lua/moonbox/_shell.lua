@@ -16,7 +16,7 @@
 -- commands as the runtime does). The body itself never travels through the
 -- control channel: bash sources it from its own pipe, so heredocs,
 -- unbalanced quotes, `exit`, `exec`, `break` and fd games stay inside it.
--- Completion is the status record "<id> <exit status> <run|exit>\0<PWD>\0",
+-- Completion is the status record "\n<id> <exit status> <run|exit>\0<PWD>\0",
 -- one write by __mb_report after the body, or by the EXIT trap when the body
 -- ends the shell. Just before it, `export -p` (the state a fresh shell is
 -- restored to) rewrites the env file, a memfd of the runtime's (a file in
@@ -54,7 +54,8 @@ local function prelude(slots, rundir, env_fd)
   local out = (" >|%s 2>|%s; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
   -- the shell counts commands itself, as the runtime does: the control line
   -- carries nothing but the shape
-  local main = "__mb_id=$((__mb_id+1)); builtin . " .. p.body
+  -- __mb_in marks a body sourced by the shell itself (see Shell:interrupt)
+  local main = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin . " .. p.body
   local sub = ("__mb_id=$((__mb_id+1)); ( builtin . %s && builtin . %s )"):format(p.prelude, p.body)
   local shapes = {
     main .. " </dev/null" .. out, main .. " <" .. p.stdin .. out,
@@ -63,13 +64,18 @@ local function prelude(slots, rundir, env_fd)
   local lines = {
     "shopt -s expand_aliases",
     -- the shell's own stdout is the status pipe (a command's is redirected)
-    "__mb_report() { builtin export -p >|" .. env_path ..
-      "; builtin printf '%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\"; }",
+    "__mb_report() { __mb_in=; builtin export -p >|" .. env_path ..
+      "; builtin printf '\\n%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\"; }",
     "readonly -f __mb_report",
     -- a subshell hit by a signal right after fork may still run this trap:
     -- only the shell itself reports its exit
     "trap '__mb_s=$?; [ \"$BASHPID\" = \"$$\" ] && __mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit' EXIT",
     "__mb_id=0",
+    -- a timed-out body stops where it is (Shell:interrupt): `return` ends a
+    -- sourced script (or the function it is in; the signal comes again)
+    -- (never from __mb_report: a signal that comes as the body ends must
+    -- not cost the record)
+    "trap '[ -n \"${__mb_in-}\" ] && [ \"${FUNCNAME[0]-}\" != __mb_report ] && return 124' USR1",
     -- bash reads this script through its own fd (it opened /dev/fd/60): the
     -- inherited fd 60 is closed once here, not redirected away per command
     "exec 60<&-",
@@ -239,7 +245,10 @@ function Shell:_status_data(data)
     local a = text:find("\0", 1, true)
     local b = a and text:find("\0", a + 1, true)
     if not b then break end
-    local id, status, kind = text:sub(1, a - 1):match("^(%d+) (%d+) (%a+)$")
+    -- a user's DEBUG or ERR trap also runs at the shell's top level, between
+    -- commands, where its output lands here: whatever comes before the
+    -- record's newline is dropped
+    local id, status, kind = text:sub(1, a - 1):match("\n(%d+) (%d+) (%a+)$")
     local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
       pwd = text:sub(a + 1, b - 1), exports = self.env_fd and core.pread_all(self.env_fd, MAX_ENV_BYTES) or "" }
     text = text:sub(b + 1)
@@ -424,6 +433,16 @@ function Shell:wait_exit(limit_ms)
       timer:start(limit_ms, 0, function() timer:close() self:kill("SIGKILL") end)
     end
   end, "shell exit")
+end
+
+-- A command that timed out runs in the shell itself (a sourced body): its
+-- processes are killed, but bash would go on with the body's next command.
+-- SIGUSR1 makes the shell's trap return from the body (a builtin loop too),
+-- so nothing of the command runs after its timeout and the shell keeps its
+-- state. Outside a body (a subshell's, or the report) the trap does nothing.
+function Shell:interrupt()
+  if self.dead then return end
+  core.kill(self.pid, "SIGUSR1")
 end
 
 function Shell:kill(sig)

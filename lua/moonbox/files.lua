@@ -88,6 +88,8 @@ end
 
 -- The sandbox's name for a path relative to the root.
 local function view_of(sb, rel)
+  -- under namespaces rel is relative to the sandbox's own root: /tmp, /root
+  if sb.init then return rel == "." and "/" or "/" .. rel end
   if rel == "workspace" then return "/workspace" end
   if rel:sub(1, 10) == "workspace/" then return "/workspace/" .. rel:sub(11) end
   if rel == "." then return sb:view_path(absolute(sb.root)) end
@@ -225,8 +227,8 @@ File.__index = File
 
 local MAX_IO = 0x7ffff000 -- the most one read(2) or write(2) moves
 
-local function open_beneath(op, view, root, rel, flags)
-  local fd, msg, code = fs.open_beneath(root, rel, flags)
+local function open_beneath(op, view, root, rel, flags, mode)
+  local fd, msg, code = fs.open_beneath(root, rel, flags, mode)
   check(op, view, fd, msg, code)
   return setmetatable({ fd = fd, op = op, view = view }, File)
 end
@@ -503,6 +505,86 @@ function Session:deleteFile(path)
   end)
 end
 
+-- rename(2) across filesystems (EXDEV: /workspace and the private /tmp or
+-- /root are different mounts under namespaces) does what mv does: copy,
+-- then remove the source. Regular files and directories of them; a tree
+-- holding anything else (a symlink, a fifo) keeps the EXDEV error, checked
+-- before anything is copied. The destination follows rename(2): a file
+-- replaces a file, a directory only an empty directory.
+local function movable_tree(root, rel)
+  local st = fs.lstat_beneath(root, rel)
+  if not st then return false end
+  if st.type == "file" then return true end
+  if st.type ~= "directory" then return false end
+  local entries = fs.scandir_beneath(root, rel)
+  if not entries then return false end
+  for _, e in ipairs(entries) do
+    if not movable_tree(root, join(rel, e.name)) then return false end
+  end
+  return true
+end
+
+local function copy_tree(op, view, root, from, to)
+  local st = check(op, view, fs.lstat_beneath(root, from))
+  local mode = st.mode % 4096
+  if st.type == "directory" then
+    check(op, view, fs.mkdir_beneath(root, to, mode))
+    for _, e in ipairs(check(op, view, fs.scandir_beneath(root, from))) do
+      copy_tree(op, view, root, join(from, e.name), join(to, e.name))
+    end
+    return
+  end
+  local src = open_beneath(op, view, root, from, "r")
+  local ok, err = pcall(function()
+    local dst = open_beneath(op, view, root, to, "wx", mode)
+    using(dst, function()
+      while true do
+        local data = src:read(M.STREAM_CHUNK)
+        if data == "" then break end
+        dst:write_all(data)
+      end
+    end)
+    dst:close()
+  end)
+  src:discard()
+  if not ok then error(err, 0) end
+end
+
+local function remove_tree(op, view, root, rel)
+  local st = check(op, view, fs.lstat_beneath(root, rel))
+  if st.type == "directory" then
+    for _, e in ipairs(check(op, view, fs.scandir_beneath(root, rel))) do
+      remove_tree(op, view, root, join(rel, e.name))
+    end
+    check(op, view, fs.rmdir_beneath(root, rel))
+  else
+    check(op, view, fs.unlink_beneath(root, rel))
+  end
+end
+
+local function move_across(op, src, dst, root)
+  local view = src.view
+  local ctx = { newPath = dst.view }
+  if not movable_tree(root, src.rel) then
+    fail(op, view, "EXDEV: cross-device move of a symlink or special file", "EXDEV", ctx)
+  end
+  local st = fs.lstat_beneath(root, src.rel)
+  local existing = fs.lstat_beneath(root, dst.rel)
+  if existing then
+    if st.type == "directory" then
+      if existing.type ~= "directory" then fail(op, view, "ENOTDIR: not a directory", "ENOTDIR", ctx) end
+      local entries = check(op, view, fs.scandir_beneath(root, dst.rel))
+      if #entries > 0 then fail(op, view, "ENOTEMPTY: directory not empty", "ENOTEMPTY", ctx) end
+      check(op, view, fs.rmdir_beneath(root, dst.rel))
+    else
+      if existing.type == "directory" then fail(op, view, "EISDIR: is a directory", "EISDIR", ctx) end
+      check(op, view, fs.unlink_beneath(root, dst.rel))
+    end
+  end
+  copy_tree(op, view, root, src.rel, dst.rel)
+  remove_tree(op, view, root, src.rel)
+end
+
 local function rename(self, op, from, to, into_directory)
   self:_check_live()
   V.path(from, op == "moveFile" and "sourcePath" or "oldPath")
@@ -516,14 +598,19 @@ local function rename(self, op, from, to, into_directory)
       -- like mv: an existing directory as the destination receives the source
       local st = fs.stat_beneath(root, dst.rel)
       if st and st.type == "directory" and src.rel ~= "." then
-        local rel = join(dst.rel, basename(src.rel))
-        dst = { rel = rel, view = view_of(self.sandbox, rel) }
+        local name = basename(src.rel)
+        dst = { rel = join(dst.rel, name), view = (dst.view == "/" and "" or dst.view) .. "/" .. name }
       end
     end
     if src.rel == "." or dst.rel == "." then
       fail(op, src.view, "EBUSY: the sandbox root cannot be renamed", "EBUSY", { newPath = dst.view })
     end
-    check(op, src.view, fs.rename_beneath(root, src.rel, dst.rel))
+    local ok, msg, code = fs.rename_beneath(root, src.rel, dst.rel)
+    if not ok and code == "EXDEV" then
+      move_across(op, src, dst, root)
+    else
+      check(op, src.view, ok, msg, code)
+    end
     return { success = true, path = src.view, newPath = dst.view, timestamp = timestamp }
   end)
 end

@@ -301,10 +301,14 @@ function Session:_run(command, opts, sink)
     if sh.dead then return end
     local termed = {}
     self:_signal_command("SIGTERM", termed)
-    -- processes started after this pass get their SIGTERM too
+    sh:interrupt()
+    -- processes started after this pass get their SIGTERM too, and the
+    -- shell leaves a function of the body it was in
     local again = core.timer()
     timers[4] = again
-    again:start(20, 20, function() if not sh.dead then self:_signal_command("SIGTERM", termed) end end)
+    again:start(20, 20, function()
+      if not sh.dead then self:_signal_command("SIGTERM", termed) sh:interrupt() end
+    end)
     timers[2] = after(grace, function()
       again:stop()
       if sh.dead or sh.waiting == nil then return end
