@@ -63,6 +63,13 @@ function M.remove_tree(path)
   end
 end
 
+-- Whether path can be opened (and is closed again at once, not by the GC).
+function M.is_file(path)
+  local f = io.open(path)
+  if f then f:close() return true end
+  return false
+end
+
 function M.is_dir(path)
   local f = io.open(path .. "/.")
   if f then f:close() return true end

@@ -48,7 +48,7 @@ local function interpreter(language, env, sb)
     lua = { "luajit", "lua_kernel.lua", {} },
   })[language]
   local path = find_in_path(spec[1], env)
-  if language == "python" and not path and io.open("/usr/bin/python3") then path = "/usr/bin/python3" end
+  if language == "python" and not path and util.is_file("/usr/bin/python3") then path = "/usr/bin/python3" end
   if not path then
     errors.raise("INTERPRETER_NOT_AVAILABLE", ("%s interpreter %q not found in PATH (%s)"):format(
       language, spec[1], tostring(env and env.PATH)), { language = language, path = spec[1] })
