@@ -856,6 +856,12 @@ describe("files: gitCheckout", function()
       assert.equal("/workspace/deep/er/repo", r.targetDir)
       assert.equal("host\n", sb:exec("cat deep/er/repo/f").stdout)
       fails("GIT_CLONE_FAILED", sb.gitCheckout, sb, url, { branch = "main", targetDir = "deep/er/repo" })
+      if sb:info().isolation == "namespaces" then
+        -- the host's clone is moved into the workspace's host directory: the
+        -- private /tmp is refused, never reported done with nothing there
+        fails("GIT_CLONE_FAILED", sb.gitCheckout, sb, url, { branch = "main", targetDir = "/tmp/repo" })
+        assert.is_false(sb:exists("/tmp/repo").exists)
+      end
       os.execute("rm -rf " .. dir)
     end)
   end)

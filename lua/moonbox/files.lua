@@ -1259,7 +1259,14 @@ function Session:gitCheckout(repo_url, opts)
   argv[#argv + 1] = t.host
   local r
   local sb = self.sandbox
-  if host_only_repo(sb, url) then
+  local host_only = host_only_repo(sb, url)
+  if host_only and t.rel ~= "workspace" and t.rel:sub(1, 10) ~= "workspace/" then
+    -- the rename below moves a host directory into the workspace's host
+    -- directory; the sandbox's private /tmp or /root lie in its own tmpfs
+    errors.raise("GIT_CLONE_FAILED", ("git clone %s: a repository only the host has can be checked out into " ..
+      "/workspace only, not %s"):format(url, t.view), { repoUrl = repo_url, targetDir = t.view })
+  end
+  if host_only then
     -- clone next to the workspace on the host (not inside it, where the
     -- sandbox could plant a symlink), then move it in with a confined rename
     sb.clone_seq = (sb.clone_seq or 0) + 1
