@@ -68,14 +68,36 @@ local function prelude(slots, rundir, env_fd)
       "; builtin printf '\\n%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\"; }",
     "readonly -f __mb_report",
     -- a subshell hit by a signal right after fork may still run this trap:
-    -- only the shell itself reports its exit
-    "trap '__mb_s=$?; [ \"$BASHPID\" = \"$$\" ] && __mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit' EXIT",
+    -- only the shell itself reports its exit. A user's own EXIT trap (kept
+    -- by the trap function below) runs first, its output the command's.
+    "__mb_user_exit=",
+    "__mb_status() { return \"$1\"; }",
+    ("builtin trap '__mb_s=$?; if [ \"$BASHPID\" = \"$$\" ]; then if [ -n \"$__mb_user_exit\" ]; then " ..
+      "if [ -n \"${__mb_in-}\" ]; then { __mb_status $__mb_s; eval \"$__mb_user_exit\"; } >|%s 2>|%s; " ..
+      "else { __mb_status $__mb_s; eval \"$__mb_user_exit\"; } >/dev/null 2>&1; fi; fi; " ..
+      "__mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit; fi' EXIT"):format(p.stdout, p.stderr),
     "__mb_id=0",
     -- a timed-out body stops where it is (Shell:interrupt): `return` ends a
     -- sourced script (or the function it is in; the signal comes again)
     -- (never from __mb_report: a signal that comes as the body ends must
     -- not cost the record)
-    "trap '[ -n \"${__mb_in-}\" ] && [ \"${FUNCNAME[0]-}\" != __mb_report ] && return 124' USR1",
+    "builtin trap '[ -n \"${__mb_in-}\" ] && [ \"${FUNCNAME[0]-}\" != __mb_report ] && return 124' USR1",
+    -- `trap ... EXIT` from a command would replace the trap above, and with
+    -- it the report of the shell's exit (cwd, exports, the command's exit
+    -- status): EXIT (0, SIGEXIT) actions are kept aside for it to run instead
+    "trap() { local __mb_a=(\"$@\") __mb_rest=() __mb_sig __mb_set=0",
+    "  [ \"${__mb_a[0]-}\" = -- ] && __mb_a=(\"${__mb_a[@]:1}\")",
+    "  case \"${__mb_a[0]-}\" in -?*) builtin trap \"$@\"; return ;; esac",
+    "  if [ \"${#__mb_a[@]}\" -lt 2 ]; then",
+    "    case \"${__mb_a[0]-}\" in [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) __mb_user_exit=; return 0 ;; esac",
+    "    builtin trap \"$@\"; return",
+    "  fi",
+    "  for __mb_sig in \"${__mb_a[@]:1}\"; do case \"$__mb_sig\" in",
+    "    [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) __mb_set=1 ;; *) __mb_rest+=(\"$__mb_sig\") ;;",
+    "  esac; done",
+    "  if [ \"$__mb_set\" = 1 ]; then [ \"${__mb_a[0]}\" = - ] && __mb_user_exit= || __mb_user_exit=${__mb_a[0]}; fi",
+    "  [ \"${#__mb_rest[@]}\" -eq 0 ] || builtin trap -- \"${__mb_a[0]}\" \"${__mb_rest[@]}\"",
+    "}",
     -- bash reads this script through its own fd (it opened /dev/fd/60): the
     -- inherited fd 60 is closed once here, not redirected away per command
     "exec 60<&-",
