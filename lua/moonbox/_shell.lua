@@ -21,9 +21,10 @@
 -- ends the shell. Just before it, `export -p` (the state a fresh shell is
 -- restored to) rewrites the env file, a memfd of the runtime's (a file in
 -- the run directory under namespaces): bash writes a line per variable, and
--- on the status pipe each of those writes could wake the runtime. The status pipe is the shell's fd 1, which
--- every command has redirected to its own stdout, so no fd of the runtime's
--- is open in a command; bash restores it before an EXIT trap runs.
+-- on the status pipe each of those writes could wake the runtime. The
+-- status pipe is the shell's fd 1, which every command has redirected to
+-- its own stdout, so no fd of the runtime's is open in a command; bash
+-- restores it before an EXIT trap runs.
 --
 -- Inside a sandbox's namespaces the runtime's /proc is not visible, so the
 -- five paths name entries of a run directory of the shell's own instead
@@ -73,8 +74,8 @@ local function prelude(slots, rundir, env_fd)
     "__mb_user_exit=",
     "__mb_status() { return \"$1\"; }",
     ("builtin trap '__mb_s=$?; if [ \"$BASHPID\" = \"$$\" ]; then if [ -n \"$__mb_user_exit\" ]; then " ..
-      "if [ -n \"${__mb_in-}\" ]; then { __mb_status $__mb_s; eval \"$__mb_user_exit\"; } >|%s 2>|%s; " ..
-      "else { __mb_status $__mb_s; eval \"$__mb_user_exit\"; } >/dev/null 2>&1; fi; fi; " ..
+      "__mb_o=/dev/null __mb_e=/dev/null; [ -n \"${__mb_in-}\" ] && __mb_o=%s __mb_e=%s; " ..
+      "{ __mb_status $__mb_s; eval \"$__mb_user_exit\"; } >|\"$__mb_o\" 2>|\"$__mb_e\"; fi; " ..
       "__mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit; fi' EXIT"):format(p.stdout, p.stderr),
     "__mb_id=0",
     -- a timed-out body stops where it is (Shell:interrupt): `return` ends a

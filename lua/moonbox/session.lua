@@ -47,17 +47,10 @@ function M.new(sandbox, id, opts)
     end
   end
   -- an adopted spare brings the cgroups it was born in: no migration
-  if spare and spare.cgroup then
-    self.cgroup = spare.session_cgroup or spare.cgroup
-    if spare.session_cgroup then self.cmd_cgroup = spare.cgroup end
-  else
-    own_cgroup()
-  end
+  local borrowed = spare and spare.session_cgroup
+  if borrowed then self.cgroup, self.cmd_cgroup = borrowed, spare.cgroup else own_cgroup() end
   if not (spare and self:_adopt(spare)) then
-    if spare and spare.cgroup and self.cgroup == (spare.session_cgroup or spare.cgroup) then
-      self.cmd_cgroup = nil
-      own_cgroup()
-    end
+    if borrowed then self.cmd_cgroup = nil own_cgroup() end
     self:_start_shell()
   end
   return self
