@@ -92,10 +92,20 @@ moonbox.run(function()
     for i = 1, N do local t = ms() s:exec("/bin/true") samples[i] = ms() - t end
     return stats(samples)
   end)()
+  -- the same with the shell's spawn builtin off: bash forks for it
+  local shell_mod = require "moonbox._shell"
+  shell_mod.spawn_builtin = false
+  local f50, f99 = (function()
+    local samples = {}
+    for i = 1, N do local t = ms() s:exec("/bin/true") samples[i] = ms() - t end
+    return stats(samples)
+  end)()
+  shell_mod.spawn_builtin = true
   local bt50, bt99 = raw_bash_floor("/bin/true")
   row("raw floor: bash over pipes, `/bin/true; echo m`", bt50, bt99)
   row("exec(\"/bin/true\")", e50, e99, ("%.2fx the spawn floor, %.2fx the bash floor at p50"):format(
     e50 / sp50, e50 / bt50))
+  row("exec(\"/bin/true\"), spawn builtin off", f50, f99, ("%.2fx the spawn floor"):format(f50 / sp50))
   local created = {}
   for i = 1, 200 do
     local t = ms()

@@ -388,5 +388,15 @@ LUALIB_API int luaopen_moonbox_core(lua_State *L) {
   mb_open_seccomp(L);
   mb_open_nsinit(L);
   mb_open_http(L);
+#ifdef MOONBOX_BASH_BUILTIN_BUILD
+  /* where the session shells' spawn builtin may be: the build tree's, then
+   * the installed one */
+  lua_createtable(L, 2, 0);
+  lua_pushstring(L, MOONBOX_BASH_BUILTIN_BUILD);
+  lua_rawseti(L, -2, 1);
+  lua_pushstring(L, MOONBOX_BASH_BUILTIN_INSTALL);
+  lua_rawseti(L, -2, 2);
+  lua_setfield(L, -2, "bash_builtin_paths");
+#endif
   return 1;
 }

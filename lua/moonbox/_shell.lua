@@ -26,6 +26,13 @@
 -- its own stdout, so no fd of the runtime's is open in a command; bash
 -- restores it before an EXIT trap runs.
 --
+-- A body that is a plain external command line (_simple_command) comes as
+-- shape 5 or 6: the shell's __mb_run builtin reads its words from the
+-- prelude slot and posix_spawns it instead of forking (src/bash/spawn_builtin.c),
+-- or, when the shell's own state says the word is no file command, sources
+-- the body as shape 1 would. The builtin comes as fd 63, loaded once by the
+-- start-up script; a shell that cannot load it runs shapes 5 and 6 as 1 and 2.
+--
 -- Inside a sandbox's namespaces the runtime's /proc is not visible, so the
 -- five paths name entries of a run directory of the shell's own instead
 -- (rundir): the body, stdin and prelude are small files written per
@@ -37,14 +44,31 @@ local async = require "moonbox.async"
 
 local M = {}
 
-local CONTROL_FD, STATUS_FD, PRELUDE_FD = 60, 1, 62
+local CONTROL_FD, STATUS_FD, PRELUDE_FD, BUILTIN_FD = 60, 1, 62, 63
 local MAX_ENV_BYTES = 16 * 1024 * 1024 -- far past what execve would take
 local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-pages-soft
 local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 local SLOT_NAMES = {}
 for name, i in pairs(SLOTS) do SLOT_NAMES[i] = name end
 
+-- set to false to have every command sourced (and every external command
+-- forked by bash), as without the builtin
+M.spawn_builtin = true
+
 local rt_pid = core.getpid()
+
+-- The spawn builtin, opened once (false: there is none).
+local builtin_fd
+local function spawn_builtin_fd()
+  if builtin_fd == nil then
+    builtin_fd = false
+    for _, path in ipairs(core.bash_builtin_paths or {}) do
+      local fd = core.open_fd(path, "r")
+      if fd then builtin_fd = fd break end
+    end
+  end
+  return builtin_fd or nil
+end
 local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
 
 -- The shell's start-up script: report function, EXIT trap, command shapes.
@@ -103,9 +127,15 @@ local function prelude(slots, rundir, env_fd)
     -- inherited fd 60 is closed once here, not redirected away per command
     "exec 60<&-",
   }
+  local function quoted(shape) return "'" .. shape:gsub("'", "'\\''") .. "'" end
   for i, shape in ipairs(shapes) do
-    lines[#lines + 1] = ("readonly __mb_c%d=%s"):format(i, "'" .. shape:gsub("'", "'\\''") .. "'")
+    lines[#lines + 1] = ("readonly __mb_c%d=%s"):format(i, quoted(shape))
   end
+  -- shapes 5 and 6: a plain external command, its words in the prelude slot
+  local spawn = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run " .. p.prelude .. " " .. p.body
+  lines[#lines + 1] = ("if builtin enable -f /proc/self/fd/%d __mb_run 2>/dev/null; then " ..
+    "readonly __mb_c5=%s __mb_c6=%s; else readonly __mb_c5=\"$__mb_c1\" __mb_c6=\"$__mb_c2\"; fi; exec %d<&-"):format(
+    BUILTIN_FD, quoted(spawn .. " </dev/null" .. out), quoted(spawn .. " <" .. p.stdin .. out), BUILTIN_FD)
   return table.concat(lines, "\n") .. "\n"
 end
 
@@ -202,6 +232,7 @@ function M.spawn(opts)
   end
   local spec_of = opts.spawn_spec or function(spec) return spec end
   local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [CONTROL_FD] = "in", [PRELUDE_FD] = "in" }
+  if M.spawn_builtin then stdio[BUILTIN_FD] = spawn_builtin_fd() end
   local proc, pipes_or_err, code = core.spawn(spec_of {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",
@@ -327,10 +358,11 @@ function Shell:usable()
   return not self.dead and not self.exiting
 end
 
--- run{body, stdin, prelude, on_chunk(stream, data)} -> record, where record
--- is {status, pwd, exports, exiting} or {died = true, status, signal}.
+-- run{body, stdin, prelude, words, on_chunk(stream, data)} -> record, where
+-- record is {status, pwd, exports, exiting} or {died = true, status, signal}.
 -- prelude (per-call cwd/env) makes the command run in a subshell, so its
--- effects end with the call.
+-- effects end with the call. words (the body's, when it is a plain external
+-- command line, without a prelude) let the shell spawn it without forking.
 function Shell:run(req)
   self.seq = self.seq + 1
   local id = self.seq
@@ -423,8 +455,13 @@ function Shell:run(req)
     if req.stdin then feed(SLOTS.stdin, req.stdin) end
     drain(SLOTS.stdout, "stdout")
     drain(SLOTS.stderr, "stderr")
-    if req.prelude then feed(SLOTS.prelude, req.prelude) end
     local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
+    if req.prelude then
+      feed(SLOTS.prelude, req.prelude)
+    elseif req.words and M.spawn_builtin then
+      feed(SLOTS.prelude, table.concat(req.words, "\0") .. "\0")
+      shape = shape + 4
+    end
     self.control:write(("eval \"$__mb_c%d\"\n"):format(shape))
   end)
   if not ok then

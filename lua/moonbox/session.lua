@@ -6,6 +6,7 @@ local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local shell_mod = require "moonbox._shell"
+local simple_command = require "moonbox._simple_command"
 local tree = require "moonbox._tree"
 local queue_mod = require "moonbox._queue"
 local util = require "moonbox._util"
@@ -259,6 +260,7 @@ function Session:_run(command, opts, sink)
     req.prelude = ":"
   else
     req.body = command
+    req.words = simple_command.words(command)
   end
   if opts.stdin ~= nil then req.stdin = opts.stdin end
   if opts.env or opts.cwd then

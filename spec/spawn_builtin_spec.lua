@@ -1,0 +1,123 @@
+-- The session shell's spawn builtin (src/bash/spawn_builtin.c): a plain
+-- external command runs without forking the shell, and nothing a user can
+-- observe differs from bash running it itself.
+local shell_mod = require "moonbox._shell"
+local simple = require "moonbox._simple_command"
+
+local with_sandbox = helper.with_sandbox
+
+-- exec(command) twice in one session: through the builtin, then with it
+-- off (bash forks and execs as usual); pids and the body's path differ
+local function both_ways(s, command, opts)
+  local function once(on)
+    shell_mod.spawn_builtin = on
+    local ok, r = pcall(s.exec, s, command, opts)
+    shell_mod.spawn_builtin = true
+    assert(ok, r)
+    local function norm(text)
+      return (text:gsub("^[^\n]-: line 1: ", "BODY: line 1: "):gsub("line 1: +%d+ ", "line 1: PID "))
+    end
+    return { exitCode = r.exitCode, stdout = r.stdout, stderr = norm(r.stderr) }
+  end
+  return once(true), once(false)
+end
+
+describe("plain command lines", function()
+  it("are told from everything else bash would parse", function()
+    assert.same({ "/bin/echo", "a", "b=c", "--x=1,2", "%s@:+" }, simple.words("/bin/echo a  b=c\t--x=1,2 %s@:+\n"))
+    assert.same({ "ls" }, simple.words("  ls  "))
+    for _, body in ipairs { "", " ", "echo hi", "true", "A=1 ls", "ls *", "ls ~", "ls $HOME", "ls 'a'", "ls \"a\"",
+      "ls a\\ b", "ls;ls", "ls|cat", "ls >x", "ls &", "ls\nls", "ls {a,b}", "ls # c", "! ls", "%1", "-x",
+      "if", "ls `x`", "ls (x)", "ls [a]", "ls ?", "cd /tmp", "exec ls", string.rep("a", 3000) } do
+      assert.is_nil(simple.words(body), body)
+    end
+  end)
+end)
+
+describe("the spawn builtin", function()
+  it("is loaded by every session shell", function()
+    with_sandbox(function(sb)
+      assert.equal("enable __mb_run\n", sb:exec("enable -a | grep __mb_run").stdout)
+      local s = sb:createSession {}
+      assert.equal("enable __mb_run\n", s:exec("enable -a | grep __mb_run").stdout)
+    end)
+  end)
+
+  it("gives the same exit codes, output and error messages as bash's own fork", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:writeFile("/workspace/segv.sh", "#!/bin/sh\nkill -SEGV $$\n")
+      s:writeFile("/workspace/kill9.sh", "#!/bin/sh\necho before; kill -KILL $$\n")
+      s:writeFile("/workspace/term.sh", "#!/bin/sh\nkill -TERM $$\n")
+      s:writeFile("/workspace/int.sh", "#!/bin/sh\nkill -INT $$\n")
+      s:writeFile("/workspace/exit7.sh", "#!/bin/sh\necho out; echo err >&2; exit 7\n")
+      s:writeFile("/workspace/noshebang", "echo from a script without a shebang\n")
+      s:writeFile("/workspace/plain", "not executable\n")
+      s:exec("chmod +x segv.sh kill9.sh term.sh int.sh exit7.sh noshebang; mkdir -p dir")
+      for _, command in ipairs { "/bin/echo hello  world", "printenv _", "./exit7.sh", "./segv.sh", "./kill9.sh",
+        "./term.sh", "./int.sh", "./noshebang", "./plain", "./dir", "nosuchcommand", "/no/such/file", "/bin/false",
+        "env" } do
+        local fast, forked = both_ways(s, command)
+        assert.same(forked, fast, command)
+      end
+      local fast = both_ways(s, "./exit7.sh")
+      assert.same({ exitCode = 7, stdout = "out\n", stderr = "err\n" }, fast)
+      assert.equal(139, (both_ways(s, "./segv.sh")).exitCode)
+      assert.equal("from a script without a shebang\n", (both_ways(s, "./noshebang")).stdout)
+      local cat = both_ways(s, "cat", { stdin = "exactly this" })
+      assert.equal("exactly this", cat.stdout)
+    end)
+  end)
+
+  it("leaves aliases, functions and hashed paths to the shell", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:exec("ls() { echo function; }; alias lsa='echo alias'; hash -p /bin/echo myecho")
+      assert.equal("function\n", s:exec("ls").stdout)
+      assert.equal("alias\n", s:exec("lsa").stdout)
+      assert.equal("hashed\n", s:exec("myecho hashed").stdout)
+      s:exec("unset -f ls")
+      assert.equal("/workspace\n", s:exec("ls -d /workspace").stdout)
+    end)
+  end)
+
+  it("runs the command with the shell's cwd, PATH, umask, limits and ignored signals", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      -- (relative paths: without namespaces /workspace is a host path)
+      s:exec("mkdir -p bin sub && export PATH=$PWD/bin:$PATH && cd sub")
+      s:writeFile("/workspace/bin/state", "#!/bin/sh\necho \"${PWD##*/} $(umask) $(ulimit -n)\"\n" ..
+        "kill -USR2 $$; echo survived USR2\n")
+      s:exec("chmod +x ../bin/state; umask 027; ulimit -n 77; trap '' USR2")
+      local r = s:exec("state")
+      assert.same({ 0, "sub 0027 77\nsurvived USR2\n", "" }, { r.exitCode, r.stdout, r.stderr })
+    end)
+  end)
+
+  it("ends the shell under set -e as a forked command would, and the session goes on", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:exec("set -e; cd /tmp; export KEPT=1")
+      local r = s:exec("/bin/false")
+      assert.equal(1, r.exitCode)
+      assert.equal("/tmp 1\n", s:exec("echo $PWD $KEPT").stdout)
+    end)
+  end)
+
+  it("kills a timed-out command and its tree; the shell keeps its state", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:writeFile("/workspace/sleeper", "#!/bin/sh\necho $$ >pid\nexec sleep 30\n")
+      s:exec("chmod +x sleeper; export KEPT=yes")
+      assert.is_table(simple.words("./sleeper"))
+      local r = s:exec("./sleeper", { timeout = 200 })
+      assert.is_true(r.timedOut)
+      assert.equal(124, r.exitCode)
+      assert.equal("", r.stderr)
+      local pid = tonumber(s:readFile("/workspace/pid").content)
+      assert.is_false(helper.pid_alive(pid, sb))
+      assert.equal("yes\n", s:exec("echo $KEPT").stdout)
+      assert.equal("ok\n", s:exec("/bin/echo ok").stdout)
+    end)
+  end)
+end)
