@@ -121,8 +121,27 @@ static int sys_pread_all(lua_State *L) {
     if (n == 0) break;
     luaL_addsize(&b, (size_t)n);
     off += n;
+    if ((size_t)n < want) break; /* a regular file's end: no second call for its 0 */
   }
   luaL_pushresult(&b);
+  return 1;
+}
+
+/* core.rewrite_fd(fd, data) -> true | nil, msg, code: the file (a memfd,
+ * a regular file) holds exactly data from now on; whoever opens it next
+ * (by /proc/<pid>/fd path or name) reads that from offset 0 */
+static int sys_rewrite_fd(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1);
+  size_t len;
+  const char *data = luaL_checklstring(L, 2, &len);
+  if (ftruncate(fd, 0) < 0) return mb_push_errno(L, errno, "ftruncate");
+  for (size_t done = 0; done < len;) {
+    ssize_t n = pwrite(fd, data + done, len - done, (off_t)done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return mb_push_errno(L, errno, "pwrite");
+    done += (size_t)n;
+  }
+  lua_pushboolean(L, 1);
   return 1;
 }
 
@@ -187,6 +206,7 @@ static const luaL_Reg sys_funcs[] = {
   {"mkfifo", sys_mkfifo}, {"open_fd", sys_open_fd}, {"readlink", sys_readlink},
   {"dir_fd", sys_dir_fd}, {"unlink", sys_unlink},
   {"write_fd", sys_write_fd}, {"memfd", sys_memfd}, {"pread_all", sys_pread_all},
+  {"rewrite_fd", sys_rewrite_fd},
   {"dup_to", sys_dup_to}, {"devnull", sys_devnull},
   {"readdir", sys_readdir}, {"mkdir", sys_mkdir}, {"rmdir", sys_rmdir},
   {"time", sys_time},

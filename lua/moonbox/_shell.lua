@@ -4,8 +4,10 @@
 --
 -- Each shell has five fixed fd slots in the runtime (body, stdin, stdout,
 -- stderr, per-call prelude) whose paths /proc/<rt>/fd/<slot> never change;
--- per command the runtime makes fresh pipes and dup3()s them onto the slots.
--- The prelude stores the four command shapes in readonly variables, so the
+-- per command the runtime makes fresh pipes and dup3()s them onto the slots,
+-- but for the body: a memfd it rewrites (bash reads a sourced file whole
+-- before running any of it). The prelude stores the six command shapes in
+-- readonly variables, so the
 -- line sent per command is tiny (bash reads a pipe one byte per read(2),
 -- and every system call is dear on a paravirtualised VM):
 --
@@ -14,7 +16,7 @@
 -- with __mb_c1 = '__mb_id=$((__mb_id+1)); builtin . <body> </dev/null
 -- >|<out> 2>|<err>; __mb_report $__mb_id $? run' (the shell counts its
 -- commands as the runtime does). The body itself never travels through the
--- control channel: bash sources it from its own pipe, so heredocs,
+-- control channel: bash sources it from its own file, so heredocs,
 -- unbalanced quotes, `exit`, `exec`, `break` and fd games stay inside it.
 -- Completion is the status record "\n<id> <exit status> <run|exit>\0<PWD>\0",
 -- one write by __mb_report after the body, or by the EXIT trap when the body
@@ -27,18 +29,19 @@
 -- restores it before an EXIT trap runs.
 --
 -- A body that is a plain external command line (_simple_command) comes as
--- shape 5 or 6: the shell's __mb_run builtin reads its words from the
--- prelude slot and posix_spawns it instead of forking (src/bash/spawn_builtin.c),
+-- shape 5 or 6: the shell's __mb_run builtin reads the body's words and
+-- posix_spawns the command instead of forking (src/bash/spawn_builtin.c),
 -- or, when the shell's own state says the word is no file command, sources
 -- the body as shape 1 would. The builtin comes as fd 63, loaded once by the
 -- start-up script; a shell that cannot load it runs shapes 5 and 6 as 1 and 2.
 --
 -- Inside a sandbox's namespaces the runtime's /proc is not visible, so the
 -- five paths name entries of a run directory of the shell's own instead
--- (rundir): the body, stdin and prelude are small files written per
--- command, stdout and stderr fresh FIFOs the runtime holds open read-write
--- (never at EOF, never blocking the shell's open). Each is unlinked after
--- the command, so a background job keeps only its own old copy.
+-- (rundir): the body one file rewritten per command, stdin and prelude
+-- small files written per command, stdout and stderr fresh FIFOs the
+-- runtime holds open read-write (never at EOF, never blocking the shell's
+-- open). Each but the body is unlinked after the command, so a background
+-- job keeps only its own old copy.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 
@@ -131,8 +134,8 @@ local function prelude(slots, rundir, env_fd)
   for i, shape in ipairs(shapes) do
     lines[#lines + 1] = ("readonly __mb_c%d=%s"):format(i, quoted(shape))
   end
-  -- shapes 5 and 6: a plain external command, its words in the prelude slot
-  local spawn = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run " .. p.prelude .. " " .. p.body
+  -- shapes 5 and 6: a plain external command (the builtin reads its words)
+  local spawn = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run " .. p.body
   lines[#lines + 1] = ("if builtin enable -f /proc/self/fd/%d __mb_run 2>/dev/null; then " ..
     "readonly __mb_c5=%s __mb_c6=%s; else readonly __mb_c5=\"$__mb_c1\" __mb_c6=\"$__mb_c2\"; fi; exec %d<&-"):format(
     BUILTIN_FD, quoted(spawn .. " </dev/null" .. out), quoted(spawn .. " <" .. p.stdin .. out), BUILTIN_FD)
@@ -219,6 +222,21 @@ function Shell:_open_env_file()
   self.env_fd = assert(core.open_fd("env", "r", self.rundir_fd))
 end
 
+-- The body slot is one file rewritten per command (bash reads a sourced
+-- file whole before it runs any of it): a memfd on the body slot, or
+-- `body` in the run directory. The spawn builtin reads it too, and may
+-- then source it all the same.
+function Shell:_open_body_file()
+  if not self.rundir then
+    local fd = assert(core.memfd("moonbox-body"))
+    core.dup_to(fd, self.slots[SLOTS.body])
+    core.close_fd(fd)
+    self.body_fd = self.slots[SLOTS.body]
+  else
+    self.body_fd = assert(core.open_fd("body", "w", self.rundir_fd))
+  end
+end
+
 -- spawn{env = map, cwd, cgroup, session_cgroup, shell, on_exit(code, signal), rundir =
 -- {host, inside} (namespaces), spawn_spec(spec) -> spec (the sandbox's),
 -- deferred (bash starts now, its start-up script comes with :begin(rundir):
@@ -277,6 +295,7 @@ function Shell:begin(rundir)
   if not self.rundir then
     for i = 1, 5 do self.slots[i] = core.devnull() end
   end
+  self:_open_body_file()
   -- bash reads a script from a pipe one byte per read(2), but sources a
   -- file in blocks: the start-up script comes through its own pipe, sourced
   self:_open_env_file()
@@ -346,6 +365,8 @@ function Shell:_close_slots()
   core.close_fd(self.devnull)
   self.slots = nil
   if self.env_fd then core.close_fd(self.env_fd) self.env_fd = nil end
+  if self.rundir and self.body_fd then core.close_fd(self.body_fd) end
+  self.body_fd = nil
   if self.rundir then
     for name in pairs(SLOTS) do core.unlink(name, self.rundir_fd) end
     core.unlink("env", self.rundir_fd)
@@ -451,7 +472,8 @@ function Shell:run(req)
     -- our ends are closed, so that pipe is dead either way)
   end
   local ok, err = pcall(function()
-    feed(SLOTS.body, req.body)
+    local ok_body, err_body = core.rewrite_fd(self.body_fd, req.body)
+    if not ok_body then error(err_body, 0) end
     if req.stdin then feed(SLOTS.stdin, req.stdin) end
     drain(SLOTS.stdout, "stdout")
     drain(SLOTS.stderr, "stderr")
@@ -459,7 +481,6 @@ function Shell:run(req)
     if req.prelude then
       feed(SLOTS.prelude, req.prelude)
     elseif req.words and M.spawn_builtin then
-      feed(SLOTS.prelude, table.concat(req.words, "\0") .. "\0")
       shape = shape + 4
     end
     self.control:write(("eval \"$__mb_c%d\"\n"):format(shape))

@@ -6,12 +6,13 @@
  * 0.15 ms of the 0.8 ms an exec("/bin/true") takes. posix_spawn (vfork and
  * exec) shares the address space until exec and copies nothing.
  *
- *   __mb_run ARGV BODY
+ *   __mb_run BODY
  *
- * ARGV holds the command's words, each NUL-terminated: the runtime sends
- * this shape only for a body it has checked is one line of plain words (no
- * quoting, expansion, redirection or operator), so bash would split the
- * body into exactly these words. Here the shell's own state decides the
+ * The runtime sends this shape only for a body it has checked is one line
+ * of plain words (no quoting, expansion, redirection or operator), so its
+ * words are what bash would make of it: the body split at blanks. BODY is a
+ * regular file (a memfd or a file of the run directory), read here and, if
+ * need be, sourced after. Here the shell's own state decides the
  * rest: if the first word is a reserved word, alias, function or builtin,
  * is not found, or cannot be spawned, or the shell is restricted or has job
  * control on, the builtin does what `builtin . BODY` does instead (bash's
@@ -54,31 +55,31 @@ extern int expand_aliases;
 extern int restricted;
 
 #define CMDSRCH_HASH 0x01
-#define MAX_ARGV_BYTES 4096
+#define MAX_BODY_BYTES 4096
 #define MAX_WORDS 256
 
 extern char **environ;
 
-/* The whole ARGV file (a pipe or a small file), NUL-terminated words. */
+/* The body's words (split at blanks, in buf), or -1 if it is too long to
+ * be one the runtime would send this way. */
 static int read_words(const char *path, char *buf, char **argv) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   size_t len = 0;
   for (;;) {
-    ssize_t n = read(fd, buf + len, MAX_ARGV_BYTES - len);
+    ssize_t n = read(fd, buf + len, MAX_BODY_BYTES - len);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) { close(fd); return -1; }
     if (n == 0) break;
     len += (size_t)n;
-    if (len == MAX_ARGV_BYTES) { close(fd); return -1; }
+    if (len == MAX_BODY_BYTES) { close(fd); return -1; }
   }
   close(fd);
+  buf[len] = 0;
   int argc = 0;
-  for (size_t i = 0; i < len && argc < MAX_WORDS;) {
-    argv[argc++] = buf + i;
-    char *nul = memchr(buf + i, 0, len - i);
-    if (!nul) return -1;
-    i = (size_t)(nul - buf) + 1;
+  for (char *save = NULL, *w = strtok_r(buf, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
+    if (argc == MAX_WORDS) return -1;
+    argv[argc++] = w;
   }
   argv[argc] = NULL;
   return argc;
@@ -184,14 +185,14 @@ static int source_body(char *body) {
 }
 
 static int mb_run_builtin(WORD_LIST *list) {
-  if (!list || !list->next) {
+  if (!list || list->next) {
     builtin_usage();
     return EX_USAGE;
   }
-  char *argv_path = list->word->word, *body = list->next->word->word;
-  char buf[MAX_ARGV_BYTES];
+  char *body = list->word->word;
+  char buf[MAX_BODY_BYTES + 1];
   char *argv[MAX_WORDS + 1];
-  int argc = read_words(argv_path, buf, argv);
+  int argc = read_words(body, buf, argv);
   char *path = argc > 0 ? external_command(argv[0]) : NULL;
   if (path) {
     /* no body is being sourced: the timeout trap (USR1) has nothing to
@@ -214,11 +215,11 @@ int __mb_run_builtin_load(char *name) {
 static char *mb_run_doc[] = {
   "Run a session's simple external command without forking the shell.",
   "",
-  "Reads NUL-terminated words from ARGV; runs them with posix_spawn when",
-  "the first names an external command, else sources BODY.",
+  "Splits BODY, a plain command line, at blanks; runs the words with",
+  "posix_spawn when the first names an external command, else sources BODY.",
   NULL,
 };
 
 struct builtin __mb_run_struct = {
-  "__mb_run", mb_run_builtin, BUILTIN_ENABLED, mb_run_doc, "__mb_run ARGV BODY", 0,
+  "__mb_run", mb_run_builtin, BUILTIN_ENABLED, mb_run_doc, "__mb_run BODY", 0,
 };
