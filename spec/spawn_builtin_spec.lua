@@ -81,6 +81,21 @@ describe("the spawn builtin", function()
     end)
   end)
 
+  it("leaves commands to bash when a trap or set -x or -v would see them", function()
+    with_sandbox(function(sb)
+      for _, setup in ipairs { "trap 'echo chld' CHLD", "trap 'echo \"dbg $BASH_COMMAND\"' DEBUG",
+        "trap 'echo err' ERR", "trap 'echo ret' RETURN", "set -x", "set -v" } do
+        local s = sb:createSession {}
+        s:exec(setup)
+        for _, command in ipairs { "/bin/echo hi", "/bin/false" } do
+          local fast, forked = both_ways(s, command)
+          assert.same(forked, fast, setup .. "; " .. command)
+        end
+        sb:deleteSession(s.id)
+      end
+    end)
+  end)
+
   it("runs the command with the shell's cwd, PATH, umask, limits and ignored signals", function()
     with_sandbox(function(sb)
       local s = sb:createSession {}

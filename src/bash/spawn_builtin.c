@@ -14,8 +14,9 @@
  * regular file (a memfd or a file of the run directory), read here and, if
  * need be, sourced after. Here the shell's own state decides the
  * rest: if the first word is a reserved word, alias, function or builtin,
- * is not found, or cannot be spawned, or the shell is restricted or has job
- * control on, the builtin does what `builtin . BODY` does instead (bash's
+ * is not found, or cannot be spawned, or the shell is restricted, has job
+ * control on, traces commands (set -x, -v, -n) or has a CHLD, DEBUG, ERR or
+ * RETURN trap, the builtin does what `builtin . BODY` does instead (bash's
  * own source_builtin), so the command runs as it always did.
  *
  * What bash's forked child would do before exec is done here too: the
@@ -53,8 +54,13 @@ extern int signal_is_trapped(int);
 extern int job_control;
 extern int expand_aliases;
 extern int restricted;
+extern int echo_command_at_execute, verbose_flag, read_but_dont_execute; /* set -x, -v, -n */
 
 #define CMDSRCH_HASH 0x01
+/* bash's pseudo-signals for its DEBUG, ERR and RETURN traps (trap.h) */
+#define DEBUG_TRAP NSIG
+#define ERROR_TRAP (NSIG + 1)
+#define RETURN_TRAP (NSIG + 2)
 #define MAX_BODY_BYTES 4096
 #define MAX_WORDS 256
 
@@ -89,6 +95,13 @@ static int read_words(const char *path, char *buf, char **argv) {
  * (NULL otherwise). Malloc'd. */
 static char *external_command(char *name) {
   if (restricted || job_control) return NULL;
+  /* what would trace, trap or skip the commands of a sourced body: a CHLD
+   * trap runs when bash reaps the child, DEBUG before it, ERR after it
+   * fails, RETURN when the body ends; set -x and -v print it, -n skips it */
+  if (echo_command_at_execute || verbose_flag || read_but_dont_execute) return NULL;
+  if (signal_is_trapped(SIGCHLD) || signal_is_trapped(DEBUG_TRAP) || signal_is_trapped(ERROR_TRAP) ||
+      signal_is_trapped(RETURN_TRAP))
+    return NULL;
   if (find_reserved_word(name) >= 0) return NULL;
   if (expand_aliases && find_alias(name)) return NULL;
   if (find_function(name) || find_shell_builtin(name)) return NULL;
