@@ -136,3 +136,38 @@ describe("the spawn builtin", function()
     end)
   end)
 end)
+
+describe("the report builtin", function()
+  it("reads both env file formats", function()
+    assert.same({ A = "1", B = "x=y\nz", C = "" }, shell_mod.parse_exports("A=1\0B=x=y\nz\0C=\0"))
+    assert.same({ A = "1", B = "x\ny" },
+      shell_mod.parse_exports("declare -x A=\"1\"\ndeclare -x B=$'x\\ny'\ndeclare -x U\n"))
+  end)
+
+  -- a shell that dies is replaced by one with the last reported env
+  local function restored_after_death(sb)
+    local s = sb:createSession {}
+    s:exec("export A=$'two\\nlines' B='x=y z' C=; export U; unset U")
+    assert.equal(137, s:exec("kill -9 $$").exitCode)
+    local r = s:exec("printf '%s|%s|%s|%s' \"$A\" \"$B\" \"${C-unset}\" \"${U-unset}\"")
+    assert.equal("two\nlines|x=y z||unset", r.stdout)
+    s:exec("unset A; export B=changed")
+    s:exec("kill -9 $$")
+    assert.equal("unset|changed", s:exec("printf '%s|%s' \"${A-unset}\" \"$B\"").stdout)
+  end
+
+  it("reports the exported environment a new shell is restored to", function()
+    with_sandbox(restored_after_death)
+  end)
+
+  it("is not needed: a shell without the builtins reports with export -p", function()
+    shell_mod.spawn_builtin = false
+    local ok, err = pcall(with_sandbox, function(sb)
+      local s = sb:createSession {}
+      assert.equal("", s:exec("enable -a | grep __mb_ || true").stdout)
+      restored_after_death(sb)
+    end)
+    shell_mod.spawn_builtin = true
+    assert(ok, err)
+  end)
+end)

@@ -21,7 +21,8 @@
 -- Completion is the status record "\n<id> <exit status> <run|exit>\0<PWD>\0",
 -- one write by __mb_report after the body, or by the EXIT trap when the body
 -- ends the shell. Just before it, `export -p` (the state a fresh shell is
--- restored to) rewrites the env file, a memfd of the runtime's (a file in
+-- restored to; with the builtins, __mb_rep's NAME=VALUE entries, written
+-- only when they changed and the record then says `e`) rewrites the env file, a memfd of the runtime's (a file in
 -- the run directory under namespaces): bash writes a line per variable, and
 -- on the status pipe each of those writes could wake the runtime. The
 -- status pipe is the shell's fd 1, which every command has redirected to
@@ -91,9 +92,17 @@ local function prelude(slots, rundir, env_fd)
   }
   local lines = {
     "shopt -s expand_aliases",
+    -- the builtins (src/bash/): __mb_run for shapes 5 and 6 (below), and
+    -- __mb_rep, the report in one write, the env file only when it changed
+    ("if builtin enable -f /proc/self/fd/%d __mb_run __mb_rep 2>/dev/null; then __mb_b=1; else __mb_b=; fi; " ..
+      "exec %d<&-"):format(BUILTIN_FD, BUILTIN_FD),
     -- the shell's own stdout is the status pipe (a command's is redirected)
-    "__mb_report() { __mb_in=; builtin export -p >|" .. env_path ..
+    "if [ -n \"$__mb_b\" ]; then",
+    "  __mb_report() { __mb_in=; builtin __mb_rep \"$1\" \"$2\" \"$3\" " .. env_path .. "; }",
+    "else",
+    "  __mb_report() { __mb_in=; builtin export -p >|" .. env_path ..
       "; builtin printf '\\n%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\"; }",
+    "fi",
     "readonly -f __mb_report",
     -- a subshell hit by a signal right after fork may still run this trap:
     -- only the shell itself reports its exit. A user's own EXIT trap (kept
@@ -136,9 +145,9 @@ local function prelude(slots, rundir, env_fd)
   end
   -- shapes 5 and 6: a plain external command (the builtin reads its words)
   local spawn = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run " .. p.body
-  lines[#lines + 1] = ("if builtin enable -f /proc/self/fd/%d __mb_run 2>/dev/null; then " ..
-    "readonly __mb_c5=%s __mb_c6=%s; else readonly __mb_c5=\"$__mb_c1\" __mb_c6=\"$__mb_c2\"; fi; exec %d<&-"):format(
-    BUILTIN_FD, quoted(spawn .. " </dev/null" .. out), quoted(spawn .. " <" .. p.stdin .. out), BUILTIN_FD)
+  lines[#lines + 1] = ("if [ -n \"$__mb_b\" ]; then readonly __mb_c5=%s __mb_c6=%s; " ..
+    "else readonly __mb_c5=\"$__mb_c1\" __mb_c6=\"$__mb_c2\"; fi; unset __mb_b"):format(
+    quoted(spawn .. " </dev/null" .. out), quoted(spawn .. " <" .. p.stdin .. out))
   return table.concat(lines, "\n") .. "\n"
 end
 
@@ -148,6 +157,12 @@ end
 local ansi = { n = "\n", t = "\t", r = "\r", a = "\a", b = "\b", f = "\f", v = "\v", e = "\27",
   E = "\27", ["\\"] = "\\", ["'"] = "'", ['"'] = '"', ["?"] = "?" }
 function M.parse_exports(text)
+  if text:sub(1, 9) ~= "declare -" then
+    -- __mb_rep's format: NAME=VALUE entries, each NUL-terminated
+    local env = {}
+    for name, value in text:gmatch("([^%z=]+)=([^%z]*)%z") do env[name] = value end
+    return env
+  end
   local env, i, n = {}, 1, #text
   while i <= n do
     local s, e, name = text:find("^declare %-[%-%a]* ([%w_]+)", i)
@@ -321,9 +336,14 @@ function Shell:_status_data(data)
     -- a user's DEBUG or ERR trap also runs at the shell's top level, between
     -- commands, where its output lands here: whatever comes before the
     -- record's newline is dropped
-    local id, status, kind = text:sub(1, a - 1):match("\n(%d+) (%d+) (%a+)$")
+    -- (the flag: "-" the env file is as at the last report, "e" or none
+    -- it was rewritten)
+    local id, status, kind, flag = text:sub(1, a - 1):match("\n(%d+) (%d+) (%a+) ?([e-]?)$")
+    if flag ~= "-" or not self.exports then
+      self.exports = self.env_fd and core.pread_all(self.env_fd, MAX_ENV_BYTES) or ""
+    end
     local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
-      pwd = text:sub(a + 1, b - 1), exports = self.env_fd and core.pread_all(self.env_fd, MAX_ENV_BYTES) or "" }
+      pwd = text:sub(a + 1, b - 1), exports = self.exports }
     text = text:sub(b + 1)
     if record.exiting then self.exiting = true end
     if self.waiting and record.id == self.waiting.id then
