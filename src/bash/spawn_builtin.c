@@ -109,7 +109,7 @@ static char *external_command(char *name) {
   if (!path) return NULL;
   struct stat st;
   if (stat(path, &st) < 0 || !S_ISREG(st.st_mode) || access(path, X_OK) < 0) {
-    free(path);
+    xfree(path); /* bash's allocation */
     return NULL;
   }
   return path;
@@ -212,7 +212,7 @@ static int mb_run_builtin(WORD_LIST *list) {
      * return from, and the command's death is the end of it */
     bind_variable("__mb_in", "", 0);
     int status = spawn_and_wait(body, path, argv);
-    free(path);
+    xfree(path); /* bash's allocation */
     if (status >= 0) return status;
     bind_variable("__mb_in", "1", 0);
   }
