@@ -97,12 +97,18 @@ local function prelude(slots, rundir, env_fd)
     ("if builtin enable -f /proc/self/fd/%d __mb_run __mb_rep 2>/dev/null; then __mb_b=1; else __mb_b=; fi; " ..
       "exec %d<&-"):format(BUILTIN_FD, BUILTIN_FD),
     -- the shell's own stdout is the status pipe (a command's is redirected)
-    "if [ -n \"$__mb_b\" ]; then",
-    "  __mb_report() { __mb_in=; builtin __mb_rep \"$1\" \"$2\" \"$3\" " .. env_path .. "; }",
-    "else",
-    "  __mb_report() { __mb_in=; builtin export -p >|" .. env_path ..
+    -- (export -p also if __mb_rep fails: one disabled by `enable -d`
+    -- must not cost the session its reports; the shell's stderr, where
+    -- bash would complain, is /dev/null)
+    "__mb_report_p() { builtin export -p >|" .. env_path ..
       "; builtin printf '\\n%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\"; }",
+    "if [ -n \"$__mb_b\" ]; then",
+    "  __mb_report() { __mb_in=; builtin __mb_rep \"$1\" \"$2\" \"$3\" " .. env_path ..
+      " || __mb_report_p \"$@\"; }",
+    "else",
+    "  __mb_report() { __mb_in=; __mb_report_p \"$@\"; }",
     "fi",
+    "readonly -f __mb_report_p",
     "readonly -f __mb_report",
     -- a subshell hit by a signal right after fork may still run this trap:
     -- only the shell itself reports its exit. A user's own EXIT trap (kept
