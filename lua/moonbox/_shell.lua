@@ -21,10 +21,11 @@
 -- Completion is the status record "\n<id> <exit status> <run|exit>\0<PWD>\0",
 -- one write by __mb_report after the body, or by the EXIT trap when the body
 -- ends the shell. Just before it, `export -p` (the state a fresh shell is
--- restored to; with the builtins, __mb_rep's NAME=VALUE entries, written
--- only when they changed and the record then says `e`) rewrites the env file, a memfd of the runtime's (a file in
+-- restored to) rewrites the env file, a memfd of the runtime's (a file in
 -- the run directory under namespaces): bash writes a line per variable, and
--- on the status pipe each of those writes could wake the runtime. The
+-- on the status pipe each of those writes could wake the runtime. With the
+-- builtins loaded, __mb_rep does both: NAME=VALUE entries, written only when
+-- they changed (the record then ends its head with `e`, else `-`). The
 -- status pipe is the shell's fd 1, which every command has redirected to
 -- its own stdout, so no fd of the runtime's is open in a command; bash
 -- restores it before an EXIT trap runs.
