@@ -249,13 +249,11 @@ end
 -- `body` in the run directory. The spawn builtin reads it too, and may
 -- then source it all the same.
 function Shell:_open_body_file()
-  if not self.rundir then
-    local fd = assert(core.memfd("moonbox-body"))
-    core.dup_to(fd, self.slots[SLOTS.body])
-    core.close_fd(fd)
-    self.body_fd = self.slots[SLOTS.body]
-  else
+  if self.rundir then
     self.body_fd = assert(core.open_fd("body", "w", self.rundir_fd))
+  else
+    self.body_fd = assert(core.memfd("moonbox-body"))
+    self.slots[SLOTS.body] = self.body_fd
   end
 end
 
@@ -314,10 +312,10 @@ function Shell:begin(rundir)
     local ok, err, code = self:_open_rundir(rundir)
     if not ok then return nil, err, code end
   end
-  if not self.rundir then
-    for i = 1, 5 do self.slots[i] = core.devnull() end
-  end
   self:_open_body_file()
+  if not self.rundir then
+    for i = 1, 5 do self.slots[i] = self.slots[i] or core.devnull() end
+  end
   -- bash reads a script from a pipe one byte per read(2), but sources a
   -- file in blocks: the start-up script comes through its own pipe, sourced
   self:_open_env_file()

@@ -89,8 +89,9 @@ static int mb_rep_builtin(WORD_LIST *list) {
     list = list->next;
   }
   int changed = report_env(args[3]);
-  /* a failed rewrite leaves the file as it was: say it changed, so the
-   * runtime reads what is there rather than trusting its copy */
+  /* after a failed rewrite the file may hold anything: say it changed, so
+   * the runtime reads it rather than trusting its copy (and the next report
+   * tries again) */
   char flag = changed == 0 ? '-' : 'e';
   const char *pwd = get_string_value("PWD");
   if (!pwd) pwd = "";
