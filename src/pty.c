@@ -69,9 +69,21 @@ static int pty_resize(lua_State *L) {
   return 1;
 }
 
+/* core.pty_size(master_fd) -> cols, rows */
+static int pty_size(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1);
+  struct winsize ws;
+  if (ioctl(fd, TIOCGWINSZ, &ws) < 0) return mb_push_errno(L, errno, "TIOCGWINSZ");
+  lua_pushinteger(L, ws.ws_col);
+  lua_pushinteger(L, ws.ws_row);
+  return 2;
+}
+
 void mb_open_pty(lua_State *L) {
   lua_pushcfunction(L, pty_open);
   lua_setfield(L, -2, "openpty");
   lua_pushcfunction(L, pty_resize);
   lua_setfield(L, -2, "pty_resize");
+  lua_pushcfunction(L, pty_size);
+  lua_setfield(L, -2, "pty_size");
 }

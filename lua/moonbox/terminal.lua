@@ -13,6 +13,11 @@ local Terminal = {}
 Terminal.__index = Terminal
 
 local MAX_BUFFERED = 1024 * 1024 -- unread output kept for read(); the oldest is dropped
+-- readline reads the window size and writes it back at every prompt
+-- (rltty.c, set_winsize); a resize() landing between the two is undone.
+-- For this long after a resize, output that finds the previous size back on
+-- the pty puts the new one back (and the shell gets SIGWINCH again).
+local RESIZE_GUARD_MS = 3000
 
 local function check_size(cols, rows)
   for name, v in pairs { cols = cols, rows = rows } do
@@ -69,7 +74,18 @@ function Session:terminal(opts)
   return t
 end
 
+local function now_ms() return core.hrtime() / 1e6 end
+
+-- A stale write-back of the size before the last resize() is undone.
+function Terminal:_keep_size()
+  local guard = self._resize_guard
+  if now_ms() > guard.until_ms or self.closed then self._resize_guard = nil return end
+  local cols, rows = core.pty_size(self._master_fd)
+  if cols == guard.cols and rows == guard.rows then core.pty_resize(self._master_fd, self.cols, self.rows) end
+end
+
 function Terminal:_data(data)
+  if self._resize_guard then self:_keep_size() end
   for _, fn in ipairs(self.listeners) do fn(data) end
   self.chunks[#self.chunks + 1] = data
   self.buffered = self.buffered + #data
@@ -141,6 +157,9 @@ function Terminal:resize(cols, rows)
   if self.closed then errors.raise("TERMINAL_CLOSED", "the terminal was closed") end
   local ok, err = core.pty_resize(self._master_fd, cols, rows)
   if not ok then errors.raise("FILESYSTEM_ERROR", "resize failed: " .. tostring(err)) end
+  if cols ~= self.cols or rows ~= self.rows then
+    self._resize_guard = { cols = self.cols, rows = self.rows, until_ms = now_ms() + RESIZE_GUARD_MS }
+  end
   self.cols, self.rows = cols, rows
   return true
 end
