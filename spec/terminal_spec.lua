@@ -1,6 +1,7 @@
 -- The pty terminal (issue #6).
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
+local util = require "moonbox._util"
 
 local with_sandbox = helper.with_sandbox
 
@@ -15,6 +16,20 @@ local function expect(t, pattern)
     if acc:find(pattern) then return acc end
   end
   error(("pattern %q not seen in %q"):format(pattern, acc))
+end
+
+-- Wait until a process named comm is the terminal's foreground job: only
+-- then does ^C reach it (and not readline, which would discard the line).
+local function wait_foreground(t, comm)
+  local deadline = core.hrtime() / 1e6 + 5000
+  while core.hrtime() / 1e6 < deadline do
+    local stat = util.read_file("/proc/" .. t.pid .. "/stat") or ""
+    local tpgid = tonumber(stat:match("%) %S %d+ %d+ %d+ %-?%d+ (%-?%d+)"))
+    local fg = tpgid and tpgid ~= t.pid and util.read_file("/proc/" .. tpgid .. "/comm")
+    if fg == comm .. "\n" then return end
+    moonbox.sleep(10)
+  end
+  error(comm .. " never became the foreground job")
 end
 
 describe("terminal", function()
@@ -82,7 +97,7 @@ describe("terminal", function()
     with_sandbox(function(sb)
       local t = sb:terminal {}
       t:write("sleep 100\n")
-      moonbox.sleep(300)
+      wait_foreground(t, "sleep")
       t:write("\3")
       t:write("echo alive-$((40 + 2))\n")
       expect(t, "alive%-42")
