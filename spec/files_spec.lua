@@ -51,11 +51,10 @@ local function slurp(path)
   return s
 end
 
+-- Counted in-process: a popen'd ls could see popen's own pipe end that the
+-- parent had not closed yet.
 local function fd_count()
-  local p = io.popen("ls /proc/" .. core.getpid() .. "/fd | wc -l")
-  local n = tonumber(p:read("*l"))
-  p:close()
-  return n
+  return #core.readdir("/proc/self/fd")
 end
 
 local ISO = "^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ$"
@@ -525,14 +524,15 @@ describe("files: cancellation and garbage collection", function()
     with_sandbox(function(sb)
       sb:exec("head -c 30000000 /dev/zero > z.bin")
       local data = ("w"):rep(30000000)
-      local before = fd_count()
+      local before = helper.steady(fd_count)
       for i = 1, 6 do
         pcall(moonbox.timeout, i % 3, function()
           if i % 2 == 0 then return sb:readFile("z.bin") end
           return sb:writeFile("w.bin", data)
         end)
       end
-      moonbox.sleep(500) -- requests still on the thread pool finish, then close
+      -- requests still on the thread pool finish, then close
+      helper.eventually(function() return fd_count() == before end, 10000)
       assert.equal(before, fd_count())
       assert.equal(30000000, sb:readFile("z.bin").size)
     end)
@@ -541,8 +541,7 @@ describe("files: cancellation and garbage collection", function()
   it("releases a stream and a watch whose iterator is garbage collected", function()
     with_sandbox(function(sb)
       sb:writeFile("s.txt", ("s"):rep(100000))
-      moonbox.sleep(20)
-      local handles, fds = core.open_handles(), fd_count()
+      local handles, fds = helper.steady(core.open_handles), helper.steady(fd_count)
       local function abandon()
         local it = sb:readFileStream("s.txt")
         it()
@@ -553,7 +552,7 @@ describe("files: cancellation and garbage collection", function()
       abandon()
       collectgarbage()
       collectgarbage()
-      moonbox.sleep(50)
+      helper.eventually(function() return core.open_handles() == handles and fd_count() == fds end)
       assert.equal(handles, core.open_handles())
       assert.equal(fds, fd_count())
     end)
@@ -766,19 +765,18 @@ describe("files: watch", function()
     with_sandbox(function(sb)
       sb:mkdir("gone")
       sb:exec("true") -- the default session and its warm spare are up
-      moonbox.sleep(50)
-      local before = live_handles()
+      local before = helper.steady(live_handles)
       local it = sb:watch("gone", { recursive = true })
       assert.is_true(live_handles() > before)
       sb:exec("rm -rf gone")
       local evs = events_until(it, is("delete", "/workspace/gone"))
       assert.is_true(evs[#evs].isDirectory)
       assert.is_nil(next_event(it, 1000))
-      moonbox.sleep(20)
+      helper.eventually(function() return live_handles() == before end)
       assert.equal(before, live_handles())
       local again = sb:watch(".")
       again:close()
-      moonbox.sleep(20)
+      helper.eventually(function() return live_handles() == before end)
       assert.equal(before, live_handles())
     end)
   end)

@@ -158,6 +158,31 @@ function helper.with_sandbox(fn, opts)
   end)
 end
 
+-- Poll check() every 10 ms on the loop until it holds (true) or ms pass
+-- (false): for effects that land a moment later (a kill, a close callback),
+-- without betting on a fixed sleep that a loaded machine can outlast.
+function helper.eventually(check, ms)
+  local deadline = core.hrtime() / 1e6 + (ms or 5000)
+  repeat
+    if check() then return true end
+    moonbox.sleep(10)
+  until core.hrtime() / 1e6 > deadline
+  return check() and true or false
+end
+
+-- sample() once it gives the same value twice, 50 ms apart (at most 5 s):
+-- a baseline taken after start-up work (a warm spare shell) has settled.
+function helper.steady(sample)
+  local last = sample()
+  for _ = 1, 100 do
+    moonbox.sleep(50)
+    local now = sample()
+    if now == last then return now end
+    last = now
+  end
+  return last
+end
+
 -- The error a call raises (it must raise).
 function helper.error_of(fn, ...)
   local ok, err = pcall(fn, ...)

@@ -222,10 +222,11 @@ end)
 describe("timeouts", function()
   it("kills the whole tree, setsid and TERM-ignoring descendants included, and keeps the session", function()
     with_sandbox(function(sb)
-      local s = sb:createSession { id = "t", commandTimeoutMs = 300 }
+      local s = sb:createSession { id = "t", commandTimeoutMs = 1000 }
       s:exec("export KEEP=1; v=2")
       local r = s:exec([[echo before; setsid sh -c 'trap "" TERM; echo $$ > d1; exec sleep 100' &
-        (trap "" TERM; sh -c 'echo $$ > d2; exec sleep 100') & sleep 0.1; sleep 100]])
+        (trap "" TERM; sh -c 'echo $$ > d2; exec sleep 100') &
+        until [ -s d1 ] && [ -s d2 ]; do sleep 0.01; done; sleep 100]])
       assert.is_true(r.timedOut)
       assert.equal(124, r.exitCode)
       assert.equal("before\n", r.stdout)
@@ -320,7 +321,7 @@ describe("deleteSession", function()
   it("kills the shell and everything it started, even mid-command", function()
     with_sandbox(function(sb)
       local s = sb:createSession { id = "victim" }
-      s:exec("setsid sh -c 'echo $$ > bg; exec sleep 100' & sleep 0.1")
+      s:exec("setsid sh -c 'echo $$ > bg; exec sleep 100' & until [ -s bg ]; do sleep 0.01; done")
       local bg = tonumber(s:exec("cat bg").stdout)
       local shell_pid = s.shell.pid
       local task = moonbox.spawn(function() return s:exec("sleep 100") end)
