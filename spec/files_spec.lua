@@ -51,11 +51,7 @@ local function slurp(path)
   return s
 end
 
--- Counted in-process: a popen'd ls could see popen's own pipe end that the
--- parent had not closed yet.
-local function fd_count()
-  return #core.readdir("/proc/self/fd")
-end
+local fd_count = helper.fd_count
 
 local ISO = "^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ$"
 local PNG_1x1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="

@@ -158,6 +158,12 @@ function helper.with_sandbox(fn, opts)
   end)
 end
 
+-- The runtime's open fds, counted in-process: a popen'd ls could also see
+-- popen's own pipe end that the parent had not closed yet.
+function helper.fd_count()
+  return #core.readdir("/proc/self/fd")
+end
+
 -- Poll check() every 10 ms on the loop until it holds (true) or ms pass
 -- (false): for effects that land a moment later (a kill, a close callback),
 -- without betting on a fixed sleep that a loaded machine can outlast.

@@ -79,13 +79,7 @@ local function status_field(pid, name)
   return assert(read_file("/proc/" .. pid .. "/status")):match(name .. ":%s*(%x+)")
 end
 
-local function open_fds()
-  local n = 0
-  local p = io.popen("ls /proc/" .. core.getpid() .. "/fd")
-  for _ in p:lines() do n = n + 1 end
-  p:close()
-  return n
-end
+local open_fds = helper.fd_count
 
 local function gone(pid)
   for _ = 1, 200 do
