@@ -147,14 +147,22 @@ local function prelude(slots, rundir, env_fd)
     "exec 60<&-",
   }
   local function quoted(shape) return "'" .. shape:gsub("'", "'\\''") .. "'" end
-  for i, shape in ipairs(shapes) do
-    lines[#lines + 1] = ("readonly __mb_c%d=%s"):format(i, quoted(shape))
+  for i = 3, 4 do
+    lines[#lines + 1] = ("readonly __mb_c%d=%s"):format(i, quoted(shapes[i]))
   end
-  -- shapes 5 and 6: a plain external command (the builtin reads its words)
+  -- with the builtin, shapes 1 and 2 source the body through it, which
+  -- ends a `set -n` with the body (else the shell would never report
+  -- again); shapes 5 and 6: a plain external command (it reads its words)
+  local via = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s " .. p.body
   local spawn = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run " .. p.body
-  lines[#lines + 1] = ("if [ -n \"$__mb_b\" ]; then readonly __mb_c5=%s __mb_c6=%s; " ..
-    "else readonly __mb_c5=\"$__mb_c1\" __mb_c6=\"$__mb_c2\"; fi; unset __mb_b"):format(
-    quoted(spawn .. " </dev/null" .. out), quoted(spawn .. " <" .. p.stdin .. out))
+  local function both(name1, shape1, name2, shape2)
+    return ("%s=%s %s=%s"):format(name1, quoted(shape1), name2, quoted(shape2))
+  end
+  lines[#lines + 1] = ("if [ -n \"$__mb_b\" ]; then readonly %s %s; else readonly %s; " ..
+    "readonly __mb_c5=\"$__mb_c1\" __mb_c6=\"$__mb_c2\"; fi; unset __mb_b"):format(
+    both("__mb_c1", via .. " </dev/null" .. out, "__mb_c2", via .. " <" .. p.stdin .. out),
+    both("__mb_c5", spawn .. " </dev/null" .. out, "__mb_c6", spawn .. " <" .. p.stdin .. out),
+    both("__mb_c1", shapes[1], "__mb_c2", shapes[2]))
   return table.concat(lines, "\n") .. "\n"
 end
 

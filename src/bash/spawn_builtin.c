@@ -7,6 +7,7 @@
  * exec) shares the address space until exec and copies nothing.
  *
  *   __mb_run BODY
+ *   __mb_run -s BODY    (only source it, as below)
  *
  * The runtime sends this shape only for a body it has checked is one line
  * of plain words (no quoting, expansion, redirection or operator), so its
@@ -190,19 +191,27 @@ static int spawn_and_wait(const char *body, char *path, char **argv) {
   return WEXITSTATUS(status);
 }
 
+/* `builtin . BODY`, except that a `set -n` (noexec) in it ends with it: a
+ * non-interactive bash would go on reading the session's control pipe
+ * without running anything, the report included, and never answer again.
+ * (An interactive bash ignores -n altogether.) */
 static int source_body(char *body) {
   WORD_LIST *list = make_word_list(make_word(body), NULL);
   int rc = source_builtin(list);
   dispose_words(list);
+  read_but_dont_execute = 0;
   return rc;
 }
 
 static int mb_run_builtin(WORD_LIST *list) {
+  int source_only = list && list->next && strcmp(list->word->word, "-s") == 0;
+  if (source_only) list = list->next;
   if (!list || list->next) {
     builtin_usage();
     return EX_USAGE;
   }
   char *body = list->word->word;
+  if (source_only) return source_body(body);
   char buf[MAX_BODY_BYTES + 1];
   char *argv[MAX_WORDS + 1];
   int argc = read_words(body, buf, argv);
@@ -230,9 +239,10 @@ static char *mb_run_doc[] = {
   "",
   "Splits BODY, a plain command line, at blanks; runs the words with",
   "posix_spawn when the first names an external command, else sources BODY.",
+  "With -s, only sources BODY. A set -n in BODY ends with it.",
   NULL,
 };
 
 struct builtin __mb_run_struct = {
-  "__mb_run", mb_run_builtin, BUILTIN_ENABLED, mb_run_doc, "__mb_run BODY", 0,
+  "__mb_run", mb_run_builtin, BUILTIN_ENABLED, mb_run_doc, "__mb_run [-s] BODY", 0,
 };
