@@ -15,7 +15,9 @@
 --
 -- with __mb_c1 = '__mb_id=$((__mb_id+1)); builtin . <body> </dev/null
 -- >|<out> 2>|<err>; __mb_report $__mb_id $? run' (the shell counts its
--- commands as the runtime does). The body itself never travels through the
+-- commands as the runtime does; with the builtins loaded, `builtin
+-- __mb_run -s` sources the body instead of `builtin .`, and ends a `set -n`
+-- with it). The body itself never travels through the
 -- control channel: bash sources it from its own file, so heredocs,
 -- unbalanced quotes, `exit`, `exec`, `break` and fd games stay inside it.
 -- Completion is the status record "\n<id> <exit status> <run|exit>\0<PWD>\0",
