@@ -281,6 +281,20 @@ describe("timeouts", function()
     end)
   end)
 
+  it("runs nothing after a timeout in a function or a nested source, and keeps the shell's state", function()
+    with_sandbox(function(sb)
+      sb:exec("v=kept; printf 'sleep 10; touch x3\\n' > inner.sh")
+      local r = sb:exec("f() { g; touch x1; }; g() { sleep 10; touch x2; }; f; touch x0", { timeout = 300 })
+      assert.same({ true, 124 }, { r.timedOut, r.exitCode })
+      r = sb:exec(". ./inner.sh; touch x4", { timeout = 300 })
+      assert.is_true(r.timedOut)
+      assert.equal("", sb:exec("ls x* 2>/dev/null").stdout)
+      -- the trap that ended the callers is gone with the command
+      assert.equal("kept\n\n", sb:exec("echo $v; trap -p DEBUG; type -t g").stdout:gsub("function\n$", "\n"))
+      assert.equal("yes\n", sb:exec("g() { echo yes; }; f() { g; }; f").stdout)
+    end)
+  end)
+
   it("lets a per-call timeout override the session's commandTimeoutMs", function()
     with_sandbox(function(sb)
       local s = sb:createSession { commandTimeoutMs = 5000 }

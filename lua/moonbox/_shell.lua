@@ -124,10 +124,16 @@ local function prelude(slots, rundir, env_fd)
       "__mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit; fi' EXIT"):format(p.stdout, p.stderr),
     "__mb_id=0",
     -- a timed-out body stops where it is (Shell:interrupt): `return` ends a
-    -- sourced script (or the function it is in; the signal comes again)
-    -- (never from __mb_report: a signal that comes as the body ends must
-    -- not cost the record)
-    "builtin trap '[ -n \"${__mb_in-}\" ] && [ \"${FUNCNAME[0]-}\" != __mb_report ] && return 124' USR1",
+    -- sourced script. Inside a function (or a nested source) it ends only
+    -- that, so a DEBUG trap returns again before each further command of
+    -- the callers, up to the body's end; the report clears it. (Never
+    -- from __mb_report: a signal that comes as the body ends must not
+    -- cost the record.)
+    -- (this script is sourced at a body's depth: its BASH_SOURCE is as long)
+    "__mb_top=${#BASH_SOURCE[@]}; readonly __mb_top",
+    [[builtin trap 'if [ -n "${__mb_in-}" ] && [ "${FUNCNAME[0]-}" != __mb_report ]; then ]] ..
+      [[[ "${#BASH_SOURCE[@]}" -le "$__mb_top" ] || builtin trap '\''if [ "${BASH_COMMAND%% *}" = __mb_report ]; ]] ..
+      [[then builtin trap - DEBUG; else return 124; fi'\'' DEBUG; return 124; fi' USR1]],
     -- `trap ... EXIT` from a command would replace the trap above, and with
     -- it the report of the shell's exit (cwd, exports, the command's exit
     -- status): EXIT (0, SIGEXIT) actions are kept aside for it to run instead
