@@ -172,11 +172,24 @@ describe("the report builtin", function()
   end)
 end)
 
-describe("a session whose report builtin was deleted", function()
+describe("the session shell's builtins", function()
+  it("refuses to disable or delete its builtins with enable", function()
+    with_sandbox(function(sb)
+      for _, cmd in ipairs { "enable -d __mb_rep", "enable -n __mb_run", "enable -n echo __mb_run" } do
+        local r = sb:exec(cmd)
+        assert.same({ 1, "" }, { r.exitCode, r.stdout })
+        assert.matches("used by the session shell itself", r.stderr, 1, true)
+      end
+      assert.equal("enable __mb_rep\nenable __mb_run\n", sb:exec("enable -a | grep __mb_ | sort").stdout)
+      assert.equal("enable echo\n", sb:exec("enable -a | grep -w echo").stdout)
+      assert.equal("x\n", sb:exec("echo x").stdout)
+    end)
+  end)
+
   it("still reports, with export -p", function()
     with_sandbox(function(sb)
       local s = sb:createSession {}
-      s:exec("enable -d __mb_rep")
+      s:exec("builtin enable -d __mb_rep")
       assert.equal("", s:exec("enable -a | grep __mb_rep || true").stdout)
       local r = s:exec("export GONE=1; echo still")
       assert.same({ 0, "still\n" }, { r.exitCode, r.stdout })

@@ -150,6 +150,11 @@ local function prelude(slots, rundir, env_fd)
     "  if [ \"$__mb_set\" = 1 ]; then [ \"${__mb_a[0]}\" = - ] && __mb_user_exit= || __mb_user_exit=${__mb_a[0]}; fi",
     "  [ \"${#__mb_rest[@]}\" -eq 0 ] || builtin trap -- \"${__mb_a[0]}\" \"${__mb_rest[@]}\"",
     "}",
+    -- every command goes through __mb_run, the report through __mb_rep:
+    -- `enable` leaves them alone (`builtin enable` does not)
+    "enable() { local __mb_w; for __mb_w in \"$@\"; do case \"$__mb_w\" in __mb_run|__mb_rep)",
+    "  builtin echo \"enable: $__mb_w: used by the session shell itself\" >&2; return 1 ;; esac; done",
+    "  builtin enable \"$@\"; }",
     -- bash reads this script through its own fd (it opened /dev/fd/60): the
     -- inherited fd 60 is closed once here, not redirected away per command
     "exec 60<&-",
