@@ -68,7 +68,7 @@ describe("terminal", function()
       local t = sb:terminal {}
       t:write("echo hi\n")
       -- up to the next prompt: readline has done its size write-back
-      expect(t, "\rhi\r\n.*# $")
+      expect(t, "\rhi\r\n.*[#$] $")
       t:resize(100, 40)
       t:write("stty size\n")
       expect(t, "40 100")
@@ -79,7 +79,7 @@ describe("terminal", function()
   it("keeps a resize that the shell's stale size write-back would undo", function()
     with_sandbox(function(sb)
       local t = sb:terminal {}
-      expect(t, "# $")
+      expect(t, "[#$] $")
       t:resize(100, 40)
       -- what readline does when a resize lands inside its read-then-write
       t:write("stty rows 24 cols 80; echo put-\"back\"\n")
