@@ -183,6 +183,33 @@ describe("logs", function()
     end)
   end)
 
+  it("two or three concurrent readers of one process each get every event and each ends after the exit", function()
+    with_sandbox(function(sb)
+      for readers = 2, 3 do
+        local p = sb:startProcess("for i in $(seq 1 40); do echo out$i; echo err$i >&2; sleep 0.01; done; exit 3")
+        local fns = {}
+        for r = 1, readers do
+          fns[r] = function()
+            local out, err, exits = {}, {}, {}
+            for ev in sb:streamProcessLogs(p.id) do
+              if ev.type == "stdout" then out[#out + 1] = ev.data
+              elseif ev.type == "stderr" then err[#err + 1] = ev.data
+              elseif ev.type == "exit" then exits[#exits + 1] = ev.exitCode end
+            end
+            return { table.concat(out), table.concat(err), exits }
+          end
+        end
+        local got = moonbox.all(fns)
+        local out, err = {}, {}
+        for i = 1, 40 do out[i] = "out" .. i .. "\n" err[i] = "err" .. i .. "\n" end
+        for r = 1, readers do
+          assert.same({ table.concat(out), table.concat(err), { 3 } }, got[r])
+        end
+        assert.equal(0, #p._listeners)
+      end
+    end)
+  end)
+
   it("close() ends a log stream that waits for output, and the process runs on", function()
     with_sandbox(function(sb)
       local p = sb:startProcess("echo hi; exec sleep 300")

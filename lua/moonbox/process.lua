@@ -24,8 +24,18 @@ local function after(ms, fn)
   return t
 end
 
+-- Over a copy: a listener may detach itself (or another) while called, and
+-- removing from the list being walked skipped the next one (a second log
+-- reader never saw its exit event and never ended). One detached meanwhile
+-- is not called.
 local function notify(list, ...)
-  for _, fn in ipairs(list) do fn(...) end
+  local copy = {}
+  for i, fn in ipairs(list) do copy[i] = fn end
+  for _, fn in ipairs(copy) do
+    for _, f in ipairs(list) do
+      if f == fn then fn(...) break end
+    end
+  end
 end
 
 -- Public fields are plain: id, pid, command, status, startTime, endTime,
