@@ -2,6 +2,7 @@
 -- logs, streaming without loss, and readiness waits.
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
+local tree = require "moonbox._tree"
 
 local with_sandbox = helper.with_sandbox
 
@@ -267,5 +268,120 @@ describe("waitForPort", function()
         assert.equal("VALIDATION_FAILED", code_of(idle.waitForPort, idle, port + 1, bad))
       end
     end)
+  end)
+end)
+
+-- Issue #14: what a process leaves behind is still its tree.
+describe("descendants that outlive their process", function()
+  -- Every process of a sandbox but its session shells (found by the marker
+  -- all of them inherit; a zombie has no environment left to show).
+  local function sandbox_pids(sb)
+    local known = sb._known_pids()
+    local out = {}
+    for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(sb.id, ""), true)) do
+      if not known[pid] then out[#out + 1] = pid end
+    end
+    return out
+  end
+
+  -- A fork bomb is safe only where limits.pids holds it (cgroup pids
+  -- controller, as root). Elsewhere (unprivileged: proc mode) a bounded
+  -- one: a tree of 2^6 shells whose root returns at once, chains that fork
+  -- and exit as fast as they can (a new pid each time) for a bounded number
+  -- of hops, and a child that left the session (setsid).
+  local BOMB = "b() { b | b & }; b"
+  local BOUNDED_BOMB = "b() { if [ $1 -gt 0 ]; then b $(($1-1)) | b $(($1-1)) & fi; sleep 120; }; " ..
+    "c() { [ $1 -gt 0 ] && c $(($1-1)) & }; b 5 & c 20000; c 20000; setsid sleep 120 & exit 0"
+
+  local function bomb_for(sb)
+    return sb:info().enforcement.pids and BOMB or BOUNDED_BOMB
+  end
+
+  -- Another sandbox runs exec("true") in a loop until stop() (which
+  -- returns how many ran, asserting each succeeded).
+  local function keep_answering(other)
+    local stop, count, failures = false, 0, {}
+    local task = moonbox.spawn(function()
+      while not stop do
+        local r = other:exec("true")
+        if r.exitCode ~= 0 then failures[#failures + 1] = r.exitCode end
+        count = count + 1
+        moonbox.sleep(5)
+      end
+    end)
+    return function()
+      stop = true
+      task:wait()
+      assert.same({}, failures)
+      assert.is_true(count > 0)
+      return count
+    end
+  end
+
+  local function with_two(fn, limits)
+    with_sandbox(function(other)
+      other:exec("true")
+      local sb = helper.new_sandbox { limits = limits }
+      local ok, err = pcall(fn, sb, other)
+      sb:destroy()
+      if not ok then error(err, 0) end
+    end)
+  end
+
+  it("killAllProcesses counts and kills a fork bomb that already exited; the sandbox forks again", function()
+    with_two(function(sb, other)
+      sb:exec("true")
+      local stop = keep_answering(other)
+      local p = sb:startProcess(bomb_for(sb))
+      assert.equal(0, p:waitForExit(10000).exitCode)
+      assert.equal("completed", p.status)
+      assert.is_true(helper.eventually(function() return #sandbox_pids(sb) > 8 end, 10000))
+      assert.equal(1, sb:killAllProcesses())
+      assert.is_true(helper.eventually(function() return #sandbox_pids(sb) == 0 end, 10000),
+        "left: " .. table.concat(sandbox_pids(sb), " "))
+      assert.same({}, p:_tree_pids())
+      assert.equal(0, sb:killAllProcesses())
+      local r = sb:exec("echo ok")
+      assert.same({ 0, "ok\n", "" }, { r.exitCode, r.stdout, r.stderr })
+      r = sb:exec("/bin/echo forked | cat")
+      assert.same({ 0, "forked\n", "" }, { r.exitCode, r.stdout, r.stderr })
+      stop()
+    end, { pids = 64, killGraceMs = 200 })
+  end)
+
+  it("deleteSession kills the bomb a session's process left, and a timeout kills one that outlived its process",
+    function()
+      with_two(function(sb, other)
+        local stop = keep_answering(other)
+        local s = sb:createSession { id = "bomber" }
+        local p = s:startProcess(bomb_for(sb))
+        p:waitForExit(10000)
+        assert.is_true(helper.eventually(function() return #sandbox_pids(sb) > 8 end, 10000))
+        sb:deleteSession("bomber") -- returns once nothing of it is left
+        assert.same({}, sandbox_pids(sb))
+        assert.equal("completed", p.status) -- it had ended by itself
+        local t = sb:startProcess(bomb_for(sb), { timeout = 500 })
+        t:waitForExit(10000)
+        assert.is_true(helper.eventually(function() return #sandbox_pids(sb) == 0 end, 15000),
+          "left: " .. table.concat(sandbox_pids(sb), " "))
+        assert.equal(0, sb:exec("/bin/true").exitCode)
+        stop()
+      end, { pids = 64, killGraceMs = 200 })
+    end)
+
+  it("killProcess of an ended process kills what it left (also what left its session); getStatus stays", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("sleep 1000 & setsid sleep 1000 & (trap '' TERM; exec sleep 1000) & exit 3")
+      assert.equal(3, p:waitForExit(5000).exitCode)
+      -- (the children may still be between fork and exec)
+      local left
+      assert.is_true(helper.eventually(function() left = p:_tree_pids() return #left == 3 end, 5000))
+      assert.is_true(sb:killProcess(p.id).success) -- SIGTERM, then SIGKILL after the grace
+      assert.is_true(helper.eventually(function() return #p:_tree_pids() == 0 end, 5000))
+      for _, pid in ipairs(left) do assert.is_false(helper.pid_alive(pid)) end
+      assert.equal("failed", p.status)
+      assert.equal(3, p.exitCode)
+      assert.is_false(sb:killProcess(p.id).success) -- nothing left to kill
+    end, { limits = { killGraceMs = 200 } })
   end)
 end)

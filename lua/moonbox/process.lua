@@ -68,7 +68,14 @@ function Process:_exited(code, signal)
   elseif code == 0 then self.status = "completed"
   else self.status = "failed" end
   self._term_signal = signal
-  for _, t in pairs(self._timers) do if not t:is_closing() then t:close() end end
+  -- descendants that outlive the process are still its tree: a pending
+  -- timeout or kill grace goes on for them
+  if not (next(self._timers) and self:_alive()) then
+    for name, t in pairs(self._timers) do
+      if not t:is_closing() then t:close() end
+      self._timers[name] = nil
+    end
+  end
   -- output written before the exit is in the pipes: take it before reporting
   for stream, s in pairs(self._pipes) do
     local rest = s:try_read()
@@ -84,10 +91,7 @@ function Process:_exited(code, signal)
   local waiters = self._exit_waiters
   self._exit_waiters = {}
   notify(waiters)
-  if self._cgroup and not tree.populated(self._cgroup) then
-    tree.remove_cgroup(self._cgroup)
-    self._cgroup_removed = true
-  end
+  if self._cgroup then self:_alive() end -- an empty cgroup is removed now
 end
 
 function Process:_close_pipes()
@@ -101,21 +105,74 @@ function Process:_running()
   return self.status == "running" or self.status == "starting"
 end
 
+-- Whether anything of the process's tree lives: the process itself, or
+-- descendants that outlived it (a daemon, a fork bomb's children). In
+-- cgroup mode the tree is everything in its cgroup; in proc mode see
+-- _tree.proc_tree. A tree found empty once stays empty: its cgroup is
+-- removed, and in proc mode its ids are no longer looked for.
+function Process:_alive()
+  if self:_running() then return self.pid ~= nil end
+  if not self.pid or self._tree_gone then return false end
+  if self._cgroup then
+    if not self._cgroup_removed and tree.populated(self._cgroup) then return true end
+    if not self._cgroup_removed then tree.remove_cgroup(self._cgroup) end
+    self._cgroup_removed = true
+  elseif next((tree.proc_tree(self.pid, self._marker, false))) then
+    return true
+  end
+  self._tree_gone = true
+  return false
+end
+
 -- The pids of the process's tree (the process, its descendants, and in
 -- cgroup mode anything that setsid'd or double-forked away from it).
 function Process:_tree_pids()
-  if self._cgroup then return tree.cgroup_pids(self._cgroup) end
-  local pids = tree.descendants(self.pid)
-  table.insert(pids, 1, self.pid)
+  if not self.pid or self._tree_gone then return {} end
+  if self._cgroup then
+    return self._cgroup_removed and {} or tree.cgroup_pids(self._cgroup)
+  end
+  local pids = {}
+  for pid in pairs(tree.proc_tree(self.pid, self._marker, self:_running())) do pids[#pids + 1] = pid end
   return pids
 end
 
+-- SIGKILL in proc mode is repeated every 10 ms (about 2 s at most) until
+-- nothing of the tree is left: a process forked between a scan and its
+-- kill is found by the next pass.
+local KILL_PASSES, KILL_PASS_MS = 200, 10
+
 function Process:_signal_tree(sig)
-  if sig == core.signum("SIGKILL") and self._cgroup then
-    tree.kill_cgroup(self._cgroup)
+  if not self.pid or self._tree_gone then return end
+  if self._cgroup then
+    if self._cgroup_removed then return end
+    if sig == core.signum("SIGKILL") then tree.kill_cgroup(self._cgroup) return end
+    tree.signal_pids(tree.cgroup_pids(self._cgroup), sig)
     return
   end
-  tree.signal_pids(self:_tree_pids(), sig)
+  local found = tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig)
+  if sig ~= core.signum("SIGKILL") or found == 0 or self._timers.passes then return end
+  local passes = 0
+  local t = core.timer()
+  self._timers.passes = t
+  t:start(KILL_PASS_MS, KILL_PASS_MS, function()
+    passes = passes + 1
+    if passes >= KILL_PASSES or not self:_alive() then
+      t:close()
+      self._timers.passes = nil
+      return
+    end
+    tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig)
+  end)
+end
+
+-- Wait (in a task) until nothing of the tree is left, at most ~2 s: the
+-- SIGKILLed processes take a moment to exit.
+function Process:_wait_tree_gone()
+  for _ = 1, KILL_PASSES do
+    if not self:_alive() then return true end
+    async.sleep(KILL_PASS_MS)
+  end
+  return not self:_alive()
 end
 
 -- kill(signal?): an explicit signal is sent to the whole tree; without one,
@@ -126,13 +183,15 @@ function Process:kill(signal)
   end
   local ok, signum = pcall(core.signum, signal or "SIGTERM")
   if not ok then V.fail("signal", ("unknown signal %s"):format(tostring(signal))) end
-  if not self:_running() or not self.pid then return { success = false, processId = self.id, status = self.status } end
-  self._signalled = true
+  if not self:_alive() then return { success = false, processId = self.id, status = self.status } end
+  -- (a process that already ended keeps its status; its leftovers die)
+  if self:_running() then self._signalled = true end
   self:_signal_tree(signum)
-  if signal == nil then
+  if signal == nil and not self._timers.kill then
     local grace = self._sandbox.policy.limits.killGraceMs
     self._timers.kill = after(grace, function()
-      if self:_running() then self:_signal_tree(core.signum("SIGKILL")) end
+      self._timers.kill = nil
+      if self:_alive() then self:_signal_tree(core.signum("SIGKILL")) end
     end)
   end
   return { success = true, processId = self.id, signal = core.signame(signum) }
@@ -335,9 +394,13 @@ function Session:startProcess(command, opts)
   p._timers, p._pipes = {}, {}
   p._oom_before = limits.oom_kills(sb.limits_state)
   sb.processes[id] = p
+  -- proc mode finds what left the tree by this (_tree.proc_tree)
+  sb.process_spawns = (sb.process_spawns or 0) + 1
+  p._marker = tree.owner(sb.id, self.id) .. "/p" .. sb.process_spawns
 
   local full_env = util.copy(self:current_env())
   for k, v in pairs(env or {}) do if v == false then full_env[k] = nil else full_env[k] = v end end
+  full_env.MOONBOX_OWNER = p._marker
   local args = type(command) == "table" and command or { "bash", "-c", command }
   for i, a in ipairs(args) do args[i] = tostring(a) end
   if tree.mode() == "cgroup" then
@@ -385,7 +448,8 @@ function Session:startProcess(command, opts)
   end
   if opts.timeout and opts.timeout > 0 then
     p._timers.timeout = after(opts.timeout, function()
-      if p:_running() then p:kill() end
+      p._timers.timeout = nil
+      if p:_alive() then p:kill() end
     end)
   end
   if opts.onStart then
@@ -427,9 +491,10 @@ end
 
 function Session:killAllProcesses(signal)
   self:_check_live()
+  -- a process whose own pid ended counts while its tree lives
   local n = 0
   for _, p in pairs(self.sandbox.processes) do
-    if p:_running() and p.pid then
+    if p:_alive() then
       p:kill(signal)
       n = n + 1
     end
@@ -517,14 +582,15 @@ end
 function M.kill_all(sb, session_id)
   local victims = {}
   for _, p in pairs(sb.processes) do
-    if (session_id == nil or p.sessionId == session_id) and p:_running() and p.pid then
-      p._signalled = true
+    if (session_id == nil or p.sessionId == session_id) and p:_alive() then
+      if p:_running() then p._signalled = true end
       p:_signal_tree(core.signum("SIGKILL"))
       victims[#victims + 1] = p
     end
   end
   for _, p in ipairs(victims) do
     if p:_running() then p:waitForExit(5000) end
+    p:_wait_tree_gone()
     if p._cgroup and not p._cgroup_removed then
       tree.remove_when_empty(p._cgroup, async.sleep)
       p._cgroup_removed = true
