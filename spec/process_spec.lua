@@ -271,6 +271,63 @@ describe("waitForPort", function()
   end)
 end)
 
+describe("completed records", function()
+  it("cleanupCompletedProcesses removes every ended record whose tree is gone and says how many", function()
+    with_sandbox(function(sb)
+      local ok = sb:startProcess("true", { processId = "ok" })
+      local bad = sb:startProcess("exit 4", { processId = "bad" })
+      local err = sb:startProcess({ "no-such-program-xyz" }, { processId = "err" })
+      local live = sb:startProcess("sleep 300", { processId = "live" })
+      local parent = sb:startProcess("sleep 300 & exit 0", { processId = "parent" })
+      ok:waitForExit(5000) bad:waitForExit(5000) parent:waitForExit(5000)
+      assert.equal("error", err.status)
+      assert.equal(3, sb:cleanupCompletedProcesses())
+      for _, id in ipairs { "ok", "bad", "err" } do
+        assert.is_nil(sb:getProcess(id))
+        assert.equal("PROCESS_NOT_FOUND", code_of(sb.getProcessLogs, sb, id))
+        assert.equal("PROCESS_NOT_FOUND", code_of(sb.killProcess, sb, id))
+        assert.equal("PROCESS_NOT_FOUND", code_of(sb.streamProcessLogs, sb, id))
+      end
+      -- a running process stays, and so does one whose child lives on
+      assert.equal(live, sb:getProcess("live"))
+      assert.equal(parent, sb:getProcess("parent"))
+      assert.equal(0, sb:cleanupCompletedProcesses())
+      assert.equal(2, sb:killAllProcesses("SIGKILL"))
+      live:waitForExit(5000)
+      assert.is_true(helper.eventually(function() return not parent:_alive() end, 5000))
+      assert.equal(2, sb:getSession("default"):cleanupCompletedProcesses())
+      assert.same({}, sb:listProcesses())
+    end)
+  end)
+
+  it("keeps at most limits.maxCompletedProcesses ended records, dropping the oldest first", function()
+    with_sandbox(function(sb)
+      local live = sb:startProcess("sleep 300", { processId = "live" })
+      for i = 1, 6 do sb:startProcess("echo " .. i, { processId = "p" .. i }):waitForExit(5000) end
+      local ids = {}
+      for _, p in ipairs(sb:listProcesses()) do ids[#ids + 1] = p.id end
+      table.sort(ids)
+      assert.same({ "live", "p4", "p5", "p6" }, ids)
+      assert.is_nil(sb:getProcess("p1"))
+      assert.equal("PROCESS_NOT_FOUND", code_of(sb.getProcessLogs, sb, "p3"))
+      assert.equal("6\n", sb:getProcessLogs("p6").stdout)
+      assert.equal("running", live.status)
+    end, { limits = { maxCompletedProcesses = 3 } })
+  end)
+
+  it("keeps at most limits.maxCompletedLogBytes of ended records' logs, dropping the oldest first", function()
+    with_sandbox(function(sb)
+      for i = 1, 4 do
+        sb:startProcess("head -c 1000 /dev/zero | tr '\\0' " .. i, { processId = "p" .. i }):waitForExit(5000)
+      end
+      assert.is_nil(sb:getProcess("p1"))
+      assert.is_nil(sb:getProcess("p2"))
+      assert.equal(("3"):rep(1000), sb:getProcessLogs("p3").stdout)
+      assert.equal(("4"):rep(1000), sb:getProcessLogs("p4").stdout)
+    end, { limits = { maxCompletedLogBytes = 2500 } })
+  end)
+end)
+
 -- Issue #14: what a process leaves behind is still its tree.
 describe("descendants that outlive their process", function()
   -- Every process of a sandbox but its session shells (found by the marker

@@ -83,6 +83,8 @@ function Process:_exited(code, signal)
   end
   -- forgotten before anyone is told, so a waiter that wakes sees it gone
   if self._auto_cleanup and self._sandbox.processes[self.id] == self then self._sandbox.processes[self.id] = nil end
+  if self._cgroup then self:_alive() end -- an empty cgroup is removed now
+  M.completed(self) -- (before anyone is told: a waiter sees the bounds applied)
   if self._on_exit then
     local ok, err = pcall(self._on_exit, code)
     if not ok then io.stderr:write("moonbox: onExit: ", errors.format(err), "\n") end
@@ -91,7 +93,6 @@ function Process:_exited(code, signal)
   local waiters = self._exit_waiters
   self._exit_waiters = {}
   notify(waiters)
-  if self._cgroup then self:_alive() end -- an empty cgroup is removed now
 end
 
 function Process:_close_pipes()
@@ -110,14 +111,14 @@ end
 -- cgroup mode the tree is everything in its cgroup; in proc mode see
 -- _tree.proc_tree. A tree found empty once stays empty: its cgroup is
 -- removed, and in proc mode its ids are no longer looked for.
-function Process:_alive()
+function Process:_alive(proc_table)
   if self:_running() then return self.pid ~= nil end
   if not self.pid or self._tree_gone then return false end
   if self._cgroup then
     if not self._cgroup_removed and tree.populated(self._cgroup) then return true end
     if not self._cgroup_removed then tree.remove_cgroup(self._cgroup) end
     self._cgroup_removed = true
-  elseif next((tree.proc_tree(self.pid, self._marker, false))) then
+  elseif next((tree.proc_tree(self.pid, self._marker, false, proc_table))) then
     return true
   end
   self._tree_gone = true
@@ -426,6 +427,7 @@ function Session:startProcess(command, opts)
     if p._cgroup then tree.remove_cgroup(p._cgroup) p._cgroup = nil end
     notify(p._exit_waiters)
     p._exit_waiters = {}
+    M.completed(p)
     return p
   end
   p.pid = proc:pid()
@@ -457,6 +459,80 @@ function Session:startProcess(command, opts)
     if not ok then io.stderr:write("moonbox: onStart: ", errors.format(err), "\n") end
   end
   return p
+end
+
+-- ---- completed records: bounded, and removable ---------------------------
+--
+-- A sandbox keeps the record (status, exit code, logs) of a process that
+-- ended until cleanupCompletedProcesses() or autoCleanup removes it, but no
+-- more than limits.maxCompletedProcesses of them, holding no more than
+-- limits.maxCompletedLogBytes of logs in all: past either bound the oldest
+-- completed records are dropped first. A record whose tree still lives
+-- (descendants that outlived the process) is kept: it is how they are
+-- found and killed.
+
+local function sandbox_records(sb)
+  sb.completed_records = sb.completed_records or {}
+  return sb.completed_records
+end
+
+local function log_bytes(p)
+  return p._logs.stdout.size + p._logs.stderr.size
+end
+
+-- Remove the records that are done (ended, and nothing of their tree
+-- lives) and for which pick(p, bytes) says so, oldest first; how many.
+local function remove_done(sb, pick)
+  local list = sandbox_records(sb)
+  local kept, removed, bytes, count = {}, 0, 0, 0
+  for _, p in ipairs(list) do
+    if sb.processes[p.id] == p then
+      count = count + 1
+      bytes = bytes + log_bytes(p)
+    end
+  end
+  local scan -- one /proc pass for every proc-mode record checked
+  for _, p in ipairs(list) do
+    if sb.processes[p.id] == p then
+      local drop = false
+      if pick(count, bytes) then
+        if not p._cgroup and not p._tree_gone and p.pid then scan = scan or tree.proc_table() end
+        drop = not p:_alive(scan)
+      end
+      if drop then
+        sb.processes[p.id] = nil
+        removed, count, bytes = removed + 1, count - 1, bytes - log_bytes(p)
+        p:_close_pipes()
+      else
+        kept[#kept + 1] = p
+      end
+    end
+  end
+  sb.completed_records = kept
+  return removed
+end
+
+-- Called when a record completes: remember it, and enforce the bounds.
+function M.completed(p)
+  local sb = p._sandbox
+  if sb.processes[p.id] ~= p then return end -- autoCleanup took it
+  local list = sandbox_records(sb)
+  list[#list + 1] = p
+  local limits_ = sb.policy.limits
+  local max_count, max_bytes = limits_.maxCompletedProcesses, limits_.maxCompletedLogBytes
+  if #list <= max_count then
+    local bytes = 0
+    for _, q in ipairs(list) do bytes = bytes + log_bytes(q) if bytes > max_bytes then break end end
+    if bytes <= max_bytes then return end
+  end
+  remove_done(sb, function(count, bytes) return count > max_count or bytes > max_bytes end)
+end
+
+-- cleanupCompletedProcesses() -> number of records removed: every process
+-- that ended (completed, failed, killed, error) and left nothing running.
+function Session:cleanupCompletedProcesses()
+  self:_check_live()
+  return remove_done(self.sandbox, function() return true end)
 end
 
 -- ---- sandbox-wide calls (any session sees every process) -------------------

@@ -432,6 +432,7 @@ end
 function Sandbox:info()
   local in_force = {}
   for _, k in ipairs { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
+    "maxCompletedProcesses", "maxCompletedLogBytes",
     "killGraceMs", "timeoutGraceMs", "maxFileBytes" } do
     in_force[k] = self.policy.limits[k]
   end
