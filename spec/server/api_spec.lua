@@ -448,7 +448,8 @@ describe("api processes", function()
       assert.equal("killed", w.status)
       -- the three ended: their records go
       call("POST", "/processes", { body = { command = "sleep 300", processId = "d" } })
-      local status, c = call("POST", "/processes/cleanup")
+      local c
+      status, c = call("POST", "/processes/cleanup")
       assert.equal(200, status)
       assert.same({ true, 3 }, { c.success, c.count })
       local _, list = call("GET", "/processes")
