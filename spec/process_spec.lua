@@ -328,6 +328,56 @@ describe("completed records", function()
   end)
 end)
 
+describe("waitForPort readiness", function()
+  local function server(port, delay)
+    return ([[exec python3 -c '
+import socket, time
+print("Database connected", flush=True)
+time.sleep(%s)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", %d))
+s.listen()
+while True:
+    c, _ = s.accept()
+    c.sendall(b"hi\n")
+    c.close()
+']]):format(delay, port)
+  end
+
+  it("succeeds only once the server listens: a connect right after is accepted, every time", function()
+    with_sandbox(function(sb)
+      local port = 10000 + (core.getpid() + 7) % 20000
+      for _ = 1, 6 do
+        local p = sb:startProcess(server(port, 0.3))
+        p:waitForLog("Database connected", 10000)
+        assert.is_true(p:waitForPort(port, { mode = "tcp", timeout = 10000 }).success)
+        local r = sb:exec(("exec 3<>/dev/tcp/127.0.0.1/%d && head -c 3 <&3"):format(port))
+        assert.same({ 0, "hi\n" }, { r.exitCode, r.stdout })
+        p:kill("SIGKILL")
+        p:waitForExit(5000)
+      end
+    end)
+  end)
+
+  it("a listener of another process does not make this one ready", function()
+    with_sandbox(function(sb)
+      local port = 10000 + (core.getpid() + 11) % 20000
+      local other = sb:startProcess(server(port, 0))
+      assert.is_true(other:waitForPort(port, { mode = "tcp", timeout = 10000 }).success)
+      -- a process that never listens: the port answers, but not for it
+      local idle = sb:startProcess("echo 'Database connected'; exec sleep 300")
+      idle:waitForLog("Database connected", 10000)
+      for _, mode in ipairs { "tcp", "http" } do
+        assert.equal("PROCESS_READY_TIMEOUT", code_of(idle.waitForPort, idle, port, { mode = mode, timeout = 400 }))
+      end
+      local quitter = sb:startProcess("sleep 0.3; exit 1")
+      assert.equal("PROCESS_EXITED_BEFORE_READY", code_of(quitter.waitForPort, quitter, port, { mode = "tcp" }))
+      assert.is_true(other:waitForPort(port, { mode = "tcp", timeout = 1000 }).success)
+    end)
+  end)
+end)
+
 -- Issue #14: what a process leaves behind is still its tree.
 describe("descendants that outlive their process", function()
   -- Every process of a sandbox but its session shells (found by the marker

@@ -321,7 +321,9 @@ function Process:waitForPort(port, opts)
   local deadline = opts.timeout and util.now_ms() + opts.timeout
   -- A port gives no event to wait for: probe, then sleep an interval (or
   -- until the process exits, whichever comes first).
-  local probe_opts = { path = opts.path, status = opts.status, sandbox = self._sandbox }
+  -- only a listener of this process's tree makes it ready
+  local probe_opts = { path = opts.path, status = opts.status, sandbox = self._sandbox,
+    owner_pids = function() return self:_tree_pids() end }
   while true do
     if probe[mode](host, port, probe_opts) then return { success = true, port = port, mode = mode } end
     if not self:_running() then
