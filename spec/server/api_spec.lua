@@ -446,6 +446,7 @@ describe("api processes", function()
       assert.equal(2, all.count)
       _, w = call("POST", "/processes/c/wait", { body = { exit = true, timeout = 5000 } })
       assert.equal("killed", w.status)
+      call("POST", "/processes/b/wait", { body = { exit = true, timeout = 5000 } })
       -- the three ended: their records go
       call("POST", "/processes", { body = { command = "sleep 300", processId = "d" } })
       local c
