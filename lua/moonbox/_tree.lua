@@ -193,8 +193,20 @@ end
 -- its environment is lost once it has left the group and the leader is
 -- gone (under namespaces it still dies with the sandbox).
 
--- One pass over /proc: array of {pid, ppid, pgid, sid} (zombies left out).
+-- One pass over /proc: array of {pid, ppid, pgid, sid, owner} (zombies
+-- left out), reused for every process a call looks at. owner is the value
+-- of MOONBOX_OWNER in the environment, read (a costly read) only where a
+-- tree can need it: a process that left its parent's tree was re-parented
+-- to an adopter (the runtime, a child subreaper; a sandbox init, pid 1 of
+-- its pid namespace); a process in a session or group led by a
+-- process an adopter started in its own session (as the runtime does); or
+-- whose session or group leader is gone.
 function M.proc_table()
+  local me = core.getpid()
+  local adopters = { [me] = true }
+  for _, sb in pairs(require("moonbox.sandbox").all()) do
+    if sb.init and not sb.init_dead then adopters[sb.init:pid()] = true end
+  end
   local out = {}
   for _, name in ipairs(core.readdir("/proc") or {}) do
     local pid = tonumber(name)
@@ -207,12 +219,20 @@ function M.proc_table()
       end
     end
   end
+  local leaders = {} -- session leaders an adopter started
+  for _, e in ipairs(out) do if e.sid == e.pid and adopters[e.ppid] then leaders[e.pid] = true end end
+  -- a leader the runtime started that exited is no longer seen: a process
+  -- whose group or session has no live leader is a candidate too
+  local alive = {}
+  for _, e in ipairs(out) do alive[e.pid] = true end
+  for _, e in ipairs(out) do
+    if adopters[e.ppid] or leaders[e.sid] or leaders[e.pgid]
+      or (e.sid > 0 and not alive[e.sid]) or (e.pgid > 0 and not alive[e.pgid]) then
+      local env = util.read_file("/proc/" .. e.pid .. "/environ")
+      e.owner = env and ("\0" .. env):match("%zMOONBOX_OWNER=([^%z]*)")
+    end
+  end
   return out
-end
-
-local function has_marker(pid, needle)
-  local env = util.read_file("/proc/" .. pid .. "/environ")
-  return env ~= nil and ("\0" .. env):find(needle, 1, true) ~= nil
 end
 
 -- The live pids of the tree of leader (its pid), marked with marker (the
@@ -222,7 +242,6 @@ end
 function M.proc_tree(leader, marker, running, table_)
   table_ = table_ or M.proc_table()
   local me = core.getpid()
-  local needle = "\0MOONBOX_OWNER=" .. marker .. "\0"
   local set, children, pgid_of = {}, {}, {}
   for _, e in ipairs(table_) do
     pgid_of[e.pid] = e.pgid
@@ -232,8 +251,8 @@ function M.proc_tree(leader, marker, running, table_)
       if e.pid == leader then
         if running then set[e.pid] = true end
       elseif e.pgid == leader or e.sid == leader then
-        if running or has_marker(e.pid, needle) then set[e.pid] = true end
-      elseif has_marker(e.pid, needle) then
+        if running or e.owner == marker then set[e.pid] = true end
+      elseif e.owner == marker then
         set[e.pid] = true
       end
     end

@@ -179,12 +179,23 @@ end
 -- kill(signal?): an explicit signal is sent to the whole tree; without one,
 -- SIGTERM now and SIGKILL to whatever is left after limits.killGraceMs.
 function Process:kill(signal)
+  return self:_kill(signal)
+end
+
+-- A proc-mode process that ended but is not yet known to have left nothing
+-- needs a /proc pass to tell: calls that look at many take one, shared.
+local function needs_scan(p)
+  return not p:_running() and p.pid and not p._cgroup and not p._tree_gone
+end
+
+-- kill(signal); scan: a tree.proc_table() to reuse.
+function Process:_kill(signal, scan)
   if signal ~= nil and type(signal) ~= "string" and type(signal) ~= "number" then
     V.fail("signal", "expected a signal name or number")
   end
   local ok, signum = pcall(core.signum, signal or "SIGTERM")
   if not ok then V.fail("signal", ("unknown signal %s"):format(tostring(signal))) end
-  if not self:_alive() then return { success = false, processId = self.id, status = self.status } end
+  if not self:_alive(scan) then return { success = false, processId = self.id, status = self.status } end
   -- (a process that already ended keeps its status; its leftovers die)
   if self:_running() then self._signalled = true end
   self:_signal_tree(signum)
@@ -498,7 +509,7 @@ local function remove_done(sb, pick)
     if sb.processes[p.id] == p then
       local drop = false
       if pick(count, bytes) then
-        if not p._cgroup and not p._tree_gone and p.pid then scan = scan or tree.proc_table() end
+        if needs_scan(p) then scan = scan or tree.proc_table() end
         drop = not p:_alive(scan)
       end
       if drop then
@@ -570,10 +581,11 @@ end
 function Session:killAllProcesses(signal)
   self:_check_live()
   -- a process whose own pid ended counts while its tree lives
-  local n = 0
+  local n, scan = 0, nil
   for _, p in pairs(self.sandbox.processes) do
-    if p:_alive() then
-      p:kill(signal)
+    if needs_scan(p) then scan = scan or tree.proc_table() end
+    if p:_alive(scan) then
+      p:_kill(signal, scan)
       n = n + 1
     end
   end
@@ -658,9 +670,11 @@ end
 -- Kill the processes a session started (deleteSession) or all of a
 -- sandbox's (destroy), and wait until they are gone.
 function M.kill_all(sb, session_id)
-  local victims = {}
+  local victims, scan = {}, nil
   for _, p in pairs(sb.processes) do
-    if (session_id == nil or p.sessionId == session_id) and p:_alive() then
+    local mine = session_id == nil or p.sessionId == session_id
+    if mine and needs_scan(p) then scan = scan or tree.proc_table() end
+    if mine and p:_alive(scan) then
       if p:_running() then p._signalled = true end
       p:_signal_tree(core.signum("SIGKILL"))
       victims[#victims + 1] = p
