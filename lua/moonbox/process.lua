@@ -494,7 +494,8 @@ local function log_bytes(p)
 end
 
 -- Remove the records that are done (ended, and nothing of their tree
--- lives) and for which pick(p, bytes) says so, oldest first; how many.
+-- lives), oldest first, while pick(count, bytes) (of the records left)
+-- says so; returns how many.
 local function remove_done(sb, pick)
   local list = sandbox_records(sb)
   local kept, removed, bytes, count = {}, 0, 0, 0
