@@ -380,13 +380,23 @@ end)
 
 -- Issue #14: what a process leaves behind is still its tree.
 describe("descendants that outlive their process", function()
-  -- Every process of a sandbox but its session shells (found by the marker
-  -- all of them inherit; a zombie has no environment left to show).
+  -- Every process of a sandbox but its session shells and its init: found
+  -- by the marker all of them inherit (a zombie has no environment left to
+  -- show), and in cgroup mode also as the members of the sandbox's cgroups
+  -- (whatever their environment).
   local function sandbox_pids(sb)
     local known = sb._known_pids()
+    if sb.init then known[sb.init:pid()] = true end
+    local found = {}
+    for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(sb.id, ""), true)) do found[pid] = true end
+    if tree.mode() == "cgroup" then
+      for _, pid in ipairs(tree.cgroup_pids(tree.base() .. "/" .. sb.cgroup_name)) do found[pid] = true end
+      local v1 = sb.limits_state.v1_dirs.pids
+      if v1 then for _, pid in ipairs(tree.cgroup_pids(v1)) do found[pid] = true end end
+    end
     local out = {}
-    for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(sb.id, ""), true)) do
-      if not known[pid] then out[#out + 1] = pid end
+    for pid in pairs(found) do
+      if not known[pid] and helper.pid_alive(pid) then out[#out + 1] = pid end
     end
     return out
   end
