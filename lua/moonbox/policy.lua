@@ -14,6 +14,8 @@ M.defaults = {
     maxLogBytes = 1024 * 1024,         -- per stream, per background process
     maxSessions = 64,
     maxProcesses = 256,
+    maxCompletedProcesses = 1000,      -- records of ended processes kept (oldest dropped first)
+    maxCompletedLogBytes = 64 * 1024 * 1024, -- their logs, in all
     killGraceMs = 5000,                -- kill(): SIGTERM, then SIGKILL after this
     timeoutGraceMs = 500,              -- exec timeout: SIGTERM, then SIGKILL after this
     maxFileBytes = 64 * 1024 * 1024,   -- readFile refuses bigger files (FILE_TOO_LARGE)
@@ -30,6 +32,7 @@ M.defaults = {
 }
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
+  "maxCompletedProcesses", "maxCompletedLogBytes",
   "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "cpuTime", "fileSizeBytes",
   "openFiles" }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true }

@@ -361,8 +361,18 @@ end
 function Sandbox:deleteSession(id)
   self:_check_live()
   V.type(id, "string", "sessionId")
-  if id == "default" then V.fail("sessionId", "the default session cannot be deleted") end
-  local s = self:getSession(id)
+  local s
+  if id == "default" then
+    -- a reset: its shell and all it started die; the next call that needs
+    -- the default session gets a fresh one. One still starting is awaited
+    -- first (it must not outlive the reset); one never made has nothing to kill.
+    if self.sessions.default == nil then
+      return { success = true, sessionId = id, timestamp = util.timestamp() }
+    end
+    s = self:_default()
+  else
+    s = self:getSession(id)
+  end
   self.sessions[id] = nil
   -- its processes first, so they end as "killed" (ours) before the session's
   -- sweep reaches them
@@ -422,6 +432,7 @@ end
 function Sandbox:info()
   local in_force = {}
   for _, k in ipairs { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
+    "maxCompletedProcesses", "maxCompletedLogBytes",
     "killGraceMs", "timeoutGraceMs", "maxFileBytes" } do
     in_force[k] = self.policy.limits[k]
   end
