@@ -264,6 +264,18 @@ function Shell:_as_root_inside(fn, ...)
   return unpack(res, 2, res.n)
 end
 
+-- Make entry name (fn(name, ...) as root inside). Something left under the
+-- name (a symlink, a FIFO, a file where a FIFO goes) is removed and the
+-- call made once more: the leftover is the sandbox's, never followed.
+function Shell:_make_entry(fn, name, ...)
+  local res, err, code = self:_as_root_inside(fn, name, ...)
+  if res or (code ~= "ELOOP" and code ~= "EEXIST" and code ~= "EINVAL" and code ~= "ENXIO") then
+    return res, err, code
+  end
+  core.unlink(name, self.rundir_fd)
+  return self:_as_root_inside(fn, name, ...)
+end
+
 function Shell:_open_rundir(rundir)
   -- a runtime that is not root maps only itself: nothing to switch
   self.rundir_ids = rundir.uid and core.getuid() == 0 and rundir.uid ~= 0 and { uid = rundir.uid, gid = rundir.gid }
@@ -478,7 +490,7 @@ function Shell:run(req)
   -- a pipe the shell reads: we write data and close our end
   local function feed(slot, data)
     if self.rundir then
-      local fd = assert(self:_as_root_inside(core.open_fd, entry(slot), "w", self.rundir_fd))
+      local fd = assert(self:_make_entry(core.open_fd, entry(slot), "w", self.rundir_fd))
       local ok, err = pcall(function()
         local done = 0
         while done < #data do
@@ -509,7 +521,7 @@ function Shell:run(req)
     local s
     if self.rundir then
       local fifo = entry(slot)
-      assert(self:_as_root_inside(core.mkfifo, fifo, 384, self.rundir_fd))
+      assert(self:_make_entry(core.mkfifo, fifo, 384, self.rundir_fd))
       s = core.stream_open(assert(core.open_fd(fifo, "fifo", self.rundir_fd)))
     else
       local r, w = pipe()
