@@ -149,8 +149,9 @@ static int write_file(const char *dst, const char *data, size_t len) {
   return close(fd);
 }
 
-/* A minimal /dev: a few host device nodes bound in, a private devpts with
- * its own ptmx, a tmpfs /dev/shm (of shm_size bytes), and the usual symlinks. */
+/* A minimal, read-only /dev: a few host device nodes bound in, a private
+ * devpts with its own ptmx, a tmpfs /dev/shm (of shm_size bytes), and the
+ * usual symlinks. */
 static int make_dev(const char *dst, const int *devfds, uint64_t shm_size) {
   char path[PATH_MAX];
   if (mkdirs(dst, 1) < 0 || mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536") < 0)
@@ -173,7 +174,10 @@ static int make_dev(const char *dst, const int *devfds, uint64_t shm_size) {
     snprintf(path, sizeof path, "%s/%s", dst, links[i][1]);
     if (symlink(links[i][0], path) < 0) return -1;
   }
-  return 0;
+  /* Read-only from here (pts and shm are mounts of their own): the runtime
+   * opens /dev/ptmx from outside, which must stay the devpts one, never a
+   * symlink someone inside put there to a host device. */
+  return mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, NULL);
 }
 
 /* An empty read-only file to bind over masked files: on a small tmpfs of

@@ -103,6 +103,12 @@ describe("root identity", function()
       -- on the host the same files belong to the mapped ids
       assert.equal(("%d %d"):format(sb.idmap.uid, sb.idmap.gid),
         helper.sh("stat -c '%u %g' '" .. sb.workspace .. "/mine'"))
+      -- /dev cannot be rearranged for the runtime's open of /dev/ptmx (terminals)
+      local dev = sb:exec("ln -sf /etc/passwd /dev/ptmx; touch /dev/x; ls -l /dev/ptmx")
+      assert.matches("/dev/ptmx'?: Read%-only file system", dev.stderr)
+      assert.matches("/dev/x.*Read%-only file system", dev.stderr)
+      assert.matches("/dev/ptmx %-> pts/ptmx\n$", dev.stdout)
+      assert.equal("shm-ok\n", sb:exec("echo shm-ok > /dev/shm/f && cat /dev/shm/f").stdout)
       -- stdio the runtime made is reopenable by name inside
       assert.equal("via-dev\n", sb:exec("echo via-dev > /dev/stdout").stdout)
       local p = sb:startProcess("echo from-bg > /dev/stderr")
