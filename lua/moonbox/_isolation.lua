@@ -53,6 +53,7 @@ end
 -- itself: root inside is the runtime's user.
 M.DEFAULT_IDMAP = { uid = 2000000000, gid = 2000000000, count = 65536 }
 M.SUBID_USER = "moonbox"
+M.SUBUID_FILE, M.SUBGID_FILE = "/etc/subuid", "/etc/subgid"
 
 -- The first range of user in a subordinate id file that has the ids an
 -- image needs (at least 65536), as start, count.
@@ -76,8 +77,8 @@ function M.idmap(policy)
   if core.getuid() ~= 0 then return { uid = core.getuid(), gid = core.getgid(), count = 1 } end
   local p = policy.idmap or {}
   if p.uid then return { uid = p.uid, gid = p.gid or p.uid, count = p.count or M.DEFAULT_IDMAP.count } end
-  local uid, ucount = subid_range("/etc/subuid", p.user or M.SUBID_USER)
-  local gid, gcount = subid_range("/etc/subgid", p.user or M.SUBID_USER)
+  local uid, ucount = subid_range(M.SUBUID_FILE, p.user or M.SUBID_USER)
+  local gid, gcount = subid_range(M.SUBGID_FILE, p.user or M.SUBID_USER)
   if uid and gid then return { uid = uid, gid = gid, count = math.min(ucount, gcount, p.count or ucount) } end
   local d = M.DEFAULT_IDMAP
   return { uid = d.uid, gid = d.gid, count = p.count or d.count }

@@ -94,6 +94,28 @@ describe("root identity", function()
     end)
   end)
 
+  it("takes the range from /etc/subuid and /etc/subgid for the configured user, as root", function()
+    local dir = helper.mkdtemp()
+    local files = { isolation.SUBUID_FILE, isolation.SUBGID_FILE }
+    local ok, err = pcall(function()
+      write_file(dir .. "/subuid", "# comment\nalice:100000:65536\nmoonbox:300000:1000\nmoonbox:400000:131072\n")
+      write_file(dir .. "/subgid", "moonbox:500000:65536\nbob:600000:65536\n")
+      isolation.SUBUID_FILE, isolation.SUBGID_FILE = dir .. "/subuid", dir .. "/subgid"
+      if ROOT then
+        -- the first range of the user with 65536 ids or more; count: what both give
+        assert.same({ uid = 400000, gid = 500000, count = 65536 }, isolation.idmap({}))
+        -- alice has no subgid range: the fixed one
+        assert.same(isolation.DEFAULT_IDMAP, isolation.idmap({ idmap = { user = "alice" } }))
+        assert.same({ uid = 7, gid = 7, count = 65536 }, isolation.idmap({ idmap = { uid = 7 } }))
+      else
+        assert.same({ uid = core.getuid(), gid = core.getgid(), count = 1 }, isolation.idmap({}))
+      end
+    end)
+    isolation.SUBUID_FILE, isolation.SUBGID_FILE = files[1], files[2]
+    os.execute("rm -rf '" .. dir .. "'")
+    if not ok then error(err, 0) end
+  end)
+
   it("gives root inside the workspace and everything the runtime makes for its shells", function()
     with_ns(function(sb)
       local r = sb:exec("touch /workspace/mine && ls -lnd /workspace /workspace/mine | awk '{print $3, $4}'; " ..
