@@ -153,6 +153,28 @@ describe("root identity", function()
     end)
   end)
 
+  it("passes no permission check on the host's files as root: a bound host directory stays the host's", function()
+    local dir = helper.mkdtemp()
+    write_file(dir .. "/f", "host\n")
+    os.execute("chmod 0755 '" .. dir .. "' && chmod 0644 '" .. dir .. "/f'")
+    local ok, err = pcall(with_ns, function(sb)
+      local r = sb:exec("ls -ln /hostdir | awk 'NR > 1 {print $3, $4}'; echo x >> /hostdir/f; echo rc=$?; " ..
+        "touch /hostdir/new; echo rc=$?; chmod 0666 /hostdir/f; echo rc=$?")
+      if ROOT then
+        -- host root's files are nobody's inside, and root inside gets only "other" permissions on them
+        assert.equal("65534 65534\nrc=1\nrc=1\nrc=1\n", r.stdout)
+        assert.matches("/hostdir/f: Permission denied", r.stderr)
+        assert.equal("host\n", read_file(dir .. "/f"))
+        assert.is_nil(read_file(dir .. "/new"))
+      else
+        -- root inside is the invoking user: its own files are root inside's
+        assert.equal("0 0\nrc=0\nrc=0\nrc=0\n", r.stdout)
+      end
+    end, { policy = { mounts = { { type = "bind", src = dir, dst = "/hostdir" } } } })
+    os.execute("rm -rf '" .. dir .. "'")
+    if not ok then error(err, 0) end
+  end)
+
   it("stops the core_pattern attack: the write fails and nothing runs on the host", function()
     local saved = read_file("/proc/sys/kernel/core_pattern")
     local marker_dir = helper.mkdtemp()
