@@ -248,4 +248,20 @@ function M.scandir_beneath(root, relpath, resolve)
   return sorted(confined(core.fs_scandir_beneath(root, relpath, resolve)))
 end
 
+-- remove_tree(root, relpath[, resolve]) -> number of entries removed.
+-- Awaited (the thread pool walks the tree, src/fs_tree.c): relpath and all
+-- under it, at any depth, symlinks removed and never followed; the first
+-- removal that fails is the error.
+function M.remove_tree(root, relpath, resolve)
+  return confined(await_op("_fs.remove_tree", core.fs_remove_tree, 3, { root, relpath, resolve or "beneath" }))
+end
+
+-- lock(path[, content]) -> fd | nil, message, CODE[, holder]: an exclusive
+-- flock on the file at path (created), content written into it; "EAGAIN"
+-- with the file's content when another open file holds it. Synchronous;
+-- close_dir(fd) (core.close_fd) releases it.
+function M.lock(path, content)
+  return core.fs_lock(path, content)
+end
+
 return M
