@@ -65,8 +65,8 @@ local warned = false
 function M.warn_once(reason)
   if warned then return end
   warned = true
-  io.stderr:write("moonbox: user namespaces are refused on this host: ", reason,
-    "; sandboxes with isolation = \"auto\" run without isolation (\"none\")\n")
+  io.stderr:write("moonbox: warning: sandboxes with isolation = \"auto\" run without isolation (\"none\") ",
+    "on this host: ", reason, "\n")
   io.stderr:flush()
 end
 

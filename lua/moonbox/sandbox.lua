@@ -87,7 +87,7 @@ function M.getSandbox(id, opts)
         { isolation = isolation, errno = code })
     end
     if why and not M.allow_unisolated then
-      errors.raise("ISOLATION_UNAVAILABLE", ("user namespaces are refused on this host: %s; this server creates " ..
+      errors.raise("ISOLATION_UNAVAILABLE", ("cannot isolate the sandbox: %s; this server creates " ..
         "no unisolated sandbox unless started with --allow-unisolated or given a policy with isolation = \"none\"")
         :format(why), { isolation = isolation })
     end
