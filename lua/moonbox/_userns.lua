@@ -14,7 +14,7 @@ local util = require "moonbox._util"
 local M = {}
 
 local PLAIN = {
-  EMFILE = "the runtime has too many open files (RLIMIT_NOFILE, see `ulimit -n`)",
+  EMFILE = "the runtime has too many open files (RLIMIT_NOFILE, see ulimit -n)",
   ENFILE = "the host has too many open files (fs.file-max)",
   ENOMEM = "there is not enough memory",
   EAGAIN = "the runtime may not start another process (RLIMIT_NPROC, a pids cgroup or kernel.threads-max)",

@@ -189,7 +189,7 @@ end
     sh(("mkdir -p %s/prepared/workspace && echo ready > %s/prepared/workspace/f"):format(tmp, tmp))
     run_task(function()
       local sb = helper.new_sandbox { root = tmp .. "/prepared" }
-      assert.are.equal("ready\n", sb:exec("cat /workspace/f").stdout)
+      assert.are.equal("ready\n", sb:exec("cat f").stdout)
       sb:writeFile("/workspace/g", "kept")
       local id = sb.id
       sb:destroy { keepFiles = true }
@@ -230,7 +230,7 @@ describe("fail closed: destroy", function()
       -- two steps of paths under PATH_MAX each (a cd per level is quadratic in bash)
       local r = sb:exec(([[
 a=$(printf 'd/%%.0s' $(seq 1000)); b=$(printf 'd/%%.0s' $(seq 1100))
-cd /workspace && mkdir -p "$a" && cd "$a" && mkdir -p "$b" && cd "$b" || exit 1
+mkdir -p "$a" && cd "$a" && mkdir -p "$b" && cd "$b" || exit 1
 echo x > f && ln -s %s link && ln -s %s/file flink && pwd | wc -c]]):format(canary, canary))
       assert.are.equal(0, r.exitCode, r.stderr)
       assert.is_truthy(tonumber(r.stdout) > 4096, r.stdout)
@@ -238,7 +238,7 @@ echo x > f && ln -s %s link && ln -s %s/file flink && pwd | wc -c]]):format(cana
       assert.is_false(exists(root))
       assert.are.equal("precious", sh("cat " .. canary .. "/file"))
       sb = moonbox.getSandbox(id, { root = root, isolation = os.getenv("MOONBOX_TEST_ISOLATION") })
-      assert.are.equal("", sb:exec("ls -A /workspace").stdout)
+      assert.are.equal("", sb:exec("ls -A").stdout) -- a session starts in the workspace
       sb:destroy()
     end)
     sh("rm -rf " .. q(tmp))
@@ -250,13 +250,14 @@ echo x > f && ln -s %s link && ln -s %s/file flink && pwd | wc -c]]):format(cana
     local undo
     run_task(function()
       local sb = helper.new_sandbox { root = root }
-      assert.are.equal(0, sb:exec("mkdir -p /workspace/a/b && echo x > /workspace/a/b/f").exitCode)
+      -- relative paths: a session starts in the workspace (under "none" too)
+      assert.are.equal(0, sb:exec("mkdir -p a/b && echo x > a/b/f").exitCode)
       if core.getuid() == 0 then
         -- root passes every permission check: a mount point cannot be removed
         assert.are.equal(0, os.execute("mount -t tmpfs tmpfs " .. root .. "/workspace/a/b"))
         undo = "umount " .. root .. "/workspace/a/b"
       else
-        assert.are.equal(0, sb:exec("chmod 555 /workspace/a/b").exitCode)
+        assert.are.equal(0, sb:exec("chmod 555 a/b").exitCode)
         undo = "chmod 755 " .. root .. "/workspace/a/b"
       end
       local err = helper.error_of(sb.destroy, sb)
