@@ -222,7 +222,10 @@ static int remove_walk(tree_req *tr, int parent, const char *top, level *first) 
       free(next->name);
       next->name = NULL;
       if (e == ENOENT) continue;
-      if (e == ENOTDIR) { rewinddir(cur->dir); continue; } /* swapped for a file or symlink: rescan */
+      if ((e == ENOTDIR || e == ELOOP) && ++restarts < MAX_RESTARTS) {
+        rewinddir(cur->dir); /* swapped for a file or symlink meanwhile: rescan */
+        continue;
+      }
       rc = fail(tr, e, "open", name, depth);
       break;
     }
