@@ -94,7 +94,7 @@ static int fail(tree_req *tr, int err, const char *op, const char *name, size_t 
 }
 
 /* Open dir name under fd as a level (O_NOFOLLOW: a symlink is not a dir). */
-static int open_level(int fd, const char *name, level *lv) {
+static int open_level_once(int fd, const char *name, level *lv) {
   int d = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (d < 0) return -1;
   struct stat st;
@@ -122,6 +122,48 @@ static int reopen_up(level *up, level *below) {
   }
   if (!(up->dir = fdopendir(d))) { int e = errno; close(d); errno = e; return -1; }
   return 0;
+}
+
+/* A directory its owner made unreadable or unwritable (chmod 000 inside a
+ * sandbox) must not make the tree unremovable: the owner gets rwx back on
+ * it. Someone else's directory stays as it is (EPERM), and the removal
+ * fails with the first error. These return 0 only when they changed a mode. */
+static int owner_rwx_fd(int dfd) {
+  struct stat st;
+  if (fstat(dfd, &st) < 0 || (st.st_mode & S_IRWXU) == S_IRWXU) return -1;
+  return fchmod(dfd, (st.st_mode & 07777) | S_IRWXU);
+}
+
+static int owner_rwx_at(int fd, const char *name) {
+  int p = openat(fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (p < 0) return -1;
+  struct stat st;
+  int rc = -1;
+  if (fstat(p, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_IRWXU) != S_IRWXU) {
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", p); /* the inode itself, never a path */
+    rc = chmod(proc, (st.st_mode & 07777) | S_IRWXU);
+  }
+  close(p);
+  return rc;
+}
+
+/* unlinkat in directory dfd (a readable dir fd), once more after giving
+ * the owner write permission on it. */
+static int unlink_in(int dfd, const char *name, int flags) {
+  if (unlinkat(dfd, name, flags) == 0) return 0;
+  int e = errno;
+  if ((e == EACCES || e == EPERM) && owner_rwx_fd(dfd) == 0) return unlinkat(dfd, name, flags);
+  errno = e;
+  return -1;
+}
+
+static int open_level(int fd, const char *name, level *lv) {
+  if (open_level_once(fd, name, lv) == 0) return 0;
+  int e = errno;
+  if (e == EACCES && owner_rwx_at(fd, name) == 0) return open_level_once(fd, name, lv);
+  errno = e;
+  return -1;
 }
 
 static int is_dot(const char *n) { return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0)); }
@@ -164,7 +206,7 @@ static int remove_walk(tree_req *tr, int parent, const char *top, level *first) 
       closedir(cur->dir);
       cur->dir = NULL;
       depth--;
-      if (unlinkat(dirfd(up->dir), cur->name, AT_REMOVEDIR) == 0) {
+      if (unlink_in(dirfd(up->dir), cur->name, AT_REMOVEDIR) == 0) {
         tr->removed++;
       } else if (errno == ENOTEMPTY && ++restarts < MAX_RESTARTS) {
         rewinddir(up->dir); /* it filled up again: the rescan of up finds it */
@@ -192,16 +234,16 @@ static int remove_walk(tree_req *tr, int parent, const char *top, level *first) 
       isdir = S_ISDIR(st.st_mode);
     }
     if (!isdir) {
-      if (unlinkat(fd, name, 0) == 0) { tr->removed++; continue; }
+      if (unlink_in(fd, name, 0) == 0) { tr->removed++; continue; }
       if (errno == ENOENT) continue;
       if (errno != EISDIR) { rc = fail(tr, errno, "unlink", name, depth); break; }
       /* replaced by a directory meanwhile: take it as one */
     }
     /* an empty directory goes at once; a full one is walked */
-    if (unlinkat(fd, name, AT_REMOVEDIR) == 0) { tr->removed++; continue; }
+    if (unlink_in(fd, name, AT_REMOVEDIR) == 0) { tr->removed++; continue; }
     if (errno == ENOENT) continue;
     if (errno == ENOTDIR) { /* replaced by a file meanwhile */
-      if (unlinkat(fd, name, 0) == 0) { tr->removed++; continue; }
+      if (unlink_in(fd, name, 0) == 0) { tr->removed++; continue; }
       if (errno == ENOENT) continue;
       rc = fail(tr, errno, "unlink", name, depth);
       break;
