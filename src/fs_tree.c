@@ -16,6 +16,10 @@
  *   to them through ".." of the level below, checking that ".." is still the
  *   directory it left (device and inode): a tree moved about while it is
  *   removed fails the call (EAGAIN), it never makes the walk act elsewhere.
+ *   A directory in the tree its owner made unreadable or unwritable (chmod
+ *   000 by sandbox code) gets u+rwx back (fchmod of its fd, or chmod of
+ *   /proc/self/fd/N of an O_PATH|O_NOFOLLOW fd), so the owner's tree always
+ *   goes; someone else's directory is left as it is and its error reported.
  *   cb(nil, count) with the number of entries removed, or cb(message, nil,
  *   CODE) at the first removal that fails (nothing is skipped silently).
  *   The call returns true once queued, or nil, message, CODE.
