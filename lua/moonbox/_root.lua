@@ -30,10 +30,14 @@ local function refuse(root, why)
   errors.raise("VALIDATION_FAILED", ("root %q %s"):format(root, why), { field = "root", root = root })
 end
 
--- Where an existing path leads, every symlink followed (nil if it does not exist).
-local function resolved(path)
-  local where = fs.where_beneath("/", path, "in_root")
-  return where
+-- Where an existing path leads, every symlink followed (nil if it does not
+-- exist). Any other failure (EMFILE, EACCES, ...) raises: a root that
+-- cannot be checked is not taken.
+local function resolved(path, quiet)
+  local where, msg, code = fs.where_beneath("/", path, "in_root")
+  if where or quiet or code == "ENOENT" or code == "ENOTDIR" then return where end
+  errors.raise("FILESYSTEM_ERROR", ("cannot check the sandbox root %q: %s"):format(path, tostring(msg)),
+    { root = path, errno = code })
 end
 
 -- canonical(path) -> the absolute path with every existing symlink resolved
@@ -64,7 +68,7 @@ local function is_system(canon)
     system_set = {}
     for _, dir in ipairs(SYSTEM_DIRS) do
       system_set[dir] = true
-      local where = resolved(dir)
+      local where = resolved(dir, true)
       if where then system_set[where] = true end
     end
   end
@@ -81,7 +85,11 @@ function M.check(root, home, default_root)
   if canon == home_canon or home_canon:sub(1, #canon + 1) == canon .. "/" or canon == home_canon .. "/sandboxes" then
     refuse(root, ("is the runtime's home (%s) or holds it"):format(home_canon))
   end
-  local st = fs.stat_beneath("/", canon, "in_root")
+  local st, msg, code = fs.stat_beneath("/", canon, "in_root")
+  if not st and code ~= "ENOENT" then
+    errors.raise("FILESYSTEM_ERROR", ("cannot check the sandbox root %q: %s"):format(root, tostring(msg)),
+      { root = root, errno = code })
+  end
   if st and st.type ~= "directory" then refuse(root, "is not a directory") end
   if st and canon ~= M.canonical(default_root) then
     local names = core.readdir(canon)

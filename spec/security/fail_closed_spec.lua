@@ -83,6 +83,34 @@ end
     sh("rm -rf " .. q(dir))
   end)
 
+  it("with every fd of the runtime in use, getSandbox fails with a coded error and makes nothing", function()
+    local tmp = helper.mkdtemp()
+    run_task(function()
+      moonbox.getSandbox("fd-warm", { root = tmp .. "/warm", isolation = "auto" }):destroy() -- probed before
+      local fds = {}
+      while true do
+        local fd = core.fs_open_dir("/")
+        if not fd then break end
+        fds[#fds + 1] = fd
+        assert(#fds < 1000000, "no fd limit")
+      end
+      -- one fd free: it must still not be enough for a sandbox
+      core.close_fd(table.remove(fds))
+      local ok, err = pcall(moonbox.getSandbox, "fd-starved", { root = tmp .. "/starved", isolation = "auto" })
+      for _, fd in ipairs(fds) do core.close_fd(fd) end
+      if ok then
+        -- the fd was enough after all: then it must be isolated like any other
+        assert.are.equal(refused and "none" or "namespaces", err:info().isolation)
+        err:destroy()
+      else
+        assert.is_truthy(err.code == "ISOLATION_UNAVAILABLE" or err.code == "FILESYSTEM_ERROR", tostring(err))
+        assert.is_truthy(tostring(err.message):find("too many open files", 1, true), tostring(err))
+        assert.is_false(exists(tmp .. "/starved"))
+      end
+    end)
+    sh("rm -rf " .. q(tmp))
+  end)
+
   it("falls back only where the kernel refuses user namespaces, says so once, and serve refuses it", function()
     local dir = helper.mkdtemp()
     -- a user namespace of our own whose user.max_user_namespaces is 0: the
