@@ -101,12 +101,14 @@ function M.getSandbox(id, opts)
   if not ok then
     errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(err), { root = root })
   end
-  local lock
+  local lock, identity
   ok, err = pcall(function()
     if root_mod.canonical(root) ~= canon then -- a ".." after a symlink, say
       V.fail("root", ("root %q leads elsewhere once made (%s)"):format(root, root_mod.canonical(root)))
     end
     lock = root_mod.lock(id, canon)
+    identity = root_mod.identity(canon) -- destroy removes this directory, never another one at its path
+    if not identity then errors.raise("FILESYSTEM_ERROR", "cannot stat the sandbox root", { root = root }) end
     local made, msg = root_mod.mkdir_p(canon .. "/workspace", created)
     if not made then
       errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(msg), { root = root })
@@ -134,7 +136,7 @@ function M.getSandbox(id, opts)
     process_seq = 0,
     shell_seq = 0,
     cgroup_name = "sb-" .. id,
-    root_lock = lock, root_canon = canon, root_identity = root_mod.identity(canon),
+    root_lock = lock, root_canon = canon, root_identity = identity,
   }, Sandbox)
   -- whatever fails from here takes back what getSandbox made (below)
   ok, err = pcall(function()
