@@ -1,6 +1,6 @@
 /* fs_tree: removing a whole directory tree, and locking a sandbox root.
  *
- * core.fs_remove_tree(root, relpath, resolve, cb)
+ * core.fs_remove_tree(root, relpath, resolve, cb[, creds])
  *   Removes relpath (a file, a symlink or a directory with everything in
  *   it) on libuv's thread pool, so a huge tree never holds the loop. relpath
  *   is resolved under root (a directory fd or path) like the *_beneath
@@ -23,6 +23,9 @@
  *   cb(nil, count) with the number of entries removed, or cb(message, nil,
  *   CODE) at the first removal that fails (nothing is skipped silently).
  *   The call returns true once queued, or nil, message, CODE.
+ *   creds = {uid =, gid =}: the walk runs with these filesystem ids (a
+ *   sandbox's root), meeting that owner's permissions, not the runtime's;
+ *   ids the runtime may not take fail the call with EPERM.
  *
  * core.fs_lock(path, content) -> fd | nil, message, CODE[, holder]
  *   Opens (creating, mode 0644, never through a final symlink) the lock file
@@ -44,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -70,6 +74,9 @@ typedef struct {
   char *path;
   const char *resolve_name;
   unsigned long long resolve;
+  int with_creds;
+  uid_t uid;
+  gid_t gid;
   /* result */
   long long removed;
   int err;
@@ -290,8 +297,31 @@ static int remove_walk(tree_req *tr, int parent, const char *top, level *first) 
   return rc;
 }
 
+static void tree_walk(tree_req *tr);
+
+/* With creds, the walk runs with the filesystem ids given (setfsuid and
+ * setfsgid act on the calling thread only: this pool thread, for this
+ * request), so it meets the permissions that owner meets. */
 static void tree_work(uv_work_t *w) {
   tree_req *tr = (tree_req *)w->data;
+  if (!tr->with_creds) {
+    tree_walk(tr);
+    return;
+  }
+  int old_gid = setfsgid(tr->gid), old_uid = setfsuid(tr->uid);
+  /* setfsuid reports no error: read the ids back */
+  if ((uid_t)setfsuid(tr->uid) != tr->uid || (gid_t)setfsgid(tr->gid) != tr->gid) {
+    tr->err = EPERM;
+    tr->op = "setfsuid";
+    snprintf(tr->where, sizeof tr->where, "uid %u gid %u", (unsigned)tr->uid, (unsigned)tr->gid);
+  } else {
+    tree_walk(tr);
+  }
+  setfsuid((uid_t)old_uid);
+  setfsgid((gid_t)old_gid);
+}
+
+static void tree_walk(tree_req *tr) {
   /* the parent of relpath, confined; then its final component */
   char *rel = tr->path;
   size_t len = strlen(rel);
@@ -367,6 +397,15 @@ int mb_fs_remove_tree(lua_State *L) {
   const char *rel = luaL_checkstring(L, 2);
   int which = luaL_checkoption(L, 3, "beneath", resolve_names);
   luaL_checktype(L, 4, LUA_TFUNCTION);
+  int with_creds = !lua_isnoneornil(L, 5);
+  lua_Integer uid = 0, gid = 0;
+  if (with_creds) {
+    luaL_checktype(L, 5, LUA_TTABLE);
+    uid = mb_opt_intfield(L, 5, "uid", -1);
+    gid = mb_opt_intfield(L, 5, "gid", -1);
+    if (uid < 0 || gid < 0 || uid > 0xfffffffe || gid > 0xfffffffe)
+      return luaL_argerror(L, 5, "creds must have uid and gid");
+  }
   mb_core *core = mb_core_get(L);
   int root, owned = 0;
   if (lua_type(L, 1) == LUA_TNUMBER) {
@@ -394,6 +433,9 @@ int mb_fs_remove_tree(lua_State *L) {
   tr->path = path;
   tr->resolve_name = resolve_names[which];
   tr->resolve = (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
+  tr->with_creds = with_creds;
+  tr->uid = (uid_t)uid;
+  tr->gid = (gid_t)gid;
   lua_pushvalue(L, 4);
   tr->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   int rc = uv_queue_work(core->loop, &tr->work, tree_work, tree_after);

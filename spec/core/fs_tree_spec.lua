@@ -102,6 +102,36 @@ print(fs.remove_tree(%q, "t"))
   end)
 end)
 
+describe("core.fs_remove_tree with creds", function()
+  it("walks with the filesystem ids given, and refuses ids the runtime may not take", function()
+    local tmp = helper.mkdtemp()
+    sh(("mkdir -p %s/mine/x && touch %s/mine/x/f && chmod 755 %s"):format(tmp, tmp, tmp))
+    local me = { uid = core.getuid(), gid = core.getgid() }
+    run_task(function()
+      if me.uid == 0 then
+        -- as nobody, root's files are out of reach; nobody's own are not
+        sh(("mkdir -p %s/nob/y && touch %s/nob/y/g && chown -R 65534:65534 %s/nob"):format(tmp, tmp, tmp))
+        local nobody = { uid = 65534, gid = 65534 }
+        local r, msg, code = fs.remove_tree(tmp, "mine", nil, nobody)
+        assert.is_nil(r)
+        assert.are.equal("EACCES", code, msg)
+        assert.are.equal(2, fs.remove_tree(tmp .. "/nob", "y", nil, nobody))
+        -- the loop thread kept its own ids
+        assert.are.equal(3, fs.remove_tree(tmp, "mine"))
+      else
+        assert.are.equal(3, fs.remove_tree(tmp, "mine", nil, me))
+        sh(("mkdir -p %s/again && touch %s/again/f"):format(tmp, tmp))
+        local r, msg, code = fs.remove_tree(tmp, "again", nil, { uid = 0, gid = 0 })
+        assert.is_nil(r)
+        assert.are.equal("EPERM", code, msg)
+        assert.is_true(exists(tmp .. "/again/f"))
+      end
+    end)
+    assert.is_false(exists(tmp .. "/mine"))
+    sh("rm -rf " .. tmp)
+  end)
+end)
+
 describe("core.fs_lock", function()
   it("is one open file's at a time, says its holder's words, and frees on close", function()
     local tmp = helper.mkdtemp()
