@@ -383,3 +383,22 @@ test('watch: watching first, then changes as events', async () => {
   await rejects(client.watch.watch({ path: '/workspace/none', sessionId: SID }), 'FileNotFoundError',
     'FILE_NOT_FOUND', 404);
 });
+
+test('watch/check: unchanged, changed, resync for a version it does not know', async () => {
+  await client.files.mkdir('/workspace/cc', SID);
+  const req = { path: '/workspace/cc', sessionId: SID };
+  const first = await client.watch.checkChanges(req);
+  assert.equal(first.success, true);
+  assert.equal(first.status, 'unchanged');
+  assert.equal(typeof first.version, 'string');
+  assert.equal((await client.watch.checkChanges({ ...req, since: first.version })).status, 'unchanged');
+  await client.files.writeFile('/workspace/cc/sub.txt', 'x', SID);
+  const changed = await client.watch.checkChanges({ ...req, since: first.version });
+  assert.equal(changed.status, 'changed');
+  assert.notEqual(changed.version, first.version);
+  const other = await client.watch.checkChanges({ ...req, since: 'gone-state:3' });
+  assert.equal(other.status, 'resync');
+  assert.equal(other.reason, 'restarted');
+  await rejects(client.watch.checkChanges({ ...req, since: 'nonsense' }), 'ValidationFailedError',
+    'VALIDATION_FAILED', 400);
+});

@@ -310,10 +310,8 @@ function H.watch_check(ctx)
     local f = ctx:take { path = "string", recursive = "boolean?", include = "table?", exclude = "table?",
       since = "string?" }
     finish_body(ctx)
-    if not s.checkChanges then
-      errors.raise("INTERNAL_ERROR", "checkChanges is not available in this build", {})
-    end
-    local r = s:checkChanges(f.path, { since = f.since, recursive = f.recursive, include = f.include,
+    -- the seed watches recursively unless told not to
+    local r = s:checkChanges(f.path, { since = f.since, recursive = f.recursive ~= false, include = f.include,
       exclude = f.exclude })
     return 200, { success = true, status = r.status, version = r.version, reason = r.reason, timestamp = now() }
   end)

@@ -259,7 +259,8 @@ function M.watch(ctx)
       events = "table?" }
     compat.finish_body(ctx)
     if f.events ~= nil then V.fail("events", "not supported here: every kind of change is reported") end
-    return s:watch(f.path, { recursive = f.recursive, include = f.include, exclude = f.exclude })
+    -- the seed watches recursively unless told not to
+    return s:watch(f.path, { recursive = f.recursive ~= false, include = f.include, exclude = f.exclude })
   end)
   watch_ids = watch_ids + 1
   local first = { { type = "watching", path = iter.path, watchId = ("watch-%d"):format(watch_ids) } }
