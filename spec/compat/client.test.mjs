@@ -402,3 +402,32 @@ test('watch/check: unchanged, changed, resync for a version it does not know', a
   await rejects(client.watch.checkChanges({ ...req, since: 'nonsense' }), 'ValidationFailedError',
     'VALIDATION_FAILED', 400);
 });
+
+test('backup: create a squashfs archive at the named path, restore it over changed content', async () => {
+  await client.commands.execute('mkdir -p /workspace/proj/src && printf "one\\n" > /workspace/proj/src/a.txt' +
+    ' && printf "log\\n" > /workspace/proj/debug.log && ln -s src/a.txt /workspace/proj/link', SID);
+  const made = await client.backup.createArchive('/workspace/proj', '/tmp/proj.sqsh', SID, { excludes: ['*.log'] });
+  assert.equal(made.success, true);
+  assert.equal(made.archivePath, '/tmp/proj.sqsh');
+  assert.ok(made.sizeBytes > 0);
+  // a real squashfs archive, read by squashfs-tools' own lister
+  const listing = await client.commands.execute('unsquashfs -l -d x /tmp/proj.sqsh', SID);
+  assert.equal(listing.exitCode, 0);
+  assert.deepEqual(listing.stdout.split('\n').filter((l) => l.startsWith('x')).sort(),
+    ['x', 'x/link', 'x/src', 'x/src/a.txt']);
+  await client.commands.execute('rm -rf /workspace/proj/src && echo junk > /workspace/proj/junk', SID);
+  const restored = await client.backup.restoreArchive('/workspace/proj', '/tmp/proj.sqsh', SID);
+  assert.equal(restored.success, true);
+  assert.equal(restored.dir, '/workspace/proj');
+  const after = await client.commands.execute('cd /workspace/proj && find . | sort && cat src/a.txt && readlink link',
+    SID);
+  assert.equal(after.stdout, '.\n./link\n./src\n./src/a.txt\none\nsrc/a.txt\n');
+  const missing = await fetch(`${server.baseUrl(BOX)}/api/backup/restore`, {
+    method: 'POST', headers: { ...server.headers, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ dir: '/workspace/proj', archivePath: '/tmp/none.sqsh', sessionId: SID }),
+  });
+  assert.equal(missing.status, 404);
+  assert.equal((await missing.json()).code, 'BACKUP_NOT_FOUND');
+  await rejects(client.backup.createArchive('/workspace/proj', '/tmp/p2.sqsh', SID, { compression: 'brotli' }),
+    'InvalidBackupConfigError', 'INVALID_BACKUP_CONFIG', 400);
+});

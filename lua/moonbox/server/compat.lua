@@ -21,7 +21,8 @@ M.NO_SESSION = "__DISABLE_SESSION__"
 
 -- Where the seed's status for a code differs from /v1's. No code is ever
 -- answered 503: the client retries a 503 for two minutes.
-M.STATUS = { SESSION_DESTROYED = 410, SESSION_TERMINATED = 410 }
+M.STATUS = { SESSION_DESTROYED = 410, SESSION_TERMINATED = 410, BACKUP_NOT_FOUND = 404, BACKUP_EXPIRED = 400,
+  INVALID_BACKUP_CONFIG = 400, BACKUP_CREATE_FAILED = 500, BACKUP_RESTORE_FAILED = 500 }
 
 function M.status(code)
   local status = M.STATUS[code] or api_errors.status(code)
@@ -317,6 +318,36 @@ function H.watch_check(ctx)
   end)
 end
 
+-- backups: squashfs archives at paths in the sandbox (lua/moonbox/backup.lua)
+
+function H.backup_create(ctx)
+  return in_session(ctx, false, function(s)
+    local f = ctx:take { dir = "string", archivePath = "string", gitignore = "boolean?", excludes = "table?",
+      compression = "string?", compressThreads = "number?" }
+    finish_body(ctx)
+    if f.gitignore then
+      errors.raise("INVALID_BACKUP_CONFIG", "gitignore is not supported here: list what to leave out in excludes", {})
+    end
+    local r = require("moonbox.backup").archive(s, f.dir, f.archivePath,
+      { excludes = f.excludes, compression = f.compression })
+    return 200, { success = true, sizeBytes = r.sizeBytes, archivePath = r.archivePath, timestamp = now() }
+  end)
+end
+
+function H.backup_restore(ctx)
+  return in_session(ctx, false, function(s)
+    local f = ctx:take { dir = "string", archivePath = "string" }
+    finish_body(ctx)
+    local keep
+    local prefix = f.dir:gsub("/+$", "") .. "/"
+    if f.archivePath:sub(1, #prefix) == prefix and not f.archivePath:sub(#prefix + 1):find("/", 1, true) then
+      keep = f.archivePath:sub(#prefix + 1) -- the archive sits in dir: it stays while it is read
+    end
+    local r = require("moonbox.backup").extract(s, f.archivePath, f.dir, keep)
+    return 200, { success = true, dir = r.dir, timestamp = now() }
+  end)
+end
+
 -- ---- routes ------------------------------------------------------------------------
 
 -- install(router, api): add the routes to /v1's router (kill-all before
@@ -348,6 +379,7 @@ function M.install(router)
     { "DELETE", "/contexts/{contextId}", H.context_delete },
     { "POST", "/execute/code", streams.execute_code },
     { "POST", "/watch", streams.watch }, { "POST", "/watch/check", H.watch_check },
+    { "POST", "/backup/create", H.backup_create }, { "POST", "/backup/restore", H.backup_restore },
   }
   for op in pairs(FILE_OPS) do routes[#routes + 1] = { "POST", "/" .. op, file_handler(op) } end
   for _, r in ipairs(routes) do router:add(r[1], "/v1/sandboxes/{id}/api" .. r[2], wrap(r[3])) end
