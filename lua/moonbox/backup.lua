@@ -38,7 +38,10 @@ function M.home()
   return (os.getenv("HOME") or "/root") .. "/.local/share/moonbox"
 end
 
-local function dir_of_backups() return M.home() .. "/backups" end
+-- Where backups are stored: M.DIR when set, else <home>/backups.
+M.DIR = nil
+local function dir_of_backups() return M.DIR or (M.home() .. "/backups") end
+M.dir = dir_of_backups
 
 local function random_id()
   local f = assert(io.open("/dev/urandom", "rb"))
@@ -80,7 +83,13 @@ local function check_list(list, field)
   return list
 end
 
--- archive(session, dir, archive, {excludes?, compression?, exclude_self?})
+-- A path of the sandbox's view as its commands name it (the same under
+-- namespaces; the host's path under isolation "none").
+local function cmd_path(session, view)
+  return session.sandbox:host_path(view, session.cwd)
+end
+
+-- archive(session, dir, archive, {excludes?, compression?})
 --   -> {sizeBytes, archivePath}: mksquashfs of dir (a path in the sandbox)
 -- into archive (a path in the sandbox), in the sandbox.
 function M.archive(session, dir, archive, opts)
@@ -93,7 +102,8 @@ function M.archive(session, dir, archive, opts)
     errors.raise("INVALID_BACKUP_CONFIG",
       ("compression %q: expected gzip, lz4, zstd, xz or lzo"):format(tostring(comp)), { compression = comp })
   end
-  local argv = { "mksquashfs", dir, archive, "-noappend", "-no-progress", "-quiet", "-comp", comp, "-wildcards" }
+  local argv = { "mksquashfs", cmd_path(session, dir), cmd_path(session, archive), "-noappend", "-no-progress",
+    "-quiet", "-comp", comp, "-wildcards" }
   -- the archive itself, when it is written inside dir
   local prefix = dir:gsub("/+$", "") .. "/"
   if archive:sub(1, #prefix) == prefix then
@@ -105,7 +115,7 @@ function M.archive(session, dir, archive, opts)
     for _, e in ipairs(excludes) do argv[#argv + 1] = e end
   end
   run(session, argv, "BACKUP_CREATE_FAILED", "mksquashfs")
-  local size = run(session, { "stat", "-c", "%s", archive }, "BACKUP_CREATE_FAILED", "stat").stdout
+  local size = run(session, { "stat", "-c", "%s", cmd_path(session, archive) }, "BACKUP_CREATE_FAILED", "stat").stdout
   return { sizeBytes = tonumber(size), archivePath = archive }
 end
 
@@ -119,7 +129,7 @@ function M.extract(session, archive, dir, keep)
   if not st.exists then
     errors.raise("BACKUP_NOT_FOUND", ("no archive at %s"):format(archive), { archivePath = archive })
   end
-  local argv = { "find", dir, "-mindepth", "1", "-maxdepth", "1" }
+  local argv = { "find", cmd_path(session, dir), "-mindepth", "1", "-maxdepth", "1" }
   if keep then
     argv[#argv + 1] = "!"
     argv[#argv + 1] = "-name"
@@ -127,8 +137,8 @@ function M.extract(session, archive, dir, keep)
   end
   for _, a in ipairs { "-exec", "rm", "-rf", "--", "{}", "+" } do argv[#argv + 1] = a end
   if session:exists(dir).exists then run(session, argv, "BACKUP_RESTORE_FAILED", "clearing " .. dir) end
-  run(session, { "unsquashfs", "-f", "-no-progress", "-quiet", "-d", dir, archive }, "BACKUP_RESTORE_FAILED",
-    "unsquashfs")
+  run(session, { "unsquashfs", "-f", "-no-progress", "-quiet", "-d", cmd_path(session, dir),
+    cmd_path(session, archive) }, "BACKUP_RESTORE_FAILED", "unsquashfs")
   return { success = true, dir = dir }
 end
 
