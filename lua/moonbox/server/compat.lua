@@ -357,6 +357,9 @@ function M.install(router)
   local streams = require "moonbox.server.compat_sse"
   local function wrap(fn)
     return function(ctx)
+      -- the protocol has no missing container: every route, reads too, makes
+      -- the sandbox on first use (/v1's reads find existing ones only)
+      ctx.may_create = true
       local ok, status, value = pcall(fn, ctx)
       if not ok then return M.reply(M.error_body(status)) end
       if status == nil then return nil end -- streamed
