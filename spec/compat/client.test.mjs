@@ -431,3 +431,15 @@ test('backup: create a squashfs archive at the named path, restore it over chang
   await rejects(client.backup.createArchive('/workspace/proj', '/tmp/p2.sqsh', SID, { compression: 'brotli' }),
     'InvalidBackupConfigError', 'INVALID_BACKUP_CONFIG', 400);
 });
+
+test('a sandbox is made on first use by any route, reads too', async () => {
+  const id = `compat-fresh-${process.pid}`;
+  const fresh = newClient(id);
+  try {
+    const list = await fresh.processes.listProcesses();
+    assert.deepEqual(list.processes, []);
+    assert.equal((await fresh.commands.execute('echo made', undefined)).stdout, 'made\n');
+  } finally {
+    await fetch(server.baseUrl(id), { method: 'DELETE', headers: server.headers });
+  }
+});
