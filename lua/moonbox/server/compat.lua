@@ -21,8 +21,7 @@ M.NO_SESSION = "__DISABLE_SESSION__"
 
 -- Where the seed's status for a code differs from /v1's. No code is ever
 -- answered 503: the client retries a 503 for two minutes.
-M.STATUS = { SESSION_DESTROYED = 410, SESSION_TERMINATED = 410, BACKUP_NOT_FOUND = 404, BACKUP_EXPIRED = 400,
-  INVALID_BACKUP_CONFIG = 400, BACKUP_CREATE_FAILED = 500, BACKUP_RESTORE_FAILED = 500 }
+M.STATUS = { SESSION_DESTROYED = 410, SESSION_TERMINATED = 410 }
 
 function M.status(code)
   local status = M.STATUS[code] or api_errors.status(code)
