@@ -263,8 +263,9 @@ function Sandbox:restoreBackup(backup)
   local tmp = "/workspace/" .. name
   local ok, err = pcall(function()
     local src = check("BACKUP_RESTORE_FAILED", fs.open(archive_path(id), "r"))
-    -- into the sandbox, confined, a new file (O_EXCL: never through a name it made)
-    local dst, msg, code = fs.open_beneath(self.fs_root, rel_of(self, tmp), "wx", 384)
+    -- into the sandbox, confined, a new file (O_EXCL: never through a name it
+    -- made); readable by the sandbox's root, whichever host id that is
+    local dst, msg, code = fs.open_beneath(self.fs_root, rel_of(self, tmp), "wx", 420)
     if not dst then
       fs.close(src)
       check("BACKUP_RESTORE_FAILED", nil, msg, code)
