@@ -111,6 +111,21 @@ if(NODE_BIN AND NPM_BIN AND NOT MOONBOX_SANITIZE)
     ENVIRONMENT "MOONBOX_BIN=$<TARGET_FILE:moonbox_cli>;COMPAT_NODE_MODULES=${CMAKE_BINARY_DIR}/compat/node_modules")
 endif()
 
+# Backups and checkChanges again without namespaces and as nobody.
+foreach(spec spec/backup_spec.lua spec/changes_spec.lua)
+  string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
+  add_test(NAME spec.${name}.no-namespaces
+    COMMAND ${LUAJIT_BIN} ${BUSTED_BIN} --helper=spec/helper.lua -o utfTerminal ${spec}
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(spec.${name}.no-namespaces PROPERTIES
+    ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_TEST_ISOLATION=none" TIMEOUT 600)
+  if(RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZE)
+    add_test(NAME unprivileged.${name}
+      COMMAND sh ${CMAKE_SOURCE_DIR}/spec/run-unprivileged.sh ${CMAKE_BINARY_DIR} ${spec})
+    set_tests_properties(unprivileged.${name} PROPERTIES TIMEOUT 600)
+  endif()
+endforeach()
+
 add_test(NAME example.embed COMMAND $<TARGET_FILE:embed_example>)
 set_tests_properties(example.embed PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}"
   PASS_REGULAR_EXPRESSION "hello from a task on the host loop\npending tasks: 0")
