@@ -74,6 +74,25 @@ describe("checkChanges", function()
     end)
   end)
 
+  it("keeps at most MAX_STATES states: the least recently used one is dropped", function()
+    with_sandbox(function(sb)
+      local max = changes.MAX_STATES
+      changes.MAX_STATES = 2
+      local ok, err = pcall(function()
+        for _, d in ipairs { "a", "b", "c" } do sb:mkdir("/workspace/" .. d) end
+        local va = sb:checkChanges("/workspace/a").version
+        local vb = sb:checkChanges("/workspace/b").version
+        sb:checkChanges("/workspace/c") -- a goes
+        assert.equal("unchanged", sb:checkChanges("/workspace/b", { since = vb }).status)
+        local r = sb:checkChanges("/workspace/a", { since = va })
+        assert.equal("resync", r.status)
+        assert.equal("expired", r.reason)
+      end)
+      changes.MAX_STATES = max
+      assert(ok, err)
+    end)
+  end)
+
   it("resync when the state expired or its session was deleted", function()
     with_sandbox(function(sb)
       sb:mkdir("/workspace/d")

@@ -4,7 +4,8 @@
 -- each later call counts what that watch saw. A version is
 -- "<state id>:<count>"; a version of a state that no longer exists (it
 -- expired after IDLE_TTL_MS without a call, or its session was deleted)
--- gives status "resync". State lives as long as the runtime.
+-- gives status "resync". At most MAX_STATES states per sandbox are kept
+-- (the least recently used goes first).
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local util = require "moonbox._util"
@@ -15,6 +16,7 @@ require "moonbox.files" -- Session:watch
 local M = {}
 
 M.IDLE_TTL_MS = 10 * 60 * 1000
+M.MAX_STATES = 64 -- kept watches per sandbox; past it the least recently used goes
 
 local states = setmetatable({}, { __mode = "k" }) -- sandbox -> key -> state
 local made = 0
@@ -69,6 +71,15 @@ function Session:checkChanges(path, opts)
     end
   end
   if not st then
+    local n, oldest_key = 0, nil
+    for k, other in pairs(all) do
+      n = n + 1
+      if not oldest_key or other.used < all[oldest_key].used then oldest_key = k end
+    end
+    if n >= M.MAX_STATES then
+      all[oldest_key].iter.close()
+      all[oldest_key] = nil
+    end
     local iter = self:watch(path, { recursive = opts.recursive, include = include, exclude = exclude })
     made = made + 1
     st = { id = ("changes-%d-%d"):format(made, now), count = 0, iter = iter }
