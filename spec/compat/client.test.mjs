@@ -443,3 +443,27 @@ test('a sandbox is made on first use by any route, reads too', async () => {
     await fetch(server.baseUrl(id), { method: 'DELETE', headers: server.headers });
   }
 });
+
+test('streams end with an error event the client can read: a session deleted under a stream, a code timeout', async () => {
+  await client.utils.createSession({ id: 'doomed-stream' });
+  const stream = await client.commands.executeStream('echo begun; sleep 30', 'doomed-stream');
+  const reading = events(stream);
+  await new Promise((ok) => setTimeout(ok, 500));
+  await client.utils.deleteSession('doomed-stream');
+  const evs = await reading;
+  const last = evs[evs.length - 1];
+  assert.equal(last.type, 'error');
+  assert.equal(typeof last.data, 'string');
+  assert.match(last.data, /doomed-stream/);
+  assert.equal(last.code, 'SESSION_DESTROYED');
+  assert.ok(!evs.some((e) => e.type === 'complete'));
+
+  const ctx = await client.interpreter.createCodeContext({ language: 'python' });
+  const errs = [];
+  await client.interpreter.runCodeStream(ctx.id, 'import time\ntime.sleep(10)', undefined,
+    { onError: (e) => errs.push(e) }, 300);
+  assert.equal(errs.length, 1);
+  assert.equal(errs[0].name, 'TimeoutError');
+  assert.ok(Array.isArray(errs[0].traceback));
+  await client.interpreter.deleteCodeContext(ctx.id);
+});
