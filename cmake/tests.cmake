@@ -93,6 +93,40 @@ if(NOT MOONBOX_SANITIZE)
   set_tests_properties(page.terminal PROPERTIES TIMEOUT 180)
 endif()
 
+# The seed's published client (@cloudflare/sandbox, pinned in
+# spec/compat/package-lock.json) drives `moonbox serve` through the container
+# protocol (docs/compat.md). A fixture installs it with `npm ci` into
+# <build>/compat; the default build target never touches the network.
+find_program(NODE_BIN node)
+find_program(NPM_BIN npm)
+if(NODE_BIN AND NPM_BIN AND NOT MOONBOX_SANITIZE)
+  add_test(NAME compat.npm_ci
+    COMMAND sh -c "mkdir -p \"$0\" && cp \"$1/package.json\" \"$1/package-lock.json\" \"$0/\" && cd \"$0\" && ${NPM_BIN} ci --no-audit --no-fund"
+      ${CMAKE_BINARY_DIR}/compat ${CMAKE_SOURCE_DIR}/spec/compat)
+  set_tests_properties(compat.npm_ci PROPERTIES FIXTURES_SETUP compat_modules TIMEOUT 300)
+  add_test(NAME compat.client
+    COMMAND ${NODE_BIN} --import ${CMAKE_SOURCE_DIR}/spec/compat/register.mjs
+      --test ${CMAKE_SOURCE_DIR}/spec/compat/client.test.mjs
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(compat.client PROPERTIES FIXTURES_REQUIRED compat_modules TIMEOUT 300
+    ENVIRONMENT "MOONBOX_BIN=$<TARGET_FILE:moonbox_cli>;COMPAT_NODE_MODULES=${CMAKE_BINARY_DIR}/compat/node_modules")
+endif()
+
+# Backups and checkChanges again without namespaces and as nobody.
+foreach(spec spec/backup_spec.lua spec/changes_spec.lua)
+  string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
+  add_test(NAME spec.${name}.no-namespaces
+    COMMAND ${LUAJIT_BIN} ${BUSTED_BIN} --helper=spec/helper.lua -o utfTerminal ${spec}
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(spec.${name}.no-namespaces PROPERTIES
+    ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_TEST_ISOLATION=none" TIMEOUT 600)
+  if(RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZE)
+    add_test(NAME unprivileged.${name}
+      COMMAND sh ${CMAKE_SOURCE_DIR}/spec/run-unprivileged.sh ${CMAKE_BINARY_DIR} ${spec})
+    set_tests_properties(unprivileged.${name} PROPERTIES TIMEOUT 600)
+  endif()
+endforeach()
+
 add_test(NAME example.embed COMMAND $<TARGET_FILE:embed_example>)
 set_tests_properties(example.embed PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}"
   PASS_REGULAR_EXPRESSION "hello from a task on the host loop\npending tasks: 0")

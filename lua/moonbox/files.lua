@@ -1095,7 +1095,14 @@ function Session:watch(path, opts)
   local guard = newproxy(true)
   getmetatable(guard).__gc = function() w:close() end
   local function close() w:close() end
-  return setmetatable({ path = w.view, close = close, cancel = close, _guard = guard }, {
+  -- drain() -> how many events were queued (taken without waiting), and
+  -- whether the watch is over: checkChanges counts changes with it
+  local function drain()
+    local n = w.tail - w.head + 1
+    w.events, w.head, w.tail, w.overflowed = {}, 1, 0, false
+    return n, w.ended == true
+  end
+  return setmetatable({ path = w.view, close = close, cancel = close, drain = drain, _guard = guard }, {
     __call = function() return w:_next() end,
   })
 end

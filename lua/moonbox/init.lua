@@ -18,6 +18,8 @@ require "moonbox.process" -- adds the background process calls to sessions
 require "moonbox.code"    -- adds the code-interpreter calls to sessions
 require "moonbox.terminal" -- adds session:terminal()
 require "moonbox.files"   -- adds the file calls (read, write, list, watch, gitCheckout) to sessions
+require "moonbox.changes" -- adds checkChanges (a kept watch) to sessions
+local backup = require "moonbox.backup" -- adds createBackup/restoreBackup to sandboxes
 require("moonbox._runtime").at_exit(sandbox.shutdown)
 
 -- getSandbox(id, opts) -> Sandbox; the same id returns the same object.
@@ -26,6 +28,11 @@ moonbox.getSandbox = sandbox.getSandbox
 -- prewarm(true | false) (beyond): keep one sandbox with namespaces built
 -- ahead, claimed by the next getSandbox with the default policy.
 moonbox.prewarm = sandbox.prewarm
+
+-- listBackups(), deleteBackup(id) (beyond the seed's Lua surface): the
+-- backups stored under the runtime's home (lua/moonbox/backup.lua)
+moonbox.listBackups = backup.listBackups
+moonbox.deleteBackup = backup.deleteBackup
 
 -- Policy presets as data: moonbox.policies.strict, moonbox.policies.dev
 moonbox.policies = setmetatable({}, {

@@ -533,6 +533,8 @@ for _, r in ipairs {
   router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
 end
 for op in pairs(file_ops) do router:add("POST", "/v1/sandboxes/{id}/files/" .. op, file_handler(op)) end
+-- the seed's container protocol, /v1/sandboxes/{id}/api/... (docs/compat.md)
+require("moonbox.server.compat").install(router)
 M.router = router
 
 -- The sandbox id in the path: getSandbox's rule, checked before anything runs.

@@ -1,0 +1,132 @@
+-- Backups (lua/moonbox/backup.lua): squashfs archives of a sandbox
+-- directory, stored under the runtime's home, restored exactly; expiry,
+-- listing, deletion, and the failure modes.
+local moonbox = require "moonbox"
+local backup = require "moonbox.backup"
+
+-- a private store for this spec, removed at the end
+local store
+setup(function()
+  store = helper.mkdtemp()
+  backup.DIR = store .. "/backups"
+end)
+teardown(function()
+  backup.DIR = nil
+  helper.sh("rm -rf '" .. store .. "'")
+end)
+
+local function with_sandbox(fn)
+  return run_task(function()
+    local sb = helper.new_sandbox()
+    local made = {}
+    local ok, err = pcall(fn, sb, made)
+    for _, id in ipairs(made) do pcall(moonbox.deleteBackup, id) end
+    sb:destroy()
+    if not ok then error(err, 0) end
+  end)
+end
+
+local function fails(code, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "expected " .. code)
+  assert.equal(code, type(err) == "table" and err.code or err)
+  return err
+end
+
+-- commands run in the workspace and name paths relative to it (they hold
+-- under isolation "none" too, where commands see the host)
+local function sh(sb, cmd)
+  local r = sb:exec(cmd, { cwd = "/workspace" })
+  assert.equal(0, r.exitCode, r.stderr)
+  return r.stdout
+end
+
+local TREE = "cd p && find . -printf '%p %y %m %s\\n' | sort && cat a.txt && readlink ln"
+
+describe("backups", function()
+  it("refuses bad options before anything runs", function()
+    with_sandbox(function(sb)
+      fails("VALIDATION_FAILED", sb.createBackup, sb, {})
+      fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "relative" })
+      fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "/workspace", bogus = 1 })
+      fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "/workspace", ttl = 0 })
+      fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "/workspace", gitignore = true })
+      fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "/workspace", excludes = "x" })
+      fails("INVALID_BACKUP_CONFIG", sb.createBackup, sb, { dir = "/workspace", compression = "brotli" })
+      fails("VALIDATION_FAILED", sb.restoreBackup, sb, "../x")
+      fails("BACKUP_NOT_FOUND", sb.restoreBackup, sb, "00aa")
+      fails("BACKUP_NOT_FOUND", moonbox.deleteBackup, "00aa")
+    end)
+  end)
+
+  it("a missing directory fails BACKUP_CREATE_FAILED and leaves nothing stored", function()
+    with_sandbox(function(sb)
+      local before = #moonbox.listBackups()
+      fails("BACKUP_CREATE_FAILED", sb.createBackup, sb, { dir = "/workspace/none" })
+      assert.equal(before, #moonbox.listBackups())
+      assert.equal("", sh(sb, "ls -A"))
+    end)
+  end)
+
+  it("restores the directory exactly: content, modes, symlinks; later changes undone", function()
+    with_sandbox(function(sb, made)
+      sh(sb, "mkdir -p p/sub && printf 'hello\\n' > p/a.txt && chmod 640 p/a.txt"
+        .. " && head -c 300000 /dev/urandom > p/sub/r.bin && ln -s a.txt p/ln"
+        .. " && printf x > p/skip.log")
+      local sum = sh(sb, "md5sum p/sub/r.bin")
+      local b = sb:createBackup { dir = "/workspace/p", name = "first", excludes = { "*.log" }, ttl = 60 }
+      made[#made + 1] = b.id
+      assert.equal("/workspace/p", b.dir)
+      assert.equal("first", b.name)
+      assert.matches("^%x+$", b.id)
+      -- stored under the home, and nothing left in the sandbox
+      local f = assert(io.open(store .. "/backups/" .. b.id .. ".sqsh", "rb"))
+      assert.equal("hsqs", f:read(4)) -- squashfs magic
+      f:close()
+      assert.equal("p\n", sh(sb, "ls -A"))
+      local want = sh(sb, "rm p/skip.log && " .. TREE)
+      sh(sb, "rm -rf p/sub && echo changed > p/a.txt && echo junk > p/junk")
+      local r = sb:restoreBackup(b)
+      assert.same({ success = true, dir = "/workspace/p", id = b.id }, r)
+      assert.equal(want, sh(sb, TREE))
+      assert.equal(sum, sh(sb, "md5sum p/sub/r.bin"))
+      assert.equal("p\n", sh(sb, "ls -A"))
+    end)
+  end)
+
+  it("a backup of one sandbox restores into another; the whole workspace too", function()
+    with_sandbox(function(sb, made)
+      sh(sb, "mkdir -p p && echo from-a > p/f")
+      local b = sb:createBackup { dir = "/workspace" }
+      made[#made + 1] = b.id
+      local other = helper.new_sandbox()
+      local ok, err = pcall(function()
+        sh(other, "echo mine > own")
+        other:restoreBackup(b.id)
+        assert.equal("p\n", sh(other, "ls -A"))
+        assert.equal("from-a\n", sh(other, "cat p/f"))
+      end)
+      other:destroy()
+      assert(ok, err)
+    end)
+  end)
+
+  it("lists, deletes and expires backups", function()
+    with_sandbox(function(sb, made)
+      sh(sb, "mkdir q && echo 1 > q/f")
+      local b1 = sb:createBackup { dir = "/workspace/q", name = "one" }
+      local b2 = sb:createBackup { dir = "/workspace/q", ttl = 0.001 }
+      made[#made + 1], made[#made + 2] = b1.id, b2.id
+      moonbox.sleep(20)
+      local ids = {}
+      for _, b in ipairs(moonbox.listBackups()) do ids[b.id] = b end
+      assert.is_truthy(ids[b1.id])
+      assert.equal("one", ids[b1.id].name)
+      assert.is_nil(ids[b2.id]) -- expired: gone from the list and from the disk
+      fails("BACKUP_NOT_FOUND", sb.restoreBackup, sb, b2.id)
+      assert.same({ success = true, id = b1.id }, moonbox.deleteBackup(b1.id))
+      fails("BACKUP_NOT_FOUND", sb.restoreBackup, sb, b1)
+      assert.is_nil(io.open(backup.dir() .. "/" .. b1.id .. ".sqsh", "rb"))
+    end)
+  end)
+end)
