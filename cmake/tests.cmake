@@ -125,6 +125,29 @@ add_test(NAME install.relocated
   COMMAND sh ${CMAKE_SOURCE_DIR}/spec/install-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})
 set_tests_properties(install.relocated PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION "install-test: ok")
 
+# `cpack -G DEB` for /usr (a second build in <build>/package-test), the
+# package's fields, files and Depends, and the quickstart from it unpacked.
+find_program(DPKG_DEB_BIN dpkg-deb)
+if(DPKG_DEB_BIN AND NOT MOONBOX_SANITIZE)
+  add_test(NAME install.deb
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/package-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/package-test
+      ${MOONBOX_PAGE_DEPS})
+  set_tests_properties(install.deb PROPERTIES TIMEOUT 1200 PASS_REGULAR_EXPRESSION "package-test: ok")
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("install.deb" "needs dpkg-deb")
+endif()
+
+# moonbox-<version>-1.rockspec loads, agrees with the project, and builds as
+# luarocks builds it (luarocks itself where installed) into a private tree
+# from which plain luajit requires moonbox.
+if(LUAJIT_BIN AND NOT MOONBOX_SANITIZE)
+  add_test(NAME install.rockspec
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/rockspec-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/rockspec-test)
+  set_tests_properties(install.rockspec PROPERTIES TIMEOUT 900 PASS_REGULAR_EXPRESSION "rockspec-test: ok")
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("install.rockspec" "needs luajit")
+endif()
+
 if(MOONBOX_SKIPPED_TESTS)
   string(REPLACE ";" "\n  " skipped "${MOONBOX_SKIPPED_TESTS}")
   message(STATUS "moonbox: test groups left out:\n  ${skipped}")

@@ -7,7 +7,8 @@
 # moved prefix: the quickstart (its output against examples/expected), the
 # embedding example built with `pkg-config --cflags --libs moonbox`, a
 # session whose shell must have loaded the spawn builtin (`enable -a`), and
-# plain `luajit -e 'require "moonbox"'` with LUA_PATH/LUA_CPATH on the prefix.
+# plain `luajit -e 'require "moonbox"'` with LUA_PATH/LUA_CPATH on the prefix
+# (and examples/embed/luajit_host.lua, a host loop driving moonbox.step()).
 set -eu
 src=$(cd "$1" && pwd) build=$(cd "$2" && pwd)
 tmp=$(mktemp -d /tmp/moonbox-install-XXXXXX)
@@ -20,7 +21,7 @@ mv "$tmp/first" "$tmp/moved"
 p=$tmp/moved
 mkdir -p "$tmp/work" "$tmp/home"
 cp "$src/examples/quickstart.lua" "$src/examples/expected/quickstart.txt" "$src/spec/match-lines.lua" \
-  "$src/examples/embed/embed.c" "$tmp/work/"
+  "$src/examples/embed/embed.c" "$src/examples/embed/luajit_host.lua" "$tmp/work/"
 
 # the embedding example, against the moved prefix's moonbox.pc only
 PKG_CONFIG_PATH="$p/lib/pkgconfig"
@@ -61,6 +62,9 @@ if command -v luajit >/dev/null; then
         sb:exec("enable -a | grep -c __mb_run").stdout:gsub("\n", ""))
       sb:destroy()
     end)'
+  # a host loop driving the runtime with moonbox.step() and moonbox.backend()
+  LUA_PATH="$p/share/lua/5.1/?.lua;$p/share/lua/5.1/?/init.lua;;" LUA_CPATH="$p/lib/lua/5.1/?.so;;" \
+    luajit luajit_host.lua
 fi
 EOF
 
@@ -92,5 +96,9 @@ expect "pending tasks: 0"
 expect "module: $p/share/lua/5.1/moonbox/init.lua"
 expect "builtin: 1 0"
 expect "kernel: 42"
-if command -v luajit >/dev/null; then expect "luajit: $p/lib/lua/5.1/moonbox/core.so 1"; fi
+if command -v luajit >/dev/null; then
+  expect "luajit: $p/lib/lua/5.1/moonbox/core.so 1"
+  expect "hello from a task on a LuaJIT host loop"
+  expect "host loop turns: some"
+fi
 echo "install-test: ok"

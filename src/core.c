@@ -258,6 +258,19 @@ static int core_run(lua_State *L) {
   return 1;
 }
 
+/* For a host with a loop of its own (docs/embedding.md): the fd that becomes
+ * readable when the runtime's loop has work, and the ms until its next timer
+ * (-1: none), the two things to wait on between two run("nowait"). */
+static int core_backend_fd(lua_State *L) {
+  lua_pushinteger(L, uv_backend_fd(mb_core_get(L)->loop));
+  return 1;
+}
+
+static int core_backend_timeout(lua_State *L) {
+  lua_pushinteger(L, uv_backend_timeout(mb_core_get(L)->loop));
+  return 1;
+}
+
 static int core_stop(lua_State *L) {
   uv_stop(mb_core_get(L)->loop);
   return 0;
@@ -340,6 +353,7 @@ static int core_gc(lua_State *L) {
 
 static const luaL_Reg core_funcs[] = {
   {"run", core_run}, {"stop", core_stop}, {"loop_alive", core_loop_alive},
+  {"backend_fd", core_backend_fd}, {"backend_timeout", core_backend_timeout},
   {"now", core_now}, {"hrtime", core_hrtime}, {"update_time", core_update_time},
   {"open_handles", core_open_handles}, {"set_error_handler", core_set_error_handler},
   {"versions", core_versions}, {NULL, NULL}};
