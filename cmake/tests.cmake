@@ -121,9 +121,12 @@ set_tests_properties(example.embed PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}"
 # `cmake --install` to a prefix that is then moved works on its own, with the
 # source and build trees hidden: the quickstart, the embedding example built
 # with pkg-config, the spawn builtin in a session shell, plain luajit.
-add_test(NAME install.relocated
-  COMMAND sh ${CMAKE_SOURCE_DIR}/spec/install-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})
-set_tests_properties(install.relocated PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION "install-test: ok")
+# (not in the sanitizer build: plain luajit cannot load its instrumented core.so)
+if(NOT MOONBOX_SANITIZE)
+  add_test(NAME install.relocated
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/install-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+  set_tests_properties(install.relocated PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION "install-test: ok")
+endif()
 
 # `cpack -G DEB` for /usr (a second build in <build>/package-test), the
 # package's fields, files and Depends, and the quickstart from it unpacked.

@@ -6,7 +6,8 @@
 # run; otherwise by checking that no search path names them), runs from the
 # moved prefix: the quickstart (its output against examples/expected), the
 # embedding example built with `pkg-config --cflags --libs moonbox`, a
-# session whose shell must have loaded the spawn builtin (`enable -a`), and
+# session whose shell must have loaded the spawn builtin (`enable -a`), the
+# code-interpreter kernels, the page of `moonbox serve` (with xterm.js), and
 # plain `luajit -e 'require "moonbox"'` with LUA_PATH/LUA_CPATH on the prefix
 # (and examples/embed/luajit_host.lua, a host loop driving moonbox.step()).
 set -eu
@@ -52,6 +53,17 @@ echo "quickstart: ok"
   print("builtin: " .. r.stdout:gsub("\n", "") .. " " .. r.exitCode)
   print("kernel: " .. tostring(sb:runCode("return 6 * 7", { language = "lua" }).results[1].text))
   sb:destroy()' "$PWD"
+# the page, with xterm.js when the build had it
+"$p/bin/moonbox" serve --listen 127.0.0.1:0 >serve.out 2>&1 &
+spid=$!
+i=0
+while [ $i -lt 300 ] && ! grep -q "listening on" serve.out; do sleep 0.1; i=$((i + 1)); done
+url=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' serve.out | head -n1)
+if command -v curl >/dev/null; then
+  curl -sf "$url/" | grep -q "<title>moonbox</title>" && echo "page: index"
+  curl -sf -o /dev/null "$url/page/xterm.js" && echo "page: xterm.js"
+fi
+kill "$spid"; wait "$spid" || true
 if command -v luajit >/dev/null; then
   LUA_PATH="$p/share/lua/5.1/?.lua;$p/share/lua/5.1/?/init.lua;;" LUA_CPATH="$p/lib/lua/5.1/?.so;;" \
     luajit -e '
@@ -96,6 +108,10 @@ expect "pending tasks: 0"
 expect "module: $p/share/lua/5.1/moonbox/init.lua"
 expect "builtin: 1 0"
 expect "kernel: 42"
+if command -v curl >/dev/null; then
+  expect "page: index"
+  if [ -e "$build/page/vendor/lib/xterm.js" ]; then expect "page: xterm.js"; fi
+fi
 if command -v luajit >/dev/null; then
   expect "luajit: $p/lib/lua/5.1/moonbox/core.so 1"
   expect "hello from a task on a LuaJIT host loop"
