@@ -2,7 +2,8 @@
 # The Debian package: package-test.sh SOURCE_DIR WORK_DIR [PAGE_DEPS]
 # configures and builds the source for /usr in WORK_DIR (kept between runs
 # so that a rebuild is incremental), runs `cpack -G DEB`, and checks the
-# package: its name, control fields and files (dpkg-deb -I/-c), that every
+# package: its name, control fields and files (dpkg-deb -I/-c), that apt
+# would install it here (apt-get -s), that every
 # library its binaries link comes from a package in Depends, that Debian's
 # luajit finds the Lua module where it is, and, unpacked with `dpkg -x` into
 # a throwaway root, that the quickstart runs from there (with the source
@@ -48,6 +49,12 @@ for f in ./usr/bin/moonbox "./usr/lib/$triplet/libmoonbox.so.0" "./usr/lib/$trip
   printf '%s\n' "$files" | grep -qx -- "$f" || fail "the package has no $f"
 done
 if printf '%s\n' "$files" | grep -q "$src\|$work"; then fail "the package names the build's trees"; fi
+
+# apt accepts it and can satisfy its Depends here (a simulation: nothing is installed)
+if command -v apt-get >/dev/null; then
+  apt-get -s install "$deb" 2>&1 | grep -q "^Inst moonbox " || fail "apt-get -s install $deb: $(apt-get -s install "$deb" 2>&1 | tail -n 3)"
+  echo "apt-get -s install: ok"
+fi
 
 root=$(mktemp -d /tmp/moonbox-deb-XXXXXX)
 cleanup() { rm -rf "$root"; }
