@@ -14,11 +14,30 @@ missing=""
 for p in $PACKAGES; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
-echo "install-deps: installing$missing" >&2
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+if [ -n "$missing" ]; then
+  echo "install-deps: installing$missing" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  # shellcheck disable=SC2086
+  $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# The page's npm packages (xterm.js; playwright-core for its browser test),
+# pinned by share/page/package-lock.json, into a cache in the source tree
+# that the build copies from (the build itself never reaches the network).
+# MOONBOX_PAGE_DEPS overrides the cache's place (pass the same directory to
+# cmake as -DMOONBOX_PAGE_DEPS=DIR).
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cache="${MOONBOX_PAGE_DEPS:-$root/.deps/page}"
+if ! cmp -s "$root/share/page/package-lock.json" "$cache/package-lock.json" ||
+   [ ! -e "$cache/node_modules/@xterm/xterm/lib/xterm.js" ]; then
+  echo "install-deps: npm ci into $cache" >&2
+  mkdir -p "$cache"
+  cp "$root/share/page/package.json" "$root/share/page/package-lock.json" "$cache/"
+  # without it everything builds and works but the page's terminal
+  if ! command -v npm >/dev/null 2>&1 || ! npm ci --no-audit --no-fund --loglevel=error --prefix "$cache"; then
+    echo "install-deps: could not fetch the page's npm packages: the page will say the terminal is unavailable" >&2
+  fi
+fi

@@ -9,6 +9,6 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 "$bin" "$example" >"$out"
 if [ -f "$expected" ]; then
-  luajit "$(dirname "$0")/match-lines.lua" "$expected" "$out"
+  "$bin" "$(dirname "$0")/match-lines.lua" "$expected" "$out"
 fi
 cat "$out"

@@ -9,7 +9,8 @@ tmp=$(mktemp -d /tmp/moonbox-unpriv.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 mkdir -p "$tmp/build/lib/moonbox" "$tmp/src"
-cp "$build/lib/moonbox/core.so" "$tmp/build/lib/moonbox/"
+# the spawn builtin is found beside core.so (src/core.c)
+cp "$build/lib/moonbox/core.so" "$build/lib/moonbox/bash_spawn.so" "$tmp/build/lib/moonbox/"
 cp -r "$src/lua" "$src/spec" "$src/.luacheckrc" "$tmp/src/"
 chmod -R a+rX "$tmp"
 cd "$tmp/src"

@@ -2,7 +2,9 @@
  * callback plumbing every family shares. */
 #include "core.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,6 +258,19 @@ static int core_run(lua_State *L) {
   return 1;
 }
 
+/* For a host with a loop of its own (docs/embedding.md): the fd that becomes
+ * readable when the runtime's loop has work, and the ms until its next timer
+ * (-1: none), the two things to wait on between two run("nowait"). */
+static int core_backend_fd(lua_State *L) {
+  lua_pushinteger(L, uv_backend_fd(mb_core_get(L)->loop));
+  return 1;
+}
+
+static int core_backend_timeout(lua_State *L) {
+  lua_pushinteger(L, uv_backend_timeout(mb_core_get(L)->loop));
+  return 1;
+}
+
 static int core_stop(lua_State *L) {
   uv_stop(mb_core_get(L)->loop);
   return 0;
@@ -338,9 +353,26 @@ static int core_gc(lua_State *L) {
 
 static const luaL_Reg core_funcs[] = {
   {"run", core_run}, {"stop", core_stop}, {"loop_alive", core_loop_alive},
+  {"backend_fd", core_backend_fd}, {"backend_timeout", core_backend_timeout},
   {"now", core_now}, {"hrtime", core_hrtime}, {"update_time", core_update_time},
   {"open_handles", core_open_handles}, {"set_error_handler", core_set_error_handler},
   {"versions", core_versions}, {NULL, NULL}};
+
+/* The directory of the shared object this code is linked into
+ * (libmoonbox.so or moonbox/core.so), resolved through dladdr: what the
+ * runtime finds its installed files from. 0 when it cannot be told. */
+int mb_self_dir(char *out, size_t size) {
+  Dl_info info;
+  if (!dladdr((void *)&mb_self_dir, &info) || !info.dli_fname || !info.dli_fname[0]) return 0;
+  char *real = realpath(info.dli_fname, NULL);
+  if (!real) return 0;
+  char *slash = strrchr(real, '/');
+  if (slash) *slash = 0;
+  int ok = slash && real[0] && strlen(real) < size;
+  if (ok) memcpy(out, real, strlen(real) + 1);
+  free(real);
+  return ok;
+}
 
 LUALIB_API int luaopen_moonbox_core(lua_State *L) {
   lua_getfield(L, LUA_REGISTRYINDEX, CORE_KEY);
@@ -389,15 +421,27 @@ LUALIB_API int luaopen_moonbox_core(lua_State *L) {
   mb_open_seccomp(L);
   mb_open_nsinit(L);
   mb_open_http(L);
-#ifdef MOONBOX_BASH_BUILTIN_BUILD
-  /* where the session shells' spawn builtin may be: the build tree's, then
-   * the installed one */
-  lua_createtable(L, 2, 0);
-  lua_pushstring(L, MOONBOX_BASH_BUILTIN_BUILD);
-  lua_rawseti(L, -2, 1);
-  lua_pushstring(L, MOONBOX_BASH_BUILTIN_INSTALL);
-  lua_rawseti(L, -2, 2);
-  lua_setfield(L, -2, "bash_builtin_paths");
+#ifdef MOONBOX_BASH_BUILTIN_REL
+  {
+    /* where the session shells' spawn builtin may be: relative to the object
+     * this code is in (libmoonbox.so, or moonbox/core.so), in the install
+     * tree or the build tree, so that an installed tree works wherever it
+     * is moved; no path from the build is baked in */
+    static const char *const rels[] = {
+      MOONBOX_BASH_BUILTIN_REL,    /* from an installed libmoonbox.so */
+      "bash_spawn.so",             /* from moonbox/core.so, installed or in the build tree */
+      "lib/moonbox/bash_spawn.so", /* from the build tree's libmoonbox.so */
+    };
+    char dir[PATH_MAX];
+    lua_createtable(L, (int)(sizeof rels / sizeof *rels), 0);
+    if (mb_self_dir(dir, sizeof dir)) {
+      for (size_t i = 0; i < sizeof rels / sizeof *rels; i++) {
+        lua_pushfstring(L, "%s/%s", dir, rels[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+      }
+    }
+    lua_setfield(L, -2, "bash_builtin_paths");
+  }
 #endif
   return 1;
 }

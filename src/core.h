@@ -79,6 +79,9 @@ void mb_call(mb_core *core, lua_State *cbL, int nargs);
 lua_Integer mb_opt_intfield(lua_State *L, int idx, const char *key, lua_Integer def);
 
 /* Family registration: each adds its functions to the module table on top. */
+/* the directory of the shared object the core is linked into (dladdr) */
+int mb_self_dir(char *out, size_t size);
+
 void mb_open_timer(lua_State *L);
 void mb_open_signal(lua_State *L);
 void mb_open_stream(lua_State *L);

@@ -1,7 +1,8 @@
 /* libmoonbox: a Lua state with moonbox.core preloaded on a uv loop (ours or
- * the caller's), and the Lua modules found from the build tree or the
- * install prefix without environment variables. */
+ * the caller's), and the Lua modules found relative to the library itself
+ * (install tree or build tree), or in $MOONBOX_LUA_DIR. */
 #include "moonbox.h"
+#include "core.h"
 
 #include <lua.h>
 #include <lauxlib.h>
@@ -22,27 +23,33 @@ struct moonbox {
 
 const char *moonbox_version(void) { return MOONBOX_VERSION; }
 
-static int is_dir(const char *path) { return access(path, R_OK | X_OK) == 0; }
+static int is_file(const char *path) { return access(path, R_OK) == 0; }
 
-/* Where the Lua half lives: the source tree when running from the build
- * tree, else <exe>/../share/moonbox/lua, else the configured install dir. */
+/* Where the Lua half lives: $MOONBOX_LUA_DIR, else relative to this
+ * library (dladdr): <libdir>/../share/lua/5.1 when installed (the relative
+ * path is the one between the configured libdir and datadir, so a moved
+ * prefix still works), <build>/lua (a link to the source tree's lua/) in
+ * the build tree. Empty when none holds moonbox/init.lua: then only the
+ * default package.path is searched. */
 static void lua_dir(char *out, size_t size) {
-  char exe[PATH_MAX];
+  static const char *const rels[] = { MOONBOX_LUA_REL_DIR, "lua" };
+  char self[PATH_MAX], probe[PATH_MAX + 64], real[PATH_MAX];
   out[0] = 0;
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (slash) *slash = 0;
-    if (strcmp(exe, MOONBOX_BUILD_DIR) == 0 && is_dir(MOONBOX_SOURCE_LUA_DIR)) {
-      snprintf(out, size, "%s", MOONBOX_SOURCE_LUA_DIR);
+  const char *env = getenv("MOONBOX_LUA_DIR");
+  if (env && env[0]) { snprintf(out, size, "%s", env); return; }
+  if (!mb_self_dir(self, sizeof self)) return;
+  for (size_t i = 0; i < sizeof rels / sizeof *rels; i++) {
+    snprintf(probe, sizeof probe, "%s/%s/moonbox/init.lua", self, rels[i]);
+    if (is_file(probe) && realpath(probe, real)) {
+      /* the resolved .../moonbox/init.lua, less "/moonbox/init.lua" */
+      for (int cuts = 0; cuts < 2; cuts++) {
+        char *cut = strrchr(real, '/');
+        if (cut) *cut = 0;
+      }
+      snprintf(out, size, "%s", real);
       return;
     }
-    if (snprintf(out, size, "%.*s/../share/moonbox/lua", PATH_MAX - 32, exe) < (int)size && is_dir(out))
-      return;
   }
-  if (is_dir(MOONBOX_INSTALL_LUA_DIR)) { snprintf(out, size, "%s", MOONBOX_INSTALL_LUA_DIR); return; }
-  snprintf(out, size, "%s", MOONBOX_SOURCE_LUA_DIR);
 }
 
 static void set_error(moonbox *mb, const char *msg) {
@@ -72,10 +79,13 @@ moonbox *moonbox_new(uv_loop_t *loop) {
   lua_pop(L, 1);
   char dir[PATH_MAX];
   lua_dir(dir, sizeof dir);
-  lua_getfield(L, -1, "path");
-  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir, lua_tostring(L, -1));
-  lua_setfield(L, -3, "path");
-  lua_pop(L, 2);
+  if (dir[0]) {
+    lua_getfield(L, -1, "path");
+    lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir, lua_tostring(L, -1));
+    lua_setfield(L, -3, "path");
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
   return mb;
 }
 

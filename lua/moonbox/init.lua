@@ -39,6 +39,28 @@ moonbox.policies = setmetatable({}, {
   __index = function(_, name) return require("moonbox.policies." .. name) end,
 })
 
+-- For a program with a loop of its own that requires moonbox from plain
+-- LuaJIT (docs/embedding.md). Tasks started with moonbox.spawn make progress
+-- only while the runtime's loop runs: moonbox.run(fn) runs it until fn is
+-- done; step() runs it once without blocking and returns the number of tasks
+-- still running; backend() gives what to wait on between two steps: the
+-- loop's fd (readable when there is work) and the ms until its next timer
+-- (-1: none). step() is for the outside of tasks (a task already runs on
+-- the loop) and not for libmoonbox hosts, whose own uv_run drives the loop.
+function moonbox.step()
+  if async.in_task() then
+    errors.raise("VALIDATION_FAILED", "moonbox.step() runs the loop: call it from outside tasks")
+  end
+  core.run("nowait")
+  return async.pending()
+end
+
+function moonbox.backend()
+  return core.backend_fd(), core.backend_timeout()
+end
+
+moonbox.pending = async.pending
+
 function moonbox.versions()
   local v = core.versions()
   v.moonbox = moonbox.VERSION

@@ -4,8 +4,16 @@
 (function () {
   "use strict";
   const $ = (id) => document.getElementById(id);
-  const term = new Terminal({ cols: 100, rows: 30, cursorBlink: true, convertEol: false });
-  term.open($("terminal"));
+  // xterm.js is not checked in (scripts/install-deps.sh fetches it): without
+  // it the page says so and still lists the processes
+  const term = typeof Terminal === "function"
+    ? new Terminal({ cols: 100, rows: 30, cursorBlink: true, convertEol: false }) : null;
+  if (term) term.open($("terminal"));
+  else {
+    $("terminal").className = "unavailable";
+    $("terminal").textContent = "The terminal is unavailable: this moonbox was built without xterm.js " +
+      "(run scripts/install-deps.sh, then build and install again).";
+  }
   const encoder = new TextEncoder();
   let socket = null;
 
@@ -26,6 +34,7 @@
   }
 
   function connect() {
+    if (!term) { setStatus("terminal unavailable"); return; }
     if (socket) { socket.onclose = null; socket.close(); }
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     let url = proto + "//" + location.host + "/v1/sandboxes/" + encodeURIComponent($("sandbox").value) +
@@ -45,10 +54,12 @@
     ws.onclose = (e) => { if (socket === ws) setStatus("disconnected (" + e.code + (e.reason ? " " + e.reason : "") + ")"); };
   }
 
-  term.onData((data) => { if (socket && socket.readyState === WebSocket.OPEN) socket.send(encoder.encode(data)); });
-  term.onResize(({ cols, rows }) => {
-    if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "resize", cols, rows }));
-  });
+  if (term) {
+    term.onData((data) => { if (socket && socket.readyState === WebSocket.OPEN) socket.send(encoder.encode(data)); });
+    term.onResize(({ cols, rows }) => {
+      if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "resize", cols, rows }));
+    });
+  }
 
   $("pick").addEventListener("submit", (e) => { e.preventDefault(); connect(); });
   $("create").addEventListener("click", () => {

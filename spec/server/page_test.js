@@ -1,6 +1,7 @@
 // The page of `moonbox serve` in headless Debian chromium (playwright-core):
 // the terminal connects, `echo hi` typed into it prints hi, and a
-// screenshot is kept. Usage: node page_test.js MOONBOX_BIN NODE_MODULES OUT_DIR
+// screenshot is kept; without xterm.js the page says the terminal is
+// unavailable. Usage: node page_test.js MOONBOX_BIN NODE_MODULES OUT_DIR
 const { spawn } = require("child_process");
 const fs = require("fs");
 const os = require("os");
@@ -46,6 +47,19 @@ async function main() {
     }, null, { timeout: 20000 });
     await page.screenshot({ path: path.join(outDir, "terminal.png") });
     console.log("page test: typed `echo hi`, saw hi; screenshot " + path.join(outDir, "terminal.png"));
+
+    // a moonbox built without xterm.js (no npm cache): the page says the
+    // terminal is unavailable instead of failing, and still lists processes
+    const bare = await browser.newPage();
+    bare.on("pageerror", (e) => fail("page error without xterm.js: " + e.message));
+    await bare.route("**/page/xterm.js", (route) => route.fulfill({ status: 404, body: "" }));
+    await bare.goto(url + "/");
+    await bare.waitForFunction(() => document.getElementById("status").textContent === "terminal unavailable",
+      null, { timeout: 20000 });
+    const said = await bare.textContent("#terminal");
+    if (!said.startsWith("The terminal is unavailable")) fail("without xterm.js the page says: " + said);
+    await bare.waitForFunction(() => document.querySelector("#processes li") !== null, null, { timeout: 20000 });
+    console.log("page test: without xterm.js the page says the terminal is unavailable");
   } finally {
     await browser.close();
     server.kill("SIGTERM");

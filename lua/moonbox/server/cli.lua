@@ -102,19 +102,21 @@ local function exists(path)
 end
 
 -- Where the page and its npm packages are: the source and build trees, or
--- an installed prefix (share/moonbox/page with vendor/).
+-- an installed prefix (share/moonbox/page with vendor/, beside the Lua
+-- modules' share/lua/5.1), found from where the modules are.
 function M.find_page()
   local ldir = lua_dir() or "."
   local page
-  for _, dir in ipairs { os.getenv("MOONBOX_PAGE_DIR") or false, ldir .. "/../share/page", ldir .. "/../page" } do
+  for _, dir in ipairs { os.getenv("MOONBOX_PAGE_DIR") or false, ldir .. "/../share/page",
+                         ldir .. "/../../moonbox/page" } do
     if dir and exists(dir .. "/index.html") then page = dir break end
   end
   local exe = fs.readlink("/proc/self/exe")
   local exe_dir = exe and exe:match("^(.*)/[^/]+$") or "."
   local vendor = {}
   local xterm = {
-    exe_dir .. "/page/node_modules/@xterm/xterm", -- build tree (the npm step in CMakeLists.txt)
-    page and (page .. "/vendor") or false,         -- installed
+    exe_dir .. "/page/vendor",             -- build tree (copied from the npm cache, CMakeLists.txt)
+    page and (page .. "/vendor") or false, -- installed
   }
   for _, dir in ipairs(xterm) do
     if dir and exists(dir .. "/lib/xterm.js") then

@@ -1,0 +1,118 @@
+#!/bin/sh
+# The Debian package: package-test.sh SOURCE_DIR WORK_DIR [PAGE_DEPS]
+# configures and builds the source for /usr in WORK_DIR (kept between runs
+# so that a rebuild is incremental), runs `cpack -G DEB`, and checks the
+# package: its name, control fields and files (dpkg-deb -I/-c), that apt
+# would install it here (apt-get -s), that every
+# library its binaries link comes from a package in Depends, that Debian's
+# luajit finds the Lua module where it is, and, unpacked with `dpkg -x` into
+# a throwaway root, that the quickstart runs from there (with the source
+# and work trees hidden under bwrap where bwrap can run) and its session
+# shells load the spawn builtin.
+set -eu
+src=$(cd "$1" && pwd)
+mkdir -p "$2"
+work=$(cd "$2" && pwd)
+deps=${3:-$src/.deps/page}
+fail() { echo "package-test: $*" >&2; exit 1; }
+
+cmake -S "$src" -B "$work/build" -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DMOONBOX_PAGE_DEPS="$deps" >/dev/null
+cmake --build "$work/build" -j2 >/dev/null
+rm -f "$work"/build/moonbox_*.deb
+(cd "$work/build" && cpack -G DEB >/dev/null)
+
+version=$(sed -n 's/^#define MOONBOX_VERSION "\(.*\)"$/\1/p' "$src/src/moonbox.h")
+arch=$(dpkg --print-architecture)
+triplet=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+deb=$work/build/moonbox_${version}_${arch}.deb
+[ -f "$deb" ] || fail "no $deb: $(ls "$work/build"/*.deb 2>/dev/null)"
+echo "package: $(basename "$deb")"
+
+field() { dpkg-deb -f "$deb" "$1"; }
+[ "$(field Package)" = moonbox ] || fail "Package is $(field Package)"
+[ "$(field Version)" = "$version" ] || fail "Version is $(field Version)"
+[ "$(field Architecture)" = "$arch" ] || fail "Architecture is $(field Architecture)"
+depends=$(field Depends)
+echo "Depends: $depends"
+has_dep() { printf '%s\n' "$depends" | tr ',' '\n' | sed 's/^ *//; s/ .*//' | grep -qx "$1"; }
+for p in libluajit-5.1-2 libuv1 libseccomp2 libwebsockets17 libwebsockets-evlib-uv libmagic1 lua-cjson bash; do
+  has_dep "$p" || fail "Depends lacks $p"
+done
+dpkg-deb -I "$deb" >/dev/null
+
+files=$(dpkg-deb -c "$deb" | awk '{print $6}')
+for f in ./usr/bin/moonbox "./usr/lib/$triplet/libmoonbox.so.0" "./usr/lib/$triplet/pkgconfig/moonbox.pc" \
+         "./usr/lib/$triplet/lua/5.1/moonbox/core.so" "./usr/lib/$triplet/lua/5.1/moonbox/bash_spawn.so" \
+         ./usr/share/lua/5.1/moonbox/init.lua ./usr/share/lua/5.1/moonbox/kernels/lua_kernel.lua \
+         ./usr/share/moonbox/page/index.html ./usr/include/moonbox.h; do
+  printf '%s\n' "$files" | grep -qx -- "$f" || fail "the package has no $f"
+done
+if printf '%s\n' "$files" | grep -q "$src\|$work"; then fail "the package names the build's trees"; fi
+
+# apt accepts it and can satisfy its Depends here (a simulation: nothing is installed)
+if command -v apt-get >/dev/null; then
+  apt-get -s install "$deb" 2>&1 | grep -q "^Inst moonbox " || fail "apt-get -s install $deb: $(apt-get -s install "$deb" 2>&1 | tail -n 3)"
+  echo "apt-get -s install: ok"
+fi
+
+root=$(mktemp -d /tmp/moonbox-deb-XXXXXX)
+cleanup() { rm -rf "$root"; }
+trap cleanup EXIT
+dpkg -x "$deb" "$root/fs"
+
+# every NEEDED library of the package's ELF files comes from itself or from
+# a package in Depends
+for elf in $(find "$root/fs" -type f -name '*.so*' -o -type f -path '*/bin/*'); do
+  for lib in $(readelf -d "$elf" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+    [ -e "$root/fs/usr/lib/$triplet/$lib" ] && continue
+    path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64|x86_64|64bit/ { print $NF; exit }')
+    [ -n "$path" ] || path=$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')
+    [ -n "$path" ] || fail "$elf needs $lib, which this machine does not have"
+    pkg=$(dpkg -S "$path" 2>/dev/null || dpkg -S "$(readlink -f "$path")" 2>/dev/null ||
+          dpkg -S "/usr$path" 2>/dev/null || dpkg -S "${path#/usr}" 2>/dev/null || true)
+    pkg=$(printf '%s\n' "$pkg" | head -n1 | cut -d: -f1)
+    [ -n "$pkg" ] || fail "no package owns $path ($lib)"
+    [ "$pkg" = libc6 ] || has_dep "$pkg" || fail "$(basename "$elf") needs $lib from $pkg, not in Depends"
+  done
+done
+echo "linked libraries: all from Depends"
+
+# Debian's luajit finds the module where the package puts it
+if command -v luajit >/dev/null; then
+  luajit -e 'print(package.path) print(package.cpath)' | tr ';' '\n' >"$root/paths"
+  grep -qx "/usr/lib/$triplet/lua/5.1/?.so" "$root/paths" || fail "luajit's cpath has no /usr/lib/$triplet/lua/5.1"
+  grep -qx "/usr/share/lua/5.1/?/init.lua" "$root/paths" || fail "luajit's path has no /usr/share/lua/5.1"
+fi
+
+# the quickstart from the unpacked package
+mkdir -p "$root/work" "$root/home"
+cp "$src/examples/quickstart.lua" "$src/examples/expected/quickstart.txt" "$src/spec/match-lines.lua" "$root/work/"
+cat >"$root/work/run.sh" <<'EOF'
+set -eu
+bin=$1
+cd "$(dirname "$0")"
+"$bin" quickstart.lua >quickstart.out
+"$bin" match-lines.lua quickstart.txt quickstart.out
+"$bin" -e '
+  local moonbox = require "moonbox"
+  print("module: " .. package.searchpath("moonbox", package.path))
+  local sb = moonbox.getSandbox("package-test", { root = os.getenv("PWD") .. "/sandbox" })
+  print("builtin: " .. sb:exec("enable -a | grep -c __mb_run").stdout:gsub("\n", ""))
+  sb:destroy()'
+echo "quickstart: ok"
+EOF
+run() {
+  env -u LUA_PATH -u LUA_CPATH -u MOONBOX_BUILD_DIR -u MOONBOX_SOURCE_DIR -u MOONBOX_BIN -u MOONBOX_LUA_DIR \
+    -u LD_LIBRARY_PATH HOME="$root/home" MOONBOX_HOME="$root/home/moonbox" "$@"
+}
+if command -v bwrap >/dev/null && bwrap --dev-bind / / --tmpfs "$src" --tmpfs "$work" -- true 2>/dev/null; then
+  out=$(run bwrap --dev-bind / / --tmpfs "$src" --tmpfs "$work" -- sh "$root/work/run.sh" "$root/fs/usr/bin/moonbox")
+else
+  out=$(run sh "$root/work/run.sh" "$root/fs/usr/bin/moonbox")
+fi
+echo "$out"
+printf '%s\n' "$out" | grep -qx "module: $root/fs/usr/share/lua/5.1/moonbox/init.lua" || fail "modules not from the package"
+printf '%s\n' "$out" | grep -qx "builtin: 1" || fail "the session shell did not load the spawn builtin"
+printf '%s\n' "$out" | grep -qx "quickstart: ok" || fail "quickstart"
+echo "package-test: ok"
