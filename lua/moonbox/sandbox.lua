@@ -146,8 +146,36 @@ function M.getSandbox(id, opts)
       self.isolation_error = tostring(namespaces)
     end
   end
+  -- the file API's root: captured now, before any command of the sandbox
+  -- runs, so the mounts it may reach are the ones the runtime made
+  local conf, cmsg = self:_confine()
+  if not conf then
+    pcall(self.destroy, self, { keepFiles = true })
+    errors.raise("FILESYSTEM_ERROR", "cannot confine the sandbox's file API: " .. tostring(cmsg), { root = root })
+  end
+  self.fs_conf = conf
   registry[id] = self
   return self
+end
+
+-- The file API's storage inside a namespaced sandbox: its own mounts.
+M.OWN_STORAGE = { "/workspace", "/tmp", "/root" }
+
+-- A confinement (_fs.confine) of the file API: under namespaces rooted at
+-- the sandbox's root, paths resolved as its processes see them (in_root),
+-- every fd on one of the sandbox's own storage mounts (the workspace, /tmp,
+-- /root, the policy's mounts); without namespaces the root directory,
+-- nothing resolved outside it (beneath). With sb.idmap, the sandbox root's
+-- host ids do the I/O.
+function Sandbox:_confine()
+  local creds = self.idmap and { uid = self.idmap.uid, gid = self.idmap.gid } or nil
+  if not self.init then return fs.confine(self.fs_root, nil, creds, "beneath") end
+  local allowed = {}
+  for _, dir in ipairs(M.OWN_STORAGE) do allowed[#allowed + 1] = dir:sub(2) end
+  for _, m in ipairs(self.policy.mounts or {}) do
+    if m.dst and normalize(m.dst) ~= "/" then allowed[#allowed + 1] = normalize(m.dst):sub(2) end
+  end
+  return fs.confine(self.fs_root, allowed, creds, "in_root")
 end
 
 -- Add what every process of this sandbox gets to a core.spawn spec: inside
@@ -474,6 +502,7 @@ function Sandbox:destroy(opts)
       end, "sandbox init exit")
     end
   end
+  if self.fs_conf then self.fs_conf:close() end
   limits.cleanup(self.limits_state, async.sleep)
   if not opts.keepFiles then util.remove_tree(self.root) end
   return { success = true, id = self.id, timestamp = util.timestamp() }
