@@ -471,7 +471,7 @@ static int openat2_fd(int dirfd, const char *path, unsigned long long flags, uns
  * they take a root. confinement:close() releases the fds (also on GC). */
 
 #define FS_CONFINE "moonbox.fs_confine"
-#define CONFINE_MAX 64
+#define CONFINE_MAX 256
 
 typedef struct {
   int root;                        /* O_PATH fd of the root; -1 once closed */
@@ -736,7 +736,7 @@ static int fs_confine_new(lua_State *L) {
     return luaL_argerror(L, 1, "root must be a directory fd or path");
   if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
   int nallow = lua_isnoneornil(L, 2) ? -1 : (int)lua_objlen(L, 2);
-  if (nallow > CONFINE_MAX) return luaL_argerror(L, 2, "too many allowed paths");
+  if (nallow > CONFINE_MAX) return mb_push_errno(L, E2BIG, "fs_confine: more than 256 allowed paths");
   for (int i = 1; i <= nallow; i++) {
     lua_rawgeti(L, 2, i);
     if (lua_type(L, -1) != LUA_TSTRING) return luaL_argerror(L, 2, "allowed must be a list of relative paths");

@@ -474,6 +474,8 @@ function Session:mkdir(path, opts)
     if t.rel == "." then
       if not recursive then fail("mkdir", t.view, "EEXIST: file already exists", "EEXIST") end
     elseif not recursive then
+      -- an existing one (the workspace itself: its parent is no place to write)
+      if fs.lstat_beneath(root, t.rel) then fail("mkdir", t.view, "EEXIST: file already exists", "EEXIST") end
       check("mkdir", t.view, fs.mkdir_beneath(root, t.rel, 511))
     else
       local prefix = "."

@@ -167,14 +167,36 @@ M.OWN_STORAGE = { "/workspace", "/tmp", "/root" }
 -- /root, the policy's mounts); without namespaces the root directory,
 -- nothing resolved outside it (beneath). With sb.idmap, the sandbox root's
 -- host ids do the I/O.
+-- Mounts below those (a host's mount under the workspace, carried in by the
+-- recursive bind) belong to the storage too: they are read from the init's
+-- mountinfo now, before anything of the sandbox runs.
+local function submounts(pid, dirs)
+  local out = {}
+  local f = io.open("/proc/" .. pid .. "/mountinfo")
+  if not f then return out end
+  for line in f:lines() do
+    local mp = line:match("^%d+ %d+ %S+ %S+ (%S+)")
+    if mp then
+      mp = mp:gsub("\\(%d%d%d)", function(o) return string.char(tonumber(o, 8)) end)
+      for _, dir in ipairs(dirs) do
+        if mp:sub(1, #dir + 1) == dir .. "/" then out[#out + 1] = mp break end
+      end
+    end
+  end
+  f:close()
+  return out
+end
+
 function Sandbox:_confine()
   local creds = self.idmap and { uid = self.idmap.uid, gid = self.idmap.gid } or nil
   if not self.init then return fs.confine(self.fs_root, nil, creds, "beneath") end
-  local allowed = {}
-  for _, dir in ipairs(M.OWN_STORAGE) do allowed[#allowed + 1] = dir:sub(2) end
+  local dirs = util.copy(M.OWN_STORAGE)
   for _, m in ipairs(self.policy.mounts or {}) do
-    if m.dst and normalize(m.dst) ~= "/" then allowed[#allowed + 1] = normalize(m.dst):sub(2) end
+    if m.dst and normalize(m.dst) ~= "/" then dirs[#dirs + 1] = normalize(m.dst) end
   end
+  local allowed = {}
+  for _, dir in ipairs(dirs) do allowed[#allowed + 1] = dir:sub(2) end
+  for _, mp in ipairs(submounts(self.init:pid(), dirs)) do allowed[#allowed + 1] = mp:sub(2) end
   return fs.confine(self.fs_root, allowed, creds, "in_root")
 end
 
