@@ -82,7 +82,10 @@ local function with_race(target_kind, fn)
       moonbox.sleep(100)
       fn(sb, env)
     end)
-    if env.swapper then pcall(env.swapper.kill, env.swapper, "SIGKILL") pcall(env.swapper.waitForExit, env.swapper, 5000) end
+    if env.swapper then
+      pcall(env.swapper.kill, env.swapper, "SIGKILL")
+      pcall(env.swapper.waitForExit, env.swapper, 5000)
+    end
     sb:destroy()
     helper.sh("rm -rf '" .. parent .. "'")
     if not ok then error(err, 0) end
