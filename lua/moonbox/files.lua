@@ -1202,7 +1202,7 @@ local function host_only_repo(sb, url)
   return not sb:_dir_exists(path) and util.is_dir(path)
 end
 
--- git on the host; -> {exitCode, stderr, timedOut}
+-- git (or another program, argv[1]) on the host; -> {exitCode, stderr, timedOut}
 local function host_git(argv, timeout_ms)
   local env = { PATH = "/usr/local/bin:/usr/bin:/bin", HOME = os.getenv("HOME") or "/", GIT_TERMINAL_PROMPT = "0",
     LC_ALL = "C" }
@@ -1212,7 +1212,7 @@ local function host_git(argv, timeout_ms)
     local done = 0
     local exit_code
     local function finish() done = done + 1 if done == 2 then resume(exit_code) end end
-    proc, pipes, code = core.spawn { args = argv, file = "git", env = env, setsid = true, pdeathsig = "SIGKILL",
+    proc, pipes, code = core.spawn { args = argv, file = argv[1], env = env, setsid = true, pdeathsig = "SIGKILL",
       stdio = { [0] = "null", [1] = "null", [2] = "pipe" },
       on_exit = function(c) exit_code = c finish() end }
     if not proc then return resume(nil) end
@@ -1283,12 +1283,22 @@ function Session:gitCheckout(repo_url, opts)
     assert(core.mkdir(sb.root .. "/" .. tmp, 448))
     argv[#argv] = sb.root .. "/" .. tmp .. "/repo"
     r = host_git(argv, opts.timeout)
+    if r.exitCode == 0 and not r.timedOut and sb.idmap then
+      -- the sandbox's root owns what it gets; the clone lies in a directory
+      -- only the runtime reaches, where a plain chown -R cannot be raced
+      local c = host_git({ "chown", "-R", "-h", "--", ("%d:%d"):format(sb.idmap.uid, sb.idmap.gid),
+        sb.root .. "/" .. tmp .. "/repo" })
+      if c.exitCode ~= 0 then
+        r = { exitCode = 128, stderr = "fatal: cannot give the clone to the sandbox's user: " .. c.stderr }
+      end
+    end
     if r.exitCode == 0 and not r.timedOut then
-      -- leading directories, as git clone would make them
+      -- leading directories, as git clone would make them: confined like
+      -- mkdir (the sandbox's mounts, its credentials)
       local parent = ""
       for part in t.rel:gmatch("[^/]+/") do
         parent = parent .. part
-        pcall(fs.mkdir_beneath, sb.root, parent:sub(1, -2), 493)
+        pcall(fs.mkdir_beneath, root_of(sb), parent:sub(1, -2), 493)
       end
       local ok, done, msg, code = pcall(fs.rename_beneath, sb.root, tmp .. "/repo", t.rel)
       if not ok or not done then
