@@ -23,6 +23,9 @@
  *    The mutating helpers open the PARENT directory confined (O_PATH) and act
  *    on the final component with mkdirat/unlinkat/renameat, which never
  *    follow a final symlink, so nothing outside the root is touched.
+ *    In place of a root, a confinement (core.fs_confine, below) adds a rule
+ *    the kernel's answer must meet: every fd on one of a set of mounts, and
+ *    the calls made with given credentials (the sandbox file API's).
  */
 #include "core.h"
 
@@ -446,7 +449,7 @@ static int openat2_fd(int dirfd, const char *path, unsigned long long flags, uns
 
 /* ---- confinement ---------------------------------------------------------
  *
- * core.fs_confine(root, allowed, creds) -> confinement (userdata): the root
+ * core.fs_confine(root, allowed, creds, resolve) -> confinement (userdata): the root
  * (a directory path or fd) held open as an O_PATH fd for the confinement's
  * life, and what every fd obtained through it must satisfy:
  *   allowed  nil, or a list of paths relative to the root (resolved in the
