@@ -160,7 +160,12 @@ static int sys_mkfifo(lua_State *L) {
 
 /* core.open_fd(path, how[, dirfd]) -> fd (close-on-exec) | nil, msg, code. how: "r",
  * "w" (create/truncate, 0600), or "fifo" (read-write and non-blocking: a
- * FIFO reader that is never at EOF and never blocks its writers' open). */
+ * FIFO reader that is never at EOF and never blocks its writers' open).
+ * Relative to a dirfd (a directory others may write in, such as a sandbox's
+ * run directory) a final symlink is never followed (ELOOP), and the entry
+ * must be what how says: a regular file for "r"/"w" (opened non-blocking,
+ * so a fifo put there cannot block the loop), a fifo for "fifo"; else
+ * EINVAL. */
 static int sys_open_fd(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   const char *how = luaL_checkstring(L, 2);
@@ -169,8 +174,21 @@ static int sys_open_fd(lua_State *L) {
   else if (strcmp(how, "w") == 0) flags = O_WRONLY | O_CREAT | O_TRUNC;
   else if (strcmp(how, "fifo") == 0) flags = O_RDWR | O_NONBLOCK;
   else return luaL_argerror(L, 2, "expected \"r\", \"w\" or \"fifo\"");
-  int fd = openat(opt_dirfd(L, 3), path, flags | O_CLOEXEC, 0600);
+  int at = !lua_isnoneornil(L, 3);
+  int extra = at ? O_NOFOLLOW | O_NOCTTY | (flags & O_NONBLOCK ? 0 : O_NONBLOCK) : 0;
+  int fd = openat(opt_dirfd(L, 3), path, flags | extra | O_CLOEXEC, 0600);
   if (fd < 0) return mb_push_errno(L, errno, path);
+  if (at) {
+    struct stat st;
+    int err = 0;
+    if (fstat(fd, &st) < 0) err = errno;
+    else if ((flags & O_NONBLOCK) ? !S_ISFIFO(st.st_mode) : !S_ISREG(st.st_mode)) err = EINVAL;
+    else if ((extra & O_NONBLOCK) && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) err = errno;
+    if (err) {
+      close(fd);
+      return mb_push_errno(L, err, path);
+    }
+  }
   lua_pushinteger(L, fd);
   return 1;
 }

@@ -48,6 +48,7 @@
 -- job keeps only its own old copy.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
+local fs = require "moonbox._fs"
 
 local M = {}
 
@@ -242,14 +243,33 @@ Shell.__index = Shell
 
 -- The run directory of a namespaced shell; per-command entries are made
 -- relative to its fd (no path walk through /proc/<init>/root each time).
+-- With rundir.conf (the sandbox's confinement of its run directory, see
+-- Sandbox:_confine) the directory is made and opened by openat2 from the
+-- sandbox's root, on that mount only: the sandbox's root may rearrange
+-- /run/moonbox (even replace it with a symlink), the runtime still never
+-- walks a path it planted. The entries are then opened relative to that fd
+-- without following a symlink (core.open_fd).
 function Shell:_open_rundir(rundir)
-  local ok, err, code = core.mkdir(rundir.host, 448)
-  if not ok and code ~= "EEXIST" then return nil, err, code end
-  local fd
-  fd, err, code = core.dir_fd(rundir.host)
-  if not fd then core.rmdir(rundir.host) return nil, err, code end
-  self.rundir, self.rundir_fd = rundir, fd
+  local ok, err, code, fd
+  if rundir.conf then
+    local rel = rundir.inside:sub(2)
+    ok, err, code = fs.mkdir_beneath(rundir.conf, rel, 448)
+    if not ok and code ~= "EEXIST" then return nil, err, code end
+    fd, err, code = core.fs_open_beneath(rundir.conf, rel, "r")
+  else
+    ok, err, code = core.mkdir(rundir.host, 448)
+    if not ok and code ~= "EEXIST" then return nil, err, code end
+    fd, err, code = core.dir_fd(rundir.host)
+  end
+  self.rundir = rundir
+  if not fd then self:_remove_rundir() self.rundir = nil return nil, err, code end
+  self.rundir_fd = fd
   return true
+end
+
+function Shell:_remove_rundir()
+  local rundir = self.rundir
+  if rundir.conf then fs.rmdir_beneath(rundir.conf, rundir.inside:sub(2)) else core.rmdir(rundir.host) end
 end
 
 -- The env file the shell's `export -p` rewrites before each report, held
@@ -309,7 +329,7 @@ function M.spawn(opts)
   if not proc then
     if self.rundir then
       core.close_fd(self.rundir_fd)
-      core.rmdir(self.rundir.host)
+      self:_remove_rundir()
     end
     return nil, pipes_or_err, code
   end
@@ -417,7 +437,7 @@ function Shell:_close_slots()
     for name in pairs(SLOTS) do core.unlink(name, self.rundir_fd) end
     core.unlink("env", self.rundir_fd)
     core.close_fd(self.rundir_fd)
-    core.rmdir(self.rundir.host)
+    self:_remove_rundir()
   end
 end
 

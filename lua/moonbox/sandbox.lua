@@ -125,6 +125,9 @@ function M.getSandbox(id, opts)
       self.init, self.isolation, self.namespaces = init, "namespaces", namespaces
       self.network = opts.network or policy.network or "none"
       self.fs_root = "/proc/" .. init:pid() .. "/root"
+      -- the shells' run directory, reached only through the sandbox's root
+      -- and on its own tmpfs (_shell.lua, Shell:_open_rundir)
+      self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, nil, "in_root")
       self.home = "/workspace"
       self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
       if self.prebuilt_shell then
@@ -133,7 +136,11 @@ function M.getSandbox(id, opts)
         self.prebuilt_shell = nil
         self.shell_seq = self.shell_seq + 1
         local inside = isolation_mod.RUN_DIR .. "/sh-" .. self.shell_seq
-        if sh:begin({ host = self.fs_root .. inside, inside = inside }) then self.spare = sh else sh:kill() end
+        if self.run_conf and sh:begin({ host = self.fs_root .. inside, inside = inside, conf = self.run_conf }) then
+          self.spare = sh
+        else
+          sh:kill()
+        end
       end
     elseif isolation == "namespaces" or tostring(namespaces):find("mount #", 1, true) then
       -- "auto" falls back when the kernel refuses namespaces, never to hide
@@ -149,6 +156,10 @@ function M.getSandbox(id, opts)
   -- the file API's root: captured now, before any command of the sandbox
   -- runs, so the mounts it may reach are the ones the runtime made
   local conf, cmsg = self:_confine()
+  if conf and self.init and not self.run_conf then
+    conf:close()
+    conf, cmsg = nil, self.run_conf_error
+  end
   if not conf then
     pcall(self.destroy, self, { keepFiles = true })
     errors.raise("FILESYSTEM_ERROR", "cannot confine the sandbox's file API: " .. tostring(cmsg), { root = root })
@@ -303,7 +314,7 @@ function Sandbox:_spawn_shell(opts)
     local name = "sh-" .. self.shell_seq
     -- a tmpfs inside, reached from here through the init's root
     local inside = isolation_mod.RUN_DIR .. "/" .. name
-    opts.rundir = { host = self.fs_root .. inside, inside = inside }
+    opts.rundir = { host = self.fs_root .. inside, inside = inside, conf = self.run_conf }
   end
   opts.spawn_spec = function(spec) return self:_spawn_spec(spec) end
   return shell_mod.spawn(opts)
@@ -525,6 +536,7 @@ function Sandbox:destroy(opts)
     end
   end
   if self.fs_conf then self.fs_conf:close() end
+  if self.run_conf then self.run_conf:close() end
   limits.cleanup(self.limits_state, async.sleep)
   if not opts.keepFiles then util.remove_tree(self.root) end
   return { success = true, id = self.id, timestamp = util.timestamp() }

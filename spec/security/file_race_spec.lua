@@ -300,3 +300,22 @@ describe("the file API through a symlink that is not raced", function()
     end)
   end)
 end)
+
+if not NONE then
+  describe("the session shell's run directory", function()
+    it("is never a way out: the runtime follows no symlink the sandbox puts there", function()
+      local canary = helper.mkdtemp() .. "/canary"
+      write_host(canary, "host-original\n")
+      helper.with_sandbox(function(sb)
+        -- /run/moonbox/sh-N is the sandbox's own tmpfs; its root may put
+        -- anything there, here a link to a host path for the next command's stdin
+        sh(sb, "for d in /run/moonbox/sh-*; do ln -sfn " .. canary .. " $d/stdin; done")
+        pcall(sb.exec, sb, "cat", { stdin = "pwned-by-the-sandbox\n", timeout = 5000 })
+      end)
+      local f = assert(io.open(canary))
+      assert.equal("host-original\n", f:read("*a"))
+      f:close()
+      helper.sh("rm -rf '" .. canary:match("^(.*)/") .. "'")
+    end)
+  end)
+end
