@@ -127,7 +127,8 @@ function M.getSandbox(id, opts)
       self.fs_root = "/proc/" .. init:pid() .. "/root"
       -- the shells' run directory, reached only through the sandbox's root
       -- and on its own tmpfs (_shell.lua, Shell:_open_rundir)
-      self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, nil, "in_root")
+      self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
+        self.idmap and { uid = self.idmap.uid, gid = self.idmap.gid } or nil, "in_root")
       self.home = "/workspace"
       self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
       if self.prebuilt_shell then
