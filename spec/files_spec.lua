@@ -258,6 +258,26 @@ describe("files: confinement", function()
     end)
   end)
 
+  it("makes files and directories as the sandbox's root (sb.idmap on the host, 0:0 inside)", function()
+    with_sandbox(function(sb)
+      local ids = sb:info().idmap
+      sb:writeFile("/workspace/own.txt", "x")
+      sb:mkdir("/workspace/own/deeper", { recursive = true })
+      sb:renameFile("/workspace/own.txt", "/workspace/own/moved.txt")
+      for _, rel in ipairs { "own", "own/deeper", "own/moved.txt" } do
+        local st = assert(core.fs_stat_beneath(sb.workspace, rel))
+        assert.equal(ids.uid, st.uid)
+        assert.equal(ids.gid, st.gid)
+      end
+      if sb:info().isolation == "namespaces" then
+        sb:writeFile("/tmp/own.txt", "x")
+        sb:moveFile("/workspace/own/moved.txt", "/root/moved.txt") -- copied across mounts
+        assert.equal("0:0 0:0 0:0", sb:exec("stat -c %u:%g /workspace/own/deeper /tmp/own.txt /root/moved.txt")
+          .stdout:gsub("\n", " "):gsub(" $", ""))
+      end
+    end)
+  end)
+
   it("reaches the sandbox's own /tmp and /root under namespaces, not its system directories", function()
     with_sandbox(function(sb)
       if sb:info().isolation ~= "namespaces" then return end
