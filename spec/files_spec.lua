@@ -871,6 +871,10 @@ describe("files: gitCheckout", function()
       assert.equal("host\n", sb:exec("cat deep/er/repo/f").stdout)
       fails("GIT_CLONE_FAILED", sb.gitCheckout, sb, url, { branch = "main", targetDir = "deep/er/repo" })
       if sb:info().isolation == "namespaces" then
+        -- the clone and the directories made for it belong to root inside
+        local r2 = sb:exec("find deep \\( ! -uid 0 -o ! -gid 0 \\) -print")
+        assert.equal(0, r2.exitCode, r2.stderr)
+        assert.equal("", r2.stdout)
         -- the host's clone is moved into the workspace's host directory: the
         -- private /tmp is refused, never reported done with nothing there
         fails("GIT_CLONE_FAILED", sb.gitCheckout, sb, url, { branch = "main", targetDir = "/tmp/repo" })

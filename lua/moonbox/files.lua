@@ -1283,10 +1283,11 @@ function Session:gitCheckout(repo_url, opts)
     assert(core.mkdir(sb.root .. "/" .. tmp, 448))
     argv[#argv] = sb.root .. "/" .. tmp .. "/repo"
     r = host_git(argv, opts.timeout)
-    if r.exitCode == 0 and not r.timedOut and sb.idmap then
+    local creds = sb:_fs_creds()
+    if r.exitCode == 0 and not r.timedOut and creds then
       -- the sandbox's root owns what it gets; the clone lies in a directory
       -- only the runtime reaches, where a plain chown -R cannot be raced
-      local c = host_git({ "chown", "-R", "-h", "--", ("%d:%d"):format(sb.idmap.uid, sb.idmap.gid),
+      local c = host_git({ "chown", "-R", "-h", "--", ("%d:%d"):format(creds.uid, creds.gid),
         sb.root .. "/" .. tmp .. "/repo" })
       if c.exitCode ~= 0 then
         r = { exitCode = 128, stderr = "fatal: cannot give the clone to the sandbox's user: " .. c.stderr }
