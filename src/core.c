@@ -378,6 +378,7 @@ LUALIB_API int luaopen_moonbox_core(lua_State *L) {
   mb_open_signal(L);
   mb_open_stream(L);
   mb_open_fs(L);
+  mb_open_userns(L);
   mb_open_spawn(L);
   mb_open_pty(L);
   mb_open_sys(L);

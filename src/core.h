@@ -83,6 +83,11 @@ void mb_open_timer(lua_State *L);
 void mb_open_signal(lua_State *L);
 void mb_open_stream(lua_State *L);
 void mb_open_fs(lua_State *L);
+/* fs_tree.c: registered with the fs family (fs.c). */
+int mb_fs_remove_tree(lua_State *L);
+int mb_fs_lock(lua_State *L);
+/* userns.c: core.userns_probe. */
+void mb_open_userns(lua_State *L);
 void mb_open_spawn(lua_State *L);
 void mb_open_pty(lua_State *L);
 void mb_open_sys(lua_State *L);

@@ -258,4 +258,29 @@ function M.scandir_beneath(root, relpath, resolve)
   return sorted(confined(core.fs_scandir_beneath(root, relpath, resolve)))
 end
 
+-- remove_tree(root, relpath[, resolve[, creds]]) -> number of entries
+-- removed. Awaited (the thread pool walks the tree, src/fs_tree.c): relpath
+-- and all under it, at any depth, symlinks removed and never followed; the
+-- first removal that fails is the error. creds = {uid, gid}: walk with
+-- those filesystem ids (e.g. a sandbox's root) instead of the runtime's.
+function M.remove_tree(root, relpath, resolve, creds)
+  return confined(async.await(function(resume)
+    local cancelled = false
+    local ok, msg, code = core.fs_remove_tree(root, relpath, resolve or "beneath", function(err, n, ecode)
+      if cancelled then return end
+      if err ~= nil then resume(nil, err, ecode) else resume(n) end
+    end, creds)
+    if not ok then resume(nil, msg, code) end
+    return function() cancelled = true end
+  end, "_fs.remove_tree"))
+end
+
+-- lock(path[, content]) -> fd | nil, message, CODE[, holder]: an exclusive
+-- flock on the file at path (created), content written into it; "EAGAIN"
+-- with the file's content when another open file holds it. Synchronous;
+-- close_dir(fd) (core.close_fd) releases it.
+function M.lock(path, content)
+  return core.fs_lock(path, content)
+end
+
 return M

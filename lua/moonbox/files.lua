@@ -564,16 +564,10 @@ local function copy_tree(op, view, root, from, to)
   if not ok then error(err, 0) end
 end
 
+-- The whole tree on the thread pool (src/fs_tree.c): dirfd-relative, any
+-- depth, symlinks removed and never followed, the first failure an error.
 local function remove_tree(op, view, root, rel)
-  local st = check(op, view, fs.lstat_beneath(root, rel))
-  if st.type == "directory" then
-    for _, e in ipairs(check(op, view, fs.scandir_beneath(root, rel))) do
-      remove_tree(op, view, root, join(rel, e.name))
-    end
-    check(op, view, fs.rmdir_beneath(root, rel))
-  else
-    check(op, view, fs.unlink_beneath(root, rel))
-  end
+  check(op, view, fs.remove_tree(root, rel))
 end
 
 local function move_across(op, src, dst, root)

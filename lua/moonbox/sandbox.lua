@@ -15,10 +15,17 @@ local V = require "moonbox._validate"
 local isolation_mod = require "moonbox._isolation"
 local fs = require "moonbox._fs"
 local prewarm = require "moonbox._prewarm"
+local root_mod = require "moonbox._root"
+local userns = require "moonbox._userns"
 
 local M = {}
 
 local registry = {}   -- id -> sandbox
+
+-- Whether isolation = "auto" may fall back to "none" where the kernel
+-- refuses user namespaces (said once on stderr). moonbox serve turns this
+-- off unless started with --allow-unisolated.
+M.allow_unisolated = true
 
 local Sandbox = {}
 Sandbox.__index = Sandbox
@@ -66,18 +73,58 @@ function M.getSandbox(id, opts)
   local policy = policy_mod.resolve(opts.policy, opts.limits)
   if opts.isolation == nil and policy.isolation then isolation = policy.isolation end
   local env = V.env(opts.env, "env") or {}
-  local root = opts.root and V.path(opts.root, "root") or (default_home() .. "/sandboxes/" .. id)
+  local home = default_home()
+  local default_root = home .. "/sandboxes/" .. id
+  local root = opts.root and V.path(opts.root, "root") or default_root
   local workspace = root .. "/workspace"
-  local ok, err = mkdir_p(workspace)
+  -- fail closed: "auto" runs without namespaces only where the kernel
+  -- refuses user namespaces, never for a failure of the moment
+  local unisolated
+  if isolation == "auto" then
+    local why, msg, code = userns.refused()
+    if msg then
+      errors.raise("ISOLATION_UNAVAILABLE", "cannot create the sandbox's namespaces: " .. msg,
+        { isolation = isolation, errno = code })
+    end
+    if why and not M.allow_unisolated then
+      errors.raise("ISOLATION_UNAVAILABLE", ("cannot isolate the sandbox: %s; this server creates " ..
+        "no unisolated sandbox unless started with --allow-unisolated or given a policy with isolation = \"none\"")
+        :format(why), { isolation = isolation })
+    end
+    if why then userns.warn_once(why) end
+    unisolated = why
+  end
+  -- the root: checked, made, locked (docs/api.md "Sandbox roots")
+  local canon = root_mod.check(root, home, default_root)
+  local created = {}
+  local ok, err = root_mod.mkdir_p(canon, created)
   if not ok then
     errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(err), { root = root })
   end
+  local lock, identity
+  ok, err = pcall(function()
+    if root_mod.canonical(root) ~= canon then -- a ".." after a symlink, say
+      V.fail("root", ("root %q leads elsewhere once made (%s)"):format(root, root_mod.canonical(root)))
+    end
+    lock = root_mod.lock(id, canon)
+    identity = root_mod.identity(canon) -- destroy removes this directory, never another one at its path
+    if not identity then errors.raise("FILESYSTEM_ERROR", "cannot stat the sandbox root", { root = root }) end
+    local made, msg = root_mod.mkdir_p(canon .. "/workspace", created)
+    if not made then
+      errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(msg), { root = root })
+    end
+  end)
+  if not ok then
+    root_mod.undo(lock, created)
+    error(err, 0)
+  end
   -- who root inside is on the host; the workspace is root inside's
-  local idmap = isolation ~= "none" and isolation_mod.idmap(policy)
+  local idmap = (isolation ~= "none" and not unisolated) and isolation_mod.idmap(policy)
     or { uid = core.getuid(), gid = core.getgid(), count = 1 }
   if idmap.count > 1 then
     ok, err = core.chown(workspace, idmap.uid, idmap.gid)
     if not ok then
+      root_mod.undo(lock, created)
       errors.raise("FILESYSTEM_ERROR", "cannot give the workspace to the sandbox's root: " .. tostring(err),
         { root = root })
     end
@@ -101,10 +148,13 @@ function M.getSandbox(id, opts)
     shell_seq = 0,
     cgroup_name = "sb-" .. id,
     idmap = idmap,
+    root_lock = lock, root_canon = canon, root_identity = identity,
   }, Sandbox)
+  -- whatever fails from here takes back what getSandbox made (below)
+  ok, err = pcall(function()
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
   self.limits_state = limits.setup(self)
-  if isolation ~= "none" then
+  if isolation ~= "none" and not unisolated then
     local network = opts.network or policy.network or "none"
     local function on_init_exit()
       self.init_dead = true
@@ -152,19 +202,14 @@ function M.getSandbox(id, opts)
         local inside = isolation_mod.RUN_DIR .. "/sh-" .. self.shell_seq
         if self.run_conf and sh:begin(self:_rundir(inside)) then self.spare = sh else sh:kill() end
       end
-    elseif isolation == "namespaces" or tostring(namespaces):find("mount #", 1, true) then
-      -- "auto" falls back when the kernel refuses namespaces, never to hide
-      -- a policy whose mounts cannot be made
-      limits.cleanup(self.limits_state, async.sleep)
-      if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
-      errors.raise("ISOLATION_UNAVAILABLE", "cannot create the sandbox's namespaces: " .. tostring(namespaces),
-        { isolation = isolation, errno = code })
     else
-      self.isolation_error = tostring(namespaces)
-      -- unisolated: its processes are the runtime's user
-      self.idmap = { uid = core.getuid(), gid = core.getgid(), count = 1 }
+      -- no fallback here: the kernel allows user namespaces (probed), so
+      -- this is a failure of the moment (EMFILE, ENOMEM, ...) or of the policy
+      errors.raise("ISOLATION_UNAVAILABLE", "cannot create the sandbox's namespaces: " ..
+        userns.plain(code, namespaces), { isolation = isolation, errno = code })
     end
   end
+  if unisolated then self.isolation_error = unisolated end
   -- the file API's root: captured now, before any command of the sandbox
   -- runs, so the mounts it may reach are the ones the runtime made
   local conf, cmsg = self:_confine()
@@ -173,10 +218,19 @@ function M.getSandbox(id, opts)
     conf, cmsg = nil, self.run_conf_error
   end
   if not conf then
-    pcall(self.destroy, self, { keepFiles = true })
     errors.raise("FILESYSTEM_ERROR", "cannot confine the sandbox's file API: " .. tostring(cmsg), { root = root })
   end
   self.fs_conf = conf
+  end)
+  if not ok then
+    if self.spare then pcall(self._drop_spare, self) end
+    if self.run_conf then self.run_conf:close() end
+    if self.init then pcall(self.init.close, self.init) end
+    if self.limits_state then limits.cleanup(self.limits_state, async.sleep) end
+    if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
+    root_mod.undo(lock, created)
+    error(err, 0)
+  end
   registry[id] = self
   return self
 end
@@ -583,7 +637,14 @@ function Sandbox:destroy(opts)
   if self.fs_conf then self.fs_conf:close() end
   if self.run_conf then self.run_conf:close() end
   limits.cleanup(self.limits_state, async.sleep)
-  if not opts.keepFiles then util.remove_tree(self.root) end
+  -- the whole tree, at any depth, on the thread pool; then the root is free
+  local removed, msg, code = true, nil, nil
+  if not opts.keepFiles then removed, msg, code = root_mod.remove(self.root_canon, self.root_identity) end
+  root_mod.unlock(self.root_lock)
+  if not removed then
+    errors.raise("FILESYSTEM_ERROR", "destroy could not remove the sandbox's files: " .. tostring(msg),
+      { id = self.id, root = self.root, errno = code })
+  end
   return { success = true, id = self.id, timestamp = util.timestamp() }
 end
 

@@ -17,6 +17,8 @@ usage: moonbox serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]
                      [--policy file.lua] [--handler app.lua] [--token-file F]
                      [--max-body BYTES] [--max-connections N] [--idle-timeout-ms MS]
                      [--prewarm on|off]   (keep a sandbox built ahead; docs/isolation.md)
+                     [--allow-unisolated] (isolation = "auto" may run without namespaces
+                                           where the kernel refuses them; docs/server.md)
 ]]
 
 local function usage_error(message)
@@ -32,9 +34,16 @@ function M.parse(argv)
     ["--prewarm"] = "prewarm",
   }
   local numeric = { maxBody = true, maxConnections = true, idleTimeoutMs = true }
+  local switches = { ["--allow-unisolated"] = "allowUnisolated" } -- flags without a value
   local i = 1
   while i <= #argv do
     local flag, value = argv[i], argv[i + 1]
+    while switches[flag] do
+      opts[switches[flag]] = true
+      i = i + 1
+      flag, value = argv[i], argv[i + 1]
+    end
+    if flag == nil then break end
     local inline_flag, inline_value = flag:match("^(%-%-[%w-]+)=(.*)$")
     if inline_flag then flag, value, i = inline_flag, inline_value, i - 1 end
     local key = names[flag]
@@ -198,6 +207,10 @@ function M.start(opts)
       "only loopback addresses and unix sockets may go without a token"):format(opts.listen))
   end
   if opts.policy then require("moonbox.policy").set_default(opts.policy) end
+  -- fail closed: no sandbox of this server runs without namespaces because
+  -- the kernel refused them, unless asked (a policy with isolation = "none"
+  -- asks for itself)
+  require("moonbox.sandbox").allow_unisolated = opts.allowUnisolated == true
   if opts.prewarm == "on" then require("moonbox").prewarm(true) end
   local page, vendor = M.find_page()
   local handler = M.app {
