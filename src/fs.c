@@ -810,6 +810,46 @@ static int fs_confine_new(lua_State *L) {
 
 static const luaL_Reg confine_methods[] = {{"close", confine_close}, {"mounts", confine_mounts}, {NULL, NULL}};
 
+/* For fs_tree.c: when the value at idx is a confinement, a malloc'd copy of
+ * its rules (free it), its root dup'd into *root, its resolve mode and its
+ * credentials (*has_creds, *uid, *gid); NULL with *root = -1 when idx is no
+ * confinement, NULL with errno (EBADF: closed) and *root = -2 on failure. */
+void *mb_fs_confine_rules(lua_State *L, int idx, int *root, unsigned long long *resolve, const char **resolve_name,
+                          int *has_creds, unsigned *uid, unsigned *gid) {
+  fs_confine *c = confine_test(L, idx);
+  *root = -1;
+  if (!c) return NULL;
+  *root = -2;
+  if (c->root < 0) {
+    errno = EBADF;
+    return NULL;
+  }
+  confine_rules *r = (confine_rules *)malloc(sizeof *r);
+  if (!r) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  int fd = fcntl(c->root, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) {
+    free(r);
+    return NULL;
+  }
+  rules_of(c, r);
+  *root = fd;
+  *resolve = c->resolve;
+  *resolve_name = c->resolve_name;
+  *has_creds = c->creds;
+  *uid = (unsigned)c->uid;
+  *gid = (unsigned)c->gid;
+  return r;
+}
+
+/* For fs_tree.c: 0 when fd lies on one of the rules' mounts, else -1 with
+ * errno (EXDEV). */
+int mb_fs_rules_check(const void *rules, int fd) {
+  return rules_check((const confine_rules *)rules, fd);
+}
+
 /* For fs_event (fsevent.c): open rel O_PATH under the root at idx, a
  * confinement (its rules apply, resolved its way) or a plain directory fd
  * (RESOLVE_BENEATH). Returns the fd, or -1 with errno (EXDEV for an escape). */

@@ -266,7 +266,7 @@ end
 function M.remove_tree(root, relpath, resolve, creds)
   return confined(async.await(function(resume)
     local cancelled = false
-    local ok, msg, code = core.fs_remove_tree(root, relpath, resolve or "beneath", function(err, n, ecode)
+    local ok, msg, code = core.fs_remove_tree(root, relpath, resolve, function(err, n, ecode)
       if cancelled then return end
       if err ~= nil then resume(nil, err, ecode) else resume(n) end
     end, creds)

@@ -1144,6 +1144,25 @@ describe("fs_confine", function()
     sh("rm -rf '" .. shm .. "'")
   end)
 
+  it("confines fs_remove_tree: the tree must lie on an allowed mount", function()
+    local shm = helper.sh("mktemp -d -p /dev/shm")
+    sh("mkdir -p '" .. shm .. "/t/a/b' && touch '" .. shm .. "/t/a/b/f' && mkdir -p '" .. tmp .. "/keep/d'")
+    sh("ln -s " .. tmp .. "/keep '" .. shm .. "/t/link'")
+    run_task(function()
+      local conf = assert(core.fs_confine("/", { "dev/shm" }, nil, "in_root"))
+      -- on the root's mount: refused, nothing removed
+      local _, _, code = fs.remove_tree(conf, tmp:sub(2) .. "/keep")
+      assert.are.equal("PATH_OUTSIDE_SANDBOX", code)
+      -- on /dev/shm: removed, the symlink itself and never what it names
+      assert.are.equal(5, assert(fs.remove_tree(conf, shm:sub(2) .. "/t")))
+      conf:close()
+      ret_fails("EBADF", core.fs_remove_tree(conf, "x", nil, function() end))
+    end)
+    assert.is_true(exists(tmp .. "/keep/d"))
+    assert.is_false(exists(shm .. "/t"))
+    sh("rm -rf '" .. shm .. "'")
+  end)
+
   it("does the I/O with the credentials it is given", function()
     run_task(function()
       if core.getuid() ~= 0 then
