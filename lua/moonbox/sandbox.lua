@@ -122,9 +122,15 @@ function M.getSandbox(id, opts)
   local idmap = (isolation ~= "none" and not unisolated) and isolation_mod.idmap(policy)
     or { uid = core.getuid(), gid = core.getgid(), count = 1 }
   if idmap.count > 1 then
-    ok, err = core.chown(workspace, idmap.uid, idmap.gid)
+    local code
+    ok, err, code = core.chown(workspace, idmap.uid, idmap.gid)
     if not ok then
       root_mod.undo(lock, created)
+      if code == "EINVAL" then -- the range does not exist where the runtime runs (a user namespace of its own)
+        errors.raise("ISOLATION_UNAVAILABLE", ("cannot create the sandbox's namespaces: its id range %d-%d is " ..
+          "not mapped in the runtime's own user namespace (set the policy's idmap)")
+          :format(idmap.uid, idmap.uid + idmap.count - 1), { isolation = isolation, errno = code })
+      end
       errors.raise("FILESYSTEM_ERROR", "cannot give the workspace to the sandbox's root: " .. tostring(err),
         { root = root })
     end
