@@ -260,6 +260,26 @@ describe("files: confinement", function()
     end)
   end)
 
+  it("makes files and directories as the sandbox's root (sb.idmap on the host, 0:0 inside)", function()
+    with_sandbox(function(sb)
+      local ids = sb:info().idmap
+      sb:writeFile("/workspace/own.txt", "x")
+      sb:mkdir("/workspace/own/deeper", { recursive = true })
+      sb:renameFile("/workspace/own.txt", "/workspace/own/moved.txt")
+      for _, rel in ipairs { "own", "own/deeper", "own/moved.txt" } do
+        local st = assert(core.fs_stat_beneath(sb.workspace, rel))
+        assert.equal(ids.uid, st.uid)
+        assert.equal(ids.gid, st.gid)
+      end
+      if sb:info().isolation == "namespaces" then
+        sb:writeFile("/tmp/own.txt", "x")
+        sb:moveFile("/workspace/own/moved.txt", "/root/moved.txt") -- copied across mounts
+        assert.equal("0:0 0:0 0:0", sb:exec("stat -c %u:%g /workspace/own/deeper /tmp/own.txt /root/moved.txt")
+          .stdout:gsub("\n", " "):gsub(" $", ""))
+      end
+    end)
+  end)
+
   it("reaches the sandbox's own /tmp and /root under namespaces, not its system directories", function()
     with_sandbox(function(sb)
       if sb:info().isolation ~= "namespaces" then return end
@@ -853,6 +873,10 @@ describe("files: gitCheckout", function()
       assert.equal("host\n", sb:exec("cat deep/er/repo/f").stdout)
       fails("GIT_CLONE_FAILED", sb.gitCheckout, sb, url, { branch = "main", targetDir = "deep/er/repo" })
       if sb:info().isolation == "namespaces" then
+        -- the clone and the directories made for it belong to root inside
+        local r2 = sb:exec("find deep \\( ! -uid 0 -o ! -gid 0 \\) -print")
+        assert.equal(0, r2.exitCode, r2.stderr)
+        assert.equal("", r2.stdout)
         -- the host's clone is moved into the workspace's host directory: the
         -- private /tmp is refused, never reported done with nothing there
         fails("GIT_CLONE_FAILED", sb.gitCheckout, sb, url, { branch = "main", targetDir = "/tmp/repo" })

@@ -100,6 +100,13 @@ void mb_open_fsevent(lua_State *L);
 /* The content of a core.bytes buffer at idx (codec.c); 0 if it is not one. */
 int mb_bytes_view(lua_State *L, int idx, const char **data, size_t *len);
 void mb_open_tcp(lua_State *L);
+/* Open rel (O_PATH) under the root at idx: a confinement (core.fs_confine)
+ * or a directory fd; -1 with errno on failure (fs.c). */
+int mb_fs_root_open_path(lua_State *L, int idx, const char *rel);
+/* A confinement's rules for another family (fs_tree.c); see fs.c. */
+void *mb_fs_confine_rules(lua_State *L, int idx, int *root, unsigned long long *resolve, const char **resolve_name,
+                          int *has_creds, unsigned *uid, unsigned *gid);
+int mb_fs_rules_check(const void *rules, int fd);
 void mb_open_seccomp(lua_State *L);
 void mb_open_nsinit(lua_State *L);
 void mb_open_http(lua_State *L);

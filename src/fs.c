@@ -23,22 +23,34 @@
  *    The mutating helpers open the PARENT directory confined (O_PATH) and act
  *    on the final component with mkdirat/unlinkat/renameat, which never
  *    follow a final symlink, so nothing outside the root is touched.
+ *    In place of a root, a confinement (core.fs_confine, below) adds a rule
+ *    the kernel's answer must meet: every fd on one of a set of mounts, and
+ *    the calls made with given credentials (the sandbox file API's).
  */
 #include "core.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #ifndef SYS_openat2
 #define SYS_openat2 437
+#endif
+
+#ifndef STATX_MNT_ID
+#define STATX_MNT_ID 0x00001000U
+#endif
+#ifndef STATX_MNT_ID_UNIQUE
+#define STATX_MNT_ID_UNIQUE 0x00004000U
 #endif
 
 #define OPENAT2_ENOSYS_MSG "ENOSYS: openat2 not supported by this kernel (needs Linux 5.6)"
@@ -435,6 +447,428 @@ static int openat2_fd(int dirfd, const char *path, unsigned long long flags, uns
   return (int)rc;
 }
 
+/* ---- confinement ---------------------------------------------------------
+ *
+ * core.fs_confine(root, allowed, creds, resolve) -> confinement (userdata): the root
+ * (a directory path or fd) held open as an O_PATH fd for the confinement's
+ * life, and what every fd obtained through it must satisfy:
+ *   allowed  nil, or a list of paths relative to the root (resolved in the
+ *            root now, once): the mounts they lie on are the only ones an fd
+ *            may end up on. Their mount ids (statx STATX_MNT_ID_UNIQUE, or
+ *            STATX_MNT_ID before Linux 6.8) are recorded and an O_PATH fd of
+ *            each is kept, so an id cannot be freed and given to a new mount
+ *            while the confinement lives. A path on the root's own mount, or
+ *            one that cannot be opened, allows nothing. After every openat2
+ *            the resulting fd's mount id is checked: any other mount (/proc,
+ *            /dev, a mount made later inside) closes it and fails with EXDEV
+ *            ("path resolves outside the root"), like an escape.
+ *   creds    nil, or {uid =, gid =}: the opens, mkdirat, unlinkat and
+ *            renameat run with that fsuid/fsgid (setfsuid/setfsgid, per
+ *            thread, restored afterwards), so objects are created owned by
+ *            them and permission checks are theirs (a non-zero fsuid drops
+ *            the fs capabilities). A switch the kernel refuses fails the
+ *            call with EPERM.
+ *   resolve  the default resolve mode of the *_beneath helpers given this
+ *            confinement ("beneath" unless the fourth argument says "in_root").
+ * Every *_beneath helper and fs_event's add/start accept a confinement where
+ * they take a root. confinement:close() releases the fds (also on GC). */
+
+#define FS_CONFINE "moonbox.fs_confine"
+#define CONFINE_MAX 256
+
+typedef struct {
+  int root;                        /* O_PATH fd of the root; -1 once closed */
+  unsigned mnt_mask;               /* STATX_MNT_ID(_UNIQUE); 0: no mount check */
+  int nallowed;
+  int allowed_fd[CONFINE_MAX];
+  unsigned long long mnt[CONFINE_MAX];
+  int creds;
+  uid_t uid;
+  gid_t gid;
+  unsigned long long resolve;
+  const char *resolve_name;
+} fs_confine;
+
+/* What a check needs, copied (a request on the thread pool must not depend
+ * on the userdata staying alive). */
+typedef struct {
+  unsigned mnt_mask;
+  int nallowed;
+  unsigned long long mnt[CONFINE_MAX];
+  int creds;
+  uid_t uid;
+  gid_t gid;
+} confine_rules;
+
+static void rules_of(const fs_confine *c, confine_rules *r) {
+  memset(r, 0, sizeof *r);
+  if (!c) return;
+  r->mnt_mask = c->mnt_mask;
+  r->nallowed = c->nallowed;
+  memcpy(r->mnt, c->mnt, sizeof r->mnt);
+  r->creds = c->creds;
+  r->uid = c->uid;
+  r->gid = c->gid;
+}
+
+static int fd_mnt_id(int fd, unsigned mask, unsigned long long *id) {
+  struct statx stx;
+  if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, mask, &stx) < 0) return -1;
+  if (!(stx.stx_mask & mask)) {
+    errno = EOPNOTSUPP;
+    return -1;
+  }
+  *id = (unsigned long long)stx.stx_mnt_id;
+  return 0;
+}
+
+/* 0 when fd lies on an allowed mount (or there is no mount rule), else -1
+ * with errno EXDEV (or statx's error: fail closed). */
+static int rules_check(const confine_rules *r, int fd) {
+  if (!r || !r->mnt_mask) return 0;
+  unsigned long long id;
+  if (fd_mnt_id(fd, r->mnt_mask, &id) < 0) return -1;
+  for (int i = 0; i < r->nallowed; i++)
+    if (r->mnt[i] == id) return 0;
+  errno = EXDEV;
+  return -1;
+}
+
+typedef struct {
+  int active;
+  uid_t uid;
+  gid_t gid;
+} saved_creds;
+
+/* Switch this thread's fsuid/fsgid to the rules' ids. -1 with EPERM when the
+ * kernel does not take them (setfsuid reports failure only by not changing). */
+static int creds_enter(const confine_rules *r, saved_creds *s) {
+  s->active = 0;
+  if (!r || !r->creds) return 0;
+  s->uid = (uid_t)setfsuid((uid_t)-1);
+  s->gid = (gid_t)setfsgid((gid_t)-1);
+  setfsgid(r->gid);
+  if ((gid_t)setfsgid((gid_t)-1) != r->gid) {
+    setfsgid(s->gid);
+    errno = EPERM;
+    return -1;
+  }
+  setfsuid(r->uid);
+  if ((uid_t)setfsuid((uid_t)-1) != r->uid) {
+    setfsuid(s->uid);
+    setfsgid(s->gid);
+    errno = EPERM;
+    return -1;
+  }
+  s->active = 1;
+  return 0;
+}
+
+static void creds_leave(saved_creds *s) {
+  if (!s->active) return;
+  int err = errno;
+  setfsuid(s->uid);
+  setfsgid(s->gid);
+  errno = err;
+  s->active = 0;
+}
+
+/* openat2 under the rules: with their credentials, and the fd kept only when
+ * it lies on an allowed mount. Under rules with a mount check, a non-O_PATH
+ * open is made O_NONBLOCK | O_NOCTTY (a fifo or a tty swapped in must not
+ * block the thread or become the runtime's terminal), and O_NONBLOCK is
+ * cleared again afterwards unless asked for. */
+static int rules_openat2(const confine_rules *r, int dirfd, const char *path, unsigned long long flags,
+                         unsigned long long mode, unsigned long long resolve) {
+  unsigned long long extra = 0;
+  if (r && r->mnt_mask && !(flags & O_PATH)) extra = (O_NONBLOCK | O_NOCTTY) & ~flags;
+  saved_creds s;
+  if (creds_enter(r, &s) < 0) return -1;
+  int fd = openat2_fd(dirfd, path, flags | extra, mode, resolve);
+  creds_leave(&s);
+  if (fd < 0) return -1;
+  if (rules_check(r, fd) < 0) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  if ((extra & O_NONBLOCK) && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
+/* rules_openat2 for an open that may change what it opens (O_CREAT,
+ * O_TRUNC), with no effect on any mount but an allowed one: an existing
+ * file is opened without O_CREAT/O_TRUNC, checked, and only then truncated
+ * (ftruncate); a missing one is created by an openat2 of the final name
+ * relative to the checked parent that may neither cross a mount nor follow
+ * a symlink. A final symlink met there is followed by hand (readlinkat; at
+ * most 8 hops), each hop checked the same way. Without a mount rule this is
+ * rules_openat2. */
+static int rules_open_file(const confine_rules *r, int root, const char *rel, unsigned long long flags,
+                           unsigned long long mode, unsigned long long resolve) {
+  if (!r || !r->mnt_mask || !(flags & (O_CREAT | O_TRUNC))) return rules_openat2(r, root, rel, flags, mode, resolve);
+  unsigned long long base = flags & ~(unsigned long long)(O_CREAT | O_TRUNC | O_EXCL);
+  int excl = (flags & O_EXCL) != 0, creat = (flags & O_CREAT) != 0;
+  char path[PATH_MAX], link[PATH_MAX];
+  size_t len = strlen(rel);
+  if (len >= sizeof path) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  memcpy(path, rel, len + 1);
+  for (int hop = 0; hop < 8; hop++) {
+    int fd;
+    if (!excl) {
+      fd = rules_openat2(r, root, path, base, 0, resolve);
+      if (fd >= 0) {
+        if ((flags & O_TRUNC) && ftruncate(fd, 0) < 0) {
+          int err = errno;
+          close(fd);
+          errno = err;
+          return -1;
+        }
+        return fd;
+      }
+      if (errno != ENOENT || !creat) return -1;
+    }
+    /* split into parent and final name (trailing slashes dropped) */
+    len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') path[--len] = 0;
+    char *slash = strrchr(path, '/');
+    const char *parent = ".", *name = path;
+    if (slash) {
+      *slash = 0;
+      parent = slash == path ? "/" : path;
+      name = slash + 1;
+    }
+    if (!*name || !strcmp(name, ".") || !strcmp(name, "..")) {
+      errno = *name ? EISDIR : ENOENT;
+      return -1;
+    }
+    int pfd = rules_openat2(r, root, parent, O_PATH | O_DIRECTORY | O_CLOEXEC, 0, resolve);
+    if (pfd < 0) return -1;
+    fd = rules_openat2(r, pfd, name, flags, mode,
+                       RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS);
+    if (fd >= 0 || errno != ELOOP) {
+      int err = errno;
+      close(pfd);
+      errno = err;
+      return fd;
+    }
+    if (excl) {
+      close(pfd);
+      errno = EEXIST;
+      return -1;
+    }
+    ssize_t n = readlinkat(pfd, name, link, sizeof link - 1);
+    int err = errno;
+    close(pfd);
+    if (n < 0) {
+      errno = err;
+      return -1;
+    }
+    link[n] = 0;
+    /* the link's target: from the root if absolute (in_root), else next to it */
+    char next[PATH_MAX];
+    int w = link[0] == '/' ? snprintf(next, sizeof next, "%s", link)
+                           : snprintf(next, sizeof next, "%s/%s", slash ? parent : ".", link);
+    if (w < 0 || (size_t)w >= sizeof next) {
+      errno = ENAMETOOLONG;
+      return -1;
+    }
+    memcpy(path, next, (size_t)w + 1);
+  }
+  errno = ELOOP;
+  return -1;
+}
+
+static fs_confine *confine_test(lua_State *L, int idx) {
+  void *p = lua_touserdata(L, idx);
+  if (!p || !lua_getmetatable(L, idx)) return NULL;
+  luaL_getmetatable(L, FS_CONFINE);
+  int same = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return same ? (fs_confine *)p : NULL;
+}
+
+static void confine_release(fs_confine *c) {
+  if (c->root >= 0) close(c->root);
+  c->root = -1;
+  for (int i = 0; i < c->nallowed; i++)
+    if (c->allowed_fd[i] >= 0) close(c->allowed_fd[i]);
+  c->nallowed = 0;
+}
+
+static int confine_gc(lua_State *L) {
+  fs_confine *c = confine_test(L, 1);
+  if (c) confine_release(c);
+  return 0;
+}
+
+/* confinement:close() -> true */
+static int confine_close(lua_State *L) {
+  fs_confine *c = (fs_confine *)luaL_checkudata(L, 1, FS_CONFINE);
+  confine_release(c);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* confinement:mounts() -> number of allowed mounts (nil without a mount rule) */
+static int confine_mounts(lua_State *L) {
+  fs_confine *c = (fs_confine *)luaL_checkudata(L, 1, FS_CONFINE);
+  if (!c->mnt_mask) return 0;
+  lua_pushinteger(L, c->nallowed);
+  return 1;
+}
+
+static int return_root_error(lua_State *L, int err, int idx);
+
+static unsigned long long resolve_bits(int which) {
+  return (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
+}
+
+/* core.fs_confine(root, allowed, creds, resolve) -> confinement | nil, message, CODE */
+static int fs_confine_new(lua_State *L) {
+  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING)
+    return luaL_argerror(L, 1, "root must be a directory fd or path");
+  if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
+  int nallow = lua_isnoneornil(L, 2) ? -1 : (int)lua_objlen(L, 2);
+  if (nallow > CONFINE_MAX) return mb_push_errno(L, E2BIG, "fs_confine: more than 256 allowed paths");
+  for (int i = 1; i <= nallow; i++) {
+    lua_rawgeti(L, 2, i);
+    if (lua_type(L, -1) != LUA_TSTRING) return luaL_argerror(L, 2, "allowed must be a list of relative paths");
+    lua_pop(L, 1);
+  }
+  int creds = 0;
+  lua_Integer uid = 0, gid = 0;
+  if (!lua_isnoneornil(L, 3)) {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_getfield(L, 3, "uid");
+    lua_getfield(L, 3, "gid");
+    if (!lua_isnumber(L, -2) || !lua_isnumber(L, -1)) return luaL_argerror(L, 3, "creds must be {uid =, gid =}");
+    uid = lua_tointeger(L, -2);
+    gid = lua_tointeger(L, -1);
+    lua_pop(L, 2);
+    if (uid < 0 || uid >= 0xffffffffLL || gid < 0 || gid >= 0xffffffffLL)
+      return luaL_argerror(L, 3, "uid and gid must be between 0 and 2^32-2");
+    creds = 1;
+  }
+  int which = luaL_checkoption(L, 4, "beneath", resolve_names);
+
+  fs_confine *c = (fs_confine *)lua_newuserdata(L, sizeof(fs_confine));
+  memset(c, 0, sizeof *c);
+  c->root = -1;
+  luaL_getmetatable(L, FS_CONFINE);
+  lua_setmetatable(L, -2);
+  c->creds = creds;
+  c->uid = (uid_t)uid;
+  c->gid = (gid_t)gid;
+  c->resolve = resolve_bits(which);
+  c->resolve_name = resolve_names[which];
+  if (lua_type(L, 1) == LUA_TNUMBER)
+    c->root = fcntl(check_fd(L, 1), F_DUPFD_CLOEXEC, 0);
+  else
+    c->root = open(lua_tostring(L, 1), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (c->root < 0) return return_root_error(L, errno, 1);
+  if (nallow < 0) return 1;
+
+  unsigned long long root_id;
+  c->mnt_mask = STATX_MNT_ID_UNIQUE;
+  if (fd_mnt_id(c->root, c->mnt_mask, &root_id) < 0) {
+    c->mnt_mask = STATX_MNT_ID;
+    if (fd_mnt_id(c->root, c->mnt_mask, &root_id) < 0) {
+      int err = errno;
+      confine_release(c);
+      return mb_push_errno(L, err, "statx mount id (needs Linux 5.8)");
+    }
+  }
+  for (int i = 1; i <= nallow; i++) {
+    lua_rawgeti(L, 2, i);
+    const char *rel = lua_tostring(L, -1);
+    int fd = openat2_fd(c->root, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
+    unsigned long long id;
+    if (fd >= 0 && fd_mnt_id(fd, c->mnt_mask, &id) == 0 && id != root_id) {
+      int known = 0;
+      for (int j = 0; j < c->nallowed; j++) known |= c->mnt[j] == id;
+      if (!known) {
+        c->allowed_fd[c->nallowed] = fd;
+        c->mnt[c->nallowed++] = id;
+        fd = -1;
+      }
+    }
+    if (fd >= 0) close(fd);
+    lua_pop(L, 1);
+  }
+  return 1;
+}
+
+static const luaL_Reg confine_methods[] = {{"close", confine_close}, {"mounts", confine_mounts}, {NULL, NULL}};
+
+/* For fs_tree.c: when the value at idx is a confinement, a malloc'd copy of
+ * its rules (free it), its root dup'd into *root, its resolve mode and its
+ * credentials (*has_creds, *uid, *gid); NULL with *root = -1 when idx is no
+ * confinement, NULL with errno (EBADF: closed) and *root = -2 on failure. */
+void *mb_fs_confine_rules(lua_State *L, int idx, int *root, unsigned long long *resolve, const char **resolve_name,
+                          int *has_creds, unsigned *uid, unsigned *gid) {
+  fs_confine *c = confine_test(L, idx);
+  *root = -1;
+  if (!c) return NULL;
+  *root = -2;
+  if (c->root < 0) {
+    errno = EBADF;
+    return NULL;
+  }
+  confine_rules *r = (confine_rules *)malloc(sizeof *r);
+  if (!r) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  int fd = fcntl(c->root, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) {
+    free(r);
+    return NULL;
+  }
+  rules_of(c, r);
+  *root = fd;
+  *resolve = c->resolve;
+  *resolve_name = c->resolve_name;
+  *has_creds = c->creds;
+  *uid = (unsigned)c->uid;
+  *gid = (unsigned)c->gid;
+  return r;
+}
+
+/* For fs_tree.c: 0 when fd lies on one of the rules' mounts, else -1 with
+ * errno (EXDEV). */
+int mb_fs_rules_check(const void *rules, int fd) {
+  return rules_check((const confine_rules *)rules, fd);
+}
+
+/* For fs_event (fsevent.c): open rel O_PATH under the root at idx, a
+ * confinement (its rules apply, resolved its way) or a plain directory fd
+ * (RESOLVE_BENEATH). Returns the fd, or -1 with errno (EXDEV for an escape). */
+int mb_fs_root_open_path(lua_State *L, int idx, const char *rel) {
+  fs_confine *c = confine_test(L, idx);
+  if (c) {
+    if (c->root < 0) {
+      errno = EBADF;
+      return -1;
+    }
+    confine_rules r;
+    rules_of(c, &r);
+    return rules_openat2(&r, c->root, rel, O_PATH | O_CLOEXEC, 0, c->resolve);
+  }
+  lua_Integer dirfd = luaL_checkinteger(L, idx);
+  if (dirfd < 0 || dirfd > 0x7fffffff) luaL_argerror(L, idx, "dirfd must be >= 0");
+  return openat2_fd((int)dirfd, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+}
+
 /* The error message for a failed openat2 of path (errno value err). */
 static void push_openat2_errmsg(lua_State *L, int err, const char *path, const char *resolve) {
   if (err == ENOSYS)
@@ -458,18 +892,25 @@ static int return_openat2_error(lua_State *L, int err, const char *path, const c
   return 3;
 }
 
-/* The root at idx: an fd (borrowed) or a directory path (opened O_PATH,
- * *owned set). Returns -1 with errno on failure. */
-static int get_root(lua_State *L, int idx, int *owned) {
+/* The root at idx: an fd (borrowed), a confinement (its root fd, borrowed;
+ * *conf set) or a directory path (opened O_PATH, *owned set). Returns -1
+ * with errno on failure. */
+static int get_root(lua_State *L, int idx, int *owned, fs_confine **conf) {
   *owned = 0;
+  *conf = NULL;
   if (lua_type(L, idx) == LUA_TNUMBER) return check_fd(L, idx);
-  if (lua_type(L, idx) != LUA_TSTRING) luaL_argerror(L, idx, "root must be a directory fd or path");
+  if (lua_type(L, idx) == LUA_TUSERDATA && (*conf = confine_test(L, idx)) != NULL) {
+    if ((*conf)->root < 0) errno = EBADF;
+    return (*conf)->root;
+  }
+  if (lua_type(L, idx) != LUA_TSTRING) luaL_argerror(L, idx, "root must be a directory fd, path or confinement");
   int fd = open(lua_tostring(L, idx), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) *owned = 1;
   return fd;
 }
 
 static int return_root_error(lua_State *L, int err, int idx) {
+  if (lua_type(L, idx) == LUA_TUSERDATA) return mb_push_errno(L, err, "root: the confinement is closed");
   lua_pushfstring(L, "root '%s'", lua_tostring(L, idx));
   return mb_push_errno(L, err, lua_tostring(L, -1));
 }
@@ -495,12 +936,13 @@ typedef struct {
   char *path;
   const char *resolve_name;
   unsigned long long flags, mode, resolve;
+  confine_rules rules;
   int fd, err;
 } beneath_req;
 
 static void beneath_work(uv_work_t *w) {
   beneath_req *br = (beneath_req *)w->data;
-  br->fd = openat2_fd(br->root, br->path, br->flags, br->mode, br->resolve);
+  br->fd = rules_open_file(&br->rules, br->root, br->path, br->flags, br->mode, br->resolve);
   br->err = br->fd < 0 ? errno : 0;
 }
 
@@ -543,18 +985,25 @@ static int fs_open_beneath(lua_State *L) {
   const char *rel = luaL_checkstring(L, 2);
   int flags = check_flags(L, 3);
   int mode = check_mode(L, 4, 0666);
-  const char *resolve_name;
-  unsigned long long resolve = check_resolve(L, 5, &resolve_name);
   int async = !lua_isnoneornil(L, 6);
   if (async) luaL_checktype(L, 6, LUA_TFUNCTION);
-  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING)
-    return luaL_argerror(L, 1, "root must be a directory fd or path");
+  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING && lua_type(L, 1) != LUA_TUSERDATA)
+    return luaL_argerror(L, 1, "root must be a directory fd, path or confinement");
   mb_core *core = mb_core_get(L);
+  const char *resolve_name;
+  unsigned long long resolve = check_resolve(L, 5, &resolve_name); /* may raise: before any open */
   int owned;
-  int root = get_root(L, 1, &owned);
+  fs_confine *conf;
+  int root = get_root(L, 1, &owned, &conf);
+  if (conf && lua_isnoneornil(L, 5)) {
+    resolve = conf->resolve;
+    resolve_name = conf->resolve_name;
+  }
   if (root < 0) return return_root_error(L, errno, 1);
+  confine_rules rules;
+  rules_of(conf, &rules);
   if (!async) {
-    int fd = openat2_fd(root, rel, (unsigned)flags, (unsigned)mode, resolve);
+    int fd = rules_open_file(&rules, root, rel, (unsigned)flags, (unsigned)mode, resolve);
     int err = errno;
     if (owned) close(root);
     if (fd < 0) return return_openat2_error(L, err, rel, resolve_name);
@@ -569,10 +1018,22 @@ static int fs_open_beneath(lua_State *L) {
     if (owned) close(root);
     return luaL_error(L, "out of memory");
   }
+  if (conf) {
+    /* the request keeps its own root: the confinement may be closed meanwhile */
+    root = fcntl(root, F_DUPFD_CLOEXEC, 0);
+    if (root < 0) {
+      int err = errno;
+      free(br);
+      free(path);
+      return return_root_error(L, err, 1);
+    }
+    owned = 1;
+  }
   br->work.data = br;
   br->core = core;
   br->root = root;
   br->own_root = owned;
+  br->rules = rules;
   br->path = path;
   br->resolve_name = resolve_name;
   br->flags = (unsigned)flags;
@@ -620,8 +1081,8 @@ static int split_parent(lua_State *L, const char *rel) {
 /* The confined parent of rel as an O_PATH directory fd; on success the
  * final component is pushed (one string) and *name points at it. On failure
  * the three error values are pushed and -1 is returned. */
-static int open_parent(lua_State *L, int root, const char *rel, unsigned long long resolve,
-                       const char *resolve_name, const char **name) {
+static int open_parent(lua_State *L, int root, const confine_rules *rules, const char *rel,
+                       unsigned long long resolve, const char *resolve_name, const char **name) {
   int top = lua_gettop(L);
   int err = split_parent(L, rel);
   if (err) {
@@ -634,7 +1095,7 @@ static int open_parent(lua_State *L, int root, const char *rel, unsigned long lo
     return -1;
   }
   const char *parent = lua_tostring(L, -2);
-  int pfd = openat2_fd(root, parent, O_PATH | O_DIRECTORY | O_CLOEXEC, 0, resolve);
+  int pfd = rules_openat2(rules, root, parent, O_PATH | O_DIRECTORY | O_CLOEXEC, 0, resolve);
   if (pfd < 0) {
     err = errno;
     lua_settop(L, top);
@@ -652,17 +1113,34 @@ typedef struct {
   int root, owned;
   const char *resolve_name;
   unsigned long long resolve;
+  confine_rules rules;
 } root_ctx;
 
-/* Returns 0, or the number of error values already pushed. */
+/* Returns 0, or the number of error values already pushed. A confinement's
+ * own resolve mode applies when the call names none. */
 static int root_begin(lua_State *L, root_ctx *rc, int resolve_idx) {
-  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING)
-    luaL_argerror(L, 1, "root must be a directory fd or path");
-  rc->resolve = check_resolve(L, resolve_idx, &rc->resolve_name);
-  rc->root = get_root(L, 1, &rc->owned);
+  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING && lua_type(L, 1) != LUA_TUSERDATA)
+    luaL_argerror(L, 1, "root must be a directory fd, path or confinement");
+  rc->resolve = check_resolve(L, resolve_idx, &rc->resolve_name); /* may raise: before any open */
+  fs_confine *conf;
+  rc->root = get_root(L, 1, &rc->owned, &conf);
+  if (conf && lua_isnoneornil(L, resolve_idx)) {
+    rc->resolve = conf->resolve;
+    rc->resolve_name = conf->resolve_name;
+  }
+  rules_of(conf, &rc->rules);
   if (rc->root < 0) return return_root_error(L, errno, 1);
   return 0;
 }
+
+/* An *at call on a verified directory fd, with the confinement's credentials. */
+#define WITH_CREDS(rc, expr)                                     \
+  do {                                                           \
+    saved_creds sc_;                                             \
+    if (creds_enter(&(rc)->rules, &sc_) < 0) { r = -1; break; }  \
+    r = (expr);                                                  \
+    creds_leave(&sc_);                                           \
+  } while (0)
 
 static void root_end(root_ctx *rc) {
   if (rc->owned) close(rc->root);
@@ -681,10 +1159,11 @@ static int fs_mkdir_beneath(lua_State *L) {
   int n = root_begin(L, &rc, 4);
   if (n) return n;
   const char *name;
-  int pfd = open_parent(L, rc.root, rel, rc.resolve, rc.resolve_name, &name);
+  int pfd = open_parent(L, rc.root, &rc.rules, rel, rc.resolve, rc.resolve_name, &name);
   root_end(&rc);
   if (pfd < 0) return 3;
-  int r = mkdirat(pfd, name, (mode_t)mode);
+  int r;
+  WITH_CREDS(&rc, mkdirat(pfd, name, (mode_t)mode));
   int err = errno;
   close(pfd);
   if (r < 0) return return_at_error(L, err, "mkdir", rel);
@@ -698,10 +1177,11 @@ static int unlink_or_rmdir(lua_State *L, int flag, const char *op) {
   int n = root_begin(L, &rc, 3);
   if (n) return n;
   const char *name;
-  int pfd = open_parent(L, rc.root, rel, rc.resolve, rc.resolve_name, &name);
+  int pfd = open_parent(L, rc.root, &rc.rules, rel, rc.resolve, rc.resolve_name, &name);
   root_end(&rc);
   if (pfd < 0) return 3;
-  int r = unlinkat(pfd, name, flag);
+  int r;
+  WITH_CREDS(&rc, unlinkat(pfd, name, flag));
   int err = errno;
   close(pfd);
   if (r < 0) return return_at_error(L, err, op, rel);
@@ -725,12 +1205,13 @@ static int fs_rename_beneath(lua_State *L) {
   int n = root_begin(L, &rc, 4);
   if (n) return n;
   const char *from_name, *to_name;
-  int from_fd = open_parent(L, rc.root, from, rc.resolve, rc.resolve_name, &from_name);
+  int from_fd = open_parent(L, rc.root, &rc.rules, from, rc.resolve, rc.resolve_name, &from_name);
   if (from_fd < 0) { root_end(&rc); return 3; }
-  int to_fd = open_parent(L, rc.root, to, rc.resolve, rc.resolve_name, &to_name);
+  int to_fd = open_parent(L, rc.root, &rc.rules, to, rc.resolve, rc.resolve_name, &to_name);
   root_end(&rc);
   if (to_fd < 0) { close(from_fd); return 3; }
-  int r = renameat(from_fd, from_name, to_fd, to_name);
+  int r;
+  WITH_CREDS(&rc, renameat(from_fd, from_name, to_fd, to_name));
   int err = errno;
   close(from_fd);
   close(to_fd);
@@ -752,7 +1233,7 @@ static int fs_stat_beneath(lua_State *L) {
   root_ctx rc;
   int n = root_begin(L, &rc, 3);
   if (n) return n;
-  int fd = openat2_fd(rc.root, rel, O_PATH | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW), 0, rc.resolve);
+  int fd = rules_openat2(&rc.rules, rc.root, rel, O_PATH | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW), 0, rc.resolve);
   int err = errno;
   root_end(&rc);
   if (fd < 0) return return_openat2_error(L, err, rel, rc.resolve_name);
@@ -775,7 +1256,7 @@ static int fs_where_beneath(lua_State *L) {
   root_ctx rc;
   int n = root_begin(L, &rc, 3);
   if (n) return n;
-  int fd = openat2_fd(rc.root, rel, O_PATH | O_CLOEXEC, 0, rc.resolve);
+  int fd = rules_openat2(&rc.rules, rc.root, rel, O_PATH | O_CLOEXEC, 0, rc.resolve);
   int err = errno;
   root_end(&rc);
   if (fd < 0) return return_openat2_error(L, err, rel, rc.resolve_name);
@@ -797,7 +1278,7 @@ static int fs_scandir_beneath(lua_State *L) {
   root_ctx rc;
   int n = root_begin(L, &rc, 3);
   if (n) return n;
-  int fd = openat2_fd(rc.root, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0, rc.resolve);
+  int fd = rules_openat2(&rc.rules, rc.root, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0, rc.resolve);
   int err = errno;
   root_end(&rc);
   if (fd < 0) return return_openat2_error(L, err, rel, rc.resolve_name);
@@ -849,11 +1330,21 @@ static const luaL_Reg fs_funcs[] = {
   {"fs_mkdir_beneath", fs_mkdir_beneath}, {"fs_unlink_beneath", fs_unlink_beneath},
   {"fs_rmdir_beneath", fs_rmdir_beneath}, {"fs_rename_beneath", fs_rename_beneath},
   {"fs_stat_beneath", fs_stat_beneath}, {"fs_scandir_beneath", fs_scandir_beneath},
-  {"fs_where_beneath", fs_where_beneath},
+  {"fs_where_beneath", fs_where_beneath}, {"fs_confine", fs_confine_new},
   {"fs_remove_tree", mb_fs_remove_tree}, {"fs_lock", mb_fs_lock}, /* fs_tree.c */
   {NULL, NULL}};
 
 void mb_open_fs(lua_State *L) {
+  luaL_newmetatable(L, FS_CONFINE);
+  lua_pushcfunction(L, confine_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_newtable(L);
+  for (const luaL_Reg *m = confine_methods; m->name; m++) {
+    lua_pushcfunction(L, m->func);
+    lua_setfield(L, -2, m->name);
+  }
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
   for (const luaL_Reg *f = fs_funcs; f->name; f++) {
     lua_pushcfunction(L, f->func);
     lua_setfield(L, -2, f->name);

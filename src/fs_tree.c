@@ -26,6 +26,11 @@
  *   creds = {uid =, gid =}: the walk runs with these filesystem ids (a
  *   sandbox's root), meeting that owner's permissions, not the runtime's;
  *   ids the runtime may not take fail the call with EPERM.
+ *   root may be a confinement (core.fs_confine, fs.c): relpath then resolves
+ *   its way (resolve nil), the walk takes its credentials (creds nil), and
+ *   the parent and every directory the walk opens must lie on one of its
+ *   mounts: a mount inside the tree fails the call (EXDEV), nothing on it
+ *   is removed.
  *
  * core.fs_lock(path, content) -> fd | nil, message, CODE[, holder]
  *   Opens (creating, mode 0644, never through a final symlink) the lock file
@@ -77,6 +82,7 @@ typedef struct {
   int with_creds;
   uid_t uid;
   gid_t gid;
+  void *rules;  /* a confinement's (fs.c), or NULL */
   /* result */
   long long removed;
   int err;
@@ -104,12 +110,13 @@ static int fail(tree_req *tr, int err, const char *op, const char *name, size_t 
   return -1;
 }
 
-/* Open dir name under fd as a level (O_NOFOLLOW: a symlink is not a dir). */
-static int open_level_once(int fd, const char *name, level *lv) {
-  int d = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+/* Open dir name under fd as a level (O_NOFOLLOW: a symlink is not a dir);
+ * under rules, only on one of their mounts (a mount point in the tree: EXDEV). */
+static int open_level_once(const void *rules, int fd, const char *name, level *lv) {
+  int d = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (d < 0) return -1;
   struct stat st;
-  if (fstat(d, &st) < 0 || !(lv->dir = fdopendir(d))) {
+  if ((rules && mb_fs_rules_check(rules, d) < 0) || fstat(d, &st) < 0 || !(lv->dir = fdopendir(d))) {
     int e = errno;
     close(d);
     errno = e;
@@ -145,12 +152,13 @@ static int owner_rwx_fd(int dfd) {
   return fchmod(dfd, (st.st_mode & 07777) | S_IRWXU);
 }
 
-static int owner_rwx_at(int fd, const char *name) {
+static int owner_rwx_at(const void *rules, int fd, const char *name) {
   int p = openat(fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
   if (p < 0) return -1;
   struct stat st;
   int rc = -1;
-  if (fstat(p, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_IRWXU) != S_IRWXU) {
+  if ((!rules || mb_fs_rules_check(rules, p) == 0) && fstat(p, &st) == 0 && S_ISDIR(st.st_mode) &&
+      (st.st_mode & S_IRWXU) != S_IRWXU) {
     char proc[64];
     snprintf(proc, sizeof proc, "/proc/self/fd/%d", p); /* the inode itself, never a path */
     rc = chmod(proc, (st.st_mode & 07777) | S_IRWXU);
@@ -169,10 +177,10 @@ static int unlink_in(int dfd, const char *name, int flags) {
   return -1;
 }
 
-static int open_level(int fd, const char *name, level *lv) {
-  if (open_level_once(fd, name, lv) == 0) return 0;
+static int open_level(const void *rules, int fd, const char *name, level *lv) {
+  if (open_level_once(rules, fd, name, lv) == 0) return 0;
   int e = errno;
-  if (e == EACCES && owner_rwx_at(fd, name) == 0) return open_level_once(fd, name, lv);
+  if (e == EACCES && owner_rwx_at(rules, fd, name) == 0) return open_level_once(rules, fd, name, lv);
   errno = e;
   return -1;
 }
@@ -202,7 +210,7 @@ static int remove_walk(tree_req *tr, int parent, const char *top, level *first) 
         if (errno == ENOENT) { depth = 0; break; }
         if (errno == ENOTEMPTY && ++restarts < MAX_RESTARTS) {
           /* something was created meanwhile: scan again */
-          if (open_level(parent, top, cur) < 0) { rc = fail(tr, errno, "open", top, 0); depth = 0; break; }
+          if (open_level(tr->rules, parent, top, cur) < 0) { rc = fail(tr, errno, "open", top, 0); depth = 0; break; }
           continue;
         }
         rc = fail(tr, errno, "rmdir", top, 0);
@@ -270,7 +278,7 @@ static int remove_walk(tree_req *tr, int parent, const char *top, level *first) 
     }
     level *next = &lv[depth];
     if (!(next->name = strdup(name))) { rc = fail(tr, ENOMEM, "walk", name, depth); break; }
-    if (open_level(fd, name, next) < 0) {
+    if (open_level(tr->rules, fd, name, next) < 0) {
       int e = errno;
       free(next->name);
       next->name = NULL;
@@ -335,6 +343,12 @@ static void tree_walk(tree_req *tr) {
   }
   if (!*name || is_dot(name)) { fail(tr, EINVAL, "remove", tr->path, 0); return; }
   int parent = openat2_path(tr->root, parent_path, O_PATH | O_DIRECTORY | O_CLOEXEC, tr->resolve);
+  if (parent >= 0 && tr->rules && mb_fs_rules_check(tr->rules, parent) < 0) {
+    int e = errno;
+    close(parent);
+    parent = -1;
+    errno = e;
+  }
   if (parent < 0) {
     tr->err = errno;
     tr->op = "resolve";
@@ -342,7 +356,7 @@ static void tree_walk(tree_req *tr) {
     return;
   }
   level first = {0};
-  if (open_level(parent, name, &first) == 0) {
+  if (open_level(tr->rules, parent, name, &first) == 0) {
     remove_walk(tr, parent, name, &first);
   } else if (errno == ENOTDIR || errno == ELOOP) {
     if (unlinkat(parent, name, 0) == 0) tr->removed = 1;
@@ -357,6 +371,8 @@ static void tree_after(uv_work_t *w, int status) {
   tree_req *tr = (tree_req *)w->data;
   mb_core *core = tr->core;
   if (tr->own_root) close(tr->root);
+  free(tr->rules);
+  tr->rules = NULL;
   if (status == UV_ECANCELED) { tr->err = ECANCELED; tr->op = "remove"; }
   if (core->dead) {
     free(tr->path);
@@ -392,8 +408,8 @@ static const char *const resolve_names[] = {"beneath", "in_root", NULL};
 
 /* core.fs_remove_tree(root, relpath, resolve, cb) -> true | nil, message, CODE */
 int mb_fs_remove_tree(lua_State *L) {
-  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING)
-    return luaL_argerror(L, 1, "root must be a directory fd or path");
+  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING && lua_type(L, 1) != LUA_TUSERDATA)
+    return luaL_argerror(L, 1, "root must be a directory fd, path or confinement");
   const char *rel = luaL_checkstring(L, 2);
   int which = luaL_checkoption(L, 3, "beneath", resolve_names);
   luaL_checktype(L, 4, LUA_TFUNCTION);
@@ -408,7 +424,22 @@ int mb_fs_remove_tree(lua_State *L) {
   }
   mb_core *core = mb_core_get(L);
   int root, owned = 0;
-  if (lua_type(L, 1) == LUA_TNUMBER) {
+  unsigned long long c_resolve = 0;
+  const char *c_resolve_name = NULL;
+  int c_creds = 0;
+  unsigned c_uid = 0, c_gid = 0;
+  void *rules = mb_fs_confine_rules(L, 1, &root, &c_resolve, &c_resolve_name, &c_creds, &c_uid, &c_gid);
+  if (root == -2) return mb_push_errno(L, errno, "root: the confinement is closed");
+  if (rules) {
+    owned = 1;
+    if (!with_creds && c_creds) {
+      with_creds = 1;
+      uid = c_uid;
+      gid = c_gid;
+    }
+  } else if (lua_type(L, 1) == LUA_TUSERDATA) {
+    return luaL_argerror(L, 1, "root must be a directory fd, path or confinement");
+  } else if (lua_type(L, 1) == LUA_TNUMBER) {
     root = (int)lua_tointeger(L, 1);
   } else {
     root = open(lua_tostring(L, 1), O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -423,6 +454,7 @@ int mb_fs_remove_tree(lua_State *L) {
   if (!tr || !path) {
     free(tr);
     free(path);
+    free(rules);
     if (owned) close(root);
     return luaL_error(L, "out of memory");
   }
@@ -433,6 +465,11 @@ int mb_fs_remove_tree(lua_State *L) {
   tr->path = path;
   tr->resolve_name = resolve_names[which];
   tr->resolve = (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
+  if (rules && lua_isnoneornil(L, 3)) {
+    tr->resolve = c_resolve;
+    tr->resolve_name = c_resolve_name;
+  }
+  tr->rules = rules;
   tr->with_creds = with_creds;
   tr->uid = (uid_t)uid;
   tr->gid = (gid_t)gid;
@@ -442,6 +479,7 @@ int mb_fs_remove_tree(lua_State *L) {
   if (rc < 0) {
     luaL_unref(L, LUA_REGISTRYINDEX, tr->cb_ref);
     if (owned) close(root);
+    free(tr->rules);
     free(tr->path);
     free(tr);
     return mb_push_error(L, rc, "remove_tree");

@@ -27,7 +27,10 @@
  * RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS relative to dirfd and the watch is
  * placed on exactly that inode (through /proc/self/fd), so neither ".." nor
  * a symlink can put a watch outside dirfd; an escape is
- * nil, "EXDEV: path resolves outside the root (...)", "EXDEV". */
+ * nil, "EXDEV: path resolves outside the root (...)", "EXDEV". In place of
+ * dirfd a confinement (core.fs_confine, src/fs.c) may be given: the target
+ * is then opened under its rules (its resolve mode, its credentials, only
+ * on its allowed mounts). */
 #include "core.h"
 
 #include <errno.h>
@@ -146,19 +149,10 @@ static int add_watch(lua_State *L, mb_handle *h, int idx, int *used) {
   if (n) return n;
   fsev_state *st = (fsev_state *)h->extra;
   int wd, err;
-  if (lua_type(L, idx) == LUA_TNUMBER) {
-    lua_Integer dirfd = lua_tointeger(L, idx);
+  if (lua_type(L, idx) == LUA_TNUMBER || lua_type(L, idx) == LUA_TUSERDATA) {
     const char *rel = luaL_checkstring(L, idx + 1);
     *used = 2;
-    if (dirfd < 0 || dirfd > 0x7fffffff) return luaL_argerror(L, idx, "dirfd must be >= 0");
-    struct open_how how;
-    memset(&how, 0, sizeof(how));
-    how.flags = O_PATH | O_CLOEXEC;
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-    long fd;
-    int tries = 0;
-    do fd = syscall(SYS_openat2, (int)dirfd, rel, &how, sizeof(how));
-    while (fd < 0 && (errno == EINTR || errno == EAGAIN) && ++tries < 16);
+    long fd = mb_fs_root_open_path(L, idx, rel);
     if (fd < 0) {
       err = errno;
       lua_pushnil(L);
@@ -196,7 +190,7 @@ static int add_watch(lua_State *L, mb_handle *h, int idx, int *used) {
 /* handle:start(path, callback) or handle:start(dirfd, relpath, callback) -> wd */
 static int fs_event_start(lua_State *L) {
   mb_handle *h = mb_handle_check(L, 1, FS_EVENT);
-  int cb_idx = lua_type(L, 2) == LUA_TNUMBER ? 4 : 3;
+  int cb_idx = lua_type(L, 2) == LUA_TNUMBER || lua_type(L, 2) == LUA_TUSERDATA ? 4 : 3;
   luaL_checktype(L, cb_idx, LUA_TFUNCTION);
   if (uv_is_active(&h->uv.handle)) return luaL_error(L, "fs_event is already started (use add for more paths)");
   int used;

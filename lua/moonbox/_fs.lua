@@ -200,6 +200,16 @@ function M.close_dir(fd)
   return core.close_fd(fd)
 end
 
+-- confine(root, allowed, creds, resolve) -> confinement, a root for every
+-- *_beneath helper (and fs_event): root held open; with allowed (paths
+-- relative to the root, resolved now) every fd obtained through it must lie
+-- on one of their mounts, else PATH_OUTSIDE_SANDBOX; with creds ({uid, gid})
+-- the calls run with that fsuid/fsgid; resolve is its default mode.
+-- confinement:close() releases it. Synchronous. See src/fs.c.
+function M.confine(root, allowed, creds, resolve)
+  return core.fs_confine(root, allowed, creds, resolve)
+end
+
 -- open_beneath(root, relpath[, flags = "r"[, mode = 0666[, resolve = "beneath"]]]) -> fd. Awaited.
 function M.open_beneath(root, relpath, flags, mode, resolve)
   return confined(await_op("_fs.open_beneath", core.fs_open_beneath, 5,
@@ -256,7 +266,7 @@ end
 function M.remove_tree(root, relpath, resolve, creds)
   return confined(async.await(function(resume)
     local cancelled = false
-    local ok, msg, code = core.fs_remove_tree(root, relpath, resolve or "beneath", function(err, n, ecode)
+    local ok, msg, code = core.fs_remove_tree(root, relpath, resolve, function(err, n, ecode)
       if cancelled then return end
       if err ~= nil then resume(nil, err, ecode) else resume(n) end
     end, creds)

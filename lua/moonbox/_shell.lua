@@ -48,6 +48,7 @@
 -- job keeps only its own old copy.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
+local fs = require "moonbox._fs"
 
 local M = {}
 
@@ -276,14 +277,30 @@ function Shell:_make_entry(fn, name, ...)
   return self:_as_root_inside(fn, name, ...)
 end
 
+function Shell:_remove_rundir()
+  local rundir = self.rundir
+  if rundir.conf then fs.rmdir_beneath(rundir.conf, rundir.inside:sub(2)) else core.rmdir(rundir.host) end
+end
+
 function Shell:_open_rundir(rundir)
   -- a runtime that is not root maps only itself: nothing to switch
   self.rundir_ids = rundir.uid and core.getuid() == 0 and rundir.uid ~= 0 and { uid = rundir.uid, gid = rundir.gid }
     or nil
-  local ok, err, code = self:_as_root_inside(core.mkdir, rundir.host, 448)
-  if not ok then return nil, err, code end
-  local fd
-  fd, err, code = core.dir_fd(rundir.host, rundir.uid)
+  local ok, err, code, fd
+  if rundir.conf then
+    -- rundir.conf (sb.run_conf, with root inside's ids): made and opened by
+    -- openat2 from the sandbox's root fd, on the /run/moonbox tmpfs only,
+    -- so not even a symlink put in place of /run/moonbox leads the runtime
+    -- out (a path through /proc/<init>/root would be walked from the host's root)
+    local rel = rundir.inside:sub(2)
+    ok, err, code = fs.mkdir_beneath(rundir.conf, rel, 448)
+    if not ok then return nil, err, code end
+    fd, err, code = core.fs_open_beneath(rundir.conf, rel, "r")
+  else
+    ok, err, code = self:_as_root_inside(core.mkdir, rundir.host, 448)
+    if not ok then return nil, err, code end
+    fd, err, code = core.dir_fd(rundir.host, rundir.uid)
+  end
   if not fd then return nil, err, code end
   self.rundir, self.rundir_fd = rundir, fd
   return true
@@ -346,7 +363,7 @@ function M.spawn(opts)
   if not proc then
     if self.rundir then
       core.close_fd(self.rundir_fd)
-      core.rmdir(self.rundir.host)
+      self:_remove_rundir()
     end
     return nil, pipes_or_err, code
   end
@@ -454,7 +471,7 @@ function Shell:_close_slots()
     for name in pairs(SLOTS) do core.unlink(name, self.rundir_fd) end
     core.unlink("env", self.rundir_fd)
     core.close_fd(self.rundir_fd)
-    core.rmdir(self.rundir.host)
+    self:_remove_rundir()
   end
 end
 

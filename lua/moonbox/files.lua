@@ -4,9 +4,13 @@
 -- Paths are the sandbox's view: "/workspace/..." is the workspace directory,
 -- a relative path starts at the session's current cwd. Every call turns its
 -- path into a path relative to the sandbox root and does its I/O with the
--- openat2-confined helpers of _fs (RESOLVE_BENEATH): "..", symlinks and a
--- symlink swapped in during the call cannot leave the root. The string check
--- done first only gives a clear error early; the kernel enforces the rule.
+-- openat2-confined helpers of _fs through the sandbox's confinement
+-- (sb.fs_conf, see Sandbox:_confine): "..", symlinks and a symlink swapped in
+-- during the call cannot leave the root, and under namespaces every fd must
+-- lie on one of the sandbox's own storage mounts (checked on the fd, after
+-- the kernel resolved it), so nothing reached through /proc, /dev or the
+-- host's read-only directories is ever read or written. The string checks
+-- done first only give a clear error early; the kernel enforces the rule.
 -- Every call waits its turn in the session's queue, like exec. Docs: docs/files.md.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
@@ -129,8 +133,12 @@ end
 -- root, and where they lead must be in reach too. The call then works on
 -- that path, still confined beneath the root (a symlink swapped in after
 -- this point cannot lead out of the sandbox).
+local function root_of(sb)
+  return sb.fs_conf or sb.fs_root
+end
+
 local function sandbox_where(sb, p, follow)
-  local root = sb.fs_root
+  local root = root_of(sb)
   if follow then
     local where = fs.where_beneath(root, p:sub(2), "in_root")
     if where then return where end
@@ -337,7 +345,7 @@ end
 -- other non-files (fifos, sockets, devices) are refused before open, which
 -- could block on a fifo.
 local function open_file(self, op, t)
-  local root = self.sandbox.fs_root
+  local root = root_of(self.sandbox)
   local st, msg, code = fs.stat_beneath(root, t.rel)
   check(op, t.view, st, msg, code)
   if st.type == "directory" then fail(op, t.view, "EISDIR: is a directory", "EISDIR") end
@@ -373,7 +381,7 @@ function Session:writeFile(path, content, opts)
   local ok, result = pcall(queued, self, function()
     local timestamp = util.timestamp()
     local t = target(self, "writeFile", path)
-    local file = open_beneath("writeFile", t.view, self.sandbox.fs_root, t.rel, "w")
+    local file = open_beneath("writeFile", t.view, root_of(self.sandbox), t.rel, "w")
     using(file, function() file:write_all(data) end)
     file:close()
     return { success = true, path = t.view, timestamp = timestamp }
@@ -462,10 +470,12 @@ function Session:mkdir(path, opts)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "mkdir", path)
-    local root = self.sandbox.fs_root
+    local root = root_of(self.sandbox)
     if t.rel == "." then
       if not recursive then fail("mkdir", t.view, "EEXIST: file already exists", "EEXIST") end
     elseif not recursive then
+      -- an existing one (the workspace itself: its parent is no place to write)
+      if fs.lstat_beneath(root, t.rel) then fail("mkdir", t.view, "EEXIST: file already exists", "EEXIST") end
       check("mkdir", t.view, fs.mkdir_beneath(root, t.rel, 511))
     else
       local prefix = "."
@@ -473,7 +483,11 @@ function Session:mkdir(path, opts)
       for part in t.rel:gmatch("[^/]+") do parts[#parts + 1] = part end
       for i, part in ipairs(parts) do
         prefix = join(prefix, part)
-        local ok, msg, code = fs.mkdir_beneath(root, prefix, 511)
+        -- an existing directory is not made again (the sandbox root itself
+        -- is not a place the file API may write in, /workspace is)
+        local existing = fs.stat_beneath(root, prefix)
+        local ok, msg, code = true, nil, nil
+        if not (existing and existing.type == "directory") then ok, msg, code = fs.mkdir_beneath(root, prefix, 511) end
         if not ok and code == "EEXIST" then
           local st, smsg, scode = fs.stat_beneath(root, prefix)
           check("mkdir", t.view, st, smsg, scode)
@@ -500,7 +514,7 @@ function Session:deleteFile(path)
     local t = target(self, "deleteFile", path)
     if t.view == "/workspace" then fail("deleteFile", t.view, "EISDIR: the workspace is a directory", "EISDIR") end
     if t.rel == "." then fail("deleteFile", t.view, "EISDIR: is a directory", "EISDIR") end
-    check("deleteFile", t.view, fs.unlink_beneath(self.sandbox.fs_root, t.rel))
+    check("deleteFile", t.view, fs.unlink_beneath(root_of(self.sandbox), t.rel))
     return { success = true, path = t.view, timestamp = timestamp }
   end)
 end
@@ -587,7 +601,7 @@ local function rename(self, op, from, to, into_directory)
     local timestamp = util.timestamp()
     local src = target(self, op, from)
     local dst = target(self, op, to)
-    local root = self.sandbox.fs_root
+    local root = root_of(self.sandbox)
     if into_directory and dst.rel ~= src.rel then
       -- like mv: an existing directory as the destination receives the source
       local st = fs.stat_beneath(root, dst.rel)
@@ -673,7 +687,7 @@ function Session:listFiles(path, opts)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "listFiles", path)
-    local root, sb = self.sandbox.fs_root, self.sandbox
+    local root, sb = root_of(self.sandbox), self.sandbox
     local files = {}
     local function walk(dir_rel, prefix)
       local entries, msg, code = fs.scandir_beneath(root, dir_rel)
@@ -712,7 +726,7 @@ function Session:exists(path)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "exists", path)
-    local st, msg, code = fs.stat_beneath(self.sandbox.fs_root, t.rel)
+    local st, msg, code = fs.stat_beneath(root_of(self.sandbox), t.rel)
     if not st and code ~= "ENOENT" and code ~= "ENOTDIR" and code ~= "ELOOP" then
       fail("exists", t.view, msg, code)
     end
@@ -868,10 +882,7 @@ end
 
 function Watch:_watch_new_dir(rel)
   if not self.recursive or self:_excluded(rel) then return end
-  local rootfd = fs.open_dir(self.sandbox.fs_root)
-  if not rootfd then return end
-  self:_add_tree(rootfd, rel, true)
-  fs.close_dir(rootfd)
+  self:_add_tree(root_of(self.sandbox), rel, true)
 end
 
 -- Forget the watches of rel and below; drop stops the kernel's watches too
@@ -1042,15 +1053,13 @@ function Session:watch(path, opts)
   end
   local w = queued(self, function()
     local t = target(self, "watch", path)
-    local root = self.sandbox.fs_root
+    local root = root_of(self.sandbox)
     local st, msg, code = fs.stat_beneath(root, t.rel)
     check("watch", t.view, st, msg, code)
     if st.type ~= "directory" and st.type ~= "file" then
       fail("watch", t.view, "EINVAL: not a file or directory", "EINVAL")
     end
-    local rootfd
-    rootfd, msg, code = fs.open_dir(root)
-    check("watch", t.view, rootfd, msg, code)
+    local rootfd = root
     local watch = setmetatable({
       session = self, sandbox = self.sandbox, rel = t.rel, view = t.view, is_file = st.type == "file",
       recursive = recursive, include = include, exclude = exclude,
@@ -1078,7 +1087,6 @@ function Session:watch(path, opts)
     elseif wd then
       watch.wds[wd] = t.rel
     end
-    fs.close_dir(rootfd)
     if not wd then
       watch.handle:close()
       if code == "ENOSPC" then -- from inotify: out of watches, not of disk space
@@ -1195,7 +1203,7 @@ local function host_only_repo(sb, url)
   return not sb:_dir_exists(path) and util.is_dir(path)
 end
 
--- git on the host; -> {exitCode, stderr, timedOut}
+-- git (or another program, argv[1]) on the host; -> {exitCode, stderr, timedOut}
 local function host_git(argv, timeout_ms)
   local env = { PATH = "/usr/local/bin:/usr/bin:/bin", HOME = os.getenv("HOME") or "/", GIT_TERMINAL_PROMPT = "0",
     LC_ALL = "C" }
@@ -1205,7 +1213,7 @@ local function host_git(argv, timeout_ms)
     local done = 0
     local exit_code
     local function finish() done = done + 1 if done == 2 then resume(exit_code) end end
-    proc, pipes, code = core.spawn { args = argv, file = "git", env = env, setsid = true, pdeathsig = "SIGKILL",
+    proc, pipes, code = core.spawn { args = argv, file = argv[1], env = env, setsid = true, pdeathsig = "SIGKILL",
       stdio = { [0] = "null", [1] = "null", [2] = "pipe" },
       on_exit = function(c) exit_code = c finish() end }
     if not proc then return resume(nil) end
@@ -1248,7 +1256,7 @@ function Session:gitCheckout(repo_url, opts)
     local dest = target(self, "gitCheckout", opts.targetDir or ("/workspace/" .. name))
     if dest.rel == "." then fail("gitCheckout", dest.view, "EEXIST: the sandbox root", "EEXIST") end
     -- the destination, or what exists of it, must resolve inside the root
-    local st, msg, code = fs.stat_beneath(self.sandbox.fs_root, dest.rel)
+    local st, msg, code = fs.stat_beneath(root_of(self.sandbox), dest.rel)
     if not st and code ~= "ENOENT" then fail("gitCheckout", dest.view, msg, code) end
     return dest, st ~= nil
   end)
@@ -1276,12 +1284,23 @@ function Session:gitCheckout(repo_url, opts)
     assert(core.mkdir(sb.root .. "/" .. tmp, 448))
     argv[#argv] = sb.root .. "/" .. tmp .. "/repo"
     r = host_git(argv, opts.timeout)
+    local creds = sb:_fs_creds()
+    if r.exitCode == 0 and not r.timedOut and creds then
+      -- the sandbox's root owns what it gets; the clone lies in a directory
+      -- only the runtime reaches, where a plain chown -R cannot be raced
+      local c = host_git({ "chown", "-R", "-h", "--", ("%d:%d"):format(creds.uid, creds.gid),
+        sb.root .. "/" .. tmp .. "/repo" })
+      if c.exitCode ~= 0 then
+        r = { exitCode = 128, stderr = "fatal: cannot give the clone to the sandbox's user: " .. c.stderr }
+      end
+    end
     if r.exitCode == 0 and not r.timedOut then
-      -- leading directories, as git clone would make them
+      -- leading directories, as git clone would make them: confined like
+      -- mkdir (the sandbox's mounts, its credentials)
       local parent = ""
       for part in t.rel:gmatch("[^/]+/") do
         parent = parent .. part
-        pcall(fs.mkdir_beneath, sb.root, parent:sub(1, -2), 493)
+        pcall(fs.mkdir_beneath, root_of(sb), parent:sub(1, -2), 493)
       end
       local ok, done, msg, code = pcall(fs.rename_beneath, sb.root, tmp .. "/repo", t.rel)
       if not ok or not done then

@@ -194,6 +194,10 @@ function M.getSandbox(id, opts)
       self.init, self.isolation, self.namespaces = init, "namespaces", namespaces
       self.network = opts.network or policy.network or "none"
       self.fs_root = "/proc/" .. init:pid() .. "/root"
+      -- the shells' run directory, reached only through the sandbox's root
+      -- and on its own tmpfs (_shell.lua, Shell:_open_rundir)
+      self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
+        self:_fs_creds(), "in_root")
       self.home = "/workspace"
       self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
       if self.prebuilt_shell then
@@ -202,7 +206,7 @@ function M.getSandbox(id, opts)
         self.prebuilt_shell = nil
         self.shell_seq = self.shell_seq + 1
         local inside = isolation_mod.RUN_DIR .. "/sh-" .. self.shell_seq
-        if sh:begin(self:_rundir(inside)) then self.spare = sh else sh:kill() end
+        if self.run_conf and sh:begin(self:_rundir(inside)) then self.spare = sh else sh:kill() end
       end
     else
       -- no fallback here: the kernel allows user namespaces (probed), so
@@ -212,8 +216,21 @@ function M.getSandbox(id, opts)
     end
   end
   if unisolated then self.isolation_error = unisolated end
+  -- the file API's root: captured now, before any command of the sandbox
+  -- runs, so the mounts it may reach are the ones the runtime made
+  local conf, cmsg = self:_confine()
+  if conf and self.init and not self.run_conf then
+    conf:close()
+    conf, cmsg = nil, self.run_conf_error
+  end
+  if not conf then
+    errors.raise("FILESYSTEM_ERROR", "cannot confine the sandbox's file API: " .. tostring(cmsg), { root = root })
+  end
+  self.fs_conf = conf
   end)
   if not ok then
+    if self.spare then pcall(self._drop_spare, self) end
+    if self.run_conf then self.run_conf:close() end
     if self.init then pcall(self.init.close, self.init) end
     if self.limits_state then limits.cleanup(self.limits_state, async.sleep) end
     if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
@@ -222,6 +239,57 @@ function M.getSandbox(id, opts)
   end
   registry[id] = self
   return self
+end
+
+-- The file API's storage inside a namespaced sandbox: its own mounts.
+M.OWN_STORAGE = { "/workspace", "/tmp", "/root" }
+
+-- A confinement (_fs.confine) of the file API: under namespaces rooted at
+-- the sandbox's root, paths resolved as its processes see them (in_root),
+-- every fd on one of the sandbox's own storage mounts (the workspace, /tmp,
+-- /root, the policy's mounts); without namespaces the root directory,
+-- nothing resolved outside it (beneath). With sb.idmap, the sandbox root's
+-- host ids do the I/O.
+-- Mounts below those (a host's mount under the workspace, carried in by the
+-- recursive bind) belong to the storage too: they are read from the init's
+-- mountinfo now, before anything of the sandbox runs.
+local function submounts(pid, dirs)
+  local out = {}
+  local f = io.open("/proc/" .. pid .. "/mountinfo")
+  if not f then return out end
+  for line in f:lines() do
+    local mp = line:match("^%d+ %d+ %S+ %S+ (%S+)")
+    if mp then
+      mp = mp:gsub("\\(%d%d%d)", function(o) return string.char(tonumber(o, 8)) end)
+      for _, dir in ipairs(dirs) do
+        if mp:sub(1, #dir + 1) == dir .. "/" then out[#out + 1] = mp break end
+      end
+    end
+  end
+  f:close()
+  return out
+end
+
+-- The ids the runtime's file I/O for the sandbox runs with: root inside's
+-- host ids when the runtime is root and they differ (a runtime that is not
+-- root maps only itself: nothing to switch).
+function Sandbox:_fs_creds()
+  local idmap = self.idmap
+  if not idmap or core.getuid() ~= 0 or (idmap.uid == 0 and idmap.gid == 0) then return nil end
+  return { uid = idmap.uid, gid = idmap.gid }
+end
+
+function Sandbox:_confine()
+  local creds = self:_fs_creds()
+  if not self.init then return fs.confine(self.fs_root, nil, creds, "beneath") end
+  local dirs = util.copy(M.OWN_STORAGE)
+  for _, m in ipairs(self.policy.mounts or {}) do
+    if m.dst and normalize(m.dst) ~= "/" then dirs[#dirs + 1] = normalize(m.dst) end
+  end
+  local allowed = {}
+  for _, dir in ipairs(dirs) do allowed[#allowed + 1] = dir:sub(2) end
+  for _, mp in ipairs(submounts(self.init:pid(), dirs)) do allowed[#allowed + 1] = mp:sub(2) end
+  return fs.confine(self.fs_root, allowed, creds, "in_root")
 end
 
 -- Add what every process of this sandbox gets to a core.spawn spec: inside
@@ -324,7 +392,8 @@ end
 -- A shell's run directory: its path inside, the same from the runtime, and
 -- the ids of root inside (who gets the entries the shell writes).
 function Sandbox:_rundir(inside)
-  return { host = self.fs_root .. inside, inside = inside, uid = self.idmap.uid, gid = self.idmap.gid }
+  return { host = self.fs_root .. inside, inside = inside, uid = self.idmap.uid, gid = self.idmap.gid,
+    conf = self.run_conf }
 end
 
 -- A session shell (_shell.spawn) started in this sandbox; under namespaces
@@ -571,6 +640,8 @@ function Sandbox:destroy(opts)
       end, "sandbox init exit")
     end
   end
+  if self.fs_conf then self.fs_conf:close() end
+  if self.run_conf then self.run_conf:close() end
   limits.cleanup(self.limits_state, async.sleep)
   -- the whole tree, at any depth, on the thread pool; then the root is free
   local removed, msg, code = true, nil, nil
