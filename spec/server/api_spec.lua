@@ -532,6 +532,10 @@ describe("api files", function()
       local names = {}
       for _, f in ipairs(r.files) do names[#names + 1] = f.relativePath .. ":" .. f.type end
       assert.same({ "bin:file", "e:directory", "e/b.txt:file" }, names)
+      assert.is_false(r.truncated)
+      _, r = call("POST", "/files/list", { body = { path = "d", recursive = true, limit = 2 } })
+      assert.same({ 2, true, "e" }, { r.count, r.truncated, r.files[2].name })
+      assert_error(400, "VALIDATION_FAILED", call("POST", "/files/list", { body = { path = "d", limit = 0 } }))
       _, r = call("POST", "/files/exists", { body = { path = "d/e/b.txt" } })
       assert.is_true(r.exists)
       _, r = call("POST", "/files/delete", { body = { path = "d/e/b.txt" } })
