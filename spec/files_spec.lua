@@ -459,6 +459,8 @@ describe("files: writeFile and readFile", function()
   end)
 
   it("round-trips 100 MB of every byte value through base64 and readFileStream", function()
+    helper.allow_lag(10000, "this spec builds and encodes 100 MB in Lua, and writeFile and readFile decode, " ..
+      "classify and encode 100 MB in one call each on the loop")
     with_sandbox(function(sb)
       -- an independent copy, made by the shell
       sb:exec([[printf "$(printf '\\%03o' $(seq 0 255))" > one && for i in $(seq 14); do cat one one > two && ]] ..
@@ -517,6 +519,7 @@ end)
 
 describe("files: cancellation and garbage collection", function()
   it("closes its file when the task is cancelled in the middle of a read or write", function()
+    helper.allow_lag(3000, "this spec builds a 30 MB string and readFile returns 30 MB, classified on the loop")
     with_sandbox(function(sb)
       sb:exec("head -c 30000000 /dev/zero > z.bin")
       local data = ("w"):rep(30000000)

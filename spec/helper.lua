@@ -120,24 +120,33 @@ end
 local WATCHDOG_MS = tonumber(os.getenv("MOONBOX_SPEC_WATCHDOG_MS")) or 240000
 
 -- Loop-lag watchdog (issue #14: no call may hold the loop longer than about
--- 10 ms). While run_task drives the loop, a repeating timer notes how late
--- each tick comes; a run in which one came later than LAG_BOUND_MS fails,
--- naming the lateness. The bound is far above the 10 ms goal on purpose:
--- the specs run under ASan (a few times slower) and on a loaded 2-core CI
--- machine where the scheduler alone can delay a tick by tens of
--- milliseconds, and a spec's own synchronous setup (helper.sh, io.popen,
--- os.execute) is excused but not every blocking read a spec makes is. What
--- it must catch is the class of bug issue #14 found: a pattern, a listing or
--- a copy that holds the loop for a second or more. Measured before the
--- issue #14 fixes, on this 2-core machine shared with other builds: worst
--- ticks of 60-110 ms in ordinary specs (session, process, files, api), so
--- 250 ms leaves room; the 12.9 s pattern stall and the 4.3 s listing were
--- over 15 times that. MOONBOX_SPEC_LAG_BOUND_MS overrides it (0 turns the
--- check off); MOONBOX_SPEC_LAG_REPORT=1 prints each run's worst tick.
+-- 10 ms). While run_task drives the loop, a repeating 10 ms timer measures
+-- each tick's stall: how late it came (wall clock) but at most the CPU time
+-- the process used meanwhile. A loop held by work (a backtracking pattern,
+-- a synchronous listing, an encode) uses the CPU all that time, so it counts
+-- in full; a process merely descheduled on a busy machine (2 cores shared by
+-- parallel builds and tests) uses none, so scheduling noise does not. (A loop
+-- blocked in a sleeping syscall is missed; moonbox makes none on the loop.)
+-- The time a spec blocks in its own setup (helper.sh, io.popen, os.execute)
+-- is excused. A run whose worst stall exceeds LAG_BOUND_MS fails, naming it.
+--
+-- The bound: far above the 10 ms goal, because the specs also run under ASan
+-- (C code several times slower) and a spec's own Lua work inside a task
+-- (building a 100 MB string to write) counts; far below the stalls issue #14
+-- found (12.9 s for one pattern, 4.3 s for one listing). Measured on this
+-- 2-core machine under a load average of 8, with the issue #14 fixes, over
+-- the session, process, files, api, code, contract, policy, terminal and
+-- containment specs: the worst stall of an ordinary test was 97 ms, most
+-- under 50 ms (wall lateness alone reached 330-850 ms, from scheduling);
+-- 250 ms leaves 2.5 times that. The only runs over it build or move 16-100
+-- MB in one piece (0.3-1.8 s; marked with helper.allow_lag, with reasons).
+-- MOONBOX_SPEC_LAG_BOUND_MS overrides the bound (0 turns the check off);
+-- MOONBOX_SPEC_LAG_REPORT=1 prints each run's worst stall and lateness.
 local LAG_TICK_MS = 10
 local LAG_BOUND_MS = tonumber(os.getenv("MOONBOX_SPEC_LAG_BOUND_MS")) or 250
 local lag_report = os.getenv("MOONBOX_SPEC_LAG_REPORT")
 local excused_ns = 0 -- time the spec itself blocked the loop (see excuse)
+local allowance = nil -- {ms, reason} for the next run_task only
 helper.lag = { worst_ms = 0, runs = 0 }
 
 -- Run fn(...) and do not count the time it blocks against the loop: the
@@ -162,15 +171,26 @@ do
   helper.sh = function(cmd) return helper.excuse(sh, cmd) end
 end
 
+-- The next run_task may stall the loop up to ms: for a spec that moves so
+-- much data through one call that it cannot help it; reason says why.
+function helper.allow_lag(ms, reason)
+  assert(type(reason) == "string" and reason ~= "", "allow_lag needs a reason")
+  allowance = { ms = ms, reason = reason }
+end
+
 local function lag_watch()
   local t = core.timer()
-  local state = { worst = 0 }
-  local last, last_excused = core.hrtime(), excused_ns
+  local state = { worst = 0, worst_wall = 0 }
+  local last, last_cpu, last_excused = core.hrtime(), os.clock(), excused_ns
   t:start(LAG_TICK_MS, LAG_TICK_MS, function()
-    local now = core.hrtime()
-    local late = (now - last - (excused_ns - last_excused)) / 1e6 - LAG_TICK_MS
-    if late > state.worst then state.worst = late end
-    last, last_excused = now, excused_ns
+    local now, cpu = core.hrtime(), os.clock()
+    local excused = (excused_ns - last_excused) / 1e6
+    local late = (now - last) / 1e6 - LAG_TICK_MS - excused
+    local busy = (cpu - last_cpu) * 1000 - excused
+    local stall = math.min(late, busy)
+    if stall > state.worst then state.worst = stall end
+    if late > state.worst_wall then state.worst_wall = late end
+    last, last_cpu, last_excused = now, cpu, excused_ns
   end)
   t:unref() -- it must never keep the loop (or a DEADLOCK check) alive
   state.timer = t
@@ -179,6 +199,8 @@ end
 
 local function lag_verdict(state)
   state.timer:close()
+  local allowed = allowance
+  allowance = nil
   helper.lag.runs = helper.lag.runs + 1
   if state.worst > helper.lag.worst_ms then helper.lag.worst_ms = state.worst end
   if lag_report then
@@ -188,10 +210,13 @@ local function lag_verdict(state)
       if not info then break end
       if info.short_src:match("_spec%.lua$") then where = info.short_src .. ":" .. info.currentline break end
     end
-    io.stderr:write(("loop lag: worst %.1f ms (%s)\n"):format(state.worst, where))
+    io.stderr:write(("loop lag: worst stall %.1f ms, lateness %.1f ms (%s)\n"):format(state.worst,
+      state.worst_wall, where))
   end
-  if LAG_BOUND_MS > 0 and state.worst > LAG_BOUND_MS then
-    error(("loop-lag watchdog: the event loop was held %.0f ms (bound %d ms)"):format(state.worst, LAG_BOUND_MS), 0)
+  local bound = allowed and math.max(allowed.ms, LAG_BOUND_MS) or LAG_BOUND_MS
+  if LAG_BOUND_MS > 0 and state.worst > bound then
+    error(("loop-lag watchdog: the event loop was held %.0f ms (bound %d ms%s)"):format(state.worst, bound,
+      allowed and ", allowed because " .. allowed.reason or ""), 0)
   end
 end
 
@@ -208,7 +233,11 @@ function run_task(fn)
   local results = { pcall(moonbox.run, fn) }
   watchdog:close()
   lag.timer:stop()
-  if not results[1] then lag.timer:close() error(results[2], 0) end
+  if not results[1] then
+    allowance = nil
+    lag.timer:close()
+    error(results[2], 0)
+  end
   table.remove(results, 1)
   lag_verdict(lag)
   helper.assert_clean()
