@@ -866,6 +866,21 @@ describe("files: watch", function()
       assert.equal(c[3], files.glob_matches(c[1], c[2]), c[1] .. " vs " .. c[2])
     end
   end)
+
+  it("matches globs without backtracking blow-up, and refuses a malformed one (issue #14)", function()
+    -- as Lua patterns these took (length ^ stars) steps on every event
+    local t0 = os.clock()
+    assert.is_false(files.glob_matches(("*a"):rep(12) .. "*b", ("a"):rep(250)))
+    assert.is_true(files.glob_matches(("*a"):rep(12) .. "*b", ("a"):rep(250) .. "b"))
+    local deep = ("d/"):rep(200) .. "y"
+    assert.is_false(files.glob_matches(("**/"):rep(12) .. "x", deep))
+    assert.is_true(files.glob_matches(("**/"):rep(12) .. "y", deep))
+    assert.is_true(files.glob_matches("*[%]*", "50%"))
+    assert.is_true(os.clock() - t0 < 5) -- minutes without the fix
+    with_sandbox(function(sb)
+      fails("VALIDATION_FAILED", sb.watch, sb, ".", { include = { "[]" } })
+    end)
+  end)
 end)
 
 describe("files: gitCheckout", function()

@@ -239,6 +239,18 @@ function M.compile(pattern)
   return res
 end
 
+-- class_set(item) -> the set of bytes a single-character class ("[a-z]",
+-- "%d", ".", "x") matches, as a table indexed by byte (0-255), or nil and
+-- why it is malformed.
+function M.class_set(item)
+  local cp, msg = M.compile(item)
+  if not cp then return nil, msg end
+  if cp.anchor or cp.kind[1] ~= SINGLE or cp.quant[1] ~= ONE or cp.kind[2] ~= END then
+    return nil, "not a single-character class"
+  end
+  return cp.set[1]
+end
+
 -- ---- matching ------------------------------------------------------------------
 
 local function too_expensive(steps)

@@ -14,6 +14,7 @@ local errors = require "moonbox.errors"
 local fs = require "moonbox._fs"
 local util = require "moonbox._util"
 local V = require "moonbox._validate"
+local pattern_mod = require "moonbox._pattern"
 local Session = require("moonbox.session").Session
 
 local M = {}
@@ -790,23 +791,37 @@ end
 -- sets. A glob without "/" matches any segment (like .gitignore); one with
 -- "/" is anchored at the watched directory. Either way a match on a
 -- directory covers everything below it.
-local function segment_pattern(seg)
-  local out, i = { "^" }, 1
+--
+-- Matched with the classic one-backtrack-point wildcard algorithm, within a
+-- segment ("*" over bytes) and across them ("**" over segments): at most
+-- (length x tokens) steps. Translated to a Lua pattern, "*a*a*a*a*a*a*a*b"
+-- backtracked without bound on every event, on the loop (issue #14).
+local STAR = "*"
+local ANY_BYTE = pattern_mod.class_set(".")
+
+-- A glob segment as tokens: STAR, or the set of bytes one position matches.
+local function segment_tokens(seg)
+  local toks, i = {}, 1
   while i <= #seg do
     local c = seg:sub(i, i)
-    if c == "*" then out[#out + 1] = ".*"
-    elseif c == "?" then out[#out + 1] = "."
+    if c == "*" then
+      if toks[#toks] ~= STAR then toks[#toks + 1] = STAR end
+    elseif c == "?" then toks[#toks + 1] = ANY_BYTE
     elseif c == "[" and seg:find("]", i + 1, true) then
       local close = seg:find("]", i + 2, true) or seg:find("]", i + 1, true)
       local set = seg:sub(i + 1, close - 1):gsub("^!", "^"):gsub("%%", "%%%%")
-      out[#out + 1] = "[" .. set .. "]"
+      local bytes, msg = pattern_mod.class_set("[" .. set .. "]")
+      if not bytes then error(("malformed set %q: %s"):format(seg:sub(i, close), msg), 0) end
+      toks[#toks + 1] = bytes
       i = close
-    elseif c:match("%p") then out[#out + 1] = "%" .. c
-    else out[#out + 1] = c end
+    else
+      local bytes = pattern_mod.class_set(c:match("%p") and "%" .. c or c)
+      if not bytes then error("a glob cannot hold a NUL byte", 0) end
+      toks[#toks + 1] = bytes
+    end
     i = i + 1
   end
-  out[#out + 1] = "$"
-  return table.concat(out)
+  return toks
 end
 
 local function compile_glob(glob)
@@ -814,22 +829,39 @@ local function compile_glob(glob)
   local anchored = glob:find("/", 1, true) ~= nil
   if not anchored then segs[1] = "**" end
   for seg in glob:gmatch("[^/]+") do
-    segs[#segs + 1] = seg == "**" and "**" or segment_pattern(seg)
+    segs[#segs + 1] = seg == "**" and "**" or segment_tokens(seg)
   end
   segs[#segs + 1] = "**"
   return segs
 end
 
-local function match_segments(segs, i, parts, j)
-  if i > #segs then return j > #parts end
-  if segs[i] == "**" then
-    for k = j, #parts + 1 do
-      if match_segments(segs, i + 1, parts, k) then return true end
+-- wildcard(toks, n, star, one, k): toks[1..#toks] against positions 1..n,
+-- where toks[p] == star matches any run and one(tok, k) says whether a
+-- single token matches position k.
+local function wildcard(toks, n, star, one)
+  local p, k, star_p, mark = 1, 1, nil, 0
+  while k <= n do
+    local t = toks[p]
+    if t == star then
+      star_p, mark, p = p, k, p + 1
+    elseif t ~= nil and one(t, k) then
+      p, k = p + 1, k + 1
+    elseif star_p then
+      p, mark = star_p + 1, mark + 1
+      k = mark
+    else
+      return false
     end
-    return false
   end
-  if j > #parts or not parts[j]:match(segs[i]) then return false end
-  return match_segments(segs, i + 1, parts, j + 1)
+  while toks[p] == star do p = p + 1 end
+  return p > #toks
+end
+
+local function match_segments(segs, parts)
+  return wildcard(segs, #parts, "**", function(toks, k)
+    local part = parts[k]
+    return wildcard(toks, #part, STAR, function(bytes, j) return bytes[part:byte(j)] end)
+  end)
 end
 
 local function glob_list(globs, field)
@@ -839,7 +871,9 @@ local function glob_list(globs, field)
   local out = {}
   for i, g in ipairs(globs) do
     if type(g) ~= "string" or g == "" then V.fail(("%s[%d]"):format(field, i), "expected a glob string") end
-    out[#out + 1] = { glob = g, segs = compile_glob(g) }
+    local ok, segs = pcall(compile_glob, g)
+    if not ok then V.fail(("%s[%d]"):format(field, i), segs) end
+    out[#out + 1] = { glob = g, segs = segs }
   end
   return out
 end
@@ -849,7 +883,7 @@ local function matches_any(list, sub)
   local parts = {}
   for p in sub:gmatch("[^/]+") do parts[#parts + 1] = p end
   for _, g in ipairs(list) do
-    if match_segments(g.segs, 1, parts, 1) then return true end
+    if match_segments(g.segs, parts) then return true end
   end
   return false
 end
