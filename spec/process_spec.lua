@@ -225,20 +225,7 @@ describe("logs", function()
 end)
 
 describe("waitForLog patterns (issue #14: nothing stalls the loop)", function()
-  -- The worst lateness of a 5 ms timer while fn runs: the loop kept turning.
-  local function loop_lag_during(fn)
-    local worst, last = 0, core.hrtime()
-    local t = core.timer()
-    t:start(5, 5, function()
-      local now = core.hrtime()
-      worst = math.max(worst, (now - last) / 1e6 - 5)
-      last = now
-    end)
-    local ok, err = pcall(fn)
-    t:close()
-    if not ok then error(err, 0) end
-    return worst
-  end
+  local loop_lag_during = helper.loop_stall
 
   it("refuses a malformed pattern with VALIDATION_FAILED before waiting", function()
     with_sandbox(function(sb)
