@@ -324,9 +324,25 @@ M.MAGIC_BYTES = 7 * 1024 * 1024 -- what libmagic looks at (its own default)
 -- come back as text), or a NUL byte, or control characters that libmagic
 -- also calls binary. libmagic names the type; text it cannot place (a
 -- one-byte file) is text/plain.
+-- bytes:text_info / bytes:base64_encode, on the thread pool past
+-- M.POOL_BYTES (issue #14: scanning and encoding 100 MB held the loop for
+-- a few hundred ms), at once below it (a thread-pool round trip costs more).
+M.POOL_BYTES = 1024 * 1024
+local function bytes_op(bytes, method)
+  if bytes:size() < M.POOL_BYTES then return bytes[method](bytes) end
+  local res = async.await(function(resume)
+    local ok, msg, code = bytes[method](bytes, function(err, ...)
+      if err ~= nil then resume({ err = err }) else resume({ ... }) end
+    end)
+    if not ok then resume({ err = msg, code = code }) end
+  end, "readFile")
+  if res.err then errors.raise("FILESYSTEM_ERROR", ("readFile: %s"):format(res.err), { errno = res.code }) end
+  return unpack(res, 1, 4)
+end
+
 local function classify(bytes)
   local mime, charset = core.magic_buffer(bytes, M.MAGIC_BYTES)
-  local utf8, nul, control = bytes:text_info()
+  local utf8, nul, control = bytes_op(bytes, "text_info")
   local binary = bytes:size() > 0 and (not utf8 or nul or (control and charset == "binary"))
   if not mime or (not binary and mime == "application/octet-stream") then
     mime = binary and "application/octet-stream" or "text/plain"
@@ -408,7 +424,7 @@ function Session:readFile(path, opts)
     file:close()
     local mime, binary = classify(bytes)
     local enc = encoding or (binary and "base64" or "utf-8")
-    local content = enc == "base64" and bytes:base64_encode() or bytes:tostring()
+    local content = enc == "base64" and bytes_op(bytes, "base64_encode") or bytes:tostring()
     local size = bytes:size()
     bytes:free()
     return {
