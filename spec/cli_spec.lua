@@ -107,8 +107,10 @@ describe("moonbox (the command)", function()
 
   it("--version prints the moonbox, LuaJIT and libuv versions", function()
     local out, err, status = moonbox_cmd("--version")
-    assert.equals(("moonbox %s\n%s\nlibuv %s\n"):format(moonbox.VERSION, jit.version, core.versions().libuv), out)
-    assert.matches("^moonbox %d+%.%d+%.%d+\nLuaJIT 2%.%d+%.%d+[^\n]*\nlibuv %d+%.%d+%.%d+\n$", out)
+    local head = ("moonbox %s\n%s\nlibuv %s\n"):format(moonbox.VERSION, jit.version, core.versions().libuv)
+    assert.equals(head, out:sub(1, #head))
+    assert.matches("^moonbox %d+%.%d+%.%d+\nLuaJIT 2%.%d+%.%d+[^\n]*\nlibuv %d+%.%d+%.%d+\n" ..
+      "open files: soft %d+, hard %d+\n$", out)
     assert.equals("", err)
     assert.equals(0, status)
   end)
@@ -117,11 +119,41 @@ describe("moonbox (the command)", function()
     for _, flag in ipairs { "--help", "-h" } do
       local out, err, status = moonbox_cmd(flag)
       assert.matches("^usage: moonbox %[%-%-policy file%.lua%] script%.lua %[args%.%.%.%]\n" ..
-        "       moonbox %[%-%-policy file%.lua%] %-e 'lua code'\n", out)
+        "       moonbox %[%-%-policy file%.lua%] %-e 'lua code' %[args%.%.%.%]\n", out)
       assert.matches("exits when it and every\ntask it started are done", out, 1, true)
       assert.equals("", err)
       assert.equals(0, status)
     end
+  end)
+
+  it("raises its soft open-files limit to the hard limit and reports both", function()
+    local p = io.popen(("ulimit -S -n 256; ulimit -H -n 2048; %s --version"):format(quote(BIN)))
+    local out = p:read("*a")
+    p:close()
+    assert.matches("\nopen files: soft 2048, hard 2048\n$", out)
+  end)
+
+  it("an unknown option: one line naming it, the usage, exit 2", function()
+    for _, args in ipairs { { "-x" }, { "--nope", "script.lua" }, { "--policy", "dev", "-q" } } do
+      local out, err, status = moonbox_cmd(unpack(args))
+      assert.equals("", out)
+      assert.equals(("moonbox: unknown option '%s'\n"):format(args[#args == 3 and 3 or 1]), err:match("^[^\n]*\n"))
+      assert.equals(2, status)
+    end
+  end)
+
+  it("- reads the script from standard input and passes the arguments", function()
+    local p = io.popen(("printf '%%s' 'print(arg[0], #arg, ...)' | %s - a 'b c'"):format(quote(BIN)))
+    local out = p:read("*a")
+    p:close()
+    assert.equals("-\t2\ta\tb c\n", out)
+  end)
+
+  it("-e CODE args: arg and ... carry the arguments", function()
+    local out, err, status = moonbox_cmd("-e", "print(arg[0], #arg, ...)", "x", "y z")
+    assert.equals("-e\t2\tx\ty z\n", out)
+    assert.equals("", err)
+    assert.equals(0, status)
   end)
 
   it("-e runs the code as a task", function()

@@ -2,6 +2,7 @@
 -- logs, streaming without loss, and readiness waits.
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
+local tree = require "moonbox._tree"
 
 local with_sandbox = helper.with_sandbox
 
@@ -183,6 +184,33 @@ describe("logs", function()
     end)
   end)
 
+  it("two or three concurrent readers of one process each get every event and each ends after the exit", function()
+    with_sandbox(function(sb)
+      for readers = 2, 3 do
+        local p = sb:startProcess("for i in $(seq 1 40); do echo out$i; echo err$i >&2; sleep 0.01; done; exit 3")
+        local fns = {}
+        for r = 1, readers do
+          fns[r] = function()
+            local out, err, exits = {}, {}, {}
+            for ev in sb:streamProcessLogs(p.id) do
+              if ev.type == "stdout" then out[#out + 1] = ev.data
+              elseif ev.type == "stderr" then err[#err + 1] = ev.data
+              elseif ev.type == "exit" then exits[#exits + 1] = ev.exitCode end
+            end
+            return { table.concat(out), table.concat(err), exits }
+          end
+        end
+        local got = moonbox.all(fns)
+        local out, err = {}, {}
+        for i = 1, 40 do out[i] = "out" .. i .. "\n" err[i] = "err" .. i .. "\n" end
+        for r = 1, readers do
+          assert.same({ table.concat(out), table.concat(err), { 3 } }, got[r])
+        end
+        assert.equal(0, #p._listeners)
+      end
+    end)
+  end)
+
   it("close() ends a log stream that waits for output, and the process runs on", function()
     with_sandbox(function(sb)
       local p = sb:startProcess("echo hi; exec sleep 300")
@@ -322,5 +350,252 @@ describe("waitForPort", function()
         assert.equal("VALIDATION_FAILED", code_of(idle.waitForPort, idle, port + 1, bad))
       end
     end)
+  end)
+end)
+
+describe("completed records", function()
+  it("cleanupCompletedProcesses removes every ended record whose tree is gone and says how many", function()
+    with_sandbox(function(sb)
+      local ok = sb:startProcess("true", { processId = "ok" })
+      local bad = sb:startProcess("exit 4", { processId = "bad" })
+      local err = sb:startProcess({ "no-such-program-xyz" }, { processId = "err" })
+      local live = sb:startProcess("sleep 300", { processId = "live" })
+      local parent = sb:startProcess("sleep 300 & exit 0", { processId = "parent" })
+      ok:waitForExit(5000) bad:waitForExit(5000) parent:waitForExit(5000)
+      assert.equal("error", err.status)
+      assert.equal(3, sb:cleanupCompletedProcesses())
+      for _, id in ipairs { "ok", "bad", "err" } do
+        assert.is_nil(sb:getProcess(id))
+        assert.equal("PROCESS_NOT_FOUND", code_of(sb.getProcessLogs, sb, id))
+        assert.equal("PROCESS_NOT_FOUND", code_of(sb.killProcess, sb, id))
+        assert.equal("PROCESS_NOT_FOUND", code_of(sb.streamProcessLogs, sb, id))
+      end
+      -- a running process stays, and so does one whose child lives on
+      assert.equal(live, sb:getProcess("live"))
+      assert.equal(parent, sb:getProcess("parent"))
+      assert.equal(0, sb:cleanupCompletedProcesses())
+      assert.equal(2, sb:killAllProcesses("SIGKILL"))
+      live:waitForExit(5000)
+      assert.is_true(helper.eventually(function() return not parent:_alive() end, 5000))
+      assert.equal(2, sb:getSession("default"):cleanupCompletedProcesses())
+      assert.same({}, sb:listProcesses())
+    end)
+  end)
+
+  it("keeps at most limits.maxCompletedProcesses ended records, dropping the oldest first", function()
+    with_sandbox(function(sb)
+      local live = sb:startProcess("sleep 300", { processId = "live" })
+      for i = 1, 6 do sb:startProcess("echo " .. i, { processId = "p" .. i }):waitForExit(5000) end
+      local ids = {}
+      for _, p in ipairs(sb:listProcesses()) do ids[#ids + 1] = p.id end
+      table.sort(ids)
+      assert.same({ "live", "p4", "p5", "p6" }, ids)
+      assert.is_nil(sb:getProcess("p1"))
+      assert.equal("PROCESS_NOT_FOUND", code_of(sb.getProcessLogs, sb, "p3"))
+      assert.equal("6\n", sb:getProcessLogs("p6").stdout)
+      assert.equal("running", live.status)
+    end, { limits = { maxCompletedProcesses = 3 } })
+  end)
+
+  it("keeps at most limits.maxCompletedLogBytes of ended records' logs, dropping the oldest first", function()
+    with_sandbox(function(sb)
+      for i = 1, 4 do
+        sb:startProcess("head -c 1000 /dev/zero | tr '\\0' " .. i, { processId = "p" .. i }):waitForExit(5000)
+      end
+      assert.is_nil(sb:getProcess("p1"))
+      assert.is_nil(sb:getProcess("p2"))
+      assert.equal(("3"):rep(1000), sb:getProcessLogs("p3").stdout)
+      assert.equal(("4"):rep(1000), sb:getProcessLogs("p4").stdout)
+    end, { limits = { maxCompletedLogBytes = 2500 } })
+  end)
+end)
+
+describe("waitForPort readiness", function()
+  local function server(port, delay)
+    return ([[exec python3 -c '
+import socket, time
+print("Database connected", flush=True)
+time.sleep(%s)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", %d))
+s.listen()
+while True:
+    c, _ = s.accept()
+    c.sendall(b"hi\n")
+    c.close()
+']]):format(delay, port)
+  end
+
+  it("succeeds only once the server listens: a connect right after is accepted, every time", function()
+    with_sandbox(function(sb)
+      local port = 10000 + (core.getpid() + 7) % 20000
+      for _ = 1, 6 do
+        local p = sb:startProcess(server(port, 0.3))
+        p:waitForLog("Database connected", 10000)
+        assert.is_true(p:waitForPort(port, { mode = "tcp", timeout = 10000 }).success)
+        local r = sb:exec(("exec 3<>/dev/tcp/127.0.0.1/%d && head -c 3 <&3"):format(port))
+        assert.same({ 0, "hi\n" }, { r.exitCode, r.stdout })
+        p:kill("SIGKILL")
+        p:waitForExit(5000)
+      end
+    end)
+  end)
+
+  it("a listener of another process does not make this one ready", function()
+    with_sandbox(function(sb)
+      local port = 10000 + (core.getpid() + 11) % 20000
+      local other = sb:startProcess(server(port, 0))
+      assert.is_true(other:waitForPort(port, { mode = "tcp", timeout = 10000 }).success)
+      -- a process that never listens: the port answers, but not for it
+      local idle = sb:startProcess("echo 'Database connected'; exec sleep 300")
+      idle:waitForLog("Database connected", 10000)
+      for _, mode in ipairs { "tcp", "http" } do
+        assert.equal("PROCESS_READY_TIMEOUT", code_of(idle.waitForPort, idle, port, { mode = mode, timeout = 400 }))
+      end
+      local quitter = sb:startProcess("sleep 0.3; exit 1")
+      assert.equal("PROCESS_EXITED_BEFORE_READY", code_of(quitter.waitForPort, quitter, port, { mode = "tcp" }))
+      assert.is_true(other:waitForPort(port, { mode = "tcp", timeout = 1000 }).success)
+    end)
+  end)
+end)
+
+-- Issue #14: what a process leaves behind is still its tree.
+describe("descendants that outlive their process", function()
+  -- Every process of a sandbox but its session shells and its init: found
+  -- by the marker all of them inherit (a zombie has no environment left to
+  -- show), and in cgroup mode also as the members of the sandbox's cgroups
+  -- (whatever their environment).
+  local function sandbox_pids(sb)
+    local known = sb._known_pids()
+    if sb.init then known[sb.init:pid()] = true end
+    local found = {}
+    for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(sb.id, ""), true)) do found[pid] = true end
+    if tree.mode() == "cgroup" then
+      for _, pid in ipairs(tree.cgroup_pids(tree.base() .. "/" .. sb.cgroup_name)) do found[pid] = true end
+      local v1 = sb.limits_state.v1_dirs.pids
+      if v1 then for _, pid in ipairs(tree.cgroup_pids(v1)) do found[pid] = true end end
+    end
+    local out = {}
+    for pid in pairs(found) do
+      if not known[pid] and helper.pid_alive(pid) then out[#out + 1] = pid end
+    end
+    return out
+  end
+
+  -- A fork bomb is safe only where limits.pids holds it (cgroup pids
+  -- controller, as root). Elsewhere (unprivileged: proc mode) a bounded
+  -- one: a tree of 2^6 shells whose root returns at once, chains that fork
+  -- and exit as fast as they can (a new pid each time) for a bounded number
+  -- of hops, and a child that left the session (setsid).
+  local BOMB = "b() { b | b & }; b"
+  local BOUNDED_BOMB = "b() { if [ $1 -gt 0 ]; then b $(($1-1)) | b $(($1-1)) & fi; sleep 120; }; " ..
+    "c() { [ $1 -gt 0 ] && c $(($1-1)) & }; b 5 & c 20000; c 20000; setsid sleep 120 & exit 0"
+
+  local function bomb_for(sb)
+    return sb:info().enforcement.pids and BOMB or BOUNDED_BOMB
+  end
+
+  -- Another sandbox runs exec("true") in a loop until stop() (which
+  -- returns how many ran, asserting each succeeded).
+  local function keep_answering(other)
+    local stop, count, failures = false, 0, {}
+    local task = moonbox.spawn(function()
+      while not stop do
+        local r = other:exec("true")
+        if r.exitCode ~= 0 then failures[#failures + 1] = r.exitCode end
+        count = count + 1
+        moonbox.sleep(5)
+      end
+    end)
+    return function()
+      stop = true
+      task:wait()
+      assert.same({}, failures)
+      assert.is_true(count > 0)
+      return count
+    end
+  end
+
+  local function with_two(fn, limits)
+    with_sandbox(function(other)
+      other:exec("true")
+      local sb = helper.new_sandbox { limits = limits }
+      local ok, err = pcall(fn, sb, other)
+      sb:destroy()
+      if not ok then error(err, 0) end
+    end)
+  end
+
+  it("killAllProcesses counts and kills a fork bomb that already exited; the sandbox forks again", function()
+    with_two(function(sb, other)
+      sb:exec("true")
+      local stop = keep_answering(other)
+      local p = sb:startProcess(bomb_for(sb))
+      assert.equal(0, p:waitForExit(10000).exitCode)
+      assert.equal("completed", p.status)
+      assert.is_true(helper.eventually(function() return #sandbox_pids(sb) > 8 end, 10000))
+      assert.equal(1, sb:killAllProcesses())
+      assert.is_true(helper.eventually(function() return #sandbox_pids(sb) == 0 end, 10000),
+        "left: " .. table.concat(sandbox_pids(sb), " "))
+      assert.same({}, p:_tree_pids())
+      assert.equal(0, sb:killAllProcesses())
+      local r = sb:exec("echo ok")
+      assert.same({ 0, "ok\n", "" }, { r.exitCode, r.stdout, r.stderr })
+      r = sb:exec("/bin/echo forked | cat")
+      assert.same({ 0, "forked\n", "" }, { r.exitCode, r.stdout, r.stderr })
+      stop()
+    end, { pids = 64, killGraceMs = 200 })
+  end)
+
+  it("deleteSession kills the bomb a session's process left, and a timeout kills one that outlived its process",
+    function()
+      with_two(function(sb, other)
+        local stop = keep_answering(other)
+        local s = sb:createSession { id = "bomber" }
+        local p = s:startProcess(bomb_for(sb))
+        p:waitForExit(10000)
+        assert.is_true(helper.eventually(function() return #sandbox_pids(sb) > 8 end, 10000))
+        sb:deleteSession("bomber") -- returns once nothing of it is left
+        assert.same({}, sandbox_pids(sb))
+        assert.equal("completed", p.status) -- it had ended by itself
+        local t = sb:startProcess(bomb_for(sb), { timeout = 500 })
+        t:waitForExit(10000)
+        assert.is_true(helper.eventually(function() return #sandbox_pids(sb) == 0 end, 15000),
+          "left: " .. table.concat(sandbox_pids(sb), " "))
+        assert.equal(0, sb:exec("/bin/true").exitCode)
+        stop()
+      end, { pids = 64, killGraceMs = 200 })
+    end)
+
+  it("deleteSession('default') kills a bomb a command left in the default session", function()
+    with_two(function(sb, other)
+      local stop = keep_answering(other)
+      local r = sb:exec("(" .. bomb_for(sb) .. ") >/dev/null 2>&1 &")
+      assert.equal(0, r.exitCode)
+      assert.is_true(helper.eventually(function() return #sandbox_pids(sb) > 8 end, 10000))
+      sb:deleteSession("default")
+      assert.is_true(helper.eventually(function() return #sandbox_pids(sb) == 0 end, 10000),
+        "left: " .. table.concat(sandbox_pids(sb), " "))
+      r = sb:exec("/bin/echo ok | cat")
+      assert.same({ 0, "ok\n" }, { r.exitCode, r.stdout })
+      stop()
+    end, { pids = 64 })
+  end)
+
+  it("killProcess of an ended process kills what it left (also what left its session); getStatus stays", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("sleep 1000 & setsid sleep 1000 & (trap '' TERM; exec sleep 1000) & exit 3")
+      assert.equal(3, p:waitForExit(5000).exitCode)
+      -- (the children may still be between fork and exec)
+      local left
+      assert.is_true(helper.eventually(function() left = p:_tree_pids() return #left == 3 end, 5000))
+      assert.is_true(sb:killProcess(p.id).success) -- SIGTERM, then SIGKILL after the grace
+      assert.is_true(helper.eventually(function() return #p:_tree_pids() == 0 end, 5000))
+      for _, pid in ipairs(left) do assert.is_false(helper.pid_alive(pid)) end
+      assert.equal("failed", p.status)
+      assert.equal(3, p.exitCode)
+      assert.is_false(sb:killProcess(p.id).success) -- nothing left to kill
+    end, { limits = { killGraceMs = 200 } })
   end)
 end)

@@ -77,7 +77,7 @@ describe("the spawn builtin", function()
       assert.equal("alias\n", s:exec("lsa").stdout)
       assert.equal("hashed\n", s:exec("myecho hashed").stdout)
       s:exec("unset -f ls")
-      assert.equal("/workspace\n", s:exec("ls -d /workspace").stdout)
+      assert.equal("/tmp\n", s:exec("ls -d /tmp").stdout)
     end)
   end)
 

@@ -28,6 +28,10 @@ moonbox *moonbox_new(uv_loop_t *loop);
 int moonbox_run_file(moonbox *mb, const char *path, int argc, char **argv);
 /* Run Lua source text; chunkname names it in tracebacks. */
 int moonbox_run_string(moonbox *mb, const char *code, const char *chunkname);
+/* Run Lua source text with arguments: `arg` is {[0] = arg0, argv...} and the
+ * chunk gets argv as `...` (what `moonbox -e CODE args` and `moonbox -` do). */
+int moonbox_run_string_args(moonbox *mb, const char *code, const char *chunkname, const char *arg0, int argc,
+                            char **argv);
 /* Use the policy in this Lua file (or module name) for every sandbox that
  * is not given one; 0 on success, 1 on error (see moonbox_error). */
 int moonbox_set_policy(moonbox *mb, const char *policy);

@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +42,9 @@
 #define MOUNT_ATTR_RDONLY 0x00000001
 #define MOUNT_ATTR_NOSUID 0x00000002
 #define MOUNT_ATTR_NODEV 0x00000004
+#endif
+#ifndef MOUNT_ATTR_NOEXEC
+#define MOUNT_ATTR_NOEXEC 0x00000008
 #endif
 struct mb_mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
 
@@ -145,9 +149,10 @@ static int write_file(const char *dst, const char *data, size_t len) {
   return close(fd);
 }
 
-/* A minimal /dev: a few host device nodes bound in, a private devpts with
- * its own ptmx, a tmpfs /dev/shm, and the usual symlinks. */
-static int make_dev(const char *dst, const int *devfds) {
+/* A minimal, read-only /dev: a few host device nodes bound in, a private
+ * devpts with its own ptmx, a tmpfs /dev/shm (of shm_size bytes), and the
+ * usual symlinks. */
+static int make_dev(const char *dst, const int *devfds, uint64_t shm_size) {
   char path[PATH_MAX];
   if (mkdirs(dst, 1) < 0 || mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536") < 0)
     return -1;
@@ -161,7 +166,7 @@ static int make_dev(const char *dst, const int *devfds) {
       mount("devpts", path, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
     return -1;
   snprintf(path, sizeof path, "%s/shm", dst);
-  if (mount_tmpfs(path, 0, 1) < 0) return -1;
+  if (mount_tmpfs(path, shm_size, 1) < 0) return -1;
   static const char *const links[][2] = {
     {"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
     {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}};
@@ -169,22 +174,74 @@ static int make_dev(const char *dst, const int *devfds) {
     snprintf(path, sizeof path, "%s/%s", dst, links[i][1]);
     if (symlink(links[i][0], path) < 0) return -1;
   }
-  return 0;
+  /* Read-only from here (pts and shm are mounts of their own): the runtime
+   * opens /dev/ptmx from outside, which must stay the devpts one, never a
+   * symlink someone inside put there to a host device. */
+  return mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, NULL);
 }
 
-static void setup_root(const mb_nsinit_plan *p) {
-  static int srcfd[MB_NSINIT_MAX_MOUNTS];
-  static int devfd[NDEV];
+/* An empty read-only file to bind over masked files: on a small tmpfs of
+ * its own under the new root, detached again once the root is built (the
+ * binds keep the file). */
+#define MASK_DIR ".mb-mask"
+static int mask_dir_ready;
+
+static int mask_path(const char *dst) {
+  struct stat st;
+  if (lstat(dst, &st) < 0) return -1;
+  if (S_ISDIR(st.st_mode))
+    return mount("tmpfs", dst, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4096,mode=0555");
+  if (!mask_dir_ready) {
+    if (mkdirs(MASK_DIR, 1) < 0 ||
+        mount("tmpfs", MASK_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4096,mode=0700") < 0)
+      return -1;
+    mask_dir_ready = 1;
+    int fd = open(MASK_DIR "/empty", O_CREAT | O_WRONLY | O_CLOEXEC, 0444);
+    if (fd < 0) return -1;
+    close(fd);
+  }
+  if (mount(MASK_DIR "/empty", dst, NULL, MS_BIND, NULL) < 0) return -1;
+  return mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+}
+
+/* dst (and every mount below it) bound over itself read-only */
+static int readonly_path(const char *dst) {
+  if (mount(dst, dst, NULL, MS_BIND | MS_REC, NULL) < 0) return -1;
+  struct mb_mount_attr attr = {MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, 0, 0, 0};
+  return (int)syscall(SYS_mount_setattr, AT_FDCWD, dst, AT_RECURSIVE, &attr, sizeof attr);
+}
+
+/* Write data into an existing file (no create, no truncate needed: sysctls) */
+static int write_existing(const char *dst, const char *data, size_t len) {
+  int fd = open(dst, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return -1;
+  ssize_t n;
+  do n = write(fd, data, len); while (n < 0 && errno == EINTR);
+  int e = n == (ssize_t)len ? 0 : (n < 0 ? errno : EIO);
+  close(fd);
+  errno = e;
+  return e ? -1 : 0;
+}
+
+static int srcfd[MB_NSINIT_MAX_MOUNTS];
+static int devfd[NDEV];
+static int pre_err, pre_index = -1;  /* the first failure of detach_sources, reported after "go" */
+
+/* Before the id maps are written (our credentials are still the runtime's,
+ * so the runtime's path permissions apply): detach every bind source, since
+ * mounting the new root may hide them and the sandbox's ids may not reach
+ * them. A failure is kept for report() once the runtime listens. */
+static void detach_sources(const mb_nsinit_plan *p) {
   int need_dev = 0;
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) die(p, MB_NSINIT_MOUNT, -1);
-  /* Detach every source first: mounting the new root may hide them. */
+  for (int i = 0; i < p->nmounts; i++) srcfd[i] = -1;
+  for (size_t i = 0; i < NDEV; i++) devfd[i] = -1;
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) { pre_err = errno; return; }
   for (int i = 0; i < p->nmounts; i++) {
     const mb_mount *m = &p->mounts[i];
-    srcfd[i] = -1;
     if (m->type == MB_MOUNT_DEV) need_dev = 1;
     if (m->type != MB_MOUNT_BIND && m->type != MB_MOUNT_RO_BIND) continue;
     srcfd[i] = detach(m->src, m->type == MB_MOUNT_RO_BIND, 0);
-    if (srcfd[i] < 0 && !(m->optional && errno == ENOENT)) die(p, MB_NSINIT_MOUNT, i);
+    if (srcfd[i] < 0 && !(m->optional && errno == ENOENT)) { pre_err = errno; pre_index = i; return; }
   }
   for (size_t i = 0; i < NDEV; i++) {
     char path[32];
@@ -192,6 +249,10 @@ static void setup_root(const mb_nsinit_plan *p) {
     devfd[i] = need_dev ? detach(path, 0, 1) : -1;
   }
   if (p->defer_pivot) old_tmp_fd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
+}
+
+static void setup_root(const mb_nsinit_plan *p) {
+  if (pre_err) { errno = pre_err; die(p, MB_NSINIT_MOUNT, pre_index); }
   /* The new root is a small tmpfs over /tmp of this (private) mount tree. */
   if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1048576") < 0 || chdir("/tmp") < 0)
     die(p, MB_NSINIT_MOUNT, -1);
@@ -212,15 +273,21 @@ static void setup_root(const mb_nsinit_plan *p) {
     case MB_MOUNT_PROC:
       rc = mkdirs(dst, 1) < 0 ? -1 : mount("proc", dst, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
       break;
-    case MB_MOUNT_DEV: rc = make_dev(dst, devfd); break;
+    case MB_MOUNT_DEV: rc = make_dev(dst, devfd, m->size); break;
     case MB_MOUNT_SYMLINK: rc = mkdirs(dst, 0) < 0 ? -1 : symlink(m->src, dst); break;
     case MB_MOUNT_FILE: rc = write_file(dst, m->data, m->data_len); break;
     case MB_MOUNT_DIR: rc = mkdirs(dst, 1); break;
+    case MB_MOUNT_READONLY: rc = readonly_path(dst); break;
+    case MB_MOUNT_MASK: rc = mask_path(dst); break;
+    case MB_MOUNT_SYSCTL: rc = write_existing(dst, m->data, m->data_len); break;
     default: errno = EINVAL; rc = -1;
     }
+    if (rc < 0 && m->optional && errno == ENOENT &&
+        (m->type == MB_MOUNT_READONLY || m->type == MB_MOUNT_MASK || m->type == MB_MOUNT_SYSCTL)) rc = 0;
     if (rc < 0) die(p, MB_NSINIT_MOUNT, i);
   }
   for (size_t i = 0; i < NDEV; i++) if (devfd[i] >= 0) close(devfd[i]);
+  if (mask_dir_ready && (umount2(MASK_DIR, MNT_DETACH) < 0 || rmdir(MASK_DIR) < 0)) die(p, MB_NSINIT_MOUNT, -1);
 }
 
 /* From the new root's directory (our cwd): pivot_root(".", "."), the old
@@ -374,7 +441,7 @@ out:
 
 static int pivoted;
 
-static void do_finish(int ctl_fd, const mb_nsinit_finish *f) {
+static void do_finish(int ctl_fd, const mb_nsinit_finish *f, int passed) {
   mb_nsinit_reply r = {0, 0, 0};
   char hostname[66], line[80];
   memcpy(hostname, f->hostname, sizeof f->hostname);
@@ -387,7 +454,9 @@ static void do_finish(int ctl_fd, const mb_nsinit_finish *f) {
     r.err = errno;
   } else {
     int n = snprintf(line, sizeof line, "%s\n", hostname);
-    int fd = f->src[0] ? detach(f->src, 0, 0) : -1;
+    /* a tree the runtime detached (our ids may not reach src), else src */
+    int fd = passed >= 0 ? passed : (f->src[0] ? detach(f->src, 0, 0) : -1);
+    passed = -1;
     if ((f->src[0] && (fd < 0 || attach(fd, rel(f->dst)) < 0)) ||
         (hostname[0] && write_file("etc/hostname", line, (size_t)n) < 0)) {
       r.stage = MB_NSINIT_MOUNT;
@@ -400,6 +469,7 @@ static void do_finish(int ctl_fd, const mb_nsinit_finish *f) {
     }
     if (fd >= 0) close(fd);
   }
+  if (passed >= 0) close(passed);
   reply(ctl_fd, r, 0, -1);
 }
 
@@ -433,8 +503,12 @@ static void handle_request(int ctl_fd) {
     for (int i = 0; i < k && nfds < MB_WIRE_MAX_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
   }
   if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SPAWN) { do_spawn(ctl_fd, fds, nfds); return; }
+  if (n == (ssize_t)sizeof in.finish && req.type == MB_NSINIT_FINISH) {
+    for (int i = 1; i < nfds; i++) close(fds[i]);
+    do_finish(ctl_fd, &in.finish, nfds > 0 ? fds[0] : -1);
+    return;
+  }
   for (int i = 0; i < nfds; i++) close(fds[i]);
-  if (n == (ssize_t)sizeof in.finish && req.type == MB_NSINIT_FINISH) { do_finish(ctl_fd, &in.finish); return; }
   if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SOCKET) { do_socket(ctl_fd, req.arg1, req.arg2); return; }
   reply(ctl_fd, (mb_nsinit_reply){MB_STAGE_NONE, EINVAL, 0}, 0, -1);
 }
@@ -507,6 +581,7 @@ int mb_nsinit_main(void *arg) {
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) die(p, MB_NSINIT_PDEATHSIG, -1);
   prctl(PR_SET_NAME, "moonbox-init", 0, 0, 0);
   scrub_args_and_env();
+  detach_sources(p);
   char go;
   if (read(p->go_fd, &go, 1) != 1) _exit(1); /* the runtime gave up (or died) */
   close(p->go_fd);
@@ -514,6 +589,13 @@ int mb_nsinit_main(void *arg) {
     if ((i > 0 || !p->first_cgroup_joined) && write(p->cgroup_fds[i], "0", 1) != 1) die(p, MB_NSINIT_CGROUP, i);
     close(p->cgroup_fds[i]);
   }
+  /* Become root of the namespace: until now our ids were the runtime's
+   * (unmapped when the maps give root inside a range of its own), and the
+   * runtime's supplementary groups go too. Every child inherits this. A
+   * change of ids clears the parent-death signal: set it again. */
+  if (p->drop_groups && setgroups(0, NULL) < 0) die(p, MB_NSINIT_IDS, -1);
+  if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) die(p, MB_NSINIT_IDS, -1);
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) die(p, MB_NSINIT_PDEATHSIG, -1);
   if (p->hostname && sethostname(p->hostname, strlen(p->hostname)) < 0) die(p, MB_NSINIT_HOSTNAME, -1);
   if (p->loopback && loopback_up() < 0) die(p, MB_NSINIT_LOOPBACK, -1);
   setup_root(p);

@@ -16,11 +16,14 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define MB_NSINIT_MAX_MOUNTS 64
+#define MB_NSINIT_MAX_MOUNTS 128
 
 enum mb_mount_type {
   MB_MOUNT_BIND, MB_MOUNT_RO_BIND, MB_MOUNT_TMPFS, MB_MOUNT_PROC, MB_MOUNT_DEV,
   MB_MOUNT_SYMLINK, MB_MOUNT_FILE, MB_MOUNT_DIR,
+  MB_MOUNT_READONLY,  /* an existing path (of an earlier mount) bound over itself read-only */
+  MB_MOUNT_MASK,      /* an existing path hidden: an empty read-only dir or file over it */
+  MB_MOUNT_SYSCTL,    /* data written into an existing file (a /proc/sys entry of our namespaces) */
 };
 
 typedef struct {
@@ -29,8 +32,8 @@ typedef struct {
   const char *dst;   /* absolute path inside the sandbox */
   const char *data;  /* file contents (file) */
   size_t data_len;
-  uint64_t size;     /* tmpfs size in bytes; 0: the kernel default */
-  int optional;      /* a bind whose source is missing is skipped */
+  uint64_t size;     /* tmpfs size in bytes (dev: its /dev/shm); 0: the kernel default */
+  int optional;      /* a bind whose source (readonly, mask, sysctl: whose dst) is missing is skipped */
 } mb_mount;
 
 typedef struct {
@@ -45,11 +48,12 @@ typedef struct {
   int go_fd;                  /* read end: the runtime writes one byte once the id maps are set */
   int report_fd;              /* write end: one mb_nsinit_report, then closed */
   int defer_pivot;            /* build the root but stay outside it until MB_NSINIT_FINISH */
+  int drop_groups;            /* setgroups(0, NULL) once the maps are written (setgroups allowed) */
 } mb_nsinit_plan;
 
 enum mb_nsinit_stage {
   MB_NSINIT_READY = 0, MB_NSINIT_GO, MB_NSINIT_PDEATHSIG, MB_NSINIT_CGROUP, MB_NSINIT_HOSTNAME,
-  MB_NSINIT_LOOPBACK, MB_NSINIT_MOUNT, MB_NSINIT_PIVOT, MB_NSINIT_SIGNALS,
+  MB_NSINIT_LOOPBACK, MB_NSINIT_MOUNT, MB_NSINIT_PIVOT, MB_NSINIT_SIGNALS, MB_NSINIT_IDS,
 };
 
 typedef struct { int32_t stage, err, index; } mb_nsinit_report;
@@ -58,7 +62,8 @@ typedef struct { int32_t stage, err, index; } mb_nsinit_report;
 enum { MB_NSINIT_SPAWN = 1, MB_NSINIT_SOCKET = 2, MB_NSINIT_FINISH = 3 };
 typedef struct { int32_t type, arg1, arg2; } mb_nsinit_request;
 /* A pre-built init (defer_pivot) becomes a sandbox's: its hostname, one more
- * bind (the workspace), then pivot_root. */
+ * bind (the workspace: a detached tree passed as SCM_RIGHTS when the runtime
+ * could make one, else src opened by the init), then pivot_root. */
 typedef struct {
   int32_t type;
   char hostname[65];

@@ -5,6 +5,11 @@
  *   core.sandbox_init(spec) -> init | nil, message, CODE
  *   spec: namespaces = {"user", "mnt", "pid", "ipc", "uts", "net"}, hostname,
  *         loopback, mounts = {{type, src, dst, data, size, optional}, ...},
+ *         uid_map, gid_map (the lines written to /proc/<init>/uid_map and
+ *         gid_map; default "0 <our uid> 1" and "0 <our gid> 1"),
+ *         setgroups ("deny": written before gid_map, as an unprivileged
+ *         user must; "allow": left, and the init drops the supplementary
+ *         groups it inherited; default "deny" unless we are root),
  *         cgroups = {dir, ...} (joined by the init before anything else),
  *         on_exit(exit_code, term_signal) (the init itself ended)
  *   init:pid()           host pid of the init
@@ -19,6 +24,13 @@
 #include "nsinit.h"
 #include "child/wire.h"
 
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -27,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,7 +61,8 @@ static const struct { const char *name; int flag; } ns_names[] = {
   {"user", CLONE_NEWUSER}, {"mnt", CLONE_NEWNS}, {"pid", CLONE_NEWPID}, {"ipc", CLONE_NEWIPC},
   {"uts", CLONE_NEWUTS}, {"net", CLONE_NEWNET}, {"cgroup", CLONE_NEWCGROUP}, {NULL, 0}};
 
-static const char *const mount_types[] = {"bind", "ro_bind", "tmpfs", "proc", "dev", "symlink", "file", "dir", NULL};
+static const char *const mount_types[] = {"bind", "ro_bind", "tmpfs", "proc", "dev", "symlink", "file", "dir",
+                                          "readonly", "mask", "sysctl", NULL};
 
 static const char *stage_name(int stage) {
   switch (stage) {
@@ -60,6 +74,7 @@ static const char *stage_name(int stage) {
   case MB_NSINIT_MOUNT: return "mount";
   case MB_NSINIT_PIVOT: return "pivot_root";
   case MB_NSINIT_SIGNALS: return "signal setup";
+  case MB_NSINIT_IDS: return "setresuid/setgroups";
   default: return "set-up";
   }
 }
@@ -141,6 +156,21 @@ static int nsinit_start(lua_State *L) {
   p->loopback = lua_toboolean(L, -1);
   lua_getfield(L, 1, "defer_pivot");
   p->defer_pivot = lua_toboolean(L, -1);
+  char uid_map[1024], gid_map[1024];
+  lua_getfield(L, 1, "uid_map");
+  if (lua_isnil(L, -1)) snprintf(uid_map, sizeof uid_map, "0 %u 1\n", (unsigned)getuid());
+  else if (lua_objlen(L, -1) >= sizeof uid_map) return luaL_error(L, "sandbox_init: uid_map too long");
+  else snprintf(uid_map, sizeof uid_map, "%s", luaL_checkstring(L, -1));
+  lua_getfield(L, 1, "gid_map");
+  if (lua_isnil(L, -1)) snprintf(gid_map, sizeof gid_map, "0 %u 1\n", (unsigned)getgid());
+  else if (lua_objlen(L, -1) >= sizeof gid_map) return luaL_error(L, "sandbox_init: gid_map too long");
+  else snprintf(gid_map, sizeof gid_map, "%s", luaL_checkstring(L, -1));
+  lua_getfield(L, 1, "setgroups");
+  const char *setgroups = luaL_optstring(L, -1, getuid() == 0 ? "allow" : "deny");
+  if (strcmp(setgroups, "allow") != 0 && strcmp(setgroups, "deny") != 0)
+    return luaL_error(L, "sandbox_init: setgroups: expected \"allow\" or \"deny\"");
+  int deny_setgroups = strcmp(setgroups, "deny") == 0;
+  p->drop_groups = !deny_setgroups;
   parse_mounts(L, 1, p);
   lua_getfield(L, 1, "on_exit");
   int exit_cb_idx = lua_isfunction(L, -1) ? lua_gettop(L) : 0;
@@ -194,12 +224,9 @@ static int nsinit_start(lua_State *L) {
   for (int i = 0; i < 8; i++) close_fd(&p->cgroup_fds[i]);
   close_fd(&cgroup_dir);
   if (!err) {
-    char map[64];
-    if (getuid() != 0) err = write_proc(pid, "setgroups", "deny");
-    snprintf(map, sizeof map, "0 %u 1\n", (unsigned)getuid());
-    if (!err) err = write_proc(pid, "uid_map", map);
-    snprintf(map, sizeof map, "0 %u 1\n", (unsigned)getgid());
-    if (!err) err = write_proc(pid, "gid_map", map);
+    if (deny_setgroups) err = write_proc(pid, "setgroups", "deny");
+    if (!err) err = write_proc(pid, "uid_map", uid_map);
+    if (!err) err = write_proc(pid, "gid_map", gid_map);
     if (err) what = "id map";
   }
   mb_nsinit_report r = {MB_NSINIT_GO, EPIPE, -1};
@@ -340,9 +367,9 @@ static int recv_reply(nsinit_state *st, mb_nsinit_reply *r, pid_t *cred_pid, int
   return 0;
 }
 
-static int send_request(nsinit_state *st, mb_nsinit_request req, const int *fds, int nfds) {
+static int send_msg(nsinit_state *st, void *buf, size_t len, const int *fds, int nfds) {
   union { char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)]; struct cmsghdr align; } u;
-  struct iovec iov = {&req, sizeof req};
+  struct iovec iov = {buf, len};
   struct msghdr msg;
   memset(&msg, 0, sizeof msg);
   memset(&u, 0, sizeof u);
@@ -360,6 +387,10 @@ static int send_request(nsinit_state *st, mb_nsinit_request req, const int *fds,
   ssize_t n;
   do n = sendmsg(st->ctl_fd, &msg, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
   return n < 0 ? errno : 0;
+}
+
+static int send_request(nsinit_state *st, mb_nsinit_request req, const int *fds, int nfds) {
+  return send_msg(st, &req, sizeof req, fds, nfds);
 }
 
 /* Called by core.spawn for spec.sandbox: the init forks and runs the plan.
@@ -429,11 +460,24 @@ static int nsinit_finish(lua_State *L) {
   memcpy(f.hostname, hostname, hl);
   memcpy(f.src, src, sl);
   memcpy(f.dst, dst, dl);
-  ssize_t n;
-  do n = send(st->ctl_fd, &f, sizeof f, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
-  if (n < 0) return mb_push_errno(L, errno, "finish");
+  /* Detach the source here where we can (our path permissions, not the
+   * sandbox's ids'); an unprivileged runtime cannot, and the init opens it. */
+  int tree = sl ? (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE) : -1;
+  if (tree >= 0) {
+    struct { uint64_t attr_set, attr_clr, propagation, userns_fd; } attr = {0x2 | 0x4, 0, 0, 0}; /* nosuid, nodev */
+    if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
+      int e = errno;
+      close(tree);
+      return mb_push_errno(L, e, "finish: mount_setattr");
+    }
+  } else if (errno != EPERM) {
+    return mb_push_errno(L, errno, src);
+  }
+  int e = send_msg(st, &f, sizeof f, &tree, tree >= 0 ? 1 : 0);
+  if (tree >= 0) close(tree);
+  if (e) return mb_push_errno(L, e, "finish");
   mb_nsinit_reply r;
-  int e = recv_reply(st, &r, NULL, NULL);
+  e = recv_reply(st, &r, NULL, NULL);
   if (e) return mb_push_errno(L, e, "finish");
   if (r.stage || r.err) {
     lua_pushfstring(L, "sandbox set-up: %s (%s -> %s)", stage_name(r.stage), src, dst);

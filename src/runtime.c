@@ -125,6 +125,17 @@ int moonbox_run_string(moonbox *mb, const char *code, const char *chunkname) {
   return start(mb, luaL_loadbuffer(mb->L, code, strlen(code), chunkname ? chunkname : "=(string)"), 0, NULL);
 }
 
+int moonbox_run_string_args(moonbox *mb, const char *code, const char *chunkname, const char *arg0, int argc,
+                            char **argv) {
+  lua_State *L = mb->L;
+  lua_createtable(L, argc, 1);
+  lua_pushstring(L, arg0 ? arg0 : "");
+  lua_rawseti(L, -2, 0);
+  for (int i = 0; i < argc; i++) { lua_pushstring(L, argv[i]); lua_rawseti(L, -2, i + 1); }
+  lua_setglobal(L, "arg");
+  return start(mb, luaL_loadbuffer(L, code, strlen(code), chunkname ? chunkname : "=(string)"), argc, argv);
+}
+
 int moonbox_set_policy(moonbox *mb, const char *policy) {
   lua_State *L = mb->L;
   lua_getglobal(L, "require");

@@ -122,6 +122,9 @@ typedef struct {
   int pipe_parent_end[MB_MAX_FDS]; /* -1 when the entry is not a new pipe */
   int pipe_child_end[MB_MAX_FDS];
   char *path_buf;                  /* candidate paths, NUL separated */
+  int own_pipes;                   /* give new pipes to pipe_uid/pipe_gid */
+  uid_t pipe_uid;
+  gid_t pipe_gid;
 } spawn_job;
 
 static void job_cleanup(spawn_job *job) {
@@ -267,6 +270,13 @@ static int plan_fd(lua_State *L, spawn_job *job, int target, int vidx) {
     int child_reads = strcmp(v, "in") == 0 || (strcmp(v, "pipe") == 0 && target == 0);
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) < 0) return uv_translate_sys_error(errno);
+    /* a child whose ids are not ours reopens it by /dev/fd/N (bash's script) */
+    if (job->own_pipes && fchown(fds[0], job->pipe_uid, job->pipe_gid) < 0) {
+      int e = errno;
+      close(fds[0]);
+      close(fds[1]);
+      return uv_translate_sys_error(e);
+    }
     job->pipe_child_end[slot] = child_reads ? fds[0] : fds[1];
     job->pipe_parent_end[slot] = child_reads ? fds[1] : fds[0];
     f->kind = MB_FD_SOURCE;
@@ -357,6 +367,8 @@ int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *hos
  * uid, gid, cgroup (path of a cgroup directory to start in), no_new_privs,
  * cap_keep (list of capability numbers to keep in the bounding set; the rest
  * are dropped), sandbox (a core.sandbox_init: the child starts inside it),
+ * pipe_uid, pipe_gid (owner of the pipes made for stdio: a child running as
+ * other ids, e.g. a sandbox's root, can reopen them by /dev/fd/N),
  * on_exit(exit_code, term_signal). */
 static int spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -446,6 +458,14 @@ static int spawn(lua_State *L) {
       lua_pop(L, 2);
     }
   }
+  lua_getfield(L, 1, "pipe_uid");
+  lua_getfield(L, 1, "pipe_gid");
+  if (!lua_isnil(L, -2)) {
+    job.own_pipes = 1;
+    job.pipe_uid = (uid_t)luaL_checknumber(L, -2);
+    job.pipe_gid = (gid_t)luaL_checknumber(L, -1);
+  }
+  lua_pop(L, 2);
   lua_getfield(L, 1, "stdio");
   int stdio_idx = lua_gettop(L);
   if (!rc && !lua_isnil(L, stdio_idx)) {

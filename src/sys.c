@@ -6,6 +6,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/fsuid.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -158,9 +159,11 @@ static int sys_mkfifo(lua_State *L) {
   return 1;
 }
 
-/* core.open_fd(path, how[, dirfd]) -> fd (close-on-exec) | nil, msg, code. how: "r",
- * "w" (create/truncate, 0600), or "fifo" (read-write and non-blocking: a
- * FIFO reader that is never at EOF and never blocks its writers' open). */
+/* core.open_fd(path, how[, dirfd[, mode]]) -> fd (close-on-exec) | nil, msg, code. how: "r",
+ * "w" (create/truncate, mode default 0600, less the umask), or "fifo" (read-write and
+ * non-blocking: a FIFO reader that is never at EOF and never blocks its writers' open).
+ * With a dirfd (a directory others may write in) the open never follows a symlink,
+ * never blocks, and gives only a regular file ("r", "w") or a FIFO ("fifo"): EINVAL. */
 static int sys_open_fd(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   const char *how = luaL_checkstring(L, 2);
@@ -169,20 +172,77 @@ static int sys_open_fd(lua_State *L) {
   else if (strcmp(how, "w") == 0) flags = O_WRONLY | O_CREAT | O_TRUNC;
   else if (strcmp(how, "fifo") == 0) flags = O_RDWR | O_NONBLOCK;
   else return luaL_argerror(L, 2, "expected \"r\", \"w\" or \"fifo\"");
-  int fd = openat(opt_dirfd(L, 3), path, flags | O_CLOEXEC, 0600);
+  int dirfd = opt_dirfd(L, 3);
+  if (dirfd != AT_FDCWD) flags |= O_NOFOLLOW | O_NONBLOCK;
+  int fd = openat(dirfd, path, flags | O_CLOEXEC, (mode_t)luaL_optinteger(L, 4, 0600));
   if (fd < 0) return mb_push_errno(L, errno, path);
+  struct stat st;
+  if (dirfd != AT_FDCWD) {
+    int want = strcmp(how, "fifo") == 0 ? S_IFIFO : S_IFREG;
+    if (fstat(fd, &st) < 0 || (st.st_mode & S_IFMT) != (mode_t)want) {
+      close(fd);
+      return mb_push_errno(L, EINVAL, path);
+    }
+    /* blocking again for a regular file's reads and writes */
+    if (want == S_IFREG) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  }
   lua_pushinteger(L, fd);
   return 1;
 }
 
-/* core.dir_fd(path) -> an O_PATH directory fd for the *at calls here */
+/* core.dir_fd(path[, owner]) -> an O_PATH directory fd for the *at calls here.
+ * With owner (a uid): the last component is not followed, and a directory
+ * not owned by that uid is refused (EPERM): one that someone else put there. */
 static int sys_dir_fd(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
-  int fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  int check = !lua_isnoneornil(L, 2);
+  int fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC | (check ? O_NOFOLLOW : 0));
   if (fd < 0) return mb_push_errno(L, errno, path);
+  struct stat st;
+  if (check && (fstat(fd, &st) < 0 || st.st_uid != (uid_t)luaL_checkinteger(L, 2))) {
+    close(fd);
+    return mb_push_errno(L, EPERM, path);
+  }
   lua_pushinteger(L, fd);
   return 1;
 }
+
+/* core.chown(path | fd, uid, gid[, dirfd]) -> true | nil, msg, code. A path
+ * is taken from dirfd and never followed if it is a symlink (fchownat with
+ * AT_SYMLINK_NOFOLLOW); a number is an open fd (fchown). */
+static int sys_chown(lua_State *L) {
+  uid_t uid = (uid_t)luaL_checknumber(L, 2);
+  gid_t gid = (gid_t)luaL_checknumber(L, 3);
+  if (lua_type(L, 1) == LUA_TNUMBER) {
+    if (fchown((int)lua_tointeger(L, 1), uid, gid) < 0) return mb_push_errno(L, errno, "fchown");
+  } else {
+    const char *path = luaL_checkstring(L, 1);
+    if (fchownat(opt_dirfd(L, 4), path, uid, gid, AT_SYMLINK_NOFOLLOW) < 0) return mb_push_errno(L, errno, path);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.setfsids(uid, gid) -> previous uid, gid: the ids this thread's file
+ * system calls act with (setfsgid, setfsuid), e.g. a sandbox's root's while
+ * the runtime creates files in that sandbox's own tmpfs. Set them back. */
+static int sys_setfsids(lua_State *L) {
+  uid_t uid = (uid_t)luaL_checknumber(L, 1);
+  gid_t gid = (gid_t)luaL_checknumber(L, 2);
+  gid_t old_gid = (gid_t)setfsgid(gid);
+  uid_t old_uid = (uid_t)setfsuid(uid);
+  if ((uid_t)setfsuid((uid_t)-1) != uid || (gid_t)setfsgid((gid_t)-1) != gid) {
+    setfsuid(old_uid);
+    setfsgid(old_gid);
+    return mb_push_errno(L, EPERM, "setfsuid");
+  }
+  lua_pushinteger(L, (lua_Integer)old_uid);
+  lua_pushinteger(L, (lua_Integer)old_gid);
+  return 2;
+}
+
+/* core.geteuid() -> the effective uid (0: we may map other ids) */
+static int sys_geteuid(lua_State *L) { lua_pushinteger(L, geteuid()); return 1; }
 
 /* core.unlink(path[, dirfd]) -> true | nil, msg, code */
 static int sys_unlink(lua_State *L) {
@@ -204,7 +264,8 @@ static int sys_readlink(lua_State *L) {
 
 static const luaL_Reg sys_funcs[] = {
   {"mkfifo", sys_mkfifo}, {"open_fd", sys_open_fd}, {"readlink", sys_readlink},
-  {"dir_fd", sys_dir_fd}, {"unlink", sys_unlink},
+  {"dir_fd", sys_dir_fd}, {"unlink", sys_unlink}, {"chown", sys_chown}, {"geteuid", sys_geteuid},
+  {"setfsids", sys_setfsids},
   {"write_fd", sys_write_fd}, {"memfd", sys_memfd}, {"pread_all", sys_pread_all},
   {"rewrite_fd", sys_rewrite_fd},
   {"dup_to", sys_dup_to}, {"devnull", sys_devnull},

@@ -38,8 +38,22 @@ static void on_closed(uv_handle_t *h) {
   mb_call(core, cbL, 3);
 }
 
+/* A connect to a local port nobody listens on can be answered by the
+ * connecting socket itself: when the kernel picks the target port as the
+ * source port (it lies in the ephemeral range), the SYN meets its own
+ * socket and the connection "succeeds" (TCP simultaneous open). That is no
+ * server: report it as refused. */
+static int connected_to_itself(uv_tcp_t *tcp) {
+  struct sockaddr_storage local, peer;
+  int ll = sizeof local, pl = sizeof peer;
+  if (uv_tcp_getsockname(tcp, (struct sockaddr *)&local, &ll) != 0) return 0;
+  if (uv_tcp_getpeername(tcp, (struct sockaddr *)&peer, &pl) != 0) return 0;
+  return ll == pl && memcmp(&local, &peer, (size_t)ll) == 0;
+}
+
 static void on_connect(uv_connect_t *req, int status) {
   tcp_connect *c = (tcp_connect *)req->data;
+  if (status == 0 && connected_to_itself(&c->tcp)) status = UV_ECONNREFUSED;
   c->status = status;
   if (status == 0) {
     uv_os_fd_t fd;

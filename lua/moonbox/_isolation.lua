@@ -45,6 +45,88 @@ function M.cap_numbers(names)
   return out
 end
 
+-- Who root inside is on the host (docs/isolation.md): a runtime that is
+-- root maps the sandbox's ids 0..count-1 to an unprivileged range no host
+-- account uses (policy `idmap`, else the subordinate ids of SUBID_USER in
+-- /etc/subuid and /etc/subgid, else DEFAULT_IDMAP), so root inside has no
+-- power over anything of the host's; an unprivileged runtime can only map
+-- itself: root inside is the runtime's user.
+M.DEFAULT_IDMAP = { uid = 2000000000, gid = 2000000000, count = 65536 }
+M.SUBID_USER = "moonbox"
+M.SUBUID_FILE, M.SUBGID_FILE = "/etc/subuid", "/etc/subgid"
+
+-- The first range of user in a subordinate id file that has the ids an
+-- image needs (at least 65536), as start, count.
+local function subid_range(file, user)
+  local f = io.open(file, "r")
+  if not f then return nil end
+  for line in f:lines() do
+    local name, start, count = line:match("^%s*([^:#%s]+):(%d+):(%d+)%s*$")
+    start, count = tonumber(start), tonumber(count)
+    if name == user and start > 0 and count >= 65536 and start + count - 1 <= 4294967294 then
+      f:close()
+      return start, count
+    end
+  end
+  f:close()
+end
+
+-- idmap(policy) -> {uid, gid, count}: the host uid and gid of root inside
+-- and how many ids are mapped (1 when the runtime is not root).
+function M.idmap(policy)
+  if core.getuid() ~= 0 then return { uid = core.getuid(), gid = core.getgid(), count = 1 } end
+  local p = policy.idmap or {}
+  if p.uid then return { uid = p.uid, gid = p.gid or p.uid, count = p.count or M.DEFAULT_IDMAP.count } end
+  local uid, ucount = subid_range(M.SUBUID_FILE, p.user or M.SUBID_USER)
+  local gid, gcount = subid_range(M.SUBGID_FILE, p.user or M.SUBID_USER)
+  if uid and gid then return { uid = uid, gid = gid, count = math.min(ucount, gcount, p.count or ucount) } end
+  local d = M.DEFAULT_IDMAP
+  return { uid = d.uid, gid = d.gid, count = p.count or d.count }
+end
+
+-- Per-user kernel counters of the sandbox's own user namespace
+-- (/proc/sys/user/*), written by the init before /proc/sys turns
+-- read-only; policy `userns` overrides them. The kernel charges what the
+-- sandbox uses to every ancestor namespace too, up to the runtime's user on
+-- the host, so these keep one sandbox from taking that user's whole quota
+-- (the host's default max_inotify_instances is 128).
+M.DEFAULT_USERNS = {
+  max_inotify_instances = 32, max_inotify_watches = 65536,
+  max_fanotify_groups = 16, max_fanotify_marks = 8192,
+  max_user_namespaces = 16, max_mnt_namespaces = 64, max_pid_namespaces = 64, max_net_namespaces = 64,
+  max_ipc_namespaces = 64, max_uts_namespaces = 64, max_cgroup_namespaces = 64, max_time_namespaces = 64,
+}
+
+-- Parts of procfs that reach past the sandbox's namespaces: bound over
+-- themselves read-only (global sysctls, sysrq, irq affinity, bus and fs
+-- tunables) or hidden behind an empty read-only file or directory (kernel
+-- memory and symbols, the keyring list, timers and scheduler internals,
+-- hardware). Missing ones are skipped. docs/isolation.md gives the reasons.
+M.PROC_READONLY = { "sys", "sysrq-trigger", "irq", "bus", "fs" }
+M.PROC_MASKED = { "kcore", "keys", "timer_list", "sched_debug", "kallsyms", "latency_stats", "timer_stats",
+  "acpi", "asound", "scsi" }
+
+local function proc_protection(dst)
+  local m = {}
+  for _, name in ipairs(M.PROC_READONLY) do
+    m[#m + 1] = { type = "readonly", dst = dst .. "/" .. name, optional = true }
+  end
+  for _, name in ipairs(M.PROC_MASKED) do m[#m + 1] = { type = "mask", dst = dst .. "/" .. name, optional = true } end
+  return m
+end
+
+local function userns_sysctls(values)
+  local names = {}
+  for name in pairs(values) do names[#names + 1] = name end
+  table.sort(names)
+  local m = {}
+  for _, name in ipairs(names) do
+    m[#m + 1] = { type = "sysctl", dst = "/proc/sys/user/" .. name, data = tostring(math.floor(values[name])),
+      optional = true }
+  end
+  return m
+end
+
 local function exists(path)
   local f = io.open(path, "r")
   if f then f:close() return true end
@@ -70,24 +152,39 @@ function M.mounts(sb, opts)
   end
   m[#m + 1] = { type = "file", dst = "/etc/hostname", data = opts.hostname .. "\n" }
   m[#m + 1] = { type = "proc", dst = "/proc" }
-  m[#m + 1] = { type = "dev", dst = "/dev" }
+  local userns = {}
+  for k, v in pairs(M.DEFAULT_USERNS) do userns[k] = v end
+  for k, v in pairs(opts.userns or {}) do userns[k] = v end
+  for _, s in ipairs(userns_sysctls(userns)) do m[#m + 1] = s end
+  m[#m + 1] = { type = "dev", dst = "/dev", size = opts.tmpBytes } -- the size of its /dev/shm
   m[#m + 1] = { type = "tmpfs", dst = "/tmp", size = opts.tmpBytes }
   m[#m + 1] = { type = "tmpfs", dst = "/root", size = opts.tmpBytes }
   -- a pre-built root (deferred) gets its workspace when a sandbox claims it
   if not opts.deferred then m[#m + 1] = { type = "bind", src = sb.workspace, dst = "/workspace" } end
-  m[#m + 1] = { type = "tmpfs", dst = M.RUN_DIR }
+  m[#m + 1] = { type = "tmpfs", dst = M.RUN_DIR, size = opts.tmpBytes }
   if opts.kernels then m[#m + 1] = { type = "ro_bind", src = opts.kernels, dst = M.KERNEL_DIR } end
   for _, extra in ipairs(opts.extra or {}) do
-    m[#m + 1] = { type = extra.type, src = extra.src, dst = extra.dst, size = extra.size }
+    m[#m + 1] = { type = extra.type, src = extra.src, dst = extra.dst, size = extra.size or
+      ((extra.type == "tmpfs" or extra.type == "dev") and opts.tmpBytes or nil) }
+  end
+  -- last, so nothing mounted later uncovers them; every procfs gets them
+  local procs = {}
+  for _, e in ipairs(m) do if e.type == "proc" then procs[#procs + 1] = e.dst end end
+  for _, dst in ipairs(procs) do
+    for _, e in ipairs(proc_protection(dst == "/" and "" or dst)) do m[#m + 1] = e end
   end
   return m
 end
 
 -- start(sb, opts) -> init, namespaces | nil, message, code
--- opts: network ("none" | "host"), hostname, tmpBytes, kernels, extra
--- (policy mounts), cgroups (dirs the init joins), on_exit, deferred (build
--- the root without the workspace and stay outside it: _prewarm).
+-- opts: network ("none" | "host"), hostname, tmpBytes (each writable tmpfs),
+-- kernels, extra (policy mounts), idmap (M.idmap), userns (policy userns),
+-- cgroups (dirs the init joins), on_exit, deferred (build the root without
+-- the workspace and stay outside it: _prewarm).
 function M.start(sb, opts)
+  local idmap = opts.idmap
+  local uid_map = ("0 %d %d\n"):format(idmap.uid, idmap.count)
+  local gid_map = ("0 %d %d\n"):format(idmap.gid, idmap.count)
   local namespaces = { "user", "mnt", "pid", "ipc", "uts" }
   if opts.network == "none" then namespaces[#namespaces + 1] = "net" end
   local init, err, code = core.sandbox_init {
@@ -98,6 +195,10 @@ function M.start(sb, opts)
     cgroups = opts.cgroups,
     on_exit = opts.on_exit,
     defer_pivot = opts.deferred,
+    uid_map = uid_map, gid_map = gid_map,
+    -- an unprivileged runtime must deny setgroups to map a gid; root keeps
+    -- it, and the init drops the groups it inherited
+    setgroups = core.getuid() == 0 and "allow" or "deny",
   }
   if not init then return nil, err, code end
   return init, namespaces

@@ -36,10 +36,14 @@ local function key_of(policy, network)
   end
   local caps = policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES
   local l = policy.limits
+  local idmap = isolation_mod.idmap(policy)
+  local userns = {}
+  for k, v in pairs(policy.userns or {}) do userns[#userns + 1] = k .. "=" .. tostring(v) end
+  table.sort(userns)
   return table.concat({ network, table.concat(mounts, "\2"), table.concat(caps, ","),
     tostring(policy.seccomp or "default"), tostring(policy.shell), tostring(l.tmpBytes),
     tostring(l.cpuTime), tostring(l.fileSizeBytes), tostring(l.openFiles), tostring(l.memoryBytes),
-    tostring(l.pids) }, "\3")
+    tostring(l.pids), ("%d:%d:%d"):format(idmap.uid, idmap.gid, idmap.count), table.concat(userns, ",") }, "\3")
 end
 M.key_of = key_of
 
@@ -72,8 +76,10 @@ local function make()
     if not shell_cgroup then drop(s) return nil end
     cgroups = { dir }
   end
+  s.idmap = isolation_mod.idmap(policy)
   local init, namespaces = isolation_mod.start({}, {
     network = network, hostname = "moonbox", tmpBytes = policy.limits.tmpBytes,
+    idmap = s.idmap, userns = policy.userns,
     kernels = require("moonbox.code").kernel_dir(), extra = policy.mounts, deferred = true,
     cgroups = cgroups, on_exit = function() if s.owner then s.owner() end end,
   })
@@ -86,6 +92,7 @@ local function make()
     cgroup = shell_cgroup, session_cgroup = session_cgroup,
     spawn_spec = function(spec)
       spec.sandbox, spec.no_new_privs, spec.cap_keep = init, true, caps
+      if s.idmap.count > 1 then spec.pipe_uid, spec.pipe_gid = s.idmap.uid, s.idmap.gid end
       return spec
     end,
   }
@@ -124,7 +131,7 @@ end
 function M.ready() return spare ~= nil end
 
 -- claim(key, hostname, workspace, on_exit) -> {init, shell, namespaces,
--- cgroup_name} | nil. cgroup_name (cgroup mode): the spare's cgroup, which
+-- cgroup_name, idmap} | nil. cgroup_name (cgroup mode): the spare's cgroup, which
 -- becomes the sandbox's (cgroup v2 cannot rename one).
 function M.claim(key, hostname, workspace, on_exit)
   local s = spare

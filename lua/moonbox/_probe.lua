@@ -2,6 +2,7 @@
 -- status must be 200-399 (or opts.status). Each probe gives up after 2 s.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
+local util = require "moonbox._util"
 
 local M = {}
 local PROBE_TIMEOUT_MS = 2000
@@ -34,16 +35,69 @@ local function connect(host, port, opts)
   end, "waitForPort")
 end
 
+-- The inodes of the sockets listening on port, in the network namespace
+-- the probe connects in (the sandbox's own, or ours); nil if unreadable.
+local function listeners(port, opts)
+  local sb = opts and opts.sandbox
+  local net = "/proc/self/net/"
+  if sb and sb.init and sb.network == "none" then net = "/proc/" .. sb.init:pid() .. "/net/" end
+  local found, readable = {}, false
+  for _, file in ipairs { "tcp", "tcp6" } do
+    local text = util.read_file(net .. file)
+    if text then
+      readable = true
+      -- "sl local_address rem_address st ... uid timeout inode"
+      for lport, st, inode in text:gmatch("\n%s*%d+: %x+:(%x+) %x+:%x+ (%x%x) %S+ %S+ %S+ +%d+ +%d+ +(%d+)") do
+        if st == "0A" and tonumber(lport, 16) == port then found[#found + 1] = inode end
+      end
+    end
+  end
+  return readable and found or nil
+end
+
+-- Whether a connection to port was accepted by a listener of the process
+-- being waited for (opts.owner_pids(): the pids of its tree), and not by
+-- one of another process (a server of an earlier run still going away, a
+-- stranger on the host's network): false when the listener is someone
+-- else's or gone; true when it is the tree's, or when that cannot be read.
+local function accepted_by_owner(port, opts)
+  if not (opts and opts.owner_pids) then return true end
+  local inodes = listeners(port, opts)
+  if not inodes then return true end
+  if #inodes == 0 then return false end -- (it went away since)
+  local wanted = {}
+  for _, inode in ipairs(inodes) do wanted["socket:[" .. inode .. "]"] = true end
+  local unreadable = false
+  for _, pid in ipairs(opts.owner_pids()) do
+    local dir = "/proc/" .. pid .. "/fd"
+    local fds = core.readdir(dir)
+    if not fds then
+      unreadable = unreadable or util.read_file("/proc/" .. pid .. "/stat") ~= nil
+    else
+      for _, fd in ipairs(fds) do
+        if wanted[core.readlink(dir .. "/" .. fd) or ""] then return true end
+      end
+    end
+  end
+  return unreadable
+end
+
 function M.tcp(host, port, opts)
   local fd = connect(host, port, opts)
   if not fd then return false end
+  -- (checked while our connection is still open)
+  local ok = accepted_by_owner(port, opts)
   core.close_fd(fd)
-  return true
+  return ok
 end
 
 function M.http(host, port, opts)
   local fd = connect(host, port, opts)
   if not fd then return false end
+  if not accepted_by_owner(port, opts) then
+    core.close_fd(fd)
+    return false
+  end
   local stream = core.stream_open(fd)
   local path = opts.path or "/"
   local request = ("GET %s HTTP/1.0\r\nHost: %s:%d\r\nConnection: close\r\n\r\n"):format(path, host, port)

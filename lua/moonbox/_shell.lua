@@ -242,12 +242,49 @@ Shell.__index = Shell
 
 -- The run directory of a namespaced shell; per-command entries are made
 -- relative to its fd (no path walk through /proc/<init>/root each time).
+--
+-- Under a root runtime the sandbox's tmpfs takes only inodes of ids mapped
+-- inside: the runtime makes the directory and its entries with root
+-- inside's ids (rundir.uid, rundir.gid; setfsuid around the calls). So the
+-- sandbox may put anything there: every open by the runtime is relative to
+-- the directory's fd, never follows a symlink, never blocks, and takes only
+-- a regular file or a FIFO (core.open_fd with a dirfd), FIFOs come from
+-- mkfifo (EEXIST if a name was taken), and whatever is there is the
+-- sandbox's own tmpfs (nodev).
+local function pack(...) return { n = select("#", ...), ... } end
+
+function Shell:_as_root_inside(fn, ...)
+  local ids = self.rundir_ids
+  if not ids then return fn(...) end
+  local ou, og = core.setfsids(ids.uid, ids.gid)
+  if not ou then return nil, og end
+  local res = pack(pcall(fn, ...))
+  core.setfsids(ou, og)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+-- Make entry name (fn(name, ...) as root inside). Something left under the
+-- name (a symlink, a FIFO, a file where a FIFO goes) is removed and the
+-- call made once more: the leftover is the sandbox's, never followed.
+function Shell:_make_entry(fn, name, ...)
+  local res, err, code = self:_as_root_inside(fn, name, ...)
+  if res or (code ~= "ELOOP" and code ~= "EEXIST" and code ~= "EINVAL" and code ~= "ENXIO") then
+    return res, err, code
+  end
+  core.unlink(name, self.rundir_fd)
+  return self:_as_root_inside(fn, name, ...)
+end
+
 function Shell:_open_rundir(rundir)
-  local ok, err, code = core.mkdir(rundir.host, 448)
-  if not ok and code ~= "EEXIST" then return nil, err, code end
+  -- a runtime that is not root maps only itself: nothing to switch
+  self.rundir_ids = rundir.uid and core.getuid() == 0 and rundir.uid ~= 0 and { uid = rundir.uid, gid = rundir.gid }
+    or nil
+  local ok, err, code = self:_as_root_inside(core.mkdir, rundir.host, 448)
+  if not ok then return nil, err, code end
   local fd
-  fd, err, code = core.dir_fd(rundir.host)
-  if not fd then core.rmdir(rundir.host) return nil, err, code end
+  fd, err, code = core.dir_fd(rundir.host, rundir.uid)
+  if not fd then return nil, err, code end
   self.rundir, self.rundir_fd = rundir, fd
   return true
 end
@@ -260,7 +297,7 @@ function Shell:_open_env_file()
     self.env_fd = assert(core.memfd("moonbox-env"))
     return
   end
-  local w = assert(core.open_fd("env", "w", self.rundir_fd))
+  local w = assert(self:_as_root_inside(core.open_fd, "env", "w", self.rundir_fd))
   core.close_fd(w)
   self.env_fd = assert(core.open_fd("env", "r", self.rundir_fd))
 end
@@ -271,7 +308,7 @@ end
 -- then source it all the same.
 function Shell:_open_body_file()
   if self.rundir then
-    self.body_fd = assert(core.open_fd("body", "w", self.rundir_fd))
+    self.body_fd = assert(self:_as_root_inside(core.open_fd, "body", "w", self.rundir_fd))
   else
     self.body_fd = assert(core.memfd("moonbox-body"))
     self.slots[SLOTS.body] = self.body_fd
@@ -279,7 +316,7 @@ function Shell:_open_body_file()
 end
 
 -- spawn{env = map, cwd, cgroup, session_cgroup, shell, on_exit(code, signal), rundir =
--- {host, inside} (namespaces), spawn_spec(spec) -> spec (the sandbox's),
+-- {host, inside, uid, gid} (namespaces), spawn_spec(spec) -> spec (the sandbox's),
 -- deferred (bash starts now, its start-up script comes with :begin(rundir):
 -- a shell made ahead inside a sandbox init that is not finished yet)}
 function M.spawn(opts)
@@ -453,7 +490,7 @@ function Shell:run(req)
   -- a pipe the shell reads: we write data and close our end
   local function feed(slot, data)
     if self.rundir then
-      local fd = assert(core.open_fd(entry(slot), "w", self.rundir_fd))
+      local fd = assert(self:_make_entry(core.open_fd, entry(slot), "w", self.rundir_fd))
       local ok, err = pcall(function()
         local done = 0
         while done < #data do
@@ -484,7 +521,7 @@ function Shell:run(req)
     local s
     if self.rundir then
       local fifo = entry(slot)
-      assert(core.mkfifo(fifo, 384, self.rundir_fd))
+      assert(self:_make_entry(core.mkfifo, fifo, 384, self.rundir_fd))
       s = core.stream_open(assert(core.open_fd(fifo, "fifo", self.rundir_fd)))
     else
       local r, w = pipe()

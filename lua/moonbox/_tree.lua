@@ -178,6 +178,115 @@ function M.kill_marked(name, value, sleep, prefix)
   end
 end
 
+-- ---- proc mode: a background process's tree ------------------------------
+--
+-- Every background process starts in a session of its own (setsid), so its
+-- pid is also its process group and session id, and its descendants keep
+-- both unless they call setsid/setpgid. The kernel does not reuse a pid
+-- while a process group or session of that id lives, so while the leader
+-- runs, or while a member of its group lives, those ids name its tree
+-- only. The leader's exit unpins them the moment the last member dies, so
+-- after the exit a member found by its ids must also carry the process's
+-- marker (MOONBOX_OWNER=<session marker>/p<n>, inherited through fork and
+-- exec); one that left both the group and the session (setsid, double
+-- fork) is found by the marker alone. Best effort: a process that cleared
+-- its environment is lost once it has left the group and the leader is
+-- gone (under namespaces it still dies with the sandbox).
+
+-- One pass over /proc: array of {pid, ppid, pgid, sid, owner} (zombies
+-- left out), reused for every process a call looks at. owner is the value
+-- of MOONBOX_OWNER in the environment, read (a costly read) only where a
+-- tree can need it: a process that left its parent's tree was re-parented
+-- to an adopter (the runtime, a child subreaper; a sandbox init, pid 1 of
+-- its pid namespace); a process in a session or group led by a
+-- process an adopter started in its own session (as the runtime does); or
+-- whose session or group leader is gone.
+function M.proc_table()
+  local me = core.getpid()
+  local adopters = { [me] = true }
+  for _, sb in pairs(require("moonbox.sandbox").all()) do
+    if sb.init and not sb.init_dead then adopters[sb.init:pid()] = true end
+  end
+  local out = {}
+  for _, name in ipairs(core.readdir("/proc") or {}) do
+    local pid = tonumber(name)
+    if pid then
+      local stat = util.read_file("/proc/" .. name .. "/stat")
+      -- after "(comm) ": state ppid pgrp session
+      local state, ppid, pgid, sid = (stat or ""):match("%) (%S) (%-?%d+) (%-?%d+) (%-?%d+)")
+      if state and state ~= "Z" and state ~= "X" then
+        out[#out + 1] = { pid = pid, ppid = tonumber(ppid), pgid = tonumber(pgid), sid = tonumber(sid) }
+      end
+    end
+  end
+  local leaders = {} -- session leaders an adopter started
+  for _, e in ipairs(out) do if e.sid == e.pid and adopters[e.ppid] then leaders[e.pid] = true end end
+  -- a leader the runtime started that exited is no longer seen: a process
+  -- whose group or session has no live leader is a candidate too
+  local alive = {}
+  for _, e in ipairs(out) do alive[e.pid] = true end
+  for _, e in ipairs(out) do
+    if adopters[e.ppid] or leaders[e.sid] or leaders[e.pgid]
+      or (e.sid > 0 and not alive[e.sid]) or (e.pgid > 0 and not alive[e.pgid]) then
+      local env = util.read_file("/proc/" .. e.pid .. "/environ")
+      e.owner = env and ("\0" .. env):match("%zMOONBOX_OWNER=([^%z]*)")
+    end
+  end
+  return out
+end
+
+-- The live pids of the tree of leader (its pid), marked with marker (the
+-- value of MOONBOX_OWNER), as a set {pid = true}, and whether one of them
+-- is in the leader's process group; running: whether the leader has not
+-- been reaped yet. table_: a proc_table() to reuse.
+function M.proc_tree(leader, marker, running, table_)
+  table_ = table_ or M.proc_table()
+  local me = core.getpid()
+  local set, children, pgid_of = {}, {}, {}
+  for _, e in ipairs(table_) do
+    pgid_of[e.pid] = e.pgid
+    if e.pid ~= me then
+      children[e.ppid] = children[e.ppid] or {}
+      table.insert(children[e.ppid], e.pid)
+      if e.pid == leader then
+        if running then set[e.pid] = true end
+      elseif e.pgid == leader or e.sid == leader then
+        if running or e.owner == marker then set[e.pid] = true end
+      elseif e.owner == marker then
+        set[e.pid] = true
+      end
+    end
+  end
+  -- and the descendants of all these (a child that changed its ids and its
+  -- environment is still a child)
+  local queue = {}
+  for pid in pairs(set) do queue[#queue + 1] = pid end
+  while #queue > 0 do
+    local pid = table.remove(queue)
+    for _, c in ipairs(children[pid] or {}) do
+      if not set[c] then set[c] = true queue[#queue + 1] = c end
+    end
+  end
+  local group = false
+  for pid in pairs(set) do if pgid_of[pid] == leader then group = true break end end
+  return set, group
+end
+
+-- Signal a proc-mode tree: the process group first (one kill(2) reaches
+-- every member, also one forking at that instant: the kernel delivers a
+-- group signal to a child being forked), then each pid found. Returns how
+-- many pids were found.
+function M.signal_proc_tree(leader, marker, running, sig)
+  local set, group = M.proc_tree(leader, marker, running)
+  local n = 0
+  for _ in pairs(set) do n = n + 1 end
+  if n == 0 then return 0 end
+  -- the group outlives its leader while a member lives (that pins the id)
+  if group then core.kill(-leader, sig) end
+  for pid in pairs(set) do core.kill(pid, sig) end
+  return n
+end
+
 function M.signal_pids(pids, sig)
   local n = 0
   for _, pid in ipairs(pids) do

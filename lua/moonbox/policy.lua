@@ -14,6 +14,8 @@ M.defaults = {
     maxLogBytes = 1024 * 1024,         -- per stream, per background process
     maxSessions = 64,
     maxProcesses = 256,
+    maxCompletedProcesses = 1000,      -- records of ended processes kept (oldest dropped first)
+    maxCompletedLogBytes = 64 * 1024 * 1024, -- their logs, in all
     killGraceMs = 5000,                -- kill(): SIGTERM, then SIGKILL after this
     timeoutGraceMs = 500,              -- exec timeout: SIGTERM, then SIGKILL after this
     maxFileBytes = 64 * 1024 * 1024,   -- readFile refuses bigger files (FILE_TOO_LARGE)
@@ -30,6 +32,7 @@ M.defaults = {
 }
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
+  "maxCompletedProcesses", "maxCompletedLogBytes",
   "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "cpuTime", "fileSizeBytes",
   "openFiles" }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true }
@@ -103,6 +106,45 @@ local checks = {
     end
   end,
   name = function(v) expect(v, "string", "name") end,
+  -- host ids of the sandbox's ids 0..count-1 when the runtime is root
+  -- (docs/isolation.md); never host root, never past the last uid
+  idmap = function(v)
+    expect(v, "table", "idmap")
+    if v == nil then return end
+    for k in pairs(v) do
+      if k ~= "uid" and k ~= "gid" and k ~= "count" and k ~= "user" then
+        invalid("idmap." .. tostring(k), "unknown key")
+      end
+    end
+    expect(v.user, "string", "idmap.user")
+    local count = v.count
+    if count ~= nil and (type(count) ~= "number" or count < 1 or count % 1 ~= 0 or count > 4294967295) then
+      invalid("idmap.count", "expected an integer >= 1")
+    end
+    for _, k in ipairs { "uid", "gid" } do
+      local id = v[k]
+      if id ~= nil then
+        if type(id) ~= "number" or id % 1 ~= 0 or id < 1 then
+          invalid("idmap." .. k, "expected an integer >= 1 (0 would make root inside the host's root)")
+        end
+        if id + (count or 65536) - 1 > 4294967294 then
+          invalid("idmap." .. k, "the range ends past the last id (4294967294)")
+        end
+      end
+    end
+    if v.gid ~= nil and v.uid == nil then invalid("idmap.uid", "required with idmap.gid") end
+  end,
+  -- the sandbox user namespace's own /proc/sys/user counters
+  userns = function(v)
+    expect(v, "table", "userns")
+    local known = require("moonbox._isolation").DEFAULT_USERNS
+    for k, n in pairs(v or {}) do
+      if known[k] == nil then invalid("userns." .. tostring(k), "unknown key") end
+      if type(n) ~= "number" or n < 0 or n % 1 ~= 0 or n > 2147483647 then
+        invalid("userns." .. k, "expected an integer >= 0")
+      end
+    end
+  end,
 }
 
 function M.validate(policy)

@@ -25,8 +25,18 @@ local function after(ms, fn)
   return t
 end
 
+-- Over a copy: a listener may detach itself (or another) while called, and
+-- removing from the list being walked skipped the next one (a second log
+-- reader never saw its exit event and never ended). One detached meanwhile
+-- is not called.
 local function notify(list, ...)
-  for _, fn in ipairs(list) do fn(...) end
+  local copy = {}
+  for i, fn in ipairs(list) do copy[i] = fn end
+  for _, fn in ipairs(copy) do
+    for _, f in ipairs(list) do
+      if f == fn then fn(...) break end
+    end
+  end
 end
 
 -- Public fields are plain: id, pid, command, status, startTime, endTime,
@@ -59,7 +69,14 @@ function Process:_exited(code, signal)
   elseif code == 0 then self.status = "completed"
   else self.status = "failed" end
   self._term_signal = signal
-  for _, t in pairs(self._timers) do if not t:is_closing() then t:close() end end
+  -- descendants that outlive the process are still its tree: a pending
+  -- timeout or kill grace goes on for them
+  if not (next(self._timers) and self:_alive()) then
+    for name, t in pairs(self._timers) do
+      if not t:is_closing() then t:close() end
+      self._timers[name] = nil
+    end
+  end
   -- output written before the exit is in the pipes: take it before reporting
   for stream, s in pairs(self._pipes) do
     local rest = s:try_read()
@@ -67,6 +84,8 @@ function Process:_exited(code, signal)
   end
   -- forgotten before anyone is told, so a waiter that wakes sees it gone
   if self._auto_cleanup and self._sandbox.processes[self.id] == self then self._sandbox.processes[self.id] = nil end
+  if self._cgroup then self:_alive() end -- an empty cgroup is removed now
+  M.completed(self) -- (before anyone is told: a waiter sees the bounds applied)
   if self._on_exit then
     local ok, err = pcall(self._on_exit, code)
     if not ok then io.stderr:write("moonbox: onExit: ", errors.format(err), "\n") end
@@ -75,10 +94,6 @@ function Process:_exited(code, signal)
   local waiters = self._exit_waiters
   self._exit_waiters = {}
   notify(waiters)
-  if self._cgroup and not tree.populated(self._cgroup) then
-    tree.remove_cgroup(self._cgroup)
-    self._cgroup_removed = true
-  end
 end
 
 function Process:_close_pipes()
@@ -92,38 +107,104 @@ function Process:_running()
   return self.status == "running" or self.status == "starting"
 end
 
+-- Whether anything of the process's tree lives: the process itself, or
+-- descendants that outlived it (a daemon, a fork bomb's children). In
+-- cgroup mode the tree is everything in its cgroup; in proc mode see
+-- _tree.proc_tree. A tree found empty once stays empty: its cgroup is
+-- removed, and in proc mode its ids are no longer looked for.
+function Process:_alive(proc_table)
+  if self:_running() then return self.pid ~= nil end
+  if not self.pid or self._tree_gone then return false end
+  if self._cgroup then
+    if not self._cgroup_removed and tree.populated(self._cgroup) then return true end
+    if not self._cgroup_removed then tree.remove_cgroup(self._cgroup) end
+    self._cgroup_removed = true
+  elseif next((tree.proc_tree(self.pid, self._marker, false, proc_table))) then
+    return true
+  end
+  self._tree_gone = true
+  return false
+end
+
 -- The pids of the process's tree (the process, its descendants, and in
 -- cgroup mode anything that setsid'd or double-forked away from it).
 function Process:_tree_pids()
-  if self._cgroup then return tree.cgroup_pids(self._cgroup) end
-  local pids = tree.descendants(self.pid)
-  table.insert(pids, 1, self.pid)
+  if not self.pid or self._tree_gone then return {} end
+  if self._cgroup then
+    return self._cgroup_removed and {} or tree.cgroup_pids(self._cgroup)
+  end
+  local pids = {}
+  for pid in pairs(tree.proc_tree(self.pid, self._marker, self:_running())) do pids[#pids + 1] = pid end
   return pids
 end
 
+-- SIGKILL in proc mode is repeated every 10 ms (about 2 s at most) until
+-- nothing of the tree is left: a process forked between a scan and its
+-- kill is found by the next pass.
+local KILL_PASSES, KILL_PASS_MS = 200, 10
+
 function Process:_signal_tree(sig)
-  if sig == core.signum("SIGKILL") and self._cgroup then
-    tree.kill_cgroup(self._cgroup)
+  if not self.pid or self._tree_gone then return end
+  if self._cgroup then
+    if self._cgroup_removed then return end
+    if sig == core.signum("SIGKILL") then tree.kill_cgroup(self._cgroup) return end
+    tree.signal_pids(tree.cgroup_pids(self._cgroup), sig)
     return
   end
-  tree.signal_pids(self:_tree_pids(), sig)
+  local found = tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig)
+  if sig ~= core.signum("SIGKILL") or found == 0 or self._timers.passes then return end
+  local passes = 0
+  local t = core.timer()
+  self._timers.passes = t
+  t:start(KILL_PASS_MS, KILL_PASS_MS, function()
+    passes = passes + 1
+    if passes >= KILL_PASSES or not self:_alive() then
+      t:close()
+      self._timers.passes = nil
+      return
+    end
+    tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig)
+  end)
+end
+
+-- Wait (in a task) until nothing of the tree is left, at most ~2 s: the
+-- SIGKILLed processes take a moment to exit.
+function Process:_wait_tree_gone()
+  for _ = 1, KILL_PASSES do
+    if not self:_alive() then return true end
+    async.sleep(KILL_PASS_MS)
+  end
+  return not self:_alive()
 end
 
 -- kill(signal?): an explicit signal is sent to the whole tree; without one,
 -- SIGTERM now and SIGKILL to whatever is left after limits.killGraceMs.
 function Process:kill(signal)
+  return self:_kill(signal)
+end
+
+-- A proc-mode process that ended but is not yet known to have left nothing
+-- needs a /proc pass to tell: calls that look at many take one, shared.
+local function needs_scan(p)
+  return not p:_running() and p.pid and not p._cgroup and not p._tree_gone
+end
+
+-- kill(signal); scan: a tree.proc_table() to reuse.
+function Process:_kill(signal, scan)
   if signal ~= nil and type(signal) ~= "string" and type(signal) ~= "number" then
     V.fail("signal", "expected a signal name or number")
   end
   local ok, signum = pcall(core.signum, signal or "SIGTERM")
   if not ok then V.fail("signal", ("unknown signal %s"):format(tostring(signal))) end
-  if not self:_running() or not self.pid then return { success = false, processId = self.id, status = self.status } end
-  self._signalled = true
+  if not self:_alive(scan) then return { success = false, processId = self.id, status = self.status } end
+  -- (a process that already ended keeps its status; its leftovers die)
+  if self:_running() then self._signalled = true end
   self:_signal_tree(signum)
-  if signal == nil then
+  if signal == nil and not self._timers.kill then
     local grace = self._sandbox.policy.limits.killGraceMs
     self._timers.kill = after(grace, function()
-      if self:_running() then self:_signal_tree(core.signum("SIGKILL")) end
+      self._timers.kill = nil
+      if self:_alive() then self:_signal_tree(core.signum("SIGKILL")) end
     end)
   end
   return { success = true, processId = self.id, signal = core.signame(signum) }
@@ -340,7 +421,9 @@ function Process:waitForPort(port, opts)
   local deadline = opts.timeout and util.now_ms() + opts.timeout
   -- A port gives no event to wait for: probe, then sleep an interval (or
   -- until the process exits, whichever comes first).
-  local probe_opts = { path = opts.path, status = opts.status, sandbox = self._sandbox }
+  -- only a listener of this process's tree makes it ready
+  local probe_opts = { path = opts.path, status = opts.status, sandbox = self._sandbox,
+    owner_pids = function() return self:_tree_pids() end }
   while true do
     if probe[mode](host, port, probe_opts) then return { success = true, port = port, mode = mode } end
     if not self:_running() then
@@ -414,9 +497,13 @@ function Session:startProcess(command, opts)
   p._timers, p._pipes = {}, {}
   p._oom_before = limits.oom_kills(sb.limits_state)
   sb.processes[id] = p
+  -- proc mode finds what left the tree by this (_tree.proc_tree)
+  sb.process_spawns = (sb.process_spawns or 0) + 1
+  p._marker = tree.owner(sb.id, self.id) .. "/p" .. sb.process_spawns
 
   local full_env = util.copy(self:current_env())
   for k, v in pairs(env or {}) do if v == false then full_env[k] = nil else full_env[k] = v end end
+  full_env.MOONBOX_OWNER = p._marker
   local args = type(command) == "table" and command or { "bash", "-c", command }
   for i, a in ipairs(args) do args[i] = tostring(a) end
   if tree.mode() == "cgroup" then
@@ -442,6 +529,7 @@ function Session:startProcess(command, opts)
     if p._cgroup then tree.remove_cgroup(p._cgroup) p._cgroup = nil end
     notify(p._exit_waiters)
     p._exit_waiters = {}
+    M.completed(p)
     return p
   end
   p.pid = proc:pid()
@@ -464,7 +552,8 @@ function Session:startProcess(command, opts)
   end
   if opts.timeout and opts.timeout > 0 then
     p._timers.timeout = after(opts.timeout, function()
-      if p:_running() then p:kill() end
+      p._timers.timeout = nil
+      if p:_alive() then p:kill() end
     end)
   end
   if opts.onStart then
@@ -472,6 +561,81 @@ function Session:startProcess(command, opts)
     if not ok then io.stderr:write("moonbox: onStart: ", errors.format(err), "\n") end
   end
   return p
+end
+
+-- ---- completed records: bounded, and removable ---------------------------
+--
+-- A sandbox keeps the record (status, exit code, logs) of a process that
+-- ended until cleanupCompletedProcesses() or autoCleanup removes it, but no
+-- more than limits.maxCompletedProcesses of them, holding no more than
+-- limits.maxCompletedLogBytes of logs in all: past either bound the oldest
+-- completed records are dropped first. A record whose tree still lives
+-- (descendants that outlived the process) is kept: it is how they are
+-- found and killed.
+
+local function sandbox_records(sb)
+  sb.completed_records = sb.completed_records or {}
+  return sb.completed_records
+end
+
+local function log_bytes(p)
+  return p._logs.stdout.size + p._logs.stderr.size
+end
+
+-- Remove the records that are done (ended, and nothing of their tree
+-- lives), oldest first, while pick(count, bytes) (of the records left)
+-- says so; returns how many.
+local function remove_done(sb, pick)
+  local list = sandbox_records(sb)
+  local kept, removed, bytes, count = {}, 0, 0, 0
+  for _, p in ipairs(list) do
+    if sb.processes[p.id] == p then
+      count = count + 1
+      bytes = bytes + log_bytes(p)
+    end
+  end
+  local scan -- one /proc pass for every proc-mode record checked
+  for _, p in ipairs(list) do
+    if sb.processes[p.id] == p then
+      local drop = false
+      if pick(count, bytes) then
+        if needs_scan(p) then scan = scan or tree.proc_table() end
+        drop = not p:_alive(scan)
+      end
+      if drop then
+        sb.processes[p.id] = nil
+        removed, count, bytes = removed + 1, count - 1, bytes - log_bytes(p)
+        p:_close_pipes()
+      else
+        kept[#kept + 1] = p
+      end
+    end
+  end
+  sb.completed_records = kept
+  return removed
+end
+
+-- Called when a record completes: remember it, and enforce the bounds.
+function M.completed(p)
+  local sb = p._sandbox
+  if sb.processes[p.id] ~= p then return end -- autoCleanup took it
+  local list = sandbox_records(sb)
+  list[#list + 1] = p
+  local limits_ = sb.policy.limits
+  local max_count, max_bytes = limits_.maxCompletedProcesses, limits_.maxCompletedLogBytes
+  if #list <= max_count then
+    local bytes = 0
+    for _, q in ipairs(list) do bytes = bytes + log_bytes(q) if bytes > max_bytes then break end end
+    if bytes <= max_bytes then return end
+  end
+  remove_done(sb, function(count, bytes) return count > max_count or bytes > max_bytes end)
+end
+
+-- cleanupCompletedProcesses() -> number of records removed: every process
+-- that ended (completed, failed, killed, error) and left nothing running.
+function Session:cleanupCompletedProcesses()
+  self:_check_live()
+  return remove_done(self.sandbox, function() return true end)
 end
 
 -- ---- sandbox-wide calls (any session sees every process) -------------------
@@ -506,10 +670,12 @@ end
 
 function Session:killAllProcesses(signal)
   self:_check_live()
-  local n = 0
+  -- a process whose own pid ended counts while its tree lives
+  local n, scan = 0, nil
   for _, p in pairs(self.sandbox.processes) do
-    if p:_running() and p.pid then
-      p:kill(signal)
+    if needs_scan(p) then scan = scan or tree.proc_table() end
+    if p:_alive(scan) then
+      p:_kill(signal, scan)
       n = n + 1
     end
   end
@@ -594,16 +760,19 @@ end
 -- Kill the processes a session started (deleteSession) or all of a
 -- sandbox's (destroy), and wait until they are gone.
 function M.kill_all(sb, session_id)
-  local victims = {}
+  local victims, scan = {}, nil
   for _, p in pairs(sb.processes) do
-    if (session_id == nil or p.sessionId == session_id) and p:_running() and p.pid then
-      p._signalled = true
+    local mine = session_id == nil or p.sessionId == session_id
+    if mine and needs_scan(p) then scan = scan or tree.proc_table() end
+    if mine and p:_alive(scan) then
+      if p:_running() then p._signalled = true end
       p:_signal_tree(core.signum("SIGKILL"))
       victims[#victims + 1] = p
     end
   end
   for _, p in ipairs(victims) do
     if p:_running() then p:waitForExit(5000) end
+    p:_wait_tree_gone()
     if p._cgroup and not p._cgroup_removed then
       tree.remove_when_empty(p._cgroup, async.sleep)
       p._cgroup_removed = true

@@ -72,6 +72,16 @@ function M.getSandbox(id, opts)
   if not ok then
     errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(err), { root = root })
   end
+  -- who root inside is on the host; the workspace is root inside's
+  local idmap = isolation ~= "none" and isolation_mod.idmap(policy)
+    or { uid = core.getuid(), gid = core.getgid(), count = 1 }
+  if idmap.count > 1 then
+    ok, err = core.chown(workspace, idmap.uid, idmap.gid)
+    if not ok then
+      errors.raise("FILESYSTEM_ERROR", "cannot give the workspace to the sandbox's root: " .. tostring(err),
+        { root = root })
+    end
+  end
   local self = setmetatable({
     id = id,
     root = root,
@@ -90,6 +100,7 @@ function M.getSandbox(id, opts)
     process_seq = 0,
     shell_seq = 0,
     cgroup_name = "sb-" .. id,
+    idmap = idmap,
   }, Sandbox)
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
   self.limits_state = limits.setup(self)
@@ -117,6 +128,8 @@ function M.getSandbox(id, opts)
         tmpBytes = policy.limits.tmpBytes,
         kernels = require("moonbox.code").kernel_dir(),
         extra = policy.mounts,
+        idmap = idmap,
+        userns = policy.userns,
         cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
         on_exit = on_init_exit,
       })
@@ -133,7 +146,7 @@ function M.getSandbox(id, opts)
         self.prebuilt_shell = nil
         self.shell_seq = self.shell_seq + 1
         local inside = isolation_mod.RUN_DIR .. "/sh-" .. self.shell_seq
-        if sh:begin({ host = self.fs_root .. inside, inside = inside }) then self.spare = sh else sh:kill() end
+        if sh:begin(self:_rundir(inside)) then self.spare = sh else sh:kill() end
       end
     elseif isolation == "namespaces" or tostring(namespaces):find("mount #", 1, true) then
       -- "auto" falls back when the kernel refuses namespaces, never to hide
@@ -144,6 +157,8 @@ function M.getSandbox(id, opts)
         { isolation = isolation, errno = code })
     else
       self.isolation_error = tostring(namespaces)
+      -- unisolated: its processes are the runtime's user
+      self.idmap = { uid = core.getuid(), gid = core.getgid(), count = 1 }
     end
   end
   registry[id] = self
@@ -160,6 +175,8 @@ function Sandbox:_spawn_spec(spec)
     spec.sandbox = self.init
     spec.no_new_privs = true
     spec.cap_keep = self.cap_keep
+    -- its pipes are root inside's (a script reopens /dev/stdin, bash its /dev/fd/60)
+    if self.idmap.count > 1 then spec.pipe_uid, spec.pipe_gid = self.idmap.uid, self.idmap.gid end
   end
   return spec
 end
@@ -245,6 +262,12 @@ function Sandbox:_take_spare(no_refill)
   return spare
 end
 
+-- A shell's run directory: its path inside, the same from the runtime, and
+-- the ids of root inside (who gets the entries the shell writes).
+function Sandbox:_rundir(inside)
+  return { host = self.fs_root .. inside, inside = inside, uid = self.idmap.uid, gid = self.idmap.gid }
+end
+
 -- A session shell (_shell.spawn) started in this sandbox; under namespaces
 -- its per-command pipes are FIFOs in a directory of its own under .run.
 function Sandbox:_spawn_shell(opts)
@@ -252,8 +275,7 @@ function Sandbox:_spawn_shell(opts)
     self.shell_seq = self.shell_seq + 1
     local name = "sh-" .. self.shell_seq
     -- a tmpfs inside, reached from here through the init's root
-    local inside = isolation_mod.RUN_DIR .. "/" .. name
-    opts.rundir = { host = self.fs_root .. inside, inside = inside }
+    opts.rundir = self:_rundir(isolation_mod.RUN_DIR .. "/" .. name)
   end
   opts.spawn_spec = function(spec) return self:_spawn_spec(spec) end
   return shell_mod.spawn(opts)
@@ -361,8 +383,18 @@ end
 function Sandbox:deleteSession(id)
   self:_check_live()
   V.type(id, "string", "sessionId")
-  if id == "default" then V.fail("sessionId", "the default session cannot be deleted") end
-  local s = self:getSession(id)
+  local s
+  if id == "default" then
+    -- a reset: its shell and all it started die; the next call that needs
+    -- the default session gets a fresh one. One still starting is awaited
+    -- first (it must not outlive the reset); one never made has nothing to kill.
+    if self.sessions.default == nil then
+      return { success = true, sessionId = id, timestamp = util.timestamp() }
+    end
+    s = self:_default()
+  else
+    s = self:getSession(id)
+  end
   self.sessions[id] = nil
   -- its processes first, so they end as "killed" (ours) before the session's
   -- sweep reaches them
@@ -422,6 +454,7 @@ end
 function Sandbox:info()
   local in_force = {}
   for _, k in ipairs { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
+    "maxCompletedProcesses", "maxCompletedLogBytes",
     "killGraceMs", "timeoutGraceMs", "maxFileBytes" } do
     in_force[k] = self.policy.limits[k]
   end
@@ -436,6 +469,11 @@ function Sandbox:info()
     killMode = tree.mode(), limits = in_force,
     enforcement = util.copy(self.limits_state.enforced), notEnforced = util.copy(self.limits_state.not_enforced),
     seccomp = self.limits_state.seccomp_profile, noNewPrivs = self.limits_state.seccomp ~= nil,
+    -- host ids of root inside (count 1: only root is mapped, to the runtime's user)
+    idmap = util.copy(self.idmap),
+    -- the bounding (and only) capability set of every process under
+    -- namespaces; unisolated processes are the runtime's, with its own
+    capabilities = self.init and util.copy(self.policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES) or nil,
   }
 end
 

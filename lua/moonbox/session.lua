@@ -555,6 +555,10 @@ function Session:_destroy()
   if self.cgroup then
     tree.kill_cgroup(self.cgroup)
   elseif sh and not sh.dead then
+    -- the shell's process group first: its background jobs stay in it
+    -- (no job control), and one kill(2) reaches a fork bomb's every member
+    -- (the live shell pins the group id)
+    core.kill(-sh.pid, "SIGKILL")
     tree.signal_pids(tree.descendants(sh.pid), "SIGKILL")
   end
   if not self.cgroup then

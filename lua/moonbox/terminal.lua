@@ -40,6 +40,16 @@ function Session:terminal(opts)
   -- tty(1) and ttyname() work inside
   local master, slave = core.openpty(cols, rows, sb.init and (sb.fs_root .. "/dev/ptmx") or nil)
   if not master then errors.raise("FILESYSTEM_ERROR", "cannot open a pty: " .. tostring(slave)) end
+  -- devpts gives the pty to whoever opened ptmx (us): root inside reopens it
+  -- by name (tty, ssh, script), so it is root inside's
+  if sb.init and sb.idmap.count > 1 then
+    local ok, msg = core.chown(slave, sb.idmap.uid, sb.idmap.gid)
+    if not ok then
+      core.close_fd(master)
+      core.close_fd(slave)
+      errors.raise("FILESYSTEM_ERROR", "cannot give the pty to the sandbox's root: " .. tostring(msg))
+    end
+  end
   sb.terminal_seq = (sb.terminal_seq or 0) + 1
   local t = setmetatable({ cols = cols, rows = rows, chunks = {}, buffered = 0, listeners = {}, exited = false,
     sessionId = self.id, _sandbox = sb, _exit_waiters = {} }, Terminal)

@@ -293,6 +293,14 @@ function H.list_processes(ctx)
   return 200, list
 end
 
+-- POST /processes/cleanup {sessionId?} -> {success, count, timestamp}
+function H.cleanup_processes(ctx)
+  check_query(ctx)
+  local s = ctx:session(true)
+  ctx:no_more()
+  return 200, { success = true, count = s:cleanupCompletedProcesses(), timestamp = util.timestamp() }
+end
+
 function H.kill_all(ctx)
   check_query(ctx, { signal = true })
   local n = ctx:session():killAllProcesses(query_signal(ctx))
@@ -510,7 +518,7 @@ for _, r in ipairs {
   { "POST", "/env", H.env },
   { "POST", "/exec", H.exec }, { "POST", "/exec/stream", H.exec_stream },
   { "POST", "/processes", H.start_process }, { "GET", "/processes", H.list_processes },
-  { "DELETE", "/processes", H.kill_all },
+  { "DELETE", "/processes", H.kill_all }, { "POST", "/processes/cleanup", H.cleanup_processes },
   { "GET", "/processes/{processId}", H.get_process }, { "DELETE", "/processes/{processId}", H.kill_process },
   { "GET", "/processes/{processId}/logs", H.process_logs },
   { "GET", "/processes/{processId}/logs/stream", H.process_logs_stream },
