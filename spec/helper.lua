@@ -122,11 +122,12 @@ local WATCHDOG_MS = tonumber(os.getenv("MOONBOX_SPEC_WATCHDOG_MS")) or 240000
 -- Loop-lag watchdog (issue #14: no call may hold the loop longer than about
 -- 10 ms). While run_task drives the loop, a repeating 10 ms timer measures
 -- each tick's stall: how late it came (wall clock) but at most the CPU time
--- the process used meanwhile. A loop held by work (a backtracking pattern,
--- a synchronous listing, an encode) uses the CPU all that time, so it counts
--- in full; a process merely descheduled on a busy machine (2 cores shared by
--- parallel builds and tests) uses none, so scheduling noise does not. (A loop
--- blocked in a sleeping syscall is missed; moonbox makes none on the loop.)
+-- the loop's thread used meanwhile. A loop held by work (a backtracking
+-- pattern, a synchronous listing, an encode) uses the CPU all that time, so
+-- it counts in full; a process merely descheduled on a busy machine (2 cores
+-- shared by parallel builds and tests) uses none, and work on the thread
+-- pool is another thread's, so neither counts. (A loop blocked in a
+-- sleeping syscall is missed; moonbox makes none on the loop.)
 -- The time a spec blocks in its own setup (helper.sh, io.popen, os.execute)
 -- is excused. A run whose worst stall exceeds LAG_BOUND_MS fails, naming it.
 --
@@ -178,20 +179,41 @@ function helper.allow_lag(ms, reason)
   allowance = { ms = ms, reason = reason }
 end
 
+-- CPU time of the calling thread, in ms: the loop's, when called from a
+-- timer (the process's would add the thread pool's work, which runs beside
+-- the loop, not in its way).
+local thread_cpu_ms
+do
+  local ffi = require "ffi"
+  ffi.cdef [[
+    typedef struct { long tv_sec; long tv_nsec; } mb_spec_timespec;
+    int clock_gettime(int clockid, mb_spec_timespec *tp);
+  ]]
+  local ts = ffi.new("mb_spec_timespec")
+  local CLOCK_THREAD_CPUTIME_ID = 3
+  thread_cpu_ms = function()
+    if ffi.C.clock_gettime(CLOCK_THREAD_CPUTIME_ID, ts) ~= 0 then return os.clock() * 1000 end
+    return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+  end
+end
+
 local function lag_watch()
   local t = core.timer()
   local state = { worst = 0, worst_wall = 0 }
-  local last, last_cpu, last_excused = core.hrtime(), os.clock(), excused_ns
-  t:start(LAG_TICK_MS, LAG_TICK_MS, function()
-    local now, cpu = core.hrtime(), os.clock()
+  local last, last_cpu, last_excused = core.hrtime(), thread_cpu_ms(), excused_ns
+  -- also called once when the run ends: a stall at the very end leaves no
+  -- later tick to notice it
+  state.tick = function()
+    local now, cpu = core.hrtime(), thread_cpu_ms()
     local excused = (excused_ns - last_excused) / 1e6
     local late = (now - last) / 1e6 - LAG_TICK_MS - excused
-    local busy = (cpu - last_cpu) * 1000 - excused
+    local busy = cpu - last_cpu - excused
     local stall = math.min(late, busy)
     if stall > state.worst then state.worst = stall end
     if late > state.worst_wall then state.worst_wall = late end
     last, last_cpu, last_excused = now, cpu, excused_ns
-  end)
+  end
+  t:start(LAG_TICK_MS, LAG_TICK_MS, state.tick)
   t:unref() -- it must never keep the loop (or a DEADLOCK check) alive
   state.timer = t
   return state
@@ -203,6 +225,7 @@ end
 function helper.loop_stall(fn)
   local state = lag_watch()
   local ok, err = pcall(fn)
+  state.tick()
   state.timer:close()
   if not ok then error(err, 0) end
   return state.worst
@@ -243,6 +266,7 @@ function run_task(fn)
   local lag = lag_watch()
   local results = { pcall(moonbox.run, fn) }
   watchdog:close()
+  lag.tick()
   lag.timer:stop()
   if not results[1] then
     allowance = nil
