@@ -136,11 +136,12 @@ local WATCHDOG_MS = tonumber(os.getenv("MOONBOX_SPEC_WATCHDOG_MS")) or 240000
 -- (building a 100 MB string to write) counts; far below the stalls issue #14
 -- found (12.9 s for one pattern, 4.3 s for one listing). Measured on this
 -- 2-core machine under a load average of 8, with the issue #14 fixes, over
--- the session, process, files, api, code, contract, policy, terminal and
--- containment specs: the worst stall of an ordinary test was 97 ms, most
--- under 50 ms (wall lateness alone reached 330-850 ms, from scheduling);
--- 250 ms leaves 2.5 times that. The only runs over it build or move 16-100
--- MB in one piece (0.3-1.8 s; marked with helper.allow_lag, with reasons).
+-- the session, process, files, api, code, cli, contract, policy, terminal,
+-- containment, isolation and root_identity specs: the worst stall of an
+-- ordinary test was 103 ms, most under 60 ms (wall lateness alone reached
+-- 330-850 ms, from scheduling); 250 ms leaves 2.5 times that. The only runs
+-- over it build or move 16-100 MB in one piece (0.3-2.8 s; marked with
+-- helper.allow_lag, with reasons).
 -- MOONBOX_SPEC_LAG_BOUND_MS overrides the bound (0 turns the check off);
 -- MOONBOX_SPEC_LAG_REPORT=1 prints each run's worst stall and lateness.
 local LAG_TICK_MS = 10
