@@ -481,6 +481,8 @@ describe("files: writeFile and readFile", function()
   end)
 
   it("round-trips 100 MB of every byte value through base64 and readFileStream", function()
+    helper.allow_lag(10000, "this spec builds and encodes 100 MB in Lua, and writeFile and readFile decode, " ..
+      "classify and encode 100 MB in one call each on the loop")
     with_sandbox(function(sb)
       -- an independent copy, made by the shell
       sb:exec([[printf "$(printf '\\%03o' $(seq 0 255))" > one && for i in $(seq 14); do cat one one > two && ]] ..
@@ -539,6 +541,7 @@ end)
 
 describe("files: cancellation and garbage collection", function()
   it("closes its file when the task is cancelled in the middle of a read or write", function()
+    helper.allow_lag(3000, "this spec builds a 30 MB string and readFile returns 30 MB, classified on the loop")
     with_sandbox(function(sb)
       sb:exec("head -c 30000000 /dev/zero > z.bin")
       local data = ("w"):rep(30000000)
@@ -676,6 +679,50 @@ describe("files: listFiles and exists", function()
       end
       assert.same({ ".dot", ".dot/d", "a", "sub", "sub/.git", "sub/.git/c", "sub/b" }, rel)
       assert.equal("/workspace/top/sub/b", sb:listFiles("top", { recursive = true }).files[3].absolutePath)
+    end)
+  end)
+
+  it("caps the entries at limit and says so with truncated; refuses a bad limit", function()
+    with_sandbox(function(sb)
+      sb:exec("mkdir -p d/sub && touch d/a d/b d/c d/sub/x d/sub/y d/.h")
+      local r = sb:listFiles("d")
+      assert.same({ 4, false }, { r.count, r.truncated })
+      r = sb:listFiles("d", { limit = 4 })
+      assert.same({ 4, false }, { r.count, r.truncated }) -- exactly as many as there are
+      r = sb:listFiles("d", { limit = 2 })
+      assert.same({ 2, true, "a", "b" }, { r.count, r.truncated, r.files[1].name, r.files[2].name })
+      local rel = {}
+      r = sb:listFiles("d", { recursive = true, includeHidden = true, limit = 5 })
+      for _, f in ipairs(r.files) do rel[#rel + 1] = f.relativePath end
+      assert.same({ ".h", "a", "b", "c", "sub" }, rel)
+      assert.is_true(r.truncated)
+      r = sb:listFiles("d", { recursive = true, limit = 6 })
+      assert.same({ 6, false, "sub/y" }, { r.count, r.truncated, r.files[6].relativePath })
+      for _, bad in ipairs { 0, -1, 1.5, "10", files.LIST_MAX_LIMIT + 1 } do
+        fails("VALIDATION_FAILED", sb.listFiles, sb, "d", { limit = bad })
+      end
+      fails("NOT_DIRECTORY", sb.listFiles, sb, "d/a")
+      fails("FILE_NOT_FOUND", sb.listFiles, sb, "d/none")
+    end)
+  end)
+
+  it("lists a directory of 50000 entries while the loop keeps turning", function()
+    with_sandbox(function(sb, ws)
+      -- made from the host side: a command in the sandbox would take longer
+      helper.sh(("cd %q && mkdir big && cd big && seq -w 1 50000 | xargs touch"):format(ws))
+      local ok, worst = pcall(helper.loop_stall, function()
+        local r = sb:listFiles("big", { limit = 20000 })
+        assert.same({ 20000, true, "00001", "20000" }, { r.count, r.truncated, r.files[1].name, r.files[20000].name })
+        r = sb:listFiles("big", { limit = files.LIST_MAX_LIMIT })
+        assert.same({ 50000, false, "50000" }, { r.count, r.truncated, r.files[50000].name })
+        r = sb:listFiles("big")
+        assert.same({ files.LIST_LIMIT, true }, { r.count, r.truncated })
+      end)
+      -- removed from the host side too: destroy's remove_tree is synchronous
+      helper.sh(("rm -rf %q/big"):format(ws))
+      if not ok then error(worst, 0) end
+      -- read synchronously, 300k entries held every sandbox for 4.3 s
+      assert.is_true(worst < 250, ("the loop stalled %.0f ms"):format(worst))
     end)
   end)
 
@@ -832,6 +879,21 @@ describe("files: watch", function()
     for _, c in ipairs(cases) do
       assert.equal(c[3], files.glob_matches(c[1], c[2]), c[1] .. " vs " .. c[2])
     end
+  end)
+
+  it("matches globs without backtracking blow-up, and refuses a malformed one (issue #14)", function()
+    -- as Lua patterns these took (length ^ stars) steps on every event
+    local t0 = os.clock()
+    assert.is_false(files.glob_matches(("*a"):rep(12) .. "*b", ("a"):rep(250)))
+    assert.is_true(files.glob_matches(("*a"):rep(12) .. "*b", ("a"):rep(250) .. "b"))
+    local deep = ("d/"):rep(200) .. "y"
+    assert.is_false(files.glob_matches(("**/"):rep(12) .. "x", deep))
+    assert.is_true(files.glob_matches(("**/"):rep(12) .. "y", deep))
+    assert.is_true(files.glob_matches("*[%]*", "50%"))
+    assert.is_true(os.clock() - t0 < 5) -- minutes without the fix
+    with_sandbox(function(sb)
+      fails("VALIDATION_FAILED", sb.watch, sb, ".", { include = { "[]" } })
+    end)
   end)
 end)
 

@@ -252,6 +252,88 @@ describe("logs", function()
   end)
 end)
 
+describe("waitForLog patterns (issue #14: nothing stalls the loop)", function()
+  local loop_lag_during = helper.loop_stall
+
+  it("refuses a malformed pattern with VALIDATION_FAILED before waiting", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("exec sleep 300")
+      for _, bad in ipairs { "([", "%", "[a", "(()", "%1", "a.)", "%b", "%f" } do
+        -- no timeout: a wait would hang the spec
+        local ok, err = pcall(p.waitForLog, p, bad)
+        assert.is_false(ok)
+        assert.equal("VALIDATION_FAILED", err.code, bad)
+        assert.equal("pattern", err.context.field)
+        assert.truthy(err.message:find("malformed pattern", 1, true), err.message)
+      end
+      assert.equal("VALIDATION_FAILED", code_of(p.waitForLog, p, ("x"):rep(4097), 100, { plain = true }))
+      -- plain text is never a pattern: "a)" is two bytes to find
+      assert.equal("PROCESS_READY_TIMEOUT", code_of(p.waitForLog, p, "a)", 50))
+      assert.equal(0, #p._listeners)
+    end)
+  end)
+
+  it("fails an expensive pattern with a clear error while the loop keeps turning", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("printf '%040d' 0 | tr 0 a; exec sleep 300")
+      p:waitForLog("aaaa", 5000, { plain = true })
+      local err
+      local other
+      local lag = loop_lag_during(function()
+        moonbox.all(function()
+          local ok, e = pcall(p.waitForLog, p, ("a*"):rep(8) .. "b", 60000)
+          assert.is_false(ok)
+          err = e
+        end, function()
+          other = sb:createSession():exec("true")
+        end)
+      end)
+      assert.equal("VALIDATION_FAILED", err.code)
+      assert.truthy(err.message:find("too expensive", 1, true), err.message)
+      assert.equal("pattern", err.context.field)
+      assert.equal(0, other.exitCode)
+      assert.equal(0, #p._listeners)
+      -- string.find would hold the loop for seconds here
+      assert.is_true(lag < 250, ("the loop stalled %.0f ms"):format(lag))
+    end)
+  end)
+
+  it("returns the line, the match and the captures, found across chunks and after the log dropped its front",
+    function()
+      with_sandbox(function(sb)
+        local p = sb:startProcess("printf 'one\nport=80'; sleep 0.2; printf '81 up\nlast'; exec sleep 300")
+        assert.same({ line = "port=8081 up", match = "port=8081 up", stream = "stdout", captures = { "8081", 14 } },
+          p:waitForLog("port=(%d+)() up", 5000))
+        assert.same({ line = "one", match = "one", stream = "stdout" }, p:waitForLog("^one", 100))
+        assert.same({ line = "last", match = "last", stream = "stdout" }, p:waitForLog("%f[%w]last$", 100))
+        p:kill("SIGKILL")
+        -- a log that keeps only its newest 1000 bytes: the text a search had
+        -- looked at shifts under it
+        local q = sb:startProcess("for i in $(seq 1 300); do echo line-$i; done; sleep 0.3; echo " ..
+          "'ready at 42'; exec sleep 300")
+        local r = q:waitForLog("ready at (%d+)", 5000)
+        assert.same({ "42" }, r.captures)
+        assert.equal("ready at 42", r.line)
+        assert.is_true(q:getLogs().truncated)
+      end, { limits = { maxLogBytes = 1000 } })
+    end)
+
+  it("searches a large buffered log in slices, the loop turning between them", function()
+    with_sandbox(function(sb)
+      -- 1 MiB of log without the marker, then the marker
+      local p = sb:startProcess("head -c 1000000 /dev/zero | tr '\\0' x; echo; sleep 0.5; echo 'the end'; " ..
+        "exec sleep 300")
+      p:waitForLog("xxxx\n", 10000)
+      local r
+      local lag = loop_lag_during(function()
+        r = p:waitForLog("%s(%a+) end", 10000) -- no literal to jump to: every byte is tried
+      end)
+      assert.same({ "the" }, r.captures)
+      assert.is_true(lag < 250, ("the loop stalled %.0f ms"):format(lag))
+    end)
+  end)
+end)
+
 describe("waitForPort", function()
   it("waits for an HTTP server that listens after a delay", function()
     with_sandbox(function(sb)

@@ -14,10 +14,11 @@
  *     bytes:size()                         -> n
  *     bytes:append(s)
  *     bytes:tostring([i[, j]])             -> string (i, j as for string.sub)
- *     bytes:base64_encode()                -> string
+ *     bytes:base64_encode([cb])            -> string (with cb: on the thread pool, cb(nil, string))
  *     bytes:base64_decode(s)               -> true | nil (not base64; content unchanged)
  *     bytes:utf8_valid()                   -> true | false, position
- *     bytes:text_info()                    -> as core.text_info
+ *     bytes:text_info([cb])                -> as core.text_info (with cb: on the thread pool,
+ *                                          cb(nil, results...))
  *     bytes:read(fd, max, offset, cb)      appends up to max bytes read from fd at
  *                                          offset (nil: current position): cb(nil, nread)
  *     bytes:write(fd, from, offset, cb)    writes the bytes after the first `from`:
@@ -282,7 +283,10 @@ static size_t ascii_blocks(const unsigned char *s, size_t i, size_t len, int *nu
 }
 #endif
 
-static int push_text_info(lua_State *L, const unsigned char *s, size_t len) {
+/* The scan behind text_info: *bad is the 1-based position of the first
+ * invalid sequence, 0 when there is none. Touches no Lua state (it also
+ * runs on the thread pool). */
+static void text_info_scan(const unsigned char *s, size_t len, int *nul_out, int *control_out, size_t *bad_out) {
   size_t i = 0, bad = 0;
   int nul = 0, control = 0;
   while (i < len) {
@@ -319,11 +323,24 @@ static int push_text_info(lua_State *L, const unsigned char *s, size_t len) {
     }
     i += n;
   }
+  *nul_out = nul;
+  *control_out = control;
+  *bad_out = bad;
+}
+
+static int push_text_info_result(lua_State *L, int nul, int control, size_t bad) {
   lua_pushboolean(L, bad == 0);
   lua_pushboolean(L, nul);
   lua_pushboolean(L, control);
   if (bad) lua_pushinteger(L, (lua_Integer)bad); else lua_pushnil(L);
   return 4;
+}
+
+static int push_text_info(lua_State *L, const unsigned char *s, size_t len) {
+  int nul, control;
+  size_t bad;
+  text_info_scan(s, len, &nul, &control, &bad);
+  return push_text_info_result(L, nul, control, bad);
 }
 
 static int push_utf8_valid(lua_State *L, const unsigned char *s, size_t len) {
@@ -468,8 +485,103 @@ static int bytes_tostring(lua_State *L) {
   return 1;
 }
 
+/* bytes:base64_encode([cb]) and bytes:text_info([cb]): with cb, the work
+ * runs on the thread pool (the buffer is busy meanwhile) and cb gets
+ * (nil, results...), or (message, nil, CODE); the call returns true once
+ * queued. A 100 MB file then costs the loop one copy into a Lua string
+ * instead of a scan and an encode on top. */
+enum { WORK_BASE64, WORK_TEXT_INFO };
+
+typedef struct {
+  uv_work_t work;
+  mb_core *core;
+  mb_bytes *b;
+  int cb_ref, self_ref, op, failed;
+  mem_block out;
+  size_t out_len, bad;
+  int nul, control;
+} bytes_work;
+
+static void bytes_work_run(uv_work_t *w) {
+  bytes_work *bw = (bytes_work *)w->data;
+  const unsigned char *in = (const unsigned char *)bw->b->mem.data;
+  size_t len = bw->b->len;
+  if (bw->op == WORK_TEXT_INFO) {
+    text_info_scan(in, len, &bw->nul, &bw->control, &bw->bad);
+    return;
+  }
+  bw->out_len = b64_encoded_len(len);
+  if (mem_alloc(&bw->out, bw->out_len) < 0) {
+    bw->failed = 1;
+    return;
+  }
+  b64_encode(in, len, bw->out.data);
+}
+
+static void bytes_work_done(uv_work_t *w, int status) {
+  bytes_work *bw = (bytes_work *)w->data;
+  mb_bytes *b = bw->b;
+  mb_core *core = bw->core;
+  b->busy = 0;
+  if (b->orphan) bytes_destroy(b);
+  if (core->dead) {
+    mem_free(&bw->out);
+    free(bw);
+    return;
+  }
+  lua_State *cbL = core->cbL;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, bw->cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, bw->cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, bw->self_ref);
+  int nargs;
+  if (status < 0 || bw->failed) {
+    int err = status < 0 ? status : UV_ENOMEM;
+    lua_pushfstring(cbL, "%s: %s (%s)", uv_err_name(err), uv_strerror(err),
+                    bw->op == WORK_BASE64 ? "base64_encode" : "text_info");
+    lua_pushnil(cbL);
+    lua_pushstring(cbL, uv_err_name(err));
+    nargs = 3;
+  } else if (bw->op == WORK_BASE64) {
+    lua_pushnil(cbL);
+    lua_pushlstring(cbL, bw->out.data, bw->out_len);
+    nargs = 2;
+  } else {
+    lua_pushnil(cbL);
+    nargs = 1 + push_text_info_result(cbL, bw->nul, bw->control, bw->bad);
+  }
+  mem_free(&bw->out);
+  free(bw);
+  mb_call(core, cbL, nargs);
+}
+
+static int bytes_work_submit(lua_State *L, mb_bytes *b, int op) {
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  if (op == WORK_BASE64 && b->len > ((size_t)-1 / 4) * 3 - 3) return luaL_error(L, "base64_encode: input too large");
+  bytes_work *bw = (bytes_work *)calloc(1, sizeof(bytes_work));
+  if (!bw) return luaL_error(L, "out of memory");
+  bw->core = mb_core_get(L);
+  bw->b = b;
+  bw->op = op;
+  bw->work.data = bw;
+  lua_pushvalue(L, 2);
+  bw->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, 1); /* the buffer stays alive while the thread pool uses it */
+  bw->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  int rc = uv_queue_work(bw->core->loop, &bw->work, bytes_work_run, bytes_work_done);
+  if (rc < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, bw->cb_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, bw->self_ref);
+    free(bw);
+    return mb_push_error(L, rc, op == WORK_BASE64 ? "base64_encode" : "text_info");
+  }
+  b->busy = 1;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int bytes_base64_encode(lua_State *L) {
   mb_bytes *b = bytes_check_idle(L, 1);
+  if (!lua_isnoneornil(L, 2)) return bytes_work_submit(L, b, WORK_BASE64);
   return push_base64(L, (const unsigned char *)b->mem.data, b->len);
 }
 
@@ -500,6 +612,7 @@ static int bytes_utf8_valid(lua_State *L) {
 
 static int bytes_text_info(lua_State *L) {
   mb_bytes *b = bytes_check_idle(L, 1);
+  if (!lua_isnoneornil(L, 2)) return bytes_work_submit(L, b, WORK_TEXT_INFO);
   return push_text_info(L, (const unsigned char *)b->mem.data, b->len);
 }
 

@@ -388,6 +388,66 @@ static int fs_scandir(lua_State *L) {
   return req_submitted(L, fr, uv_fs_scandir(LOOP(fr), &fr->req, path, 0, on_fs));
 }
 
+/* core.fs_scandir_batched(path, cb) -> cb(nil, dirlist): the same listing
+ * (read, and in libuv sorted, on the thread pool), handed over without
+ * building a table per entry at once: dirlist:next(n) returns the next n or
+ * fewer entries as {{name=, type=}, ...}, or nil once all were returned;
+ * dirlist:close() (or collection) frees the rest. A directory of 300k entries
+ * then costs the loop a bounded slice per call instead of one long stall. */
+#define DIRLIST "moonbox.dirlist"
+
+typedef struct {
+  uv_fs_t req; /* a completed scandir request; its entries are ours */
+  int open;
+} dirlist;
+
+static void dirlist_drain(dirlist *dl) {
+  uv_dirent_t ent;
+  if (!dl->open) return;
+  dl->open = 0;
+  while (uv_fs_scandir_next(&dl->req, &ent) != UV_EOF) {} /* frees as it goes */
+}
+
+static void push_result_dirlist(lua_State *L, fs_req *fr) {
+  dirlist *dl = (dirlist *)lua_newuserdata(L, sizeof *dl);
+  memcpy(&dl->req, &fr->req, sizeof dl->req);
+  dl->req.path = NULL; /* the path stays fr's, freed with it */
+  fr->req.ptr = NULL;  /* the entries move to dl: fr's cleanup leaves them */
+  dl->open = 1;
+  luaL_getmetatable(L, DIRLIST);
+  lua_setmetatable(L, -2);
+}
+
+static int fs_scandir_batched(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  fs_req *fr = req_new(L, 2, "scandir", push_result_dirlist);
+  return req_submitted(L, fr, uv_fs_scandir(LOOP(fr), &fr->req, path, 0, on_fs));
+}
+
+static int dirlist_next(lua_State *L) {
+  dirlist *dl = (dirlist *)luaL_checkudata(L, 1, DIRLIST);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  if (n < 1) return luaL_argerror(L, 2, "count must be >= 1");
+  if (!dl->open) return 0;
+  uv_dirent_t ent;
+  int i = 0;
+  lua_newtable(L);
+  while (i < n) {
+    if (uv_fs_scandir_next(&dl->req, &ent) == UV_EOF) {
+      dl->open = 0;
+      break;
+    }
+    push_entry(L, ++i, ent.name, dirent_type(ent.type));
+  }
+  if (i == 0) return 0;
+  return 1;
+}
+
+static int dirlist_close(lua_State *L) {
+  dirlist_drain((dirlist *)luaL_checkudata(L, 1, DIRLIST));
+  return 0;
+}
+
 /* core.fs_readlink(path, cb) -> cb(nil, target) */
 static int fs_readlink(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
@@ -1324,7 +1384,7 @@ static const luaL_Reg fs_funcs[] = {
   {"fs_open", fs_open}, {"fs_read", fs_read}, {"fs_write", fs_write}, {"fs_close", fs_close},
   {"fs_stat", fs_stat}, {"fs_lstat", fs_lstat}, {"fs_fstat", fs_fstat},
   {"fs_mkdir", fs_mkdir}, {"fs_rmdir", fs_rmdir}, {"fs_unlink", fs_unlink}, {"fs_rename", fs_rename},
-  {"fs_scandir", fs_scandir}, {"fs_readlink", fs_readlink}, {"fs_realpath", fs_realpath},
+  {"fs_scandir", fs_scandir}, {"fs_scandir_batched", fs_scandir_batched}, {"fs_readlink", fs_readlink}, {"fs_realpath", fs_realpath},
   {"fs_chmod", fs_chmod}, {"fs_utime", fs_utime},
   {"fs_open_dir", fs_open_dir}, {"fs_open_beneath", fs_open_beneath},
   {"fs_mkdir_beneath", fs_mkdir_beneath}, {"fs_unlink_beneath", fs_unlink_beneath},
@@ -1344,6 +1404,14 @@ void mb_open_fs(lua_State *L) {
     lua_setfield(L, -2, m->name);
   }
   lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  static const luaL_Reg dirlist_methods[] = {{"next", dirlist_next}, {"close", dirlist_close}, {NULL, NULL}};
+  luaL_newmetatable(L, DIRLIST);
+  lua_newtable(L);
+  luaL_register(L, NULL, dirlist_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, dirlist_close);
+  lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
   for (const luaL_Reg *f = fs_funcs; f->name; f++) {
     lua_pushcfunction(L, f->func);

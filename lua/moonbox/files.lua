@@ -18,6 +18,7 @@ local errors = require "moonbox.errors"
 local fs = require "moonbox._fs"
 local util = require "moonbox._util"
 local V = require "moonbox._validate"
+local pattern_mod = require "moonbox._pattern"
 local Session = require("moonbox.session").Session
 
 local M = {}
@@ -331,9 +332,25 @@ M.MAGIC_BYTES = 7 * 1024 * 1024 -- what libmagic looks at (its own default)
 -- come back as text), or a NUL byte, or control characters that libmagic
 -- also calls binary. libmagic names the type; text it cannot place (a
 -- one-byte file) is text/plain.
+-- bytes:text_info / bytes:base64_encode, on the thread pool past
+-- M.POOL_BYTES (issue #14: scanning and encoding 100 MB held the loop for
+-- a few hundred ms), at once below it (a thread-pool round trip costs more).
+M.POOL_BYTES = 1024 * 1024
+local function bytes_op(bytes, method)
+  if bytes:size() < M.POOL_BYTES then return bytes[method](bytes) end
+  local res = async.await(function(resume)
+    local ok, msg, code = bytes[method](bytes, function(err, ...)
+      if err ~= nil then resume({ err = err }) else resume({ ... }) end
+    end)
+    if not ok then resume({ err = msg, code = code }) end
+  end, "readFile")
+  if res.err then errors.raise("FILESYSTEM_ERROR", ("readFile: %s"):format(res.err), { errno = res.code }) end
+  return unpack(res, 1, 4)
+end
+
 local function classify(bytes)
   local mime, charset = core.magic_buffer(bytes, M.MAGIC_BYTES)
-  local utf8, nul, control = bytes:text_info()
+  local utf8, nul, control = bytes_op(bytes, "text_info")
   local binary = bytes:size() > 0 and (not utf8 or nul or (control and charset == "binary"))
   if not mime or (not binary and mime == "application/octet-stream") then
     mime = binary and "application/octet-stream" or "text/plain"
@@ -415,7 +432,7 @@ function Session:readFile(path, opts)
     file:close()
     local mime, binary = classify(bytes)
     local enc = encoding or (binary and "base64" or "utf-8")
-    local content = enc == "base64" and bytes:base64_encode() or bytes:tostring()
+    local content = enc == "base64" and bytes_op(bytes, "base64_encode") or bytes:tostring()
     local size = bytes:size()
     bytes:free()
     return {
@@ -673,48 +690,106 @@ local function permissions(st)
   return { readable = bits >= 4, writable = bits % 4 >= 2, executable = bits % 2 == 1 }
 end
 
-local list_options = { recursive = true, includeHidden = true }
+local list_options = { recursive = true, includeHidden = true, limit = true }
+M.LIST_LIMIT = 10000      -- entries listFiles returns unless asked for another limit
+M.LIST_MAX_LIMIT = 100000 -- the most it returns at all: each entry is a table of ten fields
+local LIST_SLICE_MS = 3   -- work on the loop between two yields
+local O_PATH = 2097152    -- 010000000: Linux, every architecture LuaJIT runs on but sparc/alpha/parisc
 
--- listFiles(path, {recursive, includeHidden}) -> {success, path, files, count, timestamp}.
--- Entries sorted by name, a directory's contents right after it; symlinks are
--- listed as "symlink" and never followed.
+-- The entries of a directory (fd from open_beneath), read and sorted by
+-- libuv on its thread pool (strcmp order, the order Lua's < gives), handed
+-- over in batches (dirlist:next(n)) so a huge directory is never turned
+-- into Lua tables in one go.
+local function read_dir(fd)
+  return async.await(function(resume)
+    local ok, msg, code = core.fs_scandir_batched("/proc/self/fd/" .. fd, function(err, dirlist, code2)
+      if err ~= nil then resume(nil, err, code2) else resume(dirlist) end
+    end)
+    if not ok then resume(nil, msg, code) end
+  end, "listFiles")
+end
+
+-- listFiles(path, {recursive, includeHidden, limit}) -> {success, path, files,
+-- count, truncated, timestamp}. Entries sorted by name, a directory's
+-- contents right after it; symlinks are listed as "symlink" and never
+-- followed. At most `limit` entries (default LIST_LIMIT); truncated says
+-- some were left out.
+--
+-- Nothing here holds the loop for long (issue #14: 300k entries stalled it
+-- 4.3 s): a directory is opened (O_PATH, confined) and read and sorted on the
+-- thread pool, and its entries are stat'ed relative to that fd in slices of
+-- LIST_SLICE_MS with the loop running between them.
 function Session:listFiles(path, opts)
   self:_check_live()
   V.path(path)
   opts = V.options(opts, list_options, "listFiles options")
   local recursive = boolean_option(opts.recursive, "recursive")
   local hidden = boolean_option(opts.includeHidden, "includeHidden")
+  local limit = opts.limit
+  if limit == nil then
+    limit = M.LIST_LIMIT
+  elseif type(limit) ~= "number" or limit % 1 ~= 0 or limit < 1 or limit > M.LIST_MAX_LIMIT then
+    V.fail("limit", ("expected an integer from 1 to %d"):format(M.LIST_MAX_LIMIT))
+  end
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "listFiles", path)
     local root, sb = root_of(self.sandbox), self.sandbox
-    local files = {}
+    local files, truncated = {}, false
+    local slice_start = util.now_ms()
     local function walk(dir_rel, prefix)
-      local entries, msg, code = fs.scandir_beneath(root, dir_rel)
-      if not entries then
+      local fd, msg, code = fs.open_beneath(root, dir_rel, O_PATH)
+      local dirlist
+      if fd then
+        local ok, res, rmsg, rcode = pcall(read_dir, fd)
+        if not ok then fs.close_dir(fd) error(res, 0) end
+        dirlist, msg, code = res, rmsg, rcode
+      end
+      if not dirlist then
+        if fd then fs.close_dir(fd) end
         if dir_rel ~= t.rel and (code == "ENOENT" or code == "ENOTDIR") then return end -- changed meanwhile
+        msg = msg and msg:gsub(" %(scandir '/proc/self/fd/%d+'%)", "")
         fail("listFiles", view_of(sb, dir_rel), msg, code)
       end
-      for _, e in ipairs(entries) do
-        if hidden or e.name:sub(1, 1) ~= "." then
-          local rel = join(dir_rel, e.name)
-          local st, smsg, scode = fs.lstat_beneath(root, rel)
-          if st then
-            local relative = prefix == "" and e.name or prefix .. "/" .. e.name
-            files[#files + 1] = {
-              name = e.name, absolutePath = view_of(sb, rel), relativePath = relative,
-              type = st.type, size = st.size, modifiedAt = util.timestamp(st.mtime),
-              mode = mode_string(st.mode), permissions = permissions(st),
-            }
-            if recursive and st.type == "directory" then walk(rel, relative) end
-          elseif scode ~= "ENOENT" then
-            fail("listFiles", view_of(sb, rel), smsg, scode)
+      local ok, err = pcall(function()
+        local batch, i = {}, 0
+        while not truncated do
+          i = i + 1
+          local e = batch[i]
+          if not e then
+            if util.now_ms() - slice_start >= LIST_SLICE_MS then
+              async.sleep(1) -- a 0 ms timer could run again before any I/O
+              slice_start = util.now_ms()
+            end
+            batch, i = dirlist:next(64), 1
+            if not batch then return end
+            e = batch[1]
+          end
+          if hidden or e.name:sub(1, 1) ~= "." then
+            local rel = join(dir_rel, e.name)
+            local st, smsg, scode = fs.lstat_beneath(fd, e.name)
+            if st then
+              if #files == limit then truncated = true return end
+              local relative = prefix == "" and e.name or prefix .. "/" .. e.name
+              files[#files + 1] = {
+                name = e.name, absolutePath = view_of(sb, rel), relativePath = relative,
+                type = st.type, size = st.size, modifiedAt = util.timestamp(st.mtime),
+                mode = mode_string(st.mode), permissions = permissions(st),
+              }
+              if recursive and st.type == "directory" then walk(rel, relative) end
+            elseif scode ~= "ENOENT" then
+              fail("listFiles", view_of(sb, rel), smsg, scode)
+            end
           end
         end
-      end
+      end)
+      dirlist:close()
+      fs.close_dir(fd)
+      if not ok then error(err, 0) end
     end
     walk(t.rel, "")
-    return { success = true, path = t.view, files = files, count = #files, timestamp = timestamp }
+    return { success = true, path = t.view, files = files, count = #files, truncated = truncated,
+      timestamp = timestamp }
   end)
 end
 
@@ -740,23 +815,37 @@ end
 -- sets. A glob without "/" matches any segment (like .gitignore); one with
 -- "/" is anchored at the watched directory. Either way a match on a
 -- directory covers everything below it.
-local function segment_pattern(seg)
-  local out, i = { "^" }, 1
+--
+-- Matched with the classic one-backtrack-point wildcard algorithm, within a
+-- segment ("*" over bytes) and across them ("**" over segments): at most
+-- (length x tokens) steps. Translated to a Lua pattern, "*a*a*a*a*a*a*a*b"
+-- backtracked without bound on every event, on the loop (issue #14).
+local STAR = "*"
+local ANY_BYTE = pattern_mod.class_set(".")
+
+-- A glob segment as tokens: STAR, or the set of bytes one position matches.
+local function segment_tokens(seg)
+  local toks, i = {}, 1
   while i <= #seg do
     local c = seg:sub(i, i)
-    if c == "*" then out[#out + 1] = ".*"
-    elseif c == "?" then out[#out + 1] = "."
+    if c == "*" then
+      if toks[#toks] ~= STAR then toks[#toks + 1] = STAR end
+    elseif c == "?" then toks[#toks + 1] = ANY_BYTE
     elseif c == "[" and seg:find("]", i + 1, true) then
       local close = seg:find("]", i + 2, true) or seg:find("]", i + 1, true)
       local set = seg:sub(i + 1, close - 1):gsub("^!", "^"):gsub("%%", "%%%%")
-      out[#out + 1] = "[" .. set .. "]"
+      local bytes, msg = pattern_mod.class_set("[" .. set .. "]")
+      if not bytes then error(("malformed set %q: %s"):format(seg:sub(i, close), msg), 0) end
+      toks[#toks + 1] = bytes
       i = close
-    elseif c:match("%p") then out[#out + 1] = "%" .. c
-    else out[#out + 1] = c end
+    else
+      local bytes = pattern_mod.class_set(c:match("%p") and "%" .. c or c)
+      if not bytes then error("a glob cannot hold a NUL byte", 0) end
+      toks[#toks + 1] = bytes
+    end
     i = i + 1
   end
-  out[#out + 1] = "$"
-  return table.concat(out)
+  return toks
 end
 
 local function compile_glob(glob)
@@ -764,22 +853,39 @@ local function compile_glob(glob)
   local anchored = glob:find("/", 1, true) ~= nil
   if not anchored then segs[1] = "**" end
   for seg in glob:gmatch("[^/]+") do
-    segs[#segs + 1] = seg == "**" and "**" or segment_pattern(seg)
+    segs[#segs + 1] = seg == "**" and "**" or segment_tokens(seg)
   end
   segs[#segs + 1] = "**"
   return segs
 end
 
-local function match_segments(segs, i, parts, j)
-  if i > #segs then return j > #parts end
-  if segs[i] == "**" then
-    for k = j, #parts + 1 do
-      if match_segments(segs, i + 1, parts, k) then return true end
+-- wildcard(toks, n, star, one, k): toks[1..#toks] against positions 1..n,
+-- where toks[p] == star matches any run and one(tok, k) says whether a
+-- single token matches position k.
+local function wildcard(toks, n, star, one)
+  local p, k, star_p, mark = 1, 1, nil, 0
+  while k <= n do
+    local t = toks[p]
+    if t == star then
+      star_p, mark, p = p, k, p + 1
+    elseif t ~= nil and one(t, k) then
+      p, k = p + 1, k + 1
+    elseif star_p then
+      p, mark = star_p + 1, mark + 1
+      k = mark
+    else
+      return false
     end
-    return false
   end
-  if j > #parts or not parts[j]:match(segs[i]) then return false end
-  return match_segments(segs, i + 1, parts, j + 1)
+  while toks[p] == star do p = p + 1 end
+  return p > #toks
+end
+
+local function match_segments(segs, parts)
+  return wildcard(segs, #parts, "**", function(toks, k)
+    local part = parts[k]
+    return wildcard(toks, #part, STAR, function(bytes, j) return bytes[part:byte(j)] end)
+  end)
 end
 
 local function glob_list(globs, field)
@@ -789,7 +895,9 @@ local function glob_list(globs, field)
   local out = {}
   for i, g in ipairs(globs) do
     if type(g) ~= "string" or g == "" then V.fail(("%s[%d]"):format(field, i), "expected a glob string") end
-    out[#out + 1] = { glob = g, segs = compile_glob(g) }
+    local ok, segs = pcall(compile_glob, g)
+    if not ok then V.fail(("%s[%d]"):format(field, i), segs) end
+    out[#out + 1] = { glob = g, segs = segs }
   end
   return out
 end
@@ -799,7 +907,7 @@ local function matches_any(list, sub)
   local parts = {}
   for p in sub:gmatch("[^/]+") do parts[#parts + 1] = p end
   for _, g in ipairs(list) do
-    if match_segments(g.segs, 1, parts, 1) then return true end
+    if match_segments(g.segs, parts) then return true end
   end
   return false
 end

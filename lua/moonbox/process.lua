@@ -10,6 +10,7 @@ local tree = require "moonbox._tree"
 local util = require "moonbox._util"
 local limits = require "moonbox._limits"
 local V = require "moonbox._validate"
+local pattern_mod = require "moonbox._pattern"
 local Session = require("moonbox.session").Session
 
 local M = {}
@@ -247,64 +248,152 @@ function Process:waitForExit(timeout_ms)
   return { exitCode = self.exitCode, status = self.status }
 end
 
--- Wait until check() returns a value, re-checking after every output chunk;
--- PROCESS_EXITED_BEFORE_READY if the process ends first.
-function Process:_wait_until(check, timeout_ms, what)
-  local found = check()
-  if found then return found end
-  if not self:_running() then
-    errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q exited (code %s) before %s"):format(
-      self.id, tostring(self.exitCode), what), { processId = self.id, exitCode = self.exitCode })
+-- waitForLog(pattern, timeoutMs?, {plain?}) -> {line, match, stream,
+-- captures?}: searches what is buffered first, then each new chunk, across
+-- chunk boundaries.
+--
+-- The search never holds the loop: it runs in the calling task with the
+-- step-counting matcher (moonbox._pattern), yielding to the loop every
+-- LOG_SEARCH.sliceMs, and resumes where the last search could still match
+-- instead of searching the whole log again after each chunk. One search of
+-- the log may take LOG_SEARCH.baseSteps plus stepsPerByte per byte it
+-- covers; a pattern that needs more (nested backtracking such as
+-- "a*a*a*a*a*a*a*a*b") fails the wait with VALIDATION_FAILED ("too
+-- expensive") instead of stalling every sandbox for minutes.
+M.LOG_SEARCH = {
+  maxPatternBytes = 4096,
+  baseSteps = 10000000, -- about a quarter second of matching, in slices
+  stepsPerByte = 100,   -- a linear pattern takes a few steps per byte
+  sliceMs = 3,
+}
+
+-- The line around text[s..e] (a match may span lines; the line runs from the
+-- start of its first to the end of its last).
+local function line_around(text, s, e)
+  local line_start = 1
+  local hi = s - 1
+  while hi >= 1 do -- the last "\n" before s, looked for backwards in windows
+    local lo = math.max(1, hi - 4095)
+    local at = text:sub(lo, hi):match("^.*()\n") -- anchored: one pass
+    if at then line_start = lo + at break end
+    hi = lo - 1
   end
-  local result, reason = async.await(function(resume)
-    local timers, listener = {}, nil
-    local function teardown()
-      for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
-      for i, l in ipairs(self._listeners) do if l == listener then table.remove(self._listeners, i) break end end
-    end
-    local function finish(...)
-      teardown()
-      resume(...)
-    end
-    listener = function(kind)
-      local r = check()
-      if r then finish(r) elseif kind == "exit" then finish(nil, "exited") end
-    end
-    table.insert(self._listeners, listener)
-    if timeout_ms then timers.timeout = after(timeout_ms, function() finish(nil, "timeout") end) end
-    -- cancelled: undo only (resuming here would wake the task twice)
-    return teardown
-  end, what)
-  if result then return result end
-  if reason == "timeout" then
-    errors.raise("PROCESS_READY_TIMEOUT", ("process %q: %s not seen within %d ms"):format(self.id, what, timeout_ms),
-      { processId = self.id, timeout = timeout_ms })
-  end
-  errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q exited (code %s) before %s"):format(
-    self.id, tostring(self.exitCode), what), { processId = self.id, exitCode = self.exitCode })
+  local line_end = text:find("\n", e, true) or (#text + 1)
+  return text:sub(line_start, line_end - 1)
 end
 
--- waitForLog(pattern, timeoutMs?, {plain?}) -> {line, match}: searches what
--- is buffered first, then each new chunk, across chunk boundaries.
 function Process:waitForLog(pattern, timeout_ms, opts)
   V.type(pattern, "string", "pattern")
   if pattern == "" then V.fail("pattern", "pattern is empty") end
   V.timeout(timeout_ms, "timeoutMs")
   opts = V.options(opts, { plain = true }, "waitForLog options")
-  local function check()
+  local cfg = M.LOG_SEARCH
+  if #pattern > cfg.maxPatternBytes then
+    V.fail("pattern", ("pattern is longer than %d bytes"):format(cfg.maxPatternBytes))
+  end
+  local plain = opts.plain or pattern_mod.is_plain(pattern)
+  local cp = not plain and pattern_mod.check(pattern, "pattern")
+  local what = ("log pattern %q"):format(pattern)
+  local deadline = timeout_ms and util.now_ms() + timeout_ms
+  local function timed_out()
+    errors.raise("PROCESS_READY_TIMEOUT", ("process %q: %s not seen within %d ms"):format(self.id, what, timeout_ms),
+      { processId = self.id, timeout = timeout_ms })
+  end
+
+  -- Between slices the task sleeps a moment, so the loop runs everything
+  -- else that is due (a 0 ms timer would run again before any I/O).
+  local in_task = async.in_task()
+  local slice_start = util.now_ms()
+  local function pause()
+    local now = util.now_ms()
+    if now - slice_start < cfg.sliceMs then return end
+    if deadline and now >= deadline then timed_out() end
+    if in_task then async.sleep(1) end
+    slice_start = util.now_ms()
+  end
+
+  -- per stream: where the next search starts, and the bytes the log had
+  -- dropped from its front when that was decided
+  local state = {}
+  for _, stream in ipairs { "stdout", "stderr" } do
+    state[stream] = { from = 1, dropped = self._logs[stream].dropped }
+  end
+
+  local function search()
+    slice_start = util.now_ms()
     for _, stream in ipairs { "stdout", "stderr" } do
-      local text = self._logs[stream]:text()
-      local s, e = text:find(pattern, 1, opts.plain)
-      if s then
-        local line_start = s
-        while line_start > 1 and text:sub(line_start - 1, line_start - 1) ~= "\n" do line_start = line_start - 1 end
-        local line_end = text:find("\n", e, true) or (#text + 1)
-        if line_end == e and e >= s and text:sub(e, e) == "\n" then line_end = e end
-        return { line = text:sub(line_start, line_end - 1), match = text:sub(s, e), stream = stream }
+      local buf, st = self._logs[stream], state[stream]
+      local text = buf:text()
+      local shift = buf.dropped - st.dropped
+      st.dropped = buf.dropped
+      local from = st.from
+      if shift > 0 then
+        from = (from == false or (cp and cp.anchor)) and 1 or math.max(1, from - shift)
+      end
+      if from then
+        from = math.min(from, #text + 1)
+        local s, e, caps
+        if plain then
+          s, e = pattern_mod.plain_find(text, pattern, from, pause)
+          if not s then st.from = e end
+        else
+          local budget = cfg.baseSteps + cfg.stepsPerByte * (#text - from + 1)
+          local ok, a, b, c = pcall(pattern_mod.search, cp, text, from,
+            { budget = budget, pause = pause, also_first = shift > 0 })
+          if not ok then
+            if not pattern_mod.is_too_expensive(a) then error(a, 0) end
+            errors.raise("VALIDATION_FAILED", ("pattern: %s is too expensive: searching %d bytes of %s took more " ..
+              "than %d steps (nested repetitions backtrack without end); simplify it or use plain = true"):format(
+              what, #text - from + 1, stream, budget), { field = "pattern", steps = a.steps, budget = budget })
+          end
+          s, e, caps = a, b, c
+          if not s then st.from = b end
+        end
+        if s then
+          local r = { line = line_around(text, s, e), match = text:sub(s, e), stream = stream }
+          if caps and #caps > 0 then r.captures = caps end
+          return r
+        end
       end
     end
   end
-  return self:_wait_until(check, timeout_ms, ("log pattern %q"):format(pattern))
+
+  local changed = true
+  local wake
+  local function listener()
+    changed = true
+    if wake then local w = wake wake = nil w() end
+  end
+  table.insert(self._listeners, listener)
+  local ok, result = pcall(function()
+    while true do
+      changed = false
+      local found = search()
+      if found then return found end
+      if not self:_running() then
+        errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q exited (code %s) before %s"):format(
+          self.id, tostring(self.exitCode), what), { processId = self.id, exitCode = self.exitCode })
+      end
+      if deadline and util.now_ms() >= deadline then timed_out() end
+      if not changed then
+        local timer
+        local expired = async.await(function(resume)
+          wake = resume
+          if deadline then timer = after(math.max(0, deadline - util.now_ms()), function() resume(true) end) end
+          return function()
+            wake = nil
+            if timer and not timer:is_closing() then timer:close() end
+          end
+        end, what)
+        wake = nil
+        if timer and not timer:is_closing() then timer:close() end
+        if expired then timed_out() end
+      end
+    end
+  end)
+  for i, l in ipairs(self._listeners) do if l == listener then table.remove(self._listeners, i) break end end
+  if not ok then error(result, 0) end
+  return result
 end
 
 -- waitForPort(port, {mode = "http"|"tcp", path, status, timeout, interval})

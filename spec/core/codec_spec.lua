@@ -148,4 +148,35 @@ describe("core.bytes", function()
       os.execute("rm -rf " .. dir)
     end)
   end)
+
+  it("scans and encodes on the thread pool with a callback, the same as without, busy meanwhile", function()
+    run_task(function()
+      local function pool(b, method)
+        return async.await(function(resume)
+          assert.is_true(b[method](b, function(...) resume({ n = select("#", ...), ... }) end))
+          assert.has_error(function() b:tostring() end, "bytes buffer is in use by a read or write")
+          assert.has_error(function() b:free() end)
+        end)
+      end
+      for _, content in ipairs { "", "plain text\n", every_byte:rep(3000), ("\0é"):rep(100000), "ok\255" } do
+        local b = core.bytes()
+        b:append(content)
+        local r = pool(b, "base64_encode")
+        assert.same({ n = 2, nil, core.base64_encode(content) }, r)
+        r = pool(b, "text_info")
+        assert.same({ n = 5, nil, core.text_info(content) }, { n = r.n, nil, r[2], r[3], r[4], r[5] })
+        assert.equal(content, b:tostring()) -- unchanged
+        b:free()
+      end
+      -- collected while the pool works on it: freed when the work is done
+      local b = core.bytes()
+      b:append(("x"):rep(3000000))
+      local done
+      b:base64_encode(function(err, s) done = { err, #s } end)
+      b = nil -- luacheck: ignore 311
+      collectgarbage()
+      helper.eventually(function() return done ~= nil end)
+      assert.same({ nil, 4000000 }, done)
+    end)
+  end)
 end)

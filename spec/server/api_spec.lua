@@ -441,6 +441,26 @@ describe("api processes", function()
     end)
   end)
 
+  it("answers a malformed log pattern 400 at once and an expensive one 400, and returns captures", function()
+    with_api(function(call)
+      call("POST", "/processes", { body = { command = "echo port=8080; printf '%040d' 0 | tr 0 a; exec sleep 300",
+        processId = "srv" } })
+      local status, w = call("POST", "/processes/srv/wait", { body = { pattern = "port=(%d+)", timeout = 5000 } })
+      assert.equal(200, status)
+      assert.same({ "port=8080", { "8080" } }, { w.match, w.captures })
+      -- no timeout: only the up-front check keeps this from waiting forever
+      local _, body = call("POST", "/processes/srv/wait", { body = { pattern = "([" } })
+      assert_error(400, "VALIDATION_FAILED", call("POST", "/processes/srv/wait", { body = { pattern = "([" } }))
+      assert.truthy(body.message:find("malformed pattern", 1, true), body.message)
+      status, body = call("POST", "/processes/srv/wait", { body = { pattern = ("a*"):rep(8) .. "b", timeout = 60000 } })
+      assert_error(400, "VALIDATION_FAILED", status, body)
+      assert.truthy(body.message:find("too expensive", 1, true), body.message)
+      -- the sandbox answers as before
+      status, w = call("POST", "/exec", { body = { command = "true" } })
+      assert.same({ 200, 0 }, { status, w.exitCode })
+    end)
+  end)
+
   it("kills one process with ?signal= and all with DELETE /processes", function()
     with_api(function(call)
       call("POST", "/processes", { body = { command = "sleep 300", processId = "a" } })
@@ -535,6 +555,10 @@ describe("api files", function()
       local names = {}
       for _, f in ipairs(r.files) do names[#names + 1] = f.relativePath .. ":" .. f.type end
       assert.same({ "bin:file", "e:directory", "e/b.txt:file" }, names)
+      assert.is_false(r.truncated)
+      _, r = call("POST", "/files/list", { body = { path = "d", recursive = true, limit = 2 } })
+      assert.same({ 2, true, "e" }, { r.count, r.truncated, r.files[2].name })
+      assert_error(400, "VALIDATION_FAILED", call("POST", "/files/list", { body = { path = "d", limit = 0 } }))
       _, r = call("POST", "/files/exists", { body = { path = "d/e/b.txt" } })
       assert.is_true(r.exists)
       _, r = call("POST", "/files/delete", { body = { path = "d/e/b.txt" } })
