@@ -23,7 +23,8 @@ M.STATUS = {
   -- 409: the state of a resource conflicts with the call
   SESSION_ALREADY_EXISTS = 409, FILE_EXISTS = 409, PROCESS_ALREADY_EXISTS = 409, CONTEXT_ALREADY_EXISTS = 409,
   SESSION_DESTROYED = 409, SANDBOX_DESTROYED = 409,
-  SANDBOX_IN_USE = 409, -- another runtime holds the sandbox's root TERMINAL_CLOSED = 409, PROCESS_EXITED_BEFORE_READY = 409,
+  TERMINAL_CLOSED = 409, PROCESS_EXITED_BEFORE_READY = 409,
+  SANDBOX_IN_USE = 409, -- another runtime holds the sandbox's root
   -- 499: the client went away (nginx's "client closed request"); nobody reads it
   CANCELLED = 499,
   -- 413
