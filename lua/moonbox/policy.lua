@@ -27,6 +27,7 @@ M.defaults = {
   },
   shell = "/bin/bash",
   hooks = {},
+  git = { allowLocal = true }, -- moonbox serve: false unless its policy says true
 }
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
@@ -103,6 +104,16 @@ local checks = {
     end
   end,
   name = function(v) expect(v, "string", "name") end,
+  -- git = {allowLocal}: may gitCheckout clone a local path or file:// URL
+  -- (the runtime's repositories)? Allowed for a script's own sandboxes;
+  -- `moonbox serve` turns it off unless its --policy turns it on.
+  git = function(v)
+    expect(v, "table", "git")
+    for k, x in pairs(v) do
+      if k ~= "allowLocal" then invalid("git." .. tostring(k), "unknown key") end
+      expect(x, "boolean", "git.allowLocal")
+    end
+  end,
 }
 
 function M.validate(policy)
