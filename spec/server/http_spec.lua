@@ -529,7 +529,8 @@ describe("moonbox serve", function()
       assert.equal("moonbox serve: refusing --no-token on 0.0.0.0:0: only a loopback address or a unix socket " ..
         "may go without a token\n", err)
       local dir = helper.mkdtemp()
-      for _, p in ipairs { { 'network = "host"', 'network = "host"' }, { 'isolation = "none"', 'isolation = "none"' } } do
+      for _, p in ipairs { { 'network = "host"', 'network = "host"' },
+          { 'isolation = "none"', 'isolation = "none"' } } do
         local f = assert(io.open(dir .. "/policy.lua", "w"))
         f:write("return { " .. p[1] .. " }\n")
         f:close()
