@@ -326,7 +326,7 @@ function M.main(argv)
       "/?token=", token, unix and (" (through " .. server.address .. ")") or "", "\n")
   elseif token then
     io.stdout:write("moonbox: open ", unix and "http://localhost" or ("http://" .. server.address),
-      "/?token=<the token in ", opts.tokenFile, ">\n")
+      "/ with the token in ", opts.tokenFile, " (/?token=...)\n")
   end
   io.stdout:flush()
   -- serve until a signal stops the runtime (_runtime.lua kills the sandboxes first)
