@@ -422,7 +422,9 @@ static void scan_line_done(conn *c, const char *line, size_t len) {
   } else if ((v = header_value(line, len, "transfer-encoding", &vlen))) {
     c->scan_te = 1;
   } else if ((v = header_value(line, len, "upgrade", &vlen))) {
-    c->scan_upgrade = 1;
+    /* a WebSocket's frames follow its head; other upgrades lws does not take */
+    for (size_t i = 0; i + 9 <= vlen; i++)
+      if (ieq_prefix(v + i, vlen - i, "websocket")) c->scan_upgrade = 1;
   }
 }
 
