@@ -87,6 +87,10 @@ typedef struct conn {
   int scan_cl, scan_te, scan_upgrade, scan_bad;
   char *scan_target;       /* the request line of the head being scanned */
   struct head *heads, *heads_tail; /* scanned heads lws has not reported yet, in order */
+  char *stash;             /* bytes read past the end of a request, held back from lws */
+  size_t stash_len, stash_off;
+  int stash_wake;          /* lws should read the stash: wake it once (on_wake) */
+  int stash_tries;
 } conn;
 
 /* A request head as the client sent it: its request line, and why it must
@@ -101,6 +105,8 @@ struct server {
   mb_handle *h;            /* anchor (a uv timer that also drives teardown) */
   uv_prepare_t rehook;     /* before each poll: put the wrappers back (raw heads) */
   int rehook_on;
+  uv_idle_t wake;          /* hands held-back requests to lws (raw heads) */
+  int wake_on;
   struct lws_context *ctx; /* lws writes NULL here once destruction is done */
   struct lws_vhost *vh;
   struct lws_protocols protocols[2];
@@ -136,9 +142,14 @@ static server *live_servers; /* one core per process in practice; see teardown *
  * Transfer-Encoding with Content-Length, obsolete line folding. Each request
  * lws reports takes the next head: the request event carries its line as
  * raw_line (Lua routes on it, after checking it decodes to lws's path) and
- * a refused head as bad_request (answered 400, the connection closed). A
- * refused head seen while no request is in flight is answered 400 straight
- * on the socket, and lws's read fails, so lws never parses it.
+ * a refused head is answered 400 straight on the socket (at once when no
+ * request is in flight, the read lws is in failing so lws never parses it;
+ * else when lws reaches it), and the connection closed. lws gets one
+ * request at a time: what a read brings past the end of a request
+ * (pipelined requests) is held back in c->stash and handed to lws by its
+ * next reads, which on_wake prompts once the response before is out; lws's
+ * own buffering of pipelined requests (which mislays their bodies and
+ * stalls on an empty line) is never used.
  *
  * lws's uv poll callback for each connection is wrapped too: the wrapper
  * knows which connection lws is parsing, which is how an oversized head
@@ -152,7 +163,8 @@ static server *live_servers; /* one core per process in practice; see teardown *
 static uv_poll_cb lws_poll_cb; /* lws's callback: one function for every socket */
 static struct conn *servicing; /* the connection whose socket event lws handles now */
 static ssize_t (*lws_recv)(int, void *, size_t, int); /* what lws's recv slot held */
-static size_t scan(conn *c, char *buf, size_t n);
+static size_t scan(conn *c, char *buf, size_t n, size_t *used);
+static void want_wake(conn *c);
 static conn *conn_by_fd(int fd);
 static void refuse_bad(conn *c, const char *why);
 
@@ -255,6 +267,7 @@ static void conn_gone(server *s, struct lws *wsi) {
   }
   free(c->scan_line);
   free(c->scan_target);
+  free(c->stash);
   if (c->prev) c->prev->next = c->next; else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   s->nconns--;
@@ -380,17 +393,12 @@ static void scan_line_done(conn *c, const char *line, size_t len) {
     "obsolete line folding (a header line starting with a space or tab)",
     "an invalid Content-Length",
     "a blank between a header name and its colon",
-    "a pipelined request with a body (libwebsockets 4.1 cannot read its body: "
-    "send it once the response before it has arrived)",
   };
   if (len == 0) { /* the end of the head */
     char *line0 = c->scan_target;
     c->scan_target = NULL;
     int bad = c->scan_bad;
     if (!bad && c->scan_te && c->scan_cl) bad = 2;
-    /* read while a request before it is in flight: lws takes it from its
-     * own buffer, where it mislays a body (it hands on the head's bytes) */
-    if (!bad && c->scan_body && (c->id || c->heads)) bad = 6;
     head_push(c, line0, why[bad]);
     if (bad) {
       c->scan_state = SCAN_OPAQUE; /* the connection is closed after the 400 */
@@ -432,12 +440,16 @@ static void scan_line_done(conn *c, const char *line, size_t len) {
  * them; returns how many of them lws gets. Empty lines between requests
  * are taken out (lws 4.1 stalls on one before a pipelined request; RFC 9112
  * 2.2 lets a server ignore them). */
-static size_t scan(conn *c, char *buf, size_t n) {
+static size_t scan(conn *c, char *buf, size_t n, size_t *used) {
   char *p = buf, *w = buf;
+  int ended = 0; /* a request (head and body) ended in this buffer */
   while (n) {
+    if (ended && c->scan_state == SCAN_LINE) break; /* the next request waits (see raw heads) */
     if (c->scan_state == SCAN_OPAQUE) {
       memmove(w, p, n);
       w += n;
+      p += n;
+      n = 0;
       break;
     }
     if (c->scan_state == SCAN_BODY) {
@@ -447,7 +459,7 @@ static size_t scan(conn *c, char *buf, size_t n) {
       c->scan_body -= k;
       p += k;
       n -= k;
-      if (!c->scan_body) c->scan_state = SCAN_LINE;
+      if (!c->scan_body) { c->scan_state = SCAN_LINE; ended = 1; }
       continue;
     }
     if (c->scan_state == SCAN_LINE && c->scan_len == 0 && (*p == '\r' || *p == '\n')) {
@@ -471,26 +483,61 @@ static size_t scan(conn *c, char *buf, size_t n) {
     size_t len = c->scan_len - 1; /* without the LF */
     if (len && c->scan_line[len - 1] == '\r') len--;
     c->scan_len = 0;
+    int in_head = c->scan_state == SCAN_HEADERS;
     scan_line_done(c, c->scan_line, len);
+    if (in_head && c->scan_state == SCAN_LINE) ended = 1; /* a head without a body */
   }
+  *used = (size_t)(p - buf);
   return (size_t)(w - buf);
 }
 
 /* What lws's recv() calls reach: the bytes lws reads from a client go
- * through the scanner first. */
+ * through the scanner first, one request at a time. What the client sent
+ * past the end of a request (pipelined requests) is held back in c->stash
+ * and handed to lws once it reads for the next request, so lws never
+ * parses a request out of its own buffer (where lws 4.1 mislays bodies). */
 static ssize_t recv_hook(int fd, void *buf, size_t len, int flags) {
-  ssize_t n = lws_recv(fd, buf, len, flags);
-  if (n > 0 && !(flags & MSG_PEEK)) {
-    int saved = errno;
-    conn *c = conn_by_fd(fd);
-    if (c) {
-      n = (ssize_t)scan(c, (char *)buf, (size_t)n);
-      if (c->head_refused) { errno = ECONNRESET; return -1; } /* answered: lws drops it unread */
-      if (n == 0) { errno = EAGAIN; return -1; } /* only empty lines: nothing yet */
-    }
-    errno = saved;
+  conn *c = (flags & MSG_PEEK) ? NULL : conn_by_fd(fd);
+  if (!c) return lws_recv(fd, buf, len, flags);
+  ssize_t n;
+  int from_stash = c->stash_off < c->stash_len;
+  if (from_stash) {
+    size_t k = c->stash_len - c->stash_off;
+    if (k > len) k = len;
+    memcpy(buf, c->stash + c->stash_off, k);
+    c->stash_off += k;
+    n = (ssize_t)k;
+  } else {
+    n = lws_recv(fd, buf, len, flags);
   }
-  return n;
+  if (n <= 0) return n;
+  int saved = errno;
+  size_t used = 0;
+  size_t out = scan(c, (char *)buf, (size_t)n, &used);
+  if (c->head_refused) { errno = ECONNRESET; return -1; } /* answered: lws drops it unread */
+  if (used < (size_t)n) { /* hold back the rest */
+    if (from_stash) {
+      c->stash_off -= (size_t)n - used;
+    } else {
+      char *st = (char *)malloc((size_t)n - used);
+      if (!st) { errno = ENOMEM; return -1; }
+      memcpy(st, (char *)buf + used, (size_t)n - used);
+      free(c->stash);
+      c->stash = st;
+      c->stash_len = (size_t)n - used;
+      c->stash_off = 0;
+    }
+  }
+  if (c->stash_off >= c->stash_len) {
+    free(c->stash);
+    c->stash = NULL;
+    c->stash_len = c->stash_off = 0;
+  } else if (c->scan_state != SCAN_LINE) {
+    want_wake(c); /* lws reads on for this request's head or body: from the stash */
+  }
+  errno = saved;
+  if (out == 0) { errno = EAGAIN; return -1; } /* only empty lines: nothing yet */
+  return (ssize_t)out;
 }
 
 typedef struct { const char *lib; int found, patched; } got_search;
@@ -562,6 +609,50 @@ static int hook_lws_recv(void) {
   return g.patched && lws_recv ? 0 : -1;
 }
 
+/* Hand held-back bytes to lws: a readable event for each connection whose
+ * stash lws should read now, once per want_wake (lws that does not read
+ * then is not asked again, so this never spins). */
+static void on_conn_poll(uv_poll_t *p, int status, int events);
+
+static int conn_live(server *s, conn *c) {
+  for (conn *x = s->conns; x; x = x->next)
+    if (x == c) return 1;
+  return 0;
+}
+
+static void on_wake(uv_idle_t *idle) {
+  server *s = (server *)idle->data;
+  int more = 0;
+  for (int again = 1; again;) {
+    again = 0;
+    for (conn *c = s->conns; c; c = c->next) {
+      if (c->stash_wake != 1) continue;
+      c->stash_wake = 0;
+      if (!c->stash || c->kill || !c->poll || uv_is_closing((uv_handle_t *)c->poll)) continue;
+      size_t before = c->stash_off;
+      c->stash_tries++;
+      on_conn_poll(c->poll, 0, UV_READABLE | UV_WRITABLE); /* may free c */
+      /* lws did not read (it finishes the last transaction first): again next turn, a few times */
+      if (conn_live(s, c) && c->stash && c->stash_off == before && !c->stash_wake && c->stash_tries < 4)
+        c->stash_wake = 2;
+      again = 1;
+      break;
+    }
+  }
+  for (conn *c = s->conns; c; c = c->next) {
+    if (c->stash_wake == 2) c->stash_wake = 1;
+    more |= c->stash_wake;
+  }
+  if (!more && s->wake_on) uv_idle_stop(idle);
+}
+
+static void want_wake(conn *c) {
+  server *s = c->srv;
+  c->stash_tries = 0;
+  c->stash_wake = 1;
+  if (s->wake_on && !uv_is_active((uv_handle_t *)&s->wake)) uv_idle_start(&s->wake, on_wake);
+}
+
 /* Before the loop polls: lws restarts a socket's poll (accepting it, or
  * changing its events) from wherever it is, so the wrappers are put back
  * here, ahead of the events they are for. */
@@ -573,7 +664,7 @@ static void on_rehook(uv_prepare_t *p) {
 
 static void on_conn_poll(uv_poll_t *p, int status, int events) {
   conn *c = conn_by_poll(p);
-  if (c && status == 0 && (events & UV_DISCONNECT) && c->id && !c->is_ws && !c->kill) {
+  if (c && status == 0 && (events & UV_DISCONNECT) && c->id && !c->is_ws && !c->kill && !c->stash) {
     /* the client hung up (or shut its sending side) while its request runs:
      * with nothing left unread, it is gone; drop it now (lws, not reading
      * while it answers, would notice only at the idle timeout) */
@@ -811,6 +902,7 @@ static int write_http(conn *c) {
     /* kept alive: the next request head must arrive within the idle timeout */
     arm(c);
     hook_poll(c);
+    if (c->stash) want_wake(c); /* it is here already: held back (see raw heads) */
     return 0;
   }
   emit_simple(c->srv, "drain", c->id);
@@ -1020,6 +1112,10 @@ static void destroy_context(server *s) {
   if (s->rehook_on) {
     s->rehook_on = 0;
     uv_close((uv_handle_t *)&s->rehook, NULL); /* finish_context waits for it */
+  }
+  if (s->wake_on) {
+    s->wake_on = 0;
+    uv_close((uv_handle_t *)&s->wake, NULL);
   }
   forget_socket_file(s);
   if (s->ctx) lws_context_destroy(s->ctx);
@@ -1256,6 +1352,9 @@ static int http_listen(lua_State *L) {
   uv_prepare_start(&s->rehook, on_rehook);
   uv_unref((uv_handle_t *)&s->rehook);
   s->rehook_on = 1;
+  uv_idle_init(h->core->loop, &s->wake);
+  s->wake.data = s;
+  s->wake_on = 1;
   uv_timer_start(&h->uv.timer, on_service_tick, 1000, 1000);
   uv_unref(&h->uv.handle); /* the listening socket keeps the loop alive, not this */
   return 1;
@@ -1502,3 +1601,4 @@ void mb_open_http(lua_State *L) {
   lua_pushcfunction(L, http_listen);
   lua_setfield(L, -2, "http_listen");
 }
+
