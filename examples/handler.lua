@@ -1,7 +1,9 @@
 -- A handler for `moonbox serve --handler examples/handler.lua`: a tiny
 -- "run this code for user X" service. Each user gets a persistent sandbox,
 -- so files and shell state survive between requests:
---   curl -d '{"code":"echo hi > note; cat note"}' localhost:8080/run/alice
+--   curl -H "Authorization: Bearer $T" -d '{"code":"echo hi > note; cat note"}' localhost:8080/run/alice
+-- ($T: the token moonbox serve prints in the page's URL, /?token=..., or the
+-- one in --token-file)
 local moonbox = require "moonbox"
 local cjson = require "cjson.safe"
 

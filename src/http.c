@@ -6,7 +6,8 @@
  *   core.http_listen(opts, on_event(kind, id, ...)) -> server | nil, msg, CODE
  *     opts: host, port | unix (path), max_body, max_connections, idle_timeout_ms
  *   events: "request", id, req, body   (req.too_large, req.length_required:
- *                                       the body was not read)
+ *                                       the body was not read; req.raw_line:
+ *                                       the request line as sent)
  *           "message", id, data, is_binary   (a whole WebSocket message)
  *           "drain", id                      (every queued byte was written)
  *           "done", id                       (the response is complete)
@@ -21,11 +22,16 @@
 
 #include <libwebsockets.h>
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -72,15 +78,35 @@ typedef struct conn {
   size_t queued;
   uv_poll_t *poll;         /* lws's uv poll handle for the socket (see raw heads) */
   int poll_walked;         /* looked for it */
-  char *raw_line;          /* the next request's line as the client sent it */
-  int raw_missed;          /* bytes went by unseen: no raw line until the next request */
-  int head_refused;        /* answered 431: the head was over the limit */
+  int head_refused;        /* answered 431 or 400 straight on the socket */
+  /* the request stream as lws reads it (see raw heads) */
+  int scan_state;          /* SCAN_* */
+  char *scan_line;         /* the line being assembled */
+  size_t scan_len;
+  unsigned long long scan_body; /* body bytes still to skip */
+  int scan_cl, scan_te, scan_upgrade, scan_bad;
+  char *scan_target;       /* the request line of the head being scanned */
+  struct head *heads, *heads_tail; /* scanned heads lws has not reported yet, in order */
+  char *stash;             /* bytes read past the end of a request, held back from lws */
+  size_t stash_len, stash_off;
+  int stash_wake;          /* lws should read the stash: wake it once (on_wake) */
+  int stash_tries;
 } conn;
+
+/* A request head as the client sent it: its request line, and why it must
+ * be refused (NULL if it need not). */
+typedef struct head {
+  struct head *next;
+  char *line;
+  const char *bad;
+} head;
 
 struct server {
   mb_handle *h;            /* anchor (a uv timer that also drives teardown) */
   uv_prepare_t rehook;     /* before each poll: put the wrappers back (raw heads) */
   int rehook_on;
+  uv_idle_t wake;          /* hands held-back requests to lws (raw heads) */
+  int wake_on;
   struct lws_context *ctx; /* lws writes NULL here once destruction is done */
   struct lws_vhost *vh;
   struct lws_protocols protocols[2];
@@ -104,21 +130,43 @@ static server *live_servers; /* one core per process in practice; see teardown *
  * lws 4.1 decodes the request target while it parses it (%2F becomes a '/'
  * that splits segments, "." and ".." segments, also %2E%2E, are removed) and
  * keeps nothing of what the client sent, so "/sessions/a%2Fb" and
- * "/sessions/%2E%2E" reach us as "/sessions/a/b" and "/". To see the target
- * as sent, the uv poll callback lws registers for each connection is
- * wrapped: while a connection waits for its next request head, the wrapper
- * peeks (MSG_PEEK) at the bytes lws is about to read and keeps the request
- * line; the request event carries it as raw_line, and Lua uses it only when
- * it decodes to the path lws made of it (a pipelined request read along
- * with the one before is seen by nobody: it has no raw line). lws restarts
- * its poll (uv_poll_start) whenever it changes the events it waits for,
- * which puts its own callback back; the wrapper is put back after every
- * lws callback for the connection and after every poll event.
- * The wrapper also knows which connection lws is parsing, which is how an
- * oversized head (lws only logs "Ran out of header data space" and drops
- * the connection) gets its 431. */
+ * "/sessions/%2E%2E" reach us as "/sessions/a/b" and "/". It also takes the
+ * first of two Content-Length headers, and reads a pipelined request out of
+ * the same buffer as the one before it. So every byte lws reads from a
+ * client passes through a scanner of our own first: lws's import of recv()
+ * is pointed at recv_hook (its GOT slot, patched once), which hands what
+ * lws reads from a connection's socket to scan(), in order, before lws
+ * parses it. scan() splits the stream into request heads and bodies
+ * (Content-Length) and keeps each head's request line, in order, with what
+ * is wrong with it: repeated or conflicting Content-Length,
+ * Transfer-Encoding with Content-Length, obsolete line folding. Each request
+ * lws reports takes the next head: the request event carries its line as
+ * raw_line (Lua routes on it, after checking it decodes to lws's path) and
+ * a refused head is answered 400 straight on the socket (at once when no
+ * request is in flight, the read lws is in failing so lws never parses it;
+ * else when lws reaches it), and the connection closed. lws gets one
+ * request at a time: what a read brings past the end of a request
+ * (pipelined requests) is held back in c->stash and handed to lws by its
+ * next reads, which on_wake prompts once the response before is out; lws's
+ * own buffering of pipelined requests (which mislays their bodies and
+ * stalls on an empty line) is never used.
+ *
+ * lws's uv poll callback for each connection is wrapped too: the wrapper
+ * knows which connection lws is parsing, which is how an oversized head
+ * (lws only logs "Ran out of header data space" and drops the connection)
+ * gets its 431, and it asks for UV_DISCONNECT, so a client that hangs up
+ * while its request runs (a stream that writes nothing for a while, a wait)
+ * is dropped at once rather than at the idle timeout. lws restarts its poll
+ * (uv_poll_start) whenever it changes the events it waits for, which puts
+ * its own callback back; the wrapper is put back after every lws callback
+ * for the connection and after every poll event. */
 static uv_poll_cb lws_poll_cb; /* lws's callback: one function for every socket */
 static struct conn *servicing; /* the connection whose socket event lws handles now */
+static ssize_t (*lws_recv)(int, void *, size_t, int); /* what lws's recv slot held */
+static size_t scan(conn *c, char *buf, size_t n, size_t *used);
+static void want_wake(conn *c);
+static conn *conn_by_fd(int fd);
+static void refuse_bad(conn *c, const char *why);
 
 /* ---- output queue -------------------------------------------------------- */
 
@@ -211,8 +259,15 @@ static void conn_gone(server *s, struct lws *wsi) {
   if (servicing == c) servicing = NULL;
   lua_Integer id = c->id;
   request_reset(c);
-  free(c->raw_line);
-  c->raw_line = NULL;
+  while (c->heads) {
+    head *h = c->heads;
+    c->heads = h->next;
+    free(h->line);
+    free(h);
+  }
+  free(c->scan_line);
+  free(c->scan_target);
+  free(c->stash);
   if (c->prev) c->prev->next = c->next; else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   s->nconns--;
@@ -257,32 +312,345 @@ static void hook_poll(conn *c) {
     if (!c->poll) return;
   }
   uv_poll_cb cb = c->poll->poll_cb;
-  if (!cb || cb == on_conn_poll || uv_is_closing((uv_handle_t *)c->poll)) return;
-  if (lws_poll_cb && cb != lws_poll_cb) return; /* not lws's: leave it alone */
-  lws_poll_cb = cb;
-  c->poll->poll_cb = on_conn_poll;
+  if (!cb || uv_is_closing((uv_handle_t *)c->poll)) return;
+  if (cb != on_conn_poll) {
+    if (lws_poll_cb && cb != lws_poll_cb) return; /* not lws's: leave it alone */
+    lws_poll_cb = cb;
+    c->poll->poll_cb = on_conn_poll;
+  }
+  /* also hear of a hang-up while lws does not read (see raw heads) */
+  unsigned int pe = c->poll->io_watcher.pevents;
+  if (uv_is_active((uv_handle_t *)c->poll) && !(pe & EPOLLRDHUP)) {
+    int ev = ((pe & POLLIN) ? UV_READABLE : 0) | ((pe & POLLOUT) ? UV_WRITABLE : 0) |
+             ((pe & POLLPRI) ? UV_PRIORITIZED : 0) | UV_DISCONNECT;
+    uv_poll_start(c->poll, ev, on_conn_poll);
+  }
 }
 
-/* The request line waiting in the socket, before lws reads it. */
-static void peek_head(conn *c) {
-  if (c->id || c->is_ws || c->raw_line || c->raw_missed) return;
-  char buf[8192 + 512];
-  ssize_t n = recv(lws_get_socket_fd(c->wsi), buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
-  if (n <= 0) return;
-  size_t i = 0;
-  while (i + 1 < (size_t)n && buf[i] == '\r' && buf[i + 1] == '\n') i += 2; /* empty lines first */
-  char *eol = (char *)memchr(buf + i, '\n', (size_t)n - i);
-  if (eol) {
-    size_t len = (size_t)(eol - (buf + i));
-    if (len && eol[-1] == '\r') len--;
-    c->raw_line = (char *)malloc(len + 1);
-    if (c->raw_line) {
-      memcpy(c->raw_line, buf + i, len);
-      c->raw_line[len] = 0;
+/* ---- the request stream scanner ---- */
+
+enum { SCAN_LINE, SCAN_HEADERS, SCAN_BODY, SCAN_OPAQUE };
+#define SCAN_MAX_LINE (8192 + 512)
+
+static conn *conn_by_fd(int fd) {
+  for (server *s = live_servers; s; s = s->next_server)
+    for (conn *c = s->conns; c; c = c->next)
+      if (c->wsi && lws_get_socket_fd(c->wsi) == fd) return c;
+  return NULL;
+}
+
+static int ieq_prefix(const char *line, size_t len, const char *name) {
+  size_t n = strlen(name);
+  if (len < n) return 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = line[i];
+    if (ch >= 'A' && ch <= 'Z') ch = (char)(ch + 32);
+    if (ch != name[i]) return 0;
+  }
+  return 1;
+}
+
+/* A header line "name: value" whose name is `name` (lowercase, no colon):
+ * the value without surrounding blanks, or NULL. A blank before the colon
+ * makes the name another one (and such a line is refused below). */
+static const char *header_value(const char *line, size_t len, const char *name, size_t *vlen) {
+  size_t n = strlen(name);
+  if (len <= n || line[n] != ':' || !ieq_prefix(line, len, name)) return NULL;
+  const char *v = line + n + 1, *end = line + len;
+  while (v < end && (*v == ' ' || *v == '\t')) v++;
+  while (end > v && (end[-1] == ' ' || end[-1] == '\t')) end--;
+  *vlen = (size_t)(end - v);
+  return v;
+}
+
+static void head_push(conn *c, char *line, const char *bad) {
+  head *h = (head *)calloc(1, sizeof *h);
+  if (!h) { free(line); c->scan_state = SCAN_OPAQUE; return; }
+  h->line = line;
+  h->bad = bad;
+  if (c->heads_tail) c->heads_tail->next = h; else c->heads = h;
+  c->heads_tail = h;
+}
+
+/* One complete line of the head (without its CR LF). */
+static void scan_line_done(conn *c, const char *line, size_t len) {
+  if (c->scan_state == SCAN_LINE) {
+    if (len == 0) return; /* empty lines before a request line are allowed (RFC 9112 2.2) */
+    c->scan_target = (char *)malloc(len + 1);
+    if (!c->scan_target) { c->scan_state = SCAN_OPAQUE; return; }
+    memcpy(c->scan_target, line, len);
+    c->scan_target[len] = 0;
+    c->scan_cl = c->scan_te = c->scan_upgrade = 0;
+    c->scan_bad = 0;
+    c->scan_body = 0;
+    c->scan_state = SCAN_HEADERS;
+    return;
+  }
+  static const char *const why[] = {
+    NULL,
+    "repeated Content-Length headers",
+    "Transfer-Encoding together with Content-Length",
+    "obsolete line folding (a header line starting with a space or tab)",
+    "an invalid Content-Length",
+    "a blank between a header name and its colon",
+  };
+  if (len == 0) { /* the end of the head */
+    char *line0 = c->scan_target;
+    c->scan_target = NULL;
+    int bad = c->scan_bad;
+    if (!bad && c->scan_te && c->scan_cl) bad = 2;
+    head_push(c, line0, why[bad]);
+    if (bad) {
+      c->scan_state = SCAN_OPAQUE; /* the connection is closed after the 400 */
+      if (!c->id && c->heads == c->heads_tail) refuse_bad(c, why[bad]);
+    } else if (c->scan_te || c->scan_upgrade) {
+      c->scan_state = SCAN_OPAQUE; /* answered 411 (and closed), or a WebSocket from here on */
+    } else {
+      c->scan_state = c->scan_body ? SCAN_BODY : SCAN_LINE;
+    }
+    return;
+  }
+  if (line[0] == ' ' || line[0] == '\t') { if (!c->scan_bad) c->scan_bad = 3; return; }
+  const char *colon = memchr(line, ':', len);
+  if (colon && colon > line && (colon[-1] == ' ' || colon[-1] == '\t')) {
+    if (!c->scan_bad) c->scan_bad = 5;
+    return;
+  }
+  size_t vlen;
+  const char *v;
+  if ((v = header_value(line, len, "content-length", &vlen))) {
+    if (c->scan_cl++) { if (!c->scan_bad) c->scan_bad = 1; return; }
+    unsigned long long n = 0;
+    if (vlen == 0 || vlen > 18) { if (!c->scan_bad) c->scan_bad = 4; return; }
+    for (size_t i = 0; i < vlen; i++) {
+      if (v[i] < '0' || v[i] > '9') { if (!c->scan_bad) c->scan_bad = 4; return; }
+      n = n * 10 + (unsigned long long)(v[i] - '0');
+    }
+    c->scan_body = n;
+  } else if ((v = header_value(line, len, "transfer-encoding", &vlen))) {
+    c->scan_te = 1;
+  } else if ((v = header_value(line, len, "upgrade", &vlen))) {
+    /* a WebSocket's frames follow its head; other upgrades lws does not take */
+    for (size_t i = 0; i + 9 <= vlen; i++)
+      if (ieq_prefix(v + i, vlen - i, "websocket")) c->scan_upgrade = 1;
+  }
+}
+
+/* Bytes lws has just read from c's socket, in the order the client sent
+ * them; returns how many of them lws gets. Empty lines between requests
+ * are taken out (lws 4.1 stalls on one before a pipelined request; RFC 9112
+ * 2.2 lets a server ignore them). */
+static size_t scan(conn *c, char *buf, size_t n, size_t *used) {
+  char *p = buf, *w = buf;
+  int ended = 0; /* a request (head and body) ended in this buffer */
+  while (n) {
+    if (ended && c->scan_state == SCAN_LINE) break; /* the next request waits (see raw heads) */
+    if (c->scan_state == SCAN_OPAQUE) {
+      memmove(w, p, n);
+      w += n;
+      p += n;
+      n = 0;
+      break;
+    }
+    if (c->scan_state == SCAN_BODY) {
+      size_t k = c->scan_body < n ? (size_t)c->scan_body : n;
+      memmove(w, p, k);
+      w += k;
+      c->scan_body -= k;
+      p += k;
+      n -= k;
+      if (!c->scan_body) { c->scan_state = SCAN_LINE; ended = 1; }
+      continue;
+    }
+    if (c->scan_state == SCAN_LINE && c->scan_len == 0 && (*p == '\r' || *p == '\n')) {
+      p++;
+      n--;
+      continue;
+    }
+    const char *eol = (const char *)memchr(p, '\n', n);
+    size_t take = eol ? (size_t)(eol - p) + 1 : n;
+    if (c->scan_len + take > SCAN_MAX_LINE || (!c->scan_line && !(c->scan_line = (char *)malloc(SCAN_MAX_LINE)))) {
+      c->scan_state = SCAN_OPAQUE; /* over lws's limit too: lws answers 431 */
+      continue;
+    }
+    memcpy(c->scan_line + c->scan_len, p, take);
+    memmove(w, p, take);
+    w += take;
+    c->scan_len += take;
+    p += take;
+    n -= take;
+    if (!eol) break;
+    size_t len = c->scan_len - 1; /* without the LF */
+    if (len && c->scan_line[len - 1] == '\r') len--;
+    c->scan_len = 0;
+    int in_head = c->scan_state == SCAN_HEADERS;
+    scan_line_done(c, c->scan_line, len);
+    if (in_head && c->scan_state == SCAN_LINE) ended = 1; /* a head without a body */
+  }
+  *used = (size_t)(p - buf);
+  return (size_t)(w - buf);
+}
+
+/* What lws's recv() calls reach: the bytes lws reads from a client go
+ * through the scanner first, one request at a time. What the client sent
+ * past the end of a request (pipelined requests) is held back in c->stash
+ * and handed to lws once it reads for the next request, so lws never
+ * parses a request out of its own buffer (where lws 4.1 mislays bodies). */
+static ssize_t recv_hook(int fd, void *buf, size_t len, int flags) {
+  conn *c = (flags & MSG_PEEK) ? NULL : conn_by_fd(fd);
+  if (!c) return lws_recv(fd, buf, len, flags);
+  ssize_t n;
+  int from_stash = c->stash_off < c->stash_len;
+  if (from_stash) {
+    size_t k = c->stash_len - c->stash_off;
+    if (k > len) k = len;
+    memcpy(buf, c->stash + c->stash_off, k);
+    c->stash_off += k;
+    n = (ssize_t)k;
+  } else {
+    n = lws_recv(fd, buf, len, flags);
+  }
+  if (n <= 0) return n;
+  int saved = errno;
+  size_t used = 0;
+  size_t out = scan(c, (char *)buf, (size_t)n, &used);
+  if (c->head_refused) { errno = ECONNRESET; return -1; } /* answered: lws drops it unread */
+  if (used < (size_t)n) { /* hold back the rest */
+    if (from_stash) {
+      c->stash_off -= (size_t)n - used;
+    } else {
+      char *st = (char *)malloc((size_t)n - used);
+      if (!st) { errno = ENOMEM; return -1; }
+      memcpy(st, (char *)buf + used, (size_t)n - used);
+      free(c->stash);
+      c->stash = st;
+      c->stash_len = (size_t)n - used;
+      c->stash_off = 0;
     }
   }
-  /* lws reads what is there now: the next bytes are not a request's start */
-  if (!c->raw_line) c->raw_missed = 1;
+  if (c->stash_off >= c->stash_len) {
+    free(c->stash);
+    c->stash = NULL;
+    c->stash_len = c->stash_off = 0;
+  } else if (c->scan_state != SCAN_LINE) {
+    want_wake(c); /* lws reads on for this request's head or body: from the stash */
+  }
+  errno = saved;
+  if (out == 0) { errno = EAGAIN; return -1; } /* only empty lines: nothing yet */
+  return (ssize_t)out;
+}
+
+typedef struct { const char *lib; int found, patched; } got_search;
+
+static int patch_recv_slot(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  got_search *g = (got_search *)arg;
+  if (!info->dlpi_name || !strstr(info->dlpi_name, g->lib)) return 0;
+  g->found = 1;
+  ElfW(Addr) base = info->dlpi_addr;
+  const ElfW(Dyn) *dyn = NULL;
+  ElfW(Addr) relro_start = 0, relro_end = 0;
+  long page = sysconf(_SC_PAGESIZE);
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(base + ph->p_vaddr);
+    if (ph->p_type == PT_GNU_RELRO) {
+      relro_start = (base + ph->p_vaddr) & ~(ElfW(Addr))(page - 1);
+      relro_end = (base + ph->p_vaddr + ph->p_memsz) & ~(ElfW(Addr))(page - 1);
+    }
+  }
+  if (!dyn) return 1;
+  ElfW(Addr) jmprel = 0, rela = 0, symtab = 0, strtab = 0;
+  size_t jmprel_sz = 0, rela_sz = 0;
+  for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++) {
+    switch (d->d_tag) {
+    case DT_JMPREL: jmprel = d->d_un.d_ptr; break;
+    case DT_PLTRELSZ: jmprel_sz = d->d_un.d_val; break;
+    case DT_RELA: rela = d->d_un.d_ptr; break;
+    case DT_RELASZ: rela_sz = d->d_un.d_val; break;
+    case DT_SYMTAB: symtab = d->d_un.d_ptr; break;
+    case DT_STRTAB: strtab = d->d_un.d_ptr; break;
+    default: break;
+    }
+  }
+  /* glibc relocates these addresses in place; be sure either way */
+  if (symtab && symtab < base) symtab += base;
+  if (strtab && strtab < base) strtab += base;
+  if (jmprel && jmprel < base) jmprel += base;
+  if (rela && rela < base) rela += base;
+  if (!symtab || !strtab) return 1;
+  const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
+  const char *strs = (const char *)strtab;
+  struct { ElfW(Addr) at; size_t sz; } tables[2] = {{jmprel, jmprel_sz}, {rela, rela_sz}};
+  for (int t = 0; t < 2; t++) {
+    if (!tables[t].at) continue;
+    const ElfW(Rela) *r = (const ElfW(Rela) *)tables[t].at;
+    for (size_t i = 0; i < tables[t].sz / sizeof *r; i++) {
+      size_t sym = ELF64_R_SYM(r[i].r_info);
+      if (!sym || strcmp(strs + syms[sym].st_name, "recv") != 0) continue;
+      void **slot = (void **)(base + r[i].r_offset);
+      if (*slot == (void *)recv_hook) { g->patched = 1; continue; }
+      ElfW(Addr) pg = (ElfW(Addr))slot & ~(ElfW(Addr))(page - 1);
+      int ro = pg >= relro_start && pg < relro_end;
+      if (ro && mprotect((void *)pg, (size_t)page, PROT_READ | PROT_WRITE) != 0) continue;
+      if (!lws_recv) lws_recv = (ssize_t (*)(int, void *, size_t, int))*slot;
+      *slot = (void *)recv_hook;
+      if (ro) mprotect((void *)pg, (size_t)page, PROT_READ);
+      g->patched = 1;
+    }
+  }
+  return 1;
+}
+
+/* Point libwebsockets' recv() at recv_hook; 0 when done (or done before). */
+static int hook_lws_recv(void) {
+  got_search g = {"libwebsockets", 0, 0};
+  dl_iterate_phdr(patch_recv_slot, &g);
+  return g.patched && lws_recv ? 0 : -1;
+}
+
+/* Hand held-back bytes to lws: a readable event for each connection whose
+ * stash lws should read now, once per want_wake (lws that does not read
+ * then is not asked again, so this never spins). */
+static void on_conn_poll(uv_poll_t *p, int status, int events);
+
+static int conn_live(server *s, conn *c) {
+  for (conn *x = s->conns; x; x = x->next)
+    if (x == c) return 1;
+  return 0;
+}
+
+static void on_wake(uv_idle_t *idle) {
+  server *s = (server *)idle->data;
+  int more = 0;
+  for (int again = 1; again;) {
+    again = 0;
+    for (conn *c = s->conns; c; c = c->next) {
+      if (c->stash_wake != 1) continue;
+      c->stash_wake = 0;
+      if (!c->stash || c->kill || !c->poll || uv_is_closing((uv_handle_t *)c->poll)) continue;
+      size_t before = c->stash_off;
+      c->stash_tries++;
+      on_conn_poll(c->poll, 0, UV_READABLE | UV_WRITABLE); /* may free c */
+      /* lws did not read (it finishes the last transaction first): again next turn, a few times */
+      if (conn_live(s, c) && c->stash && c->stash_off == before && !c->stash_wake && c->stash_tries < 4)
+        c->stash_wake = 2;
+      again = 1;
+      break;
+    }
+  }
+  for (conn *c = s->conns; c; c = c->next) {
+    if (c->stash_wake == 2) c->stash_wake = 1;
+    more |= c->stash_wake;
+  }
+  if (!more && s->wake_on) uv_idle_stop(idle);
+}
+
+static void want_wake(conn *c) {
+  server *s = c->srv;
+  c->stash_tries = 0;
+  c->stash_wake = 1;
+  if (s->wake_on && !uv_is_active((uv_handle_t *)&s->wake)) uv_idle_start(&s->wake, on_wake);
 }
 
 /* Before the loop polls: lws restarts a socket's poll (accepting it, or
@@ -296,7 +664,23 @@ static void on_rehook(uv_prepare_t *p) {
 
 static void on_conn_poll(uv_poll_t *p, int status, int events) {
   conn *c = conn_by_poll(p);
-  if (c && status == 0) peek_head(c);
+  if (c && status == 0 && (events & UV_DISCONNECT) && c->id && !c->is_ws && !c->kill && !c->stash) {
+    /* the client hung up (or shut its sending side) while its request runs:
+     * with nothing left unread, it is gone; drop it now (lws, not reading
+     * while it answers, would notice only at the idle timeout) */
+    char b;
+    ssize_t n = recv(lws_get_socket_fd(c->wsi), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      c->kill = 1;
+      lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC); /* frees c */
+      return;
+    }
+  }
+  events &= ~UV_DISCONNECT;
+  if (status == 0 && !events) {
+    if (c) hook_poll(c);
+    return;
+  }
 
   conn *prev = servicing;
   servicing = c;
@@ -322,6 +706,37 @@ static void refuse_head(conn *c) {
     "content-type: application/json\r\ncontent-length: %zu\r\nconnection: close\r\n\r\n%s",
     sizeof body - 1, body);
   if (n > 0 && send(fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) == n) shutdown(fd, SHUT_WR);
+}
+
+/* 400 for a refused head (see scan), written straight to the socket while
+ * no request is in flight; the read lws is in then fails, so lws never
+ * parses the head (and what follows it). */
+static void refuse_bad(conn *c, const char *why) {
+  char body[384], resp[768];
+  int fd = lws_get_socket_fd(c->wsi);
+  if (c->head_refused || fd < 0) return;
+  c->head_refused = 1;
+  char sink[16384];
+  for (int i = 0; i < 64 && lws_recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
+  int bn = snprintf(body, sizeof body, "{\"code\":\"BAD_REQUEST\",\"httpStatus\":400,"
+    "\"message\":\"refused request head: %s\",\"context\":{}}\n", why);
+  if (bn < 0 || (size_t)bn >= sizeof body) return;
+  int n = snprintf(resp, sizeof resp, "HTTP/1.1 400 Bad Request\r\n"
+    "content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s", bn, body);
+  if (n > 0 && (size_t)n < sizeof resp && send(fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) == n)
+    shutdown(fd, SHUT_WR);
+}
+
+/* lws reports a request whose head the scanner refused (it was pipelined
+ * behind another, so it could not be answered when it was read): every
+ * response before it is out (lws takes a pipelined request only once the
+ * one before has completed), so the 400 goes straight to the socket, and
+ * the connection closes with the body and whatever follows unread. */
+static int refused_head(conn *c) {
+  head *h = c->heads;
+  if (!h || !h->bad) return 0;
+  if (!lws_partial_buffered(c->wsi)) refuse_bad(c, h->bad); /* else: bytes of ours still queued, just close */
+  return 1;
 }
 
 static int append_body(conn *c, const void *in, size_t len) {
@@ -400,13 +815,14 @@ static void push_request(lua_State *L, struct lws *wsi, int websocket) {
   lua_pushstring(L, peer);
   lua_setfield(L, -2, "peer");
   conn *c = (conn *)lws_get_opaque_user_data(wsi);
-  if (c && c->raw_line) {
-    lua_pushstring(L, c->raw_line);
+  head *h = c ? c->heads : NULL;
+  if (h) {
+    c->heads = h->next;
+    if (!c->heads) c->heads_tail = NULL;
+    lua_pushstring(L, h->line);
     lua_setfield(L, -2, "raw_line");
-  }
-  if (c) {
-    free(c->raw_line);
-    c->raw_line = NULL;
+    free(h->line);
+    free(h);
   }
 }
 
@@ -485,8 +901,8 @@ static int write_http(conn *c) {
     if (lws_http_transaction_completed(wsi)) return -1;
     /* kept alive: the next request head must arrive within the idle timeout */
     arm(c);
-    c->raw_missed = 0;
     hook_poll(c);
+    if (c->stash) want_wake(c); /* it is here already: held back (see raw heads) */
     return 0;
   }
   emit_simple(c->srv, "drain", c->id);
@@ -561,12 +977,12 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
     if ((c = conn_of(s, wsi))) {
       arm(c);
       hook_poll(c);
-      peek_head(c); /* lws reads a head already there before it polls */
-      servicing = c; /* ... in the listening socket's callback, until the next poll */
+      servicing = c; /* lws reads a head already there in the listening socket's callback */
     }
     return 0;
   case LWS_CALLBACK_HTTP: {
     if (s->close_requested || !(c = conn_of(s, wsi))) return -1;
+    if (refused_head(c)) return -1;
     request_reset(c);
     if (begin_request(c, 0) < 0) return -1;
     c->deadline = 0;
@@ -616,6 +1032,7 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
   case LWS_CALLBACK_HTTP_CONFIRM_UPGRADE: {
     if (s->close_requested || !in || strcmp((const char *)in, "websocket") != 0) return -1;
     if (!(c = conn_of(s, wsi))) return -1;
+    if (refused_head(c)) return -1;
     request_reset(c);
     if (begin_request(c, 1) < 0) return -1;
     c->deadline = 0; /* the head is in; a quiet WebSocket is not idle */
@@ -695,6 +1112,10 @@ static void destroy_context(server *s) {
   if (s->rehook_on) {
     s->rehook_on = 0;
     uv_close((uv_handle_t *)&s->rehook, NULL); /* finish_context waits for it */
+  }
+  if (s->wake_on) {
+    s->wake_on = 0;
+    uv_close((uv_handle_t *)&s->wake, NULL);
   }
   forget_socket_file(s);
   if (s->ctx) lws_context_destroy(s->ctx);
@@ -847,6 +1268,14 @@ static int http_listen(lua_State *L) {
   }
   int probe = probe_bind(host, (int)port, unix_path);
   if (probe < 0) return mb_push_errno(L, -probe, unix_path ? unix_path : host);
+  /* fail closed: without the scanner, requests could not be routed on
+   * what the client sent (see raw heads) */
+  if (hook_lws_recv() != 0) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "cannot watch the request stream: libwebsockets' recv import was not found");
+    lua_pushliteral(L, "ENOSYS");
+    return 3;
+  }
 
   mb_handle *h = mb_handle_new(L, SERVER, sizeof(server));
   server *s = (server *)h->extra;
@@ -923,6 +1352,9 @@ static int http_listen(lua_State *L) {
   uv_prepare_start(&s->rehook, on_rehook);
   uv_unref((uv_handle_t *)&s->rehook);
   s->rehook_on = 1;
+  uv_idle_init(h->core->loop, &s->wake);
+  s->wake.data = s;
+  s->wake_on = 1;
   uv_timer_start(&h->uv.timer, on_service_tick, 1000, 1000);
   uv_unref(&h->uv.handle); /* the listening socket keeps the loop alive, not this */
   return 1;
@@ -1116,6 +1548,16 @@ static int server_header(lua_State *L) {
   return 1;
 }
 
+/* server:hangup(id): close the connection once this response is out */
+static int server_hangup(lua_State *L) {
+  server *s = check_server(L, 1);
+  conn *c = s ? conn_by_id(s, luaL_checkinteger(L, 2)) : NULL;
+  if (!c) return push_closed(L);
+  c->close_after = 1;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* server:queued(id) -> bytes waiting to be written | nil when gone */
 static int server_queued(lua_State *L) {
   server *s = check_server(L, 1);
@@ -1151,7 +1593,7 @@ static int server_close(lua_State *L) {
 static const luaL_Reg server_methods[] = {
   {"port", server_port}, {"respond", server_respond}, {"write", server_write},
   {"finish", server_finish}, {"ws_close", server_ws_close}, {"ws_reject", server_ws_reject},
-  {"header", server_header}, {"queued", server_queued}, {"connections", server_connections},
+  {"header", server_header}, {"hangup", server_hangup}, {"queued", server_queued}, {"connections", server_connections},
   {"close", server_close}, {NULL, NULL}};
 
 void mb_open_http(lua_State *L) {
@@ -1159,3 +1601,4 @@ void mb_open_http(lua_State *L) {
   lua_pushcfunction(L, http_listen);
   lua_setfield(L, -2, "http_listen");
 }
+

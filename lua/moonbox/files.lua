@@ -1359,6 +1359,15 @@ function Session:gitCheckout(repo_url, opts)
   if opts.targetDir ~= nil then V.path(opts.targetDir, "targetDir") end
   local url = trim(repo_url)
   local name = check_git_url(url)
+  -- a local path or file:// URL clones a repository of the runtime's own
+  -- filesystem: only where the policy allows it (git.allowLocal; off in
+  -- moonbox serve, where the URL comes from a tenant)
+  local git_policy = self.sandbox.policy.git
+  if local_repo_path(url) and not (type(git_policy) == "table" and git_policy.allowLocal == true) then
+    errors.raise("POLICY_DENIED", ("git clone %s: local repositories (a path or file:// URL) are not allowed " ..
+      "by the policy (git = {allowLocal = true} allows them)"):format(url),
+      { repoUrl = repo_url, policy = "git.allowLocal" })
+  end
   local timestamp = util.timestamp()
   local t, existed = queued(self, function()
     local dest = target(self, "gitCheckout", opts.targetDir or ("/workspace/" .. name))

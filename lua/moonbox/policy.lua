@@ -29,6 +29,7 @@ M.defaults = {
   },
   shell = "/bin/bash",
   hooks = {},
+  git = { allowLocal = true }, -- moonbox serve: false unless its policy says true
 }
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
@@ -143,6 +144,16 @@ local checks = {
       if type(n) ~= "number" or n < 0 or n % 1 ~= 0 or n > 2147483647 then
         invalid("userns." .. k, "expected an integer >= 0")
       end
+    end
+  end,
+  -- git = {allowLocal}: may gitCheckout clone a local path or file:// URL
+  -- (the runtime's repositories)? Allowed for a script's own sandboxes;
+  -- `moonbox serve` turns it off unless its --policy turns it on.
+  git = function(v)
+    expect(v, "table", "git")
+    for k, x in pairs(v) do
+      if k ~= "allowLocal" then invalid("git." .. tostring(k), "unknown key") end
+      expect(x, "boolean", "git.allowLocal")
     end
   end,
 }

@@ -37,6 +37,7 @@ local function default_home()
   if xdg and xdg ~= "" then return xdg .. "/moonbox" end
   return (os.getenv("HOME") or "/root") .. "/.local/share/moonbox"
 end
+M.default_home = default_home
 
 local function mkdir_p(path)
   if util.is_dir(path) then return true end

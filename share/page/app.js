@@ -17,6 +17,21 @@
   const encoder = new TextEncoder();
   let socket = null;
 
+  // The token comes in the URL `moonbox serve` prints (/?token=...): kept
+  // for this tab (a reload finds it) and taken out of the address bar; API
+  // calls send it as a bearer token, the terminal's WebSocket as access_token.
+  (function takeToken() {
+    const params = new URLSearchParams(location.search);
+    const given = params.get("token") || params.get("access_token");
+    if (given) {
+      try { sessionStorage.setItem("moonbox-token", given); } catch (e) { /* storage off: this load only */ }
+      history.replaceState(null, "", location.pathname);
+    }
+    let kept = null;
+    try { kept = sessionStorage.getItem("moonbox-token"); } catch (e) { kept = null; }
+    $("token").value = given || kept || "";
+  })();
+
   function setStatus(text) { $("status").textContent = text; }
   function headers() {
     const h = { "Content-Type": "application/json" };

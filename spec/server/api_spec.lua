@@ -70,6 +70,9 @@ local function with_api(fn, config)
   api.configure(config or { home = home })
   return run_task(function()
     local function call(method, sub, opts) return request(method, base .. sub, opts) end
+    -- reads never make a sandbox (a write would): made here as api.lua would make it
+    local cfg = config or { home = home }
+    moonbox.getSandbox(id, { root = cfg.home .. "/sandboxes/" .. id, policy = cfg.policy, limits = cfg.limits })
     local ok, err = pcall(fn, call, base, id)
     local status = call("DELETE", "")
     api.configure { home = home }
@@ -207,7 +210,7 @@ describe("api request checks", function()
     for _, code in pairs(require("moonbox.files").code_for_errno) do codes[code] = true end
     local runtime_failures = { INTERNAL_ERROR = true, FILESYSTEM_ERROR = true, SHELL_START_FAILED = true,
       GIT_CLONE_FAILED = true, DEADLOCK = true, NOT_IN_TASK = true, BACKUP_CREATE_FAILED = true,
-      BACKUP_RESTORE_FAILED = true }
+      BACKUP_RESTORE_FAILED = true, POLICY_ERROR = true }
     local n = 0
     for code in pairs(codes) do
       n = n + 1
@@ -219,6 +222,17 @@ describe("api request checks", function()
     assert.equal(409, api_errors.status("SESSION_ALREADY_EXISTS"))
     assert.equal(403, api_errors.status("POLICY_DENIED"))
     assert.equal(413, api_errors.status("FILE_TOO_LARGE"))
+    -- the codes of issue #14: a hook that throws is the server's failure, a
+    -- missing sandbox is not found, a held one conflicts, isolation the host
+    -- lacks is lasting (not 503), a rebuilt sandbox can be retried (503)
+    assert.equal(500, api_errors.status("POLICY_ERROR"))
+    assert.equal(404, api_errors.status("SANDBOX_NOT_FOUND"))
+    assert.equal(409, api_errors.status("SANDBOX_IN_USE"))
+    assert.equal(501, api_errors.status("ISOLATION_UNAVAILABLE"))
+    assert.equal(503, api_errors.status("SANDBOX_RESTARTED"))
+    local pstatus, pbody = api_errors.body(require("moonbox.errors").new("POLICY_ERROR",
+      "policy hook onExec failed: boom", { hook = "onExec" }))
+    assert.same({ 500, "POLICY_ERROR", 500, "onExec" }, { pstatus, pbody.code, pbody.httpStatus, pbody.context.hook })
     -- anything that is not one of our error tables is a bug: 500 without details
     local status, body = api_errors.body("attempt to index a nil value")
     assert.equal(500, status)
@@ -230,7 +244,7 @@ describe("api request checks", function()
     for _ in pairs(require("moonbox.sandbox").all()) do live = live + 1 end
     with_api(function(call, _, id)
       assert.equal(200, (call("GET", "")))
-      local status, body = request("GET", "/v1/sandboxes/" .. id .. "-other")
+      local status, body = request("POST", "/v1/sandboxes/" .. id .. "-other/exec", { body = { command = "true" } })
       assert_error(403, "POLICY_DENIED", status, body)
       assert.is_nil(require("moonbox.sandbox").all()[id .. "-other"])
       assert.equal(200, (call("POST", "/exec", { body = { command = "true" } })))
@@ -676,9 +690,44 @@ describe("api sandbox", function()
       status, r = call("DELETE", "")
       assert.same({ 200, true }, { status, r.success })
       assert.is_false(helper.pid_alive(p.pid))
-      -- the next request makes a fresh sandbox
+      -- a read does not bring it back; the next write makes a fresh sandbox
+      assert_error(404, "SANDBOX_NOT_FOUND", call("GET", "/processes"))
+      assert_error(404, "SANDBOX_NOT_FOUND", call("GET", ""))
+      assert_error(404, "SANDBOX_NOT_FOUND", call("DELETE", ""))
+      assert.is_nil(require("moonbox.sandbox").all()[id])
+      assert.equal(200, (call("POST", "/exec", { body = { command = "true" } })))
       local _, list = call("GET", "/processes")
       assert.same({}, list)
+    end)
+  end)
+
+  it("lists the sandboxes it holds; reads and DELETE of an unknown one are 404 and create nothing", function()
+    with_api(function(call, base, id)
+      local ghost = id .. "-ghost"
+      for _, r in ipairs { { "GET", "" }, { "GET", "/sessions" }, { "GET", "/processes" }, { "GET", "/contexts" },
+          { "GET", "/files/stream?path=/x" }, { "GET", "/processes/p1/logs" }, { "DELETE", "" },
+          { "DELETE", "/sessions/s1" }, { "DELETE", "/processes" } } do
+        local path, q = r[2]:match("^([^?]*)%??(.*)$")
+        local query = {}
+        for k, v in q:gmatch("(%w+)=([^&]*)") do query[k] = v end
+        assert_error(404, "SANDBOX_NOT_FOUND", request(r[1], "/v1/sandboxes/" .. ghost .. path, { query = query }))
+      end
+      assert.is_nil(require("moonbox.sandbox").all()[ghost])
+      assert.is_nil(io.open(home .. "/sandboxes/" .. ghost), "a read made the sandbox's directory")
+      local _, p = call("POST", "/processes", { body = { command = "exec sleep 300" } })
+      assert.equal(200, (call("POST", "/sessions", { body = { id = "two" } })))
+      local status, list, _, raw = request("GET", "/v1/sandboxes")
+      assert.equal(200, status)
+      assert.equal("[", raw:sub(1, 1))
+      local mine
+      for _, sb in ipairs(list) do if sb.id == id then mine = sb end end
+      assert.is_table(mine, "the sandbox is not listed")
+      assert.same({ 2, 1 }, { mine.sessions, mine.processes }) -- default (made by startProcess) and two
+      assert.matches("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ$", mine.created)
+      assert.is_true(mine.lastUsed >= mine.created)
+      assert.equal(require("moonbox.sandbox").all()[id].isolation, mine.isolation)
+      assert.equal(200, (call("DELETE", "/processes/" .. p.id, { query = { signal = "SIGKILL" } })))
+      assert.equal(base, "/v1/sandboxes/" .. id)
     end)
   end)
 

@@ -205,10 +205,11 @@ describe("moonbox.server.http", function()
         assert.equal(case[3], body.context.field, case[2])
         assert.is_string(body.message)
       end
-      -- still serving, the sandbox and its session still there
+      -- still serving, the sandbox and its session still there (a refused
+      -- request made nothing, not even the default session)
       local status, body = req("GET", "/v1/sandboxes/rawids/sessions")
       assert.equal(200, status)
-      assert.same({ "default", "session-1" }, body)
+      assert.same({ "session-1" }, body)
       assert.equal(200, (req("DELETE", "/v1/sandboxes/rawids")))
       conn:close()
     end)
@@ -519,15 +520,37 @@ describe("moonbox serve", function()
     assert.is_false(cli.constant_time_equal("", TOKEN))
   end)
 
-  it("refuses to listen on a non-loopback address without a token", function()
+  it("refuses --no-token on a non-loopback address, and when sandboxes could reach the listener", function()
     run_task(function()
-      local _, err, code = client.run { os.getenv("MOONBOX_BIN") or "build/moonbox", "serve", "--listen", "0.0.0.0:0" }
+      local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+      local out, err, code = client.run { bin, "serve", "--listen", "0.0.0.0:0", "--no-token" }
       assert.equal(2, code)
-      assert.matches("refusing to listen on 0%.0%.0%.0:0 without %-%-token%-file", err)
+      assert.equal("", out)
+      assert.equal("moonbox serve: refusing --no-token on 0.0.0.0:0: only a loopback address or a unix socket " ..
+        "may go without a token\n", err)
+      local dir = helper.mkdtemp()
+      for _, p in ipairs { { 'network = "host"', 'network = "host"' },
+          { 'isolation = "none"', 'isolation = "none"' } } do
+        local f = assert(io.open(dir .. "/policy.lua", "w"))
+        f:write("return { " .. p[1] .. " }\n")
+        f:close()
+        out, err, code = client.run { bin, "serve", "--listen", "127.0.0.1:0", "--no-token", "--policy",
+          dir .. "/policy.lua" }
+        assert.equal(2, code)
+        assert.equal("", out)
+        assert.matches("^moonbox serve: refusing %-%-no%-token: sandbox code could call the API: [^\n]*" ..
+          p[2]:gsub("%p", "%%%0") .. "%)\n$", err)
+      end
+      local _, perr, pcode = client.run { bin, "serve", "--no-token", "--token-file", dir .. "/t" }
+      assert.equal(2, pcode)
+      assert.matches("exclude each other", perr)
+      helper.sh("rm -rf " .. dir)
     end)
   end)
 
-  -- Start `moonbox serve args...`; returns the address line's address, and stop() -> exit code.
+  -- Start `moonbox serve args...`; returns the address line's address,
+  -- stop() -> exit code, and the token of the page URL it prints (nil with
+  -- --no-token or --token-file).
   local function serve(args)
     local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
     local home = helper.mkdtemp()
@@ -539,13 +562,15 @@ describe("moonbox serve", function()
       stdio = { [0] = "null", [1] = "pipe", [2] = "pipe" },
       on_exit = function(c) exit.code = c if exit.resume then exit.resume() end end,
     })
-    local line = moonbox.timeout(10000, function()
+    local quiet = false
+    for _, a in ipairs(args) do if a == "--no-token" or a == "--token-file" then quiet = true end end
+    local text = moonbox.timeout(10000, function()
       local buf = ""
       return require("moonbox.async").await(function(resume)
         pipes[1]:read_start(function(_, data)
           buf = buf .. (data or "")
-          local l = buf:match("^[^\n]*\n")
-          if l or not data then pipes[1]:read_stop() resume(l) end
+          local done = buf:match("listening on [^\n]*\n") and (quiet or buf:match("moonbox: open [^\n]*\n"))
+          if done or not data then pipes[1]:read_stop() resume(buf) end
         end)
       end)
     end)
@@ -556,17 +581,20 @@ describe("moonbox serve", function()
       pipes[2]:close()
       return exit.code
     end
-    return line and line:match("listening on (%S+)"), stop
+    return text:match("listening on (%S+)"), stop, text:match("moonbox: open %S+/%?token=(%x+)")
   end
 
   it("serves /, a --handler script and /v1 side by side, and prints its address", function()
     run_task(function()
-      local url, stop = serve { "--listen", "127.0.0.1:0", "--handler", client.SOURCE .. "/examples/handler.lua" }
+      local url, stop, token = serve { "--listen", "127.0.0.1:0", "--handler",
+        client.SOURCE .. "/examples/handler.lua" }
       assert.truthy(url and url:match("^http://127%.0%.0%.1:%d+$"), "no address printed: " .. tostring(url))
-      local page = curl("-i", url .. "/")
-      local run = curl("-H", "Content-Type: application/json", "--data-binary", '{"code":"echo $((6*7))"}',
-        url .. "/run/alice")
-      local api_status = curl("-o", "/dev/null", "-w", "%{http_code}", url .. "/v1/nope")
+      assert.truthy(token and #token == 32, "no token printed")
+      local auth = "Authorization: Bearer " .. token
+      local page = curl("-i", url .. "/?token=" .. token)
+      local run = curl("-H", auth, "-H", "Content-Type: application/json", "--data-binary",
+        '{"code":"echo $((6*7))"}', url .. "/run/alice")
+      local api_status = curl("-H", auth, "-o", "/dev/null", "-w", "%{http_code}", url .. "/v1/nope")
       assert.equal(128 + 15, stop())
       assert.matches("^HTTP/1%.1 200", page)
       assert.matches("<title>moonbox</title>", page)
@@ -575,12 +603,99 @@ describe("moonbox serve", function()
     end)
   end)
 
+  it("requires a token by default: generated, printed in the page's URL; the page works from that URL", function()
+    run_task(function()
+      local url, stop, token = serve { "--listen", "127.0.0.1:0" }
+      assert.truthy(token, "no page URL with a token printed")
+      -- no token, a wrong one, the cookie on the API: 401
+      local codes = {}
+      local function status(...)
+        return curl("-o", "/dev/null", "-w", "%{http_code}", ...)
+      end
+      codes[#codes + 1] = status(url .. "/v1/sandboxes")
+      codes[#codes + 1] = status(url .. "/")
+      codes[#codes + 1] = status(url .. "/page/app.js")
+      codes[#codes + 1] = status("-H", "Authorization: Bearer " .. ("0"):rep(32), url .. "/v1/sandboxes")
+      codes[#codes + 1] = status("-H", "Cookie: moonbox_token=" .. token, url .. "/v1/sandboxes")
+      codes[#codes + 1] = status(url .. "/v1/sandboxes?token=" .. token) -- the query is for the page only
+      -- the printed URL: the page, and a cookie its assets load with
+      local page = curl("-i", url .. "/?token=" .. token)
+      local cookie = page:match("\r\nset%-cookie: (moonbox_token=%x+)")
+      local asset = status("-H", "Cookie: " .. tostring(cookie), url .. "/page/app.js")
+      local api = curl("-H", "Authorization: Bearer " .. token, url .. "/v1/sandboxes")
+      -- health answers without a token, and says nothing else
+      local healthz = curl("-i", url .. "/healthz")
+      local readyz = curl(url .. "/readyz")
+      assert.equal(128 + 15, stop())
+      assert.same({ "401", "401", "401", "401", "401", "401" }, codes)
+      assert.matches("^HTTP/1%.1 200", page)
+      assert.matches("<title>moonbox</title>", page)
+      assert.matches("HttpOnly; SameSite=Strict", page)
+      assert.equal("moonbox_token=" .. token, cookie)
+      assert.equal("200", asset)
+      assert.equal("[]\n", api)
+      assert.matches("^HTTP/1%.1 200", healthz)
+      assert.equal('{"status":"ok"}\n', healthz:match("\r\n\r\n(.*)$"))
+      assert.equal('{"status":"ready"}\n', readyz)
+    end)
+  end)
+
+  it("takes the token from --token-file, and goes without one only with --no-token", function()
+    run_task(function()
+      local dir = helper.mkdtemp()
+      local f = assert(io.open(dir .. "/token", "w"))
+      f:write(TOKEN .. "\n")
+      f:close()
+      local url, stop, printed = serve { "--listen", "127.0.0.1:0", "--token-file", dir .. "/token" }
+      local without = curl("-o", "/dev/null", "-w", "%{http_code}", url .. "/v1/sandboxes")
+      local with = curl("-H", "Authorization: Bearer " .. TOKEN, url .. "/v1/sandboxes")
+      assert.equal(128 + 15, stop())
+      assert.is_nil(printed)
+      assert.same({ "401", "[]\n" }, { without, with })
+      local url2, stop2 = serve { "--listen", "127.0.0.1:0", "--no-token" }
+      local open = curl(url2 .. "/v1/sandboxes")
+      assert.equal(128 + 15, stop2())
+      assert.equal("[]\n", open)
+      helper.sh("rm -rf " .. dir)
+    end)
+  end)
+
+  it("refuses a tenant's gitCheckout of a host repository (git.allowLocal is off in serve)", function()
+    run_task(function()
+      local dir = helper.mkdtemp()
+      helper.sh("git init -q -b main " .. dir .. "/repo && cd " .. dir .. "/repo && echo secret > s.txt && " ..
+        "git add s.txt && git -c user.name=t -c user.email=t@t commit -qm c")
+      local url, stop, token = serve { "--listen", "127.0.0.1:0" }
+      local auth = "Authorization: Bearer " .. token
+      local results = {}
+      for _, repo in ipairs { dir .. "/repo", "file://" .. dir .. "/repo", "FILE://" .. dir .. "/repo/" } do
+        results[#results + 1] = cjson.decode((curl("-H", auth, "--data-binary", cjson.encode { repoUrl = repo },
+          url .. "/v1/sandboxes/gitlocal/git/checkout")))
+      end
+      local ext = cjson.decode((curl("-H", auth, "--data-binary", '{"repoUrl":"ext::sh -c touch% /tmp/x"}',
+        url .. "/v1/sandboxes/gitlocal/git/checkout")))
+      local dash = cjson.decode((curl("-H", auth, "--data-binary", '{"repoUrl":"--upload-pack=touch /tmp/x"}',
+        url .. "/v1/sandboxes/gitlocal/git/checkout")))
+      local ls = cjson.decode((curl("-H", auth, "--data-binary", '{"command":"ls /workspace"}',
+        url .. "/v1/sandboxes/gitlocal/exec")))
+      assert.equal(128 + 15, stop())
+      for _, r in ipairs(results) do
+        assert.same({ "POLICY_DENIED", 403 }, { r.code, r.httpStatus })
+        assert.matches("allowLocal", r.message)
+      end
+      assert.same({ "INVALID_GIT_URL", "INVALID_GIT_URL" }, { ext.code, dash.code })
+      assert.equal("", ls.stdout)
+      helper.sh("rm -rf " .. dir)
+    end)
+  end)
+
   it("on a unix socket: answers there, and SIGTERM leaves no socket file", function()
     run_task(function()
       local sock = helper.mkdtemp() .. "/serve.sock"
-      local addr, stop = serve { "--listen", "unix:" .. sock }
+      local addr, stop, token = serve { "--listen", "unix:" .. sock }
       assert.equal("unix:" .. sock, addr)
-      local status = curl("-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", sock, "http://localhost/")
+      local status = curl("-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", sock,
+        "http://localhost/?token=" .. token)
       assert.equal(128 + 15, stop())
       assert.equal("200", status)
       assert.is_nil(io.open(sock), "the socket file outlived the server")

@@ -1,7 +1,8 @@
-// The page of `moonbox serve` in headless Debian chromium (playwright-core):
-// the terminal connects, `echo hi` typed into it prints hi, and a
-// screenshot is kept; without xterm.js the page says the terminal is
-// unavailable. Usage: node page_test.js MOONBOX_BIN NODE_MODULES OUT_DIR
+// The page of `moonbox serve` in headless Debian chromium (playwright-core),
+// opened at the URL with the token that moonbox serve prints: the terminal
+// connects, `echo hi` typed into it prints hi, and a screenshot is kept;
+// without xterm.js the page says the terminal is unavailable.
+// Usage: node page_test.js MOONBOX_BIN NODE_MODULES OUT_DIR
 const { spawn } = require("child_process");
 const fs = require("fs");
 const os = require("os");
@@ -21,7 +22,8 @@ async function main() {
     let buf = "";
     server.stdout.on("data", (d) => {
       buf += d;
-      const m = buf.match(/listening on (http:\/\/\S+)/);
+      // the page's URL with the token, as `moonbox serve` prints it
+      const m = buf.match(/moonbox: open (http:\/\/\S+\/\?token=[0-9a-f]+)/);
       if (m) resolve(m[1]);
     });
     server.on("exit", (code) => reject(new Error("moonbox serve exited with " + code)));
@@ -34,7 +36,7 @@ async function main() {
   try {
     const page = await browser.newPage({ viewport: { width: 1200, height: 700 } });
     page.on("pageerror", (e) => fail("page error: " + e.message));
-    await page.goto(url + "/");
+    await page.goto(url);
     await page.waitForFunction(() => document.getElementById("status").textContent.startsWith("connected"),
       null, { timeout: 20000 });
     await page.click("#terminal");

@@ -52,11 +52,28 @@ end
 local Ctx = {}
 Ctx.__index = Ctx
 
+-- When each sandbox the server holds was made and last used (GET /v1/sandboxes).
+local seen = {} -- id -> {created, lastUsed}
+
+local function sandbox_root(id)
+  return (M.config.home or sandbox_mod.default_home()) .. "/sandboxes/" .. id
+end
+
+-- Requests that only read (GET, and DELETE, which never needs a sandbox
+-- made first) find an existing sandbox: live in this server, or left on
+-- disk by an earlier run. Others make it on first use, like getSandbox.
+local function creates(req)
+  return req.method ~= "GET" and req.method ~= "HEAD" and req.method ~= "DELETE"
+end
+
 function Ctx:sandbox()
   if not self._sandbox then
     local id = self.params.id
     local live = sandbox_mod.all()
     if not live[id] then
+      if not self.may_create and not util.is_dir(sandbox_root(id)) then
+        fail("SANDBOX_NOT_FOUND", ("sandbox %q does not exist"):format(id), { id = id })
+      end
       local n = 0
       for _ in pairs(live) do n = n + 1 end
       if n >= M.config.maxSandboxes then
@@ -65,9 +82,16 @@ function Ctx:sandbox()
       end
     end
     local opts = {}
-    if M.config.home then opts.root = M.config.home .. "/sandboxes/" .. id end
+    if M.config.home then opts.root = sandbox_root(id) end
     opts.policy, opts.limits = M.config.policy, M.config.limits
     self._sandbox = moonbox.getSandbox(id, opts)
+    local now = util.timestamp()
+    local t = seen[id]
+    if not t or t.sandbox ~= self._sandbox then
+      t = { sandbox = self._sandbox, created = now }
+      seen[id] = t
+    end
+    t.lastUsed = now
   end
   return self._sandbox
 end
@@ -145,7 +169,8 @@ function Ctx:session(from_body)
   if id == nil then
     self._session = self:sandbox():getSession("default")
   else
-    self._session = self:sandbox():getSession(router_mod.check_id(id, "sessionId"))
+    id = router_mod.check_id(id, "sessionId") -- a bad id is a 400 before any sandbox lookup
+    self._session = self:sandbox():getSession(id)
   end
   return self._session
 end
@@ -206,7 +231,35 @@ end
 
 function H.destroy(ctx)
   check_query(ctx, { keepFiles = true })
-  return 200, ctx:sandbox():destroy { keepFiles = query_bool(ctx, "keepFiles") }
+  local sb = ctx:sandbox()
+  local result = sb:destroy { keepFiles = query_bool(ctx, "keepFiles") }
+  if seen[sb.id] and seen[sb.id].sandbox == sb then seen[sb.id] = nil end
+  return 200, result
+end
+
+-- GET /v1/sandboxes: the sandboxes this server holds, by id.
+function H.list_sandboxes(ctx)
+  check_query(ctx)
+  local ids = {}
+  for id in pairs(sandbox_mod.all()) do ids[#ids + 1] = id end
+  table.sort(ids)
+  local list = json.array()
+  for _, id in ipairs(ids) do
+    local sb = sandbox_mod.all()[id]
+    local t = seen[id]
+    if not t or t.sandbox ~= sb then
+      t = { sandbox = sb, created = util.timestamp() }
+      t.lastUsed = t.created
+      seen[id] = t
+    end
+    local running = 0
+    for _, p in pairs(sb.processes) do
+      if p:_running() then running = running + 1 end
+    end
+    list[#list + 1] = { id = id, created = t.created, lastUsed = t.lastUsed, sessions = #sb:listSessions(),
+      processes = running, isolation = sb.isolation }
+  end
+  return 200, list
 end
 
 function H.create_session(ctx)
@@ -223,17 +276,21 @@ end
 
 function H.get_session(ctx)
   check_query(ctx)
+  local id = router_mod.check_id(ctx.params.sessionId, "sessionId")
   local sb = ctx:sandbox()
-  return 200, session_info(sb, sb:getSession(router_mod.check_id(ctx.params.sessionId, "sessionId")))
+  return 200, session_info(sb, sb:getSession(id))
 end
 
 function H.delete_session(ctx)
   check_query(ctx)
-  return 200, ctx:sandbox():deleteSession(router_mod.check_id(ctx.params.sessionId, "sessionId"))
+  local id = router_mod.check_id(ctx.params.sessionId, "sessionId")
+  return 200, ctx:sandbox():deleteSession(id)
 end
 
 function H.terminal(ctx)
   local sid = router_mod.check_id(ctx.params.sessionId, "sessionId")
+  ctx.may_create = true -- it starts a shell: a write, though a GET
+  ctx:sandbox()
   local ok, terminal_ws = pcall(require, "moonbox.server.terminal_ws")
   if not ok then
     fail("INTERNAL_ERROR", "the WebSocket terminal is not available in this build", { reason = tostring(terminal_ws) })
@@ -322,19 +379,22 @@ end
 function H.kill_process(ctx)
   check_query(ctx, { signal = true })
   local id = router_mod.check_id(ctx.params.processId, "processId")
-  return 200, ctx:session():killProcess(id, query_signal(ctx))
+  local s = ctx:session()
+  return 200, s:killProcess(id, query_signal(ctx))
 end
 
 function H.process_logs(ctx)
   check_query(ctx)
   local id = router_mod.check_id(ctx.params.processId, "processId")
-  return 200, exec_result(ctx:session():getProcessLogs(id))
+  local s = ctx:session()
+  return 200, exec_result(s:getProcessLogs(id))
 end
 
 function H.process_logs_stream(ctx)
   check_query(ctx)
   local id = router_mod.check_id(ctx.params.processId, "processId")
-  sse.pump(ctx.res, ctx:session():streamProcessLogs(id), data_event)
+  local s = ctx:session()
+  sse.pump(ctx.res, s:streamProcessLogs(id), data_event)
 end
 
 -- Run fn as a task of its own that is cancelled if the client goes away
@@ -490,7 +550,8 @@ end
 
 function H.delete_context(ctx)
   check_query(ctx)
-  return 200, ctx:session():deleteCodeContext(router_mod.check_id(ctx.params.contextId, "contextId"))
+  local id = router_mod.check_id(ctx.params.contextId, "contextId")
+  return 200, ctx:session():deleteCodeContext(id)
 end
 
 function H.run_code(ctx)
@@ -533,6 +594,7 @@ for _, r in ipairs {
   router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
 end
 for op in pairs(file_ops) do router:add("POST", "/v1/sandboxes/{id}/files/" .. op, file_handler(op)) end
+router:add("GET", "/v1/sandboxes", H.list_sandboxes)
 -- the seed's container protocol, /v1/sandboxes/{id}/api/... (docs/compat.md)
 require("moonbox.server.compat").install(router)
 M.router = router
@@ -558,12 +620,13 @@ local function dispatch(req, res)
       tostring(req.method), tostring(req.path)), { method = req.method, path = req.path }))
     return reply(status, body)
   end
-  check_sandbox_id(params.id)
+  if params.id then check_sandbox_id(params.id) end
   if req.body and #req.body > M.config.maxBodyBytes then
     fail("REQUEST_TOO_LARGE", ("the request body is larger than %d bytes"):format(M.config.maxBodyBytes),
       { limit = M.config.maxBodyBytes })
   end
-  local ctx = setmetatable({ req = req, res = res, params = params, query = req.query or {} }, Ctx)
+  local ctx = setmetatable({ req = req, res = res, params = params, query = req.query or {},
+    may_create = creates(req) }, Ctx)
   local status, value = route.handler(ctx)
   if status == nil then return nil end -- streamed, or answered by another module
   if type(status) == "table" then return status end

@@ -15,7 +15,7 @@ M.STATUS = {
   -- 403: not allowed
   POLICY_DENIED = 403, PERMISSION_DENIED = 403, PATH_OUTSIDE_SANDBOX = 403,
   -- 404
-  NOT_FOUND = 404, SESSION_NOT_FOUND = 404, FILE_NOT_FOUND = 404, PROCESS_NOT_FOUND = 404,
+  NOT_FOUND = 404, SANDBOX_NOT_FOUND = 404, SESSION_NOT_FOUND = 404, FILE_NOT_FOUND = 404, PROCESS_NOT_FOUND = 404,
   CONTEXT_NOT_FOUND = 404, GIT_REPOSITORY_NOT_FOUND = 404, GIT_BRANCH_NOT_FOUND = 404, BACKUP_NOT_FOUND = 404,
   -- 405
   METHOD_NOT_ALLOWED = 405,
@@ -23,8 +23,9 @@ M.STATUS = {
   PROCESS_READY_TIMEOUT = 408, TIMEOUT = 408,
   -- 409: the state of a resource conflicts with the call
   SESSION_ALREADY_EXISTS = 409, FILE_EXISTS = 409, PROCESS_ALREADY_EXISTS = 409, CONTEXT_ALREADY_EXISTS = 409,
-  SESSION_DESTROYED = 409, SANDBOX_DESTROYED = 409, TERMINAL_CLOSED = 409, PROCESS_EXITED_BEFORE_READY = 409,
-  SANDBOX_IN_USE = 409,
+  SESSION_DESTROYED = 409, SANDBOX_DESTROYED = 409,
+  TERMINAL_CLOSED = 409, PROCESS_EXITED_BEFORE_READY = 409,
+  SANDBOX_IN_USE = 409, -- another runtime holds the sandbox's root
   -- 499: the client went away (nginx's "client closed request"); nobody reads it
   CANCELLED = 499,
   -- 413
@@ -32,10 +33,14 @@ M.STATUS = {
   -- 500: the runtime failed
   INTERNAL_ERROR = 500, FILESYSTEM_ERROR = 500, SHELL_START_FAILED = 500, GIT_CLONE_FAILED = 500,
   DEADLOCK = 500, NOT_IN_TASK = 500, BACKUP_CREATE_FAILED = 500, BACKUP_RESTORE_FAILED = 500,
-  -- 501: this host or build cannot do it
+  POLICY_ERROR = 500, -- a policy hook threw or returned a wrong type; the message names the hook
+  -- 501: this host or build cannot do it (lasting: retrying does not help, so not 503)
   INTERPRETER_NOT_AVAILABLE = 501, ISOLATION_UNAVAILABLE = 501, SECCOMP_UNAVAILABLE = 501,
   -- 502: something beyond the sandbox failed
   GIT_NETWORK_ERROR = 502,
+  -- 503: the sandbox's init died and the sandbox was rebuilt over its
+  -- workspace: the call that was running is lost, the same call again works
+  SANDBOX_RESTARTED = 503,
   -- 507
   NO_SPACE = 507,
 }

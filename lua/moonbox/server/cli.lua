@@ -1,8 +1,11 @@
 -- `moonbox serve`: one HTTP server on the runtime's loop in front of the
 -- process's sandboxes. /v1/... goes to the JSON API (moonbox.server.api),
 -- / serves the terminal page, anything else goes to the --handler script.
--- A bearer token guards every path whenever one is configured, and one is
--- required unless the address is loopback or a unix socket.
+-- A bearer token guards every path but /healthz and /readyz: generated at
+-- start (and printed in the page's URL) unless --token-file gives one.
+-- --no-token opts out, on loopback or a unix socket only, and only while no
+-- sandbox can reach the listener (no policy with network = "host" or
+-- isolation = "none": sandbox code would call the API as its neighbours).
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local http = require "moonbox.server.http"
@@ -14,7 +17,7 @@ local M = {}
 
 M.usage = [[
 usage: moonbox serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]
-                     [--policy file.lua] [--handler app.lua] [--token-file F]
+                     [--policy file.lua] [--handler app.lua] [--token-file F | --no-token]
                      [--max-body BYTES] [--max-connections N] [--idle-timeout-ms MS]
                      [--prewarm on|off]   (keep a sandbox built ahead; docs/isolation.md)
                      [--allow-unisolated] (isolation = "auto" may run without namespaces
@@ -34,7 +37,7 @@ function M.parse(argv)
     ["--prewarm"] = "prewarm",
   }
   local numeric = { maxBody = true, maxConnections = true, idleTimeoutMs = true }
-  local switches = { ["--allow-unisolated"] = "allowUnisolated" } -- flags without a value
+  local switches = { ["--allow-unisolated"] = "allowUnisolated", ["--no-token"] = "noToken" } -- flags without a value
   local i = 1
   while i <= #argv do
     local flag, value = argv[i], argv[i + 1]
@@ -57,6 +60,7 @@ function M.parse(argv)
     opts[key] = value
     i = i + 2
   end
+  if opts.noToken and opts.tokenFile then usage_error("--no-token and --token-file exclude each other") end
   return opts
 end
 
@@ -75,16 +79,64 @@ local function json_response(status, code, message)
 end
 
 local function is_page(req)
-  return req.method == "GET" and (req.path == "/" or req.path == "/index.html" or req.path:match("^/page/") ~= nil)
+  return (req.method == "GET" or req.method == "HEAD")
+    and (req.path == "/" or req.path == "/index.html" or req.path:match("^/page/") ~= nil)
 end
 
--- The request's token: "Authorization: Bearer <token>", or the query
--- parameter access_token where a browser cannot set headers: a WebSocket,
--- and the page itself.
-local function presented_token(req)
+M.COOKIE = "moonbox_token"
+
+local function cookie_token(req)
+  local cookies = req.headers["cookie"]
+  if type(cookies) ~= "string" then return nil end
+  for name, value in (";" .. cookies):gmatch(";%s*([^=;%s]+)=([^;]*)") do
+    if name == M.COOKIE then return value end
+  end
+end
+
+-- The request's token: "Authorization: Bearer <token>"; or, where a browser
+-- cannot set headers (a WebSocket, the page), the query parameter
+-- access_token (or token, as in the URL `moonbox serve` prints). The page
+-- and its assets also take the cookie the page sets; the API does not (a
+-- cookie goes along with requests other sites' pages make: CSRF).
+local function presented_tokens(req)
   local auth = req.headers["authorization"]
-  if auth then return auth:match("^[Bb]earer%s+(%S+)%s*$") end
-  if req.websocket or is_page(req) then return req.query.access_token end
+  if auth then return { auth:match("^[Bb]earer%s+(%S+)%s*$") } end
+  if req.websocket or is_page(req) then
+    local q = req.query or {}
+    return { q.access_token, q.token, is_page(req) and cookie_token(req) or nil }
+  end
+  return {}
+end
+
+-- true when one of the tokens the request presents is the server's.
+function M.authorized(req, token)
+  local ok = false
+  for _, given in pairs(presented_tokens(req)) do
+    if type(given) == "string" and M.constant_time_equal(given, token) then ok = true end
+  end
+  return ok
+end
+
+-- A new token: 32 hex digits from the kernel's random source.
+function M.new_token()
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local bytes = f:read(16)
+  f:close()
+  assert(bytes and #bytes == 16, "short read from /dev/urandom")
+  return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
+-- GET /healthz (the process serves) and GET /readyz (it takes requests):
+-- answered without a token, they say nothing else.
+local function health_route(req)
+  if req.path ~= "/healthz" and req.path ~= "/readyz" then return nil end
+  if req.method ~= "GET" and req.method ~= "HEAD" then
+    local r = json_response(405, "METHOD_NOT_ALLOWED", "GET only")
+    r.headers.allow = "GET, HEAD"
+    return r
+  end
+  return { status = 200, headers = { ["content-type"] = "application/json", ["cache-control"] = "no-store" },
+    body = req.path == "/healthz" and '{"status":"ok"}\n' or '{"status":"ready"}\n' }
 end
 
 -- ---- the page ---------------------------------------------------------------------
@@ -156,9 +208,10 @@ function M.app(opts)
   local app = { token = opts.token, user = opts.userHandler }
   app.page, app.vendor = opts.page, opts.vendor or {}
   return function(req, res)
+    local health = health_route(req)
+    if health then return health end
     if app.token then
-      local given = presented_token(req)
-      if not given or not M.constant_time_equal(given, app.token) then
+      if not M.authorized(req, app.token) then
         local r = json_response(401, "UNAUTHORIZED", "a valid bearer token is required")
         r.headers["www-authenticate"] = 'Bearer realm="moonbox"'
         return r
@@ -173,7 +226,14 @@ function M.app(opts)
       return json_response(404, "NOT_FOUND", "the HTTP API is not available")
     end
     local page = page_route(app, req)
-    if page then return page end
+    if page then
+      -- the page's own assets load without the token in their URLs
+      if app.token and page.status == 200 and (req.path == "/" or req.path == "/index.html") then
+        page.headers["set-cookie"] = ("%s=%s; Path=/; HttpOnly; SameSite=Strict"):format(M.COOKIE, app.token)
+        page.headers["referrer-policy"] = "no-referrer"
+      end
+      return page
+    end
     if app.user then return app.user(req, res) end
     return json_response(404, "NOT_FOUND", ("no route for %s %s"):format(req.method, req.path))
   end
@@ -200,15 +260,46 @@ local function load_handler(path)
   return fn
 end
 
--- Start serving; returns the server (main() keeps it running).
+-- Why sandboxes made with this policy could reach the listener, or nil.
+function M.reaches_listener(policy)
+  if type(policy) ~= "table" then return nil end
+  if policy.network == "host" then return 'the policy gives sandboxes the host\'s network (network = "host")' end
+  if policy.isolation == "none" then return 'the policy runs sandboxes unisolated (isolation = "none")' end
+end
+
+-- serve's default policy: the user's (or none) with git.allowLocal off
+-- unless the user's policy turns it on (a tenant must not clone the host's
+-- repositories).
+local function serve_policy(ref)
+  local policy_mod = require "moonbox.policy"
+  local user = ref and policy_mod.validate(policy_mod.load(ref)) or {}
+  local out = {}
+  for k, v in pairs(user) do out[k] = v end
+  local git = {}
+  for k, v in pairs(type(user.git) == "table" and user.git or {}) do git[k] = v end
+  if git.allowLocal == nil then git.allowLocal = false end
+  out.git = git
+  return out
+end
+
+-- Start serving; returns the server (main() keeps it running) and the token.
 function M.start(opts)
   local addr = http.parse_listen(opts.listen)
-  local token = opts.tokenFile and read_token(opts.tokenFile)
-  if not token and not http.is_local(addr) then
-    errors.raise("VALIDATION_FAILED", ("refusing to listen on %s without --token-file: " ..
-      "only loopback addresses and unix sockets may go without a token"):format(opts.listen))
+  local policy = serve_policy(opts.policy)
+  local token
+  if opts.noToken then
+    if not http.is_local(addr) then
+      errors.raise("VALIDATION_FAILED", ("refusing --no-token on %s: only a loopback address or a unix socket " ..
+        "may go without a token"):format(opts.listen))
+    end
+    local why = M.reaches_listener(policy)
+    if why then
+      errors.raise("VALIDATION_FAILED", ("refusing --no-token: sandbox code could call the API: %s"):format(why))
+    end
+  else
+    token = opts.tokenFile and read_token(opts.tokenFile) or M.new_token()
   end
-  if opts.policy then require("moonbox.policy").set_default(opts.policy) end
+  require("moonbox.policy").set_default(policy)
   -- fail closed: no sandbox of this server runs without namespaces because
   -- the kernel refused them, unless asked (a policy with isolation = "none"
   -- asks for itself)
@@ -218,20 +309,33 @@ function M.start(opts)
   local handler = M.app {
     token = token, userHandler = opts.handler and load_handler(opts.handler), page = page, vendor = vendor,
   }
-  return http.listen({ listen = opts.listen, maxBody = opts.maxBody, maxConnections = opts.maxConnections,
+  local server = http.listen({ listen = opts.listen, maxBody = opts.maxBody, maxConnections = opts.maxConnections,
     idleTimeoutMs = opts.idleTimeoutMs }, handler)
+  return server, token
 end
 
 function M.main(argv)
-  local ok, server = pcall(function() return M.start(M.parse(argv)) end)
+  local opts
+  local ok, server, token = pcall(function()
+    opts = M.parse(argv)
+    return M.start(opts)
+  end)
   if not ok then
     if not (errors.is_error(server) and server.code == "VALIDATION_FAILED") then error(server, 0) end
     io.stderr:write("moonbox serve: ", server.message, "\n")
     os.exit(2)
   end
   require("moonbox._runtime").at_exit(function() server:close() end)
-  io.stdout:write("moonbox: listening on ", server.address:match("^unix:") and server.address
-    or ("http://" .. server.address), "\n")
+  local unix = server.address:match("^unix:")
+  io.stdout:write("moonbox: listening on ", unix and server.address or ("http://" .. server.address), "\n")
+  -- as Jupyter does: the page's URL with the token, to open in a browser
+  if token and not opts.tokenFile then
+    io.stdout:write("moonbox: open ", unix and "http://localhost" or ("http://" .. server.address),
+      "/?token=", token, unix and (" (through " .. server.address .. ")") or "", "\n")
+  elseif token then
+    io.stdout:write("moonbox: open ", unix and "http://localhost" or ("http://" .. server.address),
+      "/ with the token in ", opts.tokenFile, " (/?token=...)\n")
+  end
   io.stdout:flush()
   -- serve until a signal stops the runtime (_runtime.lua kills the sandboxes first)
   async.await(function(resume) M._stop = resume end, "moonbox serve")

@@ -78,8 +78,8 @@ local function lws_path(raw)
 end
 
 -- The raw path (undecoded, without the query) of the request line src/http.c
--- saw in the socket, if it is this request's: the same method, and the
--- path lws decoded from it.
+-- scanned from the stream, if it is this request's: the same method, and
+-- the path lws decoded from it. nil otherwise (the request is refused).
 function M.raw_path(raw_line, method, path)
   if type(raw_line) ~= "string" then return nil end
   local m, target = raw_line:match("^(%u+) (%S+) HTTP/%d%.%d$")
@@ -323,6 +323,19 @@ function Server:_on_event(kind, id, a, b)
     }
     local res = setmetatable({ req = req, closed = false, _server = self, _id = id, _on_close = {} }, Response)
     self._live[id] = res
+    -- every request is routed on what the client sent (src/http.c refuses
+    -- smuggling heads itself): one whose request line cannot be told (it
+    -- does not decode to what lws parsed) is a 400, and the connection
+    -- closes (what follows on it cannot be trusted)
+    if not req.rawPath then
+      if not a.websocket then srv:hangup(id) end
+      res._handshake = a.websocket
+      res:_send(400, { ["content-type"] = "application/json", connection = "close" }, cjson.encode({
+        code = "BAD_REQUEST", httpStatus = 400, context = {},
+        message = "refused request head: the request line as sent could not be told from the stream" }))
+      res._handshake = false
+      return
+    end
     if a.length_required then
       res:_send(411, { ["content-type"] = "application/json" }, cjson.encode({
         code = "LENGTH_REQUIRED", httpStatus = 411,
