@@ -293,6 +293,7 @@ function M.start(opts)
         "may go without a token"):format(opts.listen))
     end
     local why = M.reaches_listener(policy)
+      or opts.allowUnisolated and "--allow-unisolated lets sandboxes run without namespaces"
     if why then
       errors.raise("VALIDATION_FAILED", ("refusing --no-token: sandbox code could call the API: %s"):format(why))
     end
