@@ -57,11 +57,12 @@ echo "quickstart: ok"
 "$p/bin/moonbox" serve --listen 127.0.0.1:0 >serve.out 2>&1 &
 spid=$!
 i=0
-while [ $i -lt 300 ] && ! grep -q "listening on" serve.out; do sleep 0.1; i=$((i + 1)); done
+while [ $i -lt 300 ] && ! grep -q "moonbox: open" serve.out; do sleep 0.1; i=$((i + 1)); done
 url=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' serve.out | head -n1)
+token=$(sed -n 's/.*moonbox: open http:[^ ]*?token=\([0-9a-f]*\).*/\1/p' serve.out | head -n1)
 if command -v curl >/dev/null; then
-  curl -sf "$url/" | grep -q "<title>moonbox</title>" && echo "page: index"
-  curl -sf -o /dev/null "$url/page/xterm.js" && echo "page: xterm.js"
+  curl -sf "$url/?token=$token" | grep -q "<title>moonbox</title>" && echo "page: index"
+  curl -sf -o /dev/null "$url/page/xterm.js?token=$token" && echo "page: xterm.js"
 fi
 kill "$spid"; wait "$spid" || true
 if command -v luajit >/dev/null; then
