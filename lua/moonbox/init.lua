@@ -19,6 +19,7 @@ require "moonbox.code"    -- adds the code-interpreter calls to sessions
 require "moonbox.terminal" -- adds session:terminal()
 require "moonbox.files"   -- adds the file calls (read, write, list, watch, gitCheckout) to sessions
 require "moonbox.changes" -- adds checkChanges (a kept watch) to sessions
+require "moonbox.ports"   -- adds exposePort/unexposePort/getExposedPorts to sandboxes
 local backup = require "moonbox.backup" -- adds createBackup/restoreBackup to sandboxes
 require("moonbox._runtime").at_exit(sandbox.shutdown)
 

@@ -154,6 +154,10 @@ function M.app(opts)
   local app = { token = opts.token, user = opts.userHandler }
   app.page, app.vendor = opts.page, opts.vendor or {}
   return function(req, res)
+    -- an exposed port (moonbox.server.proxy): its own token rules
+    local proxy = require "moonbox.server.proxy"
+    local target = proxy.match(req)
+    if target then return proxy.handle(req, res, target, { token = app.token, equal = M.constant_time_equal }) end
     if app.token then
       local given = presented_token(req)
       if not given or not M.constant_time_equal(given, app.token) then
@@ -216,8 +220,10 @@ function M.start(opts)
   local handler = M.app {
     token = token, userHandler = opts.handler and load_handler(opts.handler), page = page, vendor = vendor,
   }
-  return http.listen({ listen = opts.listen, maxBody = opts.maxBody, maxConnections = opts.maxConnections,
+  local server = http.listen({ listen = opts.listen, maxBody = opts.maxBody, maxConnections = opts.maxConnections,
     idleTimeoutMs = opts.idleTimeoutMs }, handler)
+  if not addr.unix then require("moonbox.ports").server = { port = tonumber(server.address:match(":(%d+)$")) } end
+  return server
 end
 
 function M.main(argv)
