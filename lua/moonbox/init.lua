@@ -24,7 +24,8 @@ local backup = require "moonbox.backup" -- adds createBackup/restoreBackup to sa
 require("moonbox._runtime").at_exit(sandbox.shutdown)
 
 -- getSandbox(id, opts) -> Sandbox; the same id returns the same object.
-moonbox.getSandbox = sandbox.getSandbox
+-- With {from = backup} it starts a new sandbox from a backup (backup.lua).
+moonbox.getSandbox = backup.getSandbox
 
 -- prewarm(true | false) (beyond): keep one sandbox with namespaces built
 -- ahead, claimed by the next getSandbox with the default policy.
