@@ -91,6 +91,12 @@ if(NOT MOONBOX_SANITIZE)
     COMMAND ${NODE_BIN} ${CMAKE_SOURCE_DIR}/spec/server/page_test.js $<TARGET_FILE:moonbox_cli>
       ${CMAKE_BINARY_DIR}/page/node_modules ${CMAKE_BINARY_DIR}/test-output/page)
   set_tests_properties(page.terminal PROPERTIES TIMEOUT 180)
+  # an exposed port: a page served in a sandbox, loaded through the proxy
+  # (both URL forms), fetching a file and talking to a WebSocket echo
+  add_test(NAME page.ports
+    COMMAND ${NODE_BIN} ${CMAKE_SOURCE_DIR}/spec/server/ports_page_test.js $<TARGET_FILE:moonbox_cli>
+      ${CMAKE_BINARY_DIR}/page/node_modules ${CMAKE_BINARY_DIR}/test-output/page)
+  set_tests_properties(page.ports PROPERTIES TIMEOUT 180)
 endif()
 
 # The seed's published client (@cloudflare/sandbox, pinned in
