@@ -352,6 +352,7 @@ end
 local function prepare(session, code, opts)
   session:_check_live()
   V.type(code, "string", "code")
+  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").runCode, "runCode")
   opts = V.options(opts, run_options, "runCode options")
   V.timeout(opts.timeout, "timeout")
   for _, cb in ipairs { "onStdout", "onStderr", "onResult", "onError" } do V.type(opts[cb], "function", cb, true) end
