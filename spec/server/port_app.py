@@ -3,6 +3,7 @@
 #   POST /echo     -> the request body back, with the request's headers as JSON in x-seen
 #   GET  /chunked  -> a chunked response (three chunks)
 #   GET  /ws       -> a WebSocket echo (text and binary), standard library only
+#   GET  /hang     -> no response
 # usage: python3 port_app.py PORT
 import base64, hashlib, http.server, json, socketserver, struct, sys
 
@@ -47,6 +48,9 @@ class Handler(http.server.SimpleHTTPRequestHandler):
             for part in (b"first,", b"second," * 1000, b"third"):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
             self.wfile.write(b"0\r\n\r\n")
+            return
+        if self.path == "/hang":  # no response at all (until the client goes away)
+            self.rfile.read(1)
             return
         if self.path == "/ws":
             return self.websocket()

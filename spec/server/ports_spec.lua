@@ -144,6 +144,17 @@ describe("the port proxy of moonbox serve", function()
       assert.same({ text = "echo:" .. ("x"):rep(70000) }, events[4])
       assert.equal(1000, events[5].close)
 
+      -- a service that never answers: 504 after the head timeout; a port nobody listens on: 502
+      local proxy = require "moonbox.server.proxy"
+      local saved = proxy.HEAD_TIMEOUT_MS
+      proxy.HEAD_TIMEOUT_MS = 300
+      status, _, body = curl("-H", auth, base .. "/hang")
+      proxy.HEAD_TIMEOUT_MS = saved
+      assert.same({ 504, "PORT_TIMEOUT" }, { status, cjson.decode(body).code })
+      sb:exposePort(port + 1)
+      status, _, body = curl("-H", auth, ("%s/v1/sandboxes/%s/ports/%d/"):format(url, sb.id, port + 1))
+      assert.same({ 502, "PORT_UNREACHABLE" }, { status, cjson.decode(body).code })
+
       -- a public port takes no token; an unexposed one is gone
       sb:unexposePort(port)
       status, _, body = curl("-H", auth, base .. "/index.html")

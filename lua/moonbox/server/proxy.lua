@@ -34,6 +34,7 @@ M.HIGH_WATER = 256 * 1024       -- upstream write queue before the writer waits
 M.MAX_HEADER = 64 * 1024        -- the upstream's response head
 M.MAX_WS_MESSAGE = 16 * 1024 * 1024 -- a fragmented upstream WebSocket message
 M.COOKIE = "moonbox_token"
+M.HEAD_TIMEOUT_MS = 120000      -- for the service's response head (504 PORT_TIMEOUT after)
 
 local HOP = { connection = true, ["keep-alive"] = true, ["proxy-connection"] = true, te = true,
   trailer = true, ["transfer-encoding"] = true, upgrade = true, ["proxy-authorization"] = true,
@@ -347,8 +348,18 @@ local function proxy_http(req, res, sb, target, token)
     lines[#lines + 1] = "Connection: close"
     if not write(stream, table.concat(lines, "\r\n") .. "\r\n\r\n") then return nil end
     if #body > 0 and not write(stream, body) then return nil end
-    local status, headers = read_head(r)
-    while status and status >= 100 and status < 200 do status, headers = read_head(r) end -- 100 Continue
+    local timed_out, status, headers = pcall(async.timeout, M.HEAD_TIMEOUT_MS, function()
+      local st, h = read_head(r)
+      while st and st >= 100 and st < 200 do st, h = read_head(r) end -- 100 Continue
+      return st, h
+    end)
+    if not timed_out then
+      if errors.is_error(status) and status.code == "TIMEOUT" then
+        return json(504, "PORT_TIMEOUT", ("port %d sent no response within %d ms"):format(target.port,
+          M.HEAD_TIMEOUT_MS))
+      end
+      error(status, 0)
+    end
     if not status then return json(502, "PORT_BAD_RESPONSE", headers) end
     local chunked = (headers["transfer-encoding"] or ""):lower():find("chunked", 1, true) ~= nil
     local length = not chunked and tonumber(headers["content-length"]) or nil
