@@ -9,6 +9,7 @@
 --   GET    /v1/backups                         -> listBackups
 --   DELETE /v1/backups/{backupId}              -> deleteBackup
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
+--   POST   /v1/sandboxes/{id}                  {from} -> getSandbox(id, {from = backup}): a new sandbox, a fork
 local moonbox = require "moonbox"
 local V = require "moonbox._validate"
 local json = require "moonbox.server.api_json"
@@ -76,12 +77,36 @@ function H.check_changes(ctx)
   return 200, s:checkChanges(f.path, ctx:rest())
 end
 
+-- POST /v1/sandboxes/{id} {from}: made as api.lua's Ctx:sandbox() makes
+-- sandboxes (the server's home, policy, limits and maxSandboxes), from a backup.
+function H.create_from(ctx)
+  no_query(ctx)
+  local f = ctx:take { from = "string" }
+  ctx:no_more()
+  local api = require "moonbox.server.api"
+  local id = ctx.params.id
+  local live, n = require("moonbox.sandbox").all(), 0
+  for _ in pairs(live) do n = n + 1 end
+  if not live[id] and n >= api.config.maxSandboxes then
+    require("moonbox.errors").raise("POLICY_DENIED",
+      ("the server already holds %d sandboxes (maxSandboxes)"):format(n), { maxSandboxes = api.config.maxSandboxes })
+  end
+  local opts = { from = f.from, policy = api.config.policy, limits = api.config.limits }
+  if api.config.home then opts.root = api.config.home .. "/sandboxes/" .. id end
+  local sb = moonbox.getSandbox(id, opts)
+  ctx._sandbox = sb
+  local info = sb:info()
+  json.array(info.namespaces)
+  json.array(info.notEnforced)
+  return 200, info
+end
+
 function M.install(router)
   for _, r in ipairs {
     { "POST", "/ports", H.expose }, { "GET", "/ports", H.list_ports },
     { "DELETE", "/ports/{port}", H.unexpose },
     { "POST", "/backups", H.create_backup }, { "POST", "/backups/restore", H.restore_backup },
-    { "POST", "/files/changes", H.check_changes },
+    { "POST", "/files/changes", H.check_changes }, { "POST", "", H.create_from },
   } do
     router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
   end
