@@ -112,8 +112,14 @@ elseif(NODE_BIN AND CHROMIUM_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/p
     COMMAND ${NODE_BIN} ${CMAKE_SOURCE_DIR}/spec/server/page_test.js $<TARGET_FILE:moonbox_cli>
       ${MOONBOX_PAGE_DEPS}/node_modules ${CMAKE_BINARY_DIR}/test-output/page)
   set_tests_properties(page.terminal PROPERTIES TIMEOUT 180)
+  # an exposed port: a page served in a sandbox, loaded through the proxy
+  # (both URL forms), fetching a file and talking to a WebSocket echo
+  add_test(NAME page.ports
+    COMMAND ${NODE_BIN} ${CMAKE_SOURCE_DIR}/spec/server/ports_page_test.js $<TARGET_FILE:moonbox_cli>
+      ${MOONBOX_PAGE_DEPS}/node_modules ${CMAKE_BINARY_DIR}/test-output/ports)
+  set_tests_properties(page.ports PROPERTIES TIMEOUT 180)
 else()
-  moonbox_skip("page.terminal" "needs node, chromium and the npm cache of scripts/install-deps.sh")
+  moonbox_skip("page.terminal page.ports" "needs node, chromium and the npm cache of scripts/install-deps.sh")
 endif()
 
 # The seed's published client (@cloudflare/sandbox, pinned in

@@ -129,4 +129,28 @@ describe("backups", function()
       assert.is_nil(io.open(backup.dir() .. "/" .. b1.id .. ".sqsh", "rb"))
     end)
   end)
+
+  it("getSandbox(id, {from = backup}) starts a new sandbox with the backup's content (a fork)", function()
+    with_sandbox(function(sb, made)
+      sh(sb, "mkdir -p p && echo original > p/f && printf x > top")
+      local b = sb:createBackup { dir = "/workspace" }
+      made[#made + 1] = b.id
+      sh(sb, "echo changed-later > p/f")
+      local root = helper.mkdtemp()
+      local fork = moonbox.getSandbox(sb.id .. "-fork", { root = root, from = b,
+        isolation = os.getenv("MOONBOX_TEST_ISOLATION") })
+      local ok, err = pcall(function()
+        assert.equal("original\n", sh(fork, "cat p/f"))
+        assert.equal("x", sh(fork, "cat top"))
+        sh(fork, "echo fork-only > p/f")
+        assert.equal("changed-later\n", sh(sb, "cat p/f"))
+        -- from makes a new sandbox: a live id is refused, as is a missing backup
+        fails("VALIDATION_FAILED", moonbox.getSandbox, fork.id, { from = b })
+        fails("BACKUP_NOT_FOUND", moonbox.getSandbox, sb.id .. "-fork2", { from = "00000000deadbeef" })
+        assert.is_nil(require("moonbox.sandbox").all()[sb.id .. "-fork2"])
+      end)
+      fork:destroy()
+      assert(ok, err)
+    end)
+  end)
 end)

@@ -295,6 +295,32 @@ function M.listBackups()
   return list
 end
 
+-- getSandbox(id, {from = backup | backupId, ...}) (moonbox.getSandbox with
+-- from): a new sandbox whose files at the backup's dir (its workspace, for a
+-- backup of /workspace) are the backup's content: a fork. The other options
+-- are getSandbox's. A sandbox already live under id is refused (from makes
+-- a new one); a failed restore takes the new sandbox back.
+function M.getSandbox(id, opts)
+  if type(opts) ~= "table" or opts.from == nil then return sandbox_mod.getSandbox(id, opts) end
+  local from = opts.from
+  local bid = check_id(type(from) == "table" and from.id or from)
+  local meta, expired = load(bid)
+  if expired then errors.raise("BACKUP_EXPIRED", ("backup %s has expired"):format(bid), { id = bid }) end
+  if not meta then errors.raise("BACKUP_NOT_FOUND", ("backup %s does not exist"):format(bid), { id = bid }) end
+  if type(id) == "string" and sandbox_mod.all()[id] then
+    V.fail("from", ("sandbox %q already exists: from starts a new sandbox (use sandbox:restoreBackup)"):format(id))
+  end
+  local rest = {}
+  for k, v in pairs(opts) do if k ~= "from" then rest[k] = v end end
+  local sb = sandbox_mod.getSandbox(id, rest)
+  local ok, err = pcall(sb.restoreBackup, sb, bid)
+  if not ok then
+    pcall(sb.destroy, sb)
+    error(err, 0)
+  end
+  return sb
+end
+
 -- deleteBackup(id) -> {success, id}
 function M.deleteBackup(id)
   id = check_id(type(id) == "table" and id.id or id)

@@ -15,7 +15,7 @@ local Session = require("moonbox.session").Session
 local M = {}
 
 local READY_TIMEOUT_MS = 30000
-local LANGUAGES = { python = true, javascript = true, lua = true }
+local LANGUAGES = { python = true, javascript = true, typescript = true, lua = true }
 
 local kernel_dir
 local function kernels()
@@ -45,6 +45,8 @@ local function interpreter(language, env, sb)
   local spec = ({
     python = { "python3", "python_kernel.py", { "-u" } },
     javascript = { "node", "node_kernel.js", {} },
+    -- types removed per cell: node's own stripping, else Debian's node-typescript (docs/code-interpreter.md)
+    typescript = { "node", "node_kernel.js", {}, { "--typescript" } },
     lua = { "luajit", "lua_kernel.lua", {} },
   })[language]
   local path = find_in_path(spec[1], env)
@@ -58,6 +60,7 @@ local function interpreter(language, env, sb)
   -- inside namespaces the kernels are bound read-only at a fixed place
   local dir = sb and sb.init and require("moonbox._isolation").KERNEL_DIR or kernels()
   argv[#argv + 1] = dir .. "/" .. spec[2]
+  for _, a in ipairs(spec[4] or {}) do argv[#argv + 1] = a end
   return argv
 end
 
@@ -190,7 +193,9 @@ function Session:createCodeContext(opts)
   opts = V.options(opts, context_options, "createCodeContext options")
   local sb = self.sandbox
   local language = opts.language or "python"
-  if not LANGUAGES[language] then V.fail("language", "expected \"python\", \"javascript\" or \"lua\"") end
+  if not LANGUAGES[language] then
+    V.fail("language", "expected \"python\", \"javascript\", \"typescript\" or \"lua\"")
+  end
   local env = util.copy(self:current_env())
   for k, v in pairs(V.env(opts.envVars, "envVars") or {}) do if v == false then env[k] = nil else env[k] = v end end
   V.timeout(opts.timeout, "timeout")
@@ -347,6 +352,7 @@ end
 local function prepare(session, code, opts)
   session:_check_live()
   V.type(code, "string", "code")
+  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").runCode, "runCode")
   opts = V.options(opts, run_options, "runCode options")
   V.timeout(opts.timeout, "timeout")
   for _, cb in ipairs { "onStdout", "onStderr", "onResult", "onError" } do V.type(opts[cb], "function", cb, true) end
@@ -355,7 +361,9 @@ local function prepare(session, code, opts)
     ctx = find_context(session.sandbox, opts.context)
   else
     local language = opts.language or "python"
-    if not LANGUAGES[language] then V.fail("language", "expected \"python\", \"javascript\" or \"lua\"") end
+    if not LANGUAGES[language] then
+    V.fail("language", "expected \"python\", \"javascript\", \"typescript\" or \"lua\"")
+  end
     ctx = default_context(session, language)
   end
   return ctx, opts

@@ -1148,6 +1148,7 @@ local watch_options = { recursive = true, include = true, exclude = true }
 function Session:watch(path, opts)
   self:_check_live()
   V.path(path)
+  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").watch, "watch")
   opts = V.options(opts, watch_options, "watch options")
   local recursive = boolean_option(opts.recursive, "recursive")
   local include = glob_list(opts.include, "include")
@@ -1346,6 +1347,7 @@ function Session:gitCheckout(repo_url, opts)
   self:_check_live()
   if type(repo_url) ~= "string" then V.fail("repoUrl", "expected a string, got " .. type(repo_url)) end
   if not repo_url:find("%S") then V.fail("repoUrl", "repository URL is empty") end
+  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").gitCheckout, "gitCheckout")
   opts = V.options(opts, git_options, "gitCheckout options")
   local branch = V.type(opts.branch, "string", "branch", true)
   if branch and (branch == "" or branch:find("[%c%s]") or branch:sub(1, 1) == "-") then

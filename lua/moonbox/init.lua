@@ -19,11 +19,13 @@ require "moonbox.code"    -- adds the code-interpreter calls to sessions
 require "moonbox.terminal" -- adds session:terminal()
 require "moonbox.files"   -- adds the file calls (read, write, list, watch, gitCheckout) to sessions
 require "moonbox.changes" -- adds checkChanges (a kept watch) to sessions
+require "moonbox.ports"   -- adds exposePort/unexposePort/getExposedPorts to sandboxes
 local backup = require "moonbox.backup" -- adds createBackup/restoreBackup to sandboxes
 require("moonbox._runtime").at_exit(sandbox.shutdown)
 
 -- getSandbox(id, opts) -> Sandbox; the same id returns the same object.
-moonbox.getSandbox = sandbox.getSandbox
+-- With {from = backup} it starts a new sandbox from a backup (backup.lua).
+moonbox.getSandbox = backup.getSandbox
 
 -- prewarm(true | false) (beyond): keep one sandbox with namespaces built
 -- ahead, claimed by the next getSandbox with the default policy.

@@ -213,8 +213,12 @@ end
 function Process:getStatus() return self.status end
 
 function Process:getLogs()
-  return { stdout = self._logs.stdout:text(), stderr = self._logs.stderr:text(),
+  local r = { stdout = self._logs.stdout:text(), stderr = self._logs.stderr:text(),
     truncated = self._logs.stdout.truncated or self._logs.stderr.truncated }
+  if self._encoding == "base64" then -- startProcess{encoding = "base64"} (the seed's option)
+    r.stdout, r.stderr, r.encoding = core.base64_encode(r.stdout), core.base64_encode(r.stderr), "base64"
+  end
+  return r
 end
 
 -- waitForExit(timeoutMs?) -> {exitCode}; PROCESS_READY_TIMEOUT on timeout.
@@ -443,12 +447,13 @@ end
 -- ---- starting --------------------------------------------------------------
 
 local start_options = { processId = true, env = true, cwd = true, timeout = true, stdin = true, onOutput = true,
-  onExit = true, onStart = true, autoCleanup = true }
+  onExit = true, onStart = true, autoCleanup = true, _encoding = true } -- (_encoding: the seed's encoding)
 
 function Session:startProcess(command, opts)
   self:_check_live()
   local sb = self.sandbox
   V.command(command)
+  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").startProcess, "startProcess")
   opts = V.options(opts, start_options, "startProcess options")
   local env = V.env(opts.env, "env")
   V.timeout(opts.timeout, "timeout")
@@ -494,6 +499,7 @@ function Session:startProcess(command, opts)
   local shown = type(command) == "table" and table.concat(command, " ") or command
   local p = new_process(sb, self, id, shown)
   p._on_output, p._on_exit, p._auto_cleanup = opts.onOutput, opts.onExit, opts.autoCleanup
+  p._encoding = opts._encoding == "base64" and "base64" or nil
   p._timers, p._pipes = {}, {}
   p._oom_before = limits.oom_kills(sb.limits_state)
   sb.processes[id] = p

@@ -435,6 +435,7 @@ local session_options = { id = true, env = true, cwd = true, commandTimeoutMs = 
 
 function Sandbox:createSession(opts)
   self:_check_live()
+  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").createSession, "createSession")
   opts = V.options(opts, session_options, "createSession options")
   local id = opts.id
   if id == nil then

@@ -395,6 +395,7 @@ end
 function Session:_prepare(command, opts, what)
   self:_check_live()
   V.command(command)
+  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").exec, what)
   opts = V.options(opts, exec_options, what .. " options")
   V.timeout(opts.timeout, "timeout")
   V.type(opts.onOutput, "function", "onOutput", true)

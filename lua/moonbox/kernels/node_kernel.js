@@ -651,7 +651,66 @@ function errorPayload(e) {
 
 // ------------------------------------------------------------------ execution
 
+// ------------------------------------------------------------------ typescript
+
+// Language "typescript" (node_kernel.js --typescript): each cell's types are removed before it runs, with no type
+// checking. Node's own type stripping where the installed node has it (module.stripTypeScriptTypes, node >= 22.13);
+// otherwise the TypeScript compiler's transpileModule, from Debian's node-typescript (/usr/share/nodejs/typescript)
+// or a `typescript` package require() finds.
+const TYPESCRIPT = process.argv.includes('--typescript');
+let tsToJs = null;
+function loadTypeScript() {
+  const nodeModule = require('module');
+  if (typeof nodeModule.stripTypeScriptTypes === 'function') {
+    return { how: 'node', fn: (code) => nodeModule.stripTypeScriptTypes(code, { mode: 'transform' }) };
+  }
+  for (const name of ['typescript', '/usr/share/nodejs/typescript', '/usr/lib/nodejs/typescript']) {
+    let ts;
+    try { ts = require(name); } catch (_) { continue; }
+    const compilerOptions = { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext, sourceMap: false,
+      removeComments: false, useDefineForClassFields: true, esModuleInterop: true };
+    return {
+      how: 'typescript ' + ts.version,
+      fn: (code, filename) => {
+        const out = ts.transpileModule(code, { compilerOptions, fileName: filename + '.ts', reportDiagnostics: true });
+        const diag = (out.diagnostics || []).find((d) => d.category === ts.DiagnosticCategory.Error);
+        if (diag) {
+          const text = ts.flattenDiagnosticMessageText(diag.messageText, '\n');
+          let where = '';
+          if (diag.file && diag.start !== undefined) {
+            const lc = diag.file.getLineAndCharacterOfPosition(diag.start);
+            where = ` (${filename}:${lc.line + 1}:${lc.character + 1})`;
+          }
+          const e = new SyntaxError(text + where);
+          e.stack = 'SyntaxError: ' + text + where;
+          throw e;
+        }
+        // an import-free cell stays a script: drop the `export {};` the compiler may add for a module
+        return out.outputText.replace(/\n?export \{\};\s*$/, '\n');
+      },
+    };
+  }
+  return null;
+}
+if (TYPESCRIPT) {
+  tsToJs = loadTypeScript();
+  if (!tsToJs) {
+    writeAll(2, 'node_kernel: language typescript needs node >= 22.13 (type stripping) or the TypeScript compiler ' +
+      '(Debian: apt-get install node-typescript)\n');
+    process.exit(3);
+  }
+}
+
 async function execute(code) {
+  if (tsToJs) {
+    try {
+      code = tsToJs.fn(code, `<cell-${executionCount + 1}>`);
+    } catch (e) {
+      executionCount += 1;
+      send({ id: currentId, type: 'error', error: errorPayload(e) });
+      return;
+    }
+  }
   executionCount += 1;
   const filename = `<cell-${executionCount}>`;
   cellSources.set(filename, code);
@@ -735,4 +794,5 @@ realStdin.on('end', () => {
   if (!busy) pump();
 });
 
-send({ type: 'ready', language: 'javascript', version: process.versions.node, implementation: 'node' });
+send({ type: 'ready', language: TYPESCRIPT ? 'typescript' : 'javascript', version: process.versions.node,
+  implementation: tsToJs ? 'node (' + tsToJs.how + ')' : 'node' });

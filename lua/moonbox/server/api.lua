@@ -597,6 +597,8 @@ for op in pairs(file_ops) do router:add("POST", "/v1/sandboxes/{id}/files/" .. o
 router:add("GET", "/v1/sandboxes", H.list_sandboxes)
 -- the seed's container protocol, /v1/sandboxes/{id}/api/... (docs/compat.md)
 require("moonbox.server.compat").install(router)
+-- ports, backups, checkChanges (issue #16 part 2)
+require("moonbox.server.api_more").install(router)
 M.router = router
 
 -- The sandbox id in the path: getSandbox's rule, checked before anything runs.
@@ -620,7 +622,7 @@ local function dispatch(req, res)
       tostring(req.method), tostring(req.path)), { method = req.method, path = req.path }))
     return reply(status, body)
   end
-  if params.id then check_sandbox_id(params.id) end
+  if params.id then check_sandbox_id(params.id) end -- (/v1/backups is not a sandbox's)
   if req.body and #req.body > M.config.maxBodyBytes then
     fail("REQUEST_TOO_LARGE", ("the request body is larger than %d bytes"):format(M.config.maxBodyBytes),
       { limit = M.config.maxBodyBytes })

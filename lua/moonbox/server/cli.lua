@@ -210,6 +210,10 @@ function M.app(opts)
   return function(req, res)
     local health = health_route(req)
     if health then return health end
+    -- an exposed port (moonbox.server.proxy): its own token rules
+    local proxy = require "moonbox.server.proxy"
+    local target = proxy.match(req)
+    if target then return proxy.handle(req, res, target, { token = app.token, equal = M.constant_time_equal }) end
     if app.token then
       if not M.authorized(req, app.token) then
         local r = json_response(401, "UNAUTHORIZED", "a valid bearer token is required")
@@ -312,6 +316,7 @@ function M.start(opts)
   }
   local server = http.listen({ listen = opts.listen, maxBody = opts.maxBody, maxConnections = opts.maxConnections,
     idleTimeoutMs = opts.idleTimeoutMs }, handler)
+  if not addr.unix then require("moonbox.ports").server = { port = tonumber(server.address:match(":(%d+)$")) } end
   return server, token
 end
 

@@ -79,7 +79,9 @@ end
 
 -- The raw path (undecoded, without the query) of the request line src/http.c
 -- scanned from the stream, if it is this request's: the same method, and
--- the path lws decoded from it. nil otherwise (the request is refused).
+-- the path lws decoded from it; nil otherwise (the request is refused).
+-- Second result: the raw request target (path and query, undecoded), for a
+-- proxy that passes it on as sent.
 function M.raw_path(raw_line, method, path)
   if type(raw_line) ~= "string" then return nil end
   local m, target = raw_line:match("^(%u+) (%S+) HTTP/%d%.%d$")
@@ -93,7 +95,7 @@ function M.raw_path(raw_line, method, path)
     got = got:sub(1, #want)
   end
   if got ~= want then return nil end
-  return raw
+  return raw, target
 end
 
 local function lower_keys(t)
@@ -313,9 +315,10 @@ function Server:_on_event(kind, id, a, b)
   if kind == "request" then
     local query, raw = parse_args(a.args)
     local srv = self._core
+    local raw_path, raw_target = M.raw_path(a.raw_line, a.method, a.path)
     local req = {
       method = a.method, path = a.path, query = query, rawQuery = raw,
-      rawPath = M.raw_path(a.raw_line, a.method, a.path),
+      rawPath = raw_path, rawTarget = raw_target,
       headers = setmetatable(a.headers, { __index = function(_, name)
         return type(name) == "string" and srv:header(id, name:lower()) or nil
       end }),

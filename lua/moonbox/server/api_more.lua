@@ -1,0 +1,117 @@
+-- /v1 routes of issue #16 part 2 (docs/http-api.md): exposed ports,
+-- backups and checkChanges, over the same Lua calls, with api.lua's request
+-- context (ctx:sandbox(), ctx:session(), ctx:take(), ctx:rest()).
+--   POST   /v1/sandboxes/{id}/ports            {port, name?, public?} -> exposePort
+--   GET    /v1/sandboxes/{id}/ports            -> getExposedPorts
+--   DELETE /v1/sandboxes/{id}/ports/{port}     -> unexposePort
+--   POST   /v1/sandboxes/{id}/backups          {dir, name?, excludes?, gitignore?, ttl?} -> createBackup
+--   POST   /v1/sandboxes/{id}/backups/restore  {id, dir?} -> restoreBackup
+--   GET    /v1/backups                         -> listBackups
+--   DELETE /v1/backups/{backupId}              -> deleteBackup
+--   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
+--   POST   /v1/sandboxes/{id}                  {from} -> getSandbox(id, {from = backup}): a new sandbox, a fork
+local moonbox = require "moonbox"
+local V = require "moonbox._validate"
+local json = require "moonbox.server.api_json"
+local router_mod = require "moonbox.server.api_router"
+
+local M = {}
+
+local function no_query(ctx, allowed)
+  for k in pairs(ctx.query) do
+    if not (allowed and allowed[k]) then V.fail(k, "unknown query parameter") end
+  end
+end
+
+local function port_param(ctx)
+  local p = ctx.params.port
+  local n = tonumber(p)
+  if not p:match("^%d+$") or not n then V.fail("port", ("expected an integer port, got %q"):format(p)) end
+  return n
+end
+
+local H = {}
+
+function H.expose(ctx)
+  no_query(ctx)
+  local f = ctx:take { port = "number" }
+  return 200, ctx:sandbox():exposePort(f.port, ctx:rest())
+end
+
+function H.list_ports(ctx)
+  no_query(ctx)
+  return 200, json.array(ctx:sandbox():getExposedPorts())
+end
+
+function H.unexpose(ctx)
+  no_query(ctx)
+  return 200, ctx:sandbox():unexposePort(port_param(ctx))
+end
+
+function H.create_backup(ctx)
+  no_query(ctx)
+  return 200, ctx:sandbox():createBackup(ctx:body())
+end
+
+function H.restore_backup(ctx)
+  no_query(ctx)
+  local f = ctx:take { id = "string", dir = "string?" }
+  ctx:no_more()
+  return 200, ctx:sandbox():restoreBackup { id = f.id, dir = f.dir }
+end
+
+function H.list_backups(ctx)
+  no_query(ctx)
+  return 200, json.array(moonbox.listBackups())
+end
+
+function H.delete_backup(ctx)
+  no_query(ctx)
+  return 200, moonbox.deleteBackup(router_mod.check_id(ctx.params.backupId, "backupId"))
+end
+
+function H.check_changes(ctx)
+  no_query(ctx, { sessionId = true })
+  local s = ctx:session(true)
+  local f = ctx:take { path = "string" }
+  return 200, s:checkChanges(f.path, ctx:rest())
+end
+
+-- POST /v1/sandboxes/{id} {from}: made as api.lua's Ctx:sandbox() makes
+-- sandboxes (the server's home, policy, limits and maxSandboxes), from a backup.
+function H.create_from(ctx)
+  no_query(ctx)
+  local f = ctx:take { from = "string" }
+  ctx:no_more()
+  local api = require "moonbox.server.api"
+  local id = ctx.params.id
+  local live, n = require("moonbox.sandbox").all(), 0
+  for _ in pairs(live) do n = n + 1 end
+  if not live[id] and n >= api.config.maxSandboxes then
+    require("moonbox.errors").raise("POLICY_DENIED",
+      ("the server already holds %d sandboxes (maxSandboxes)"):format(n), { maxSandboxes = api.config.maxSandboxes })
+  end
+  local opts = { from = f.from, policy = api.config.policy, limits = api.config.limits }
+  if api.config.home then opts.root = api.config.home .. "/sandboxes/" .. id end
+  local sb = moonbox.getSandbox(id, opts)
+  ctx._sandbox = sb
+  local info = sb:info()
+  json.array(info.namespaces)
+  json.array(info.notEnforced)
+  return 200, info
+end
+
+function M.install(router)
+  for _, r in ipairs {
+    { "POST", "/ports", H.expose }, { "GET", "/ports", H.list_ports },
+    { "DELETE", "/ports/{port}", H.unexpose },
+    { "POST", "/backups", H.create_backup }, { "POST", "/backups/restore", H.restore_backup },
+    { "POST", "/files/changes", H.check_changes }, { "POST", "", H.create_from },
+  } do
+    router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
+  end
+  router:add("GET", "/v1/backups", H.list_backups)
+  router:add("DELETE", "/v1/backups/{backupId}", H.delete_backup)
+end
+
+return M

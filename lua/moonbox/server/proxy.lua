@@ -1,0 +1,559 @@
+-- The proxy to exposed ports (issue #16; lua/moonbox/ports.lua): HTTP and
+-- WebSocket requests to
+--   /v1/sandboxes/{id}/ports/{port}/...   (the path form), and
+--   http://{port}-{id}.localhost:<serve port>/...   (the host-name form)
+-- go to the port inside the sandbox, connected from inside the sandbox's
+-- network namespace (a socket its init makes there, as waitForPort's probe):
+-- the sandbox keeps network = "none" and nothing listens on the host for it.
+--
+-- Both ways stream with bounded buffers: the upstream's response is read
+-- at most READ_HIGH bytes ahead of what the client took (reading stops
+-- until res:write has passed it on), and a request body (already bounded by
+-- the server's maxBody) or WebSocket message is written upstream only after
+-- the previous one drained below HIGH_WATER. One upstream connection per
+-- request ("Connection: close"); a chunked upstream response is de-chunked
+-- and sent on without a length (the client connection then closes at its end).
+--
+-- Token: as the rest of the server (docs/server.md): Authorization: Bearer,
+-- or (for a browser) ?access_token= once, which sets a cookie scoped to that
+-- port's URL and redirects to the URL without it. A port exposed with
+-- public = true takes no token. The token and its cookie are not passed on.
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+local errors = require "moonbox.errors"
+local sandbox_mod = require "moonbox.sandbox"
+local ports = require "moonbox.ports"
+local cjson = require "cjson.safe"
+local bit = require "bit"
+local ffi = require "ffi"
+
+local M = {}
+
+M.READ_HIGH = 256 * 1024        -- upstream bytes read ahead of the client
+M.HIGH_WATER = 256 * 1024       -- upstream write queue before the writer waits
+M.MAX_HEADER = 64 * 1024        -- the upstream's response head
+M.MAX_WS_MESSAGE = 16 * 1024 * 1024 -- a fragmented upstream WebSocket message
+M.COOKIE = "moonbox_token"
+M.HEAD_TIMEOUT_MS = 120000      -- for the service's response head (504 PORT_TIMEOUT after)
+
+local HOP = { connection = true, ["keep-alive"] = true, ["proxy-connection"] = true, te = true,
+  trailer = true, ["transfer-encoding"] = true, upgrade = true, ["proxy-authorization"] = true,
+  ["proxy-authenticate"] = true, ["content-length"] = true, host = true,
+  -- the WebSocket handshake is made anew upstream
+  ["sec-websocket-key"] = true, ["sec-websocket-version"] = true, ["sec-websocket-extensions"] = true,
+  ["sec-websocket-accept"] = true }
+
+local function json(status, code, message, extra)
+  local h = { ["content-type"] = "application/json" }
+  for k, v in pairs(extra or {}) do h[k] = v end
+  return { status = status, headers = h,
+    body = cjson.encode({ code = code, message = message, context = {}, httpStatus = status }) .. "\n" }
+end
+
+-- ---- which requests ----------------------------------------------------------------
+
+-- match(req) -> {id, port, target, form, prefix} | nil. target: what to
+-- request upstream (path and query as sent by the client).
+function M.match(req)
+  local raw = req.rawTarget or (req.path .. (req.rawQuery ~= "" and req.rawQuery and ("?" .. req.rawQuery) or ""))
+  local host = req.headers and req.headers["host"]
+  if host then
+    local port, id = host:lower():match("^(%d+)%-([a-z0-9_-]+)%.localhost:?%d*$")
+    if port then
+      return { id = id, port = tonumber(port), target = raw, form = "host", prefix = "/" }
+    end
+  end
+  local id, port, rest = raw:match("^/v1/sandboxes/([a-z0-9_-]+)/ports/(%d+)(.*)$")
+  if not id then return nil end
+  if rest == "" or rest:sub(1, 1) == "?" then
+    -- /ports/{port} itself: DELETE unexposes (the JSON API); a browser is
+    -- sent on to the directory URL so that relative links resolve
+    if req.method ~= "GET" and req.method ~= "HEAD" then return nil end
+    return { id = id, port = tonumber(port), redirect = "/v1/sandboxes/" .. id .. "/ports/" .. port .. "/" .. rest }
+  end
+  if rest:sub(1, 1) ~= "/" then return nil end
+  local prefix = "/v1/sandboxes/" .. id .. "/ports/" .. port .. "/"
+  return { id = id, port = tonumber(port), target = rest, form = "path", prefix = prefix }
+end
+
+local function cookie_token(req)
+  local c = req.headers["cookie"]
+  if not c then return nil end
+  return (";" .. c):match(";%s*" .. M.COOKIE .. "=([^;%s]+)")
+end
+
+local function bearer(req)
+  local auth = req.headers["authorization"]
+  return auth and auth:match("^[Bb]earer%s+(%S+)%s*$")
+end
+
+-- The target without the access_token parameter.
+local function strip_access_token(target)
+  local path, query = target:match("^([^?]*)%??(.*)$")
+  if query == "" then return path, false end
+  local kept, found = {}, false
+  for part in query:gmatch("[^&]+") do
+    if part:match("^access_token=") or part == "access_token" then found = true else kept[#kept + 1] = part end
+  end
+  if #kept == 0 then return path, found end
+  return path .. "?" .. table.concat(kept, "&"), found
+end
+
+-- The request's headers to pass on: all but hop-by-hop ones, with our token
+-- and cookie taken out.
+-- Headers libwebsockets has no token for are not in req.headers' keys;
+-- these common ones are looked up by name (req.headers' __index).
+M.EXTRA_HEADERS = { "x-requested-with", "x-csrf-token", "x-xsrf-token", "x-request-id", "x-api-key",
+  "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest", "sec-fetch-user", "priority" }
+
+local function forward_headers(req, token)
+  local out = {}
+  for k, v in pairs(req.headers) do
+    if not HOP[k] then out[k] = v end
+  end
+  for _, k in ipairs(M.EXTRA_HEADERS) do
+    if out[k] == nil then out[k] = req.headers[k] end
+  end
+  if token and bearer(req) == token then out["authorization"] = nil end
+  if out["cookie"] then
+    local kept = {}
+    for part in out["cookie"]:gmatch("[^;]+") do
+      if not part:match("^%s*" .. M.COOKIE .. "=") then kept[#kept + 1] = part:match("^%s*(.-)%s*$") end
+    end
+    out["cookie"] = #kept > 0 and table.concat(kept, "; ") or nil
+  end
+  out["x-forwarded-host"] = req.headers["host"]
+  out["x-forwarded-proto"] = "http"
+  if req.peer and req.peer ~= "" then out["x-forwarded-for"] = req.peer end
+  return out
+end
+
+-- ---- upstream ------------------------------------------------------------------------
+
+-- connect(sandbox, port) -> stream | nil, message: from inside the
+-- sandbox's network namespace when it has one of its own.
+local function connect(sb, port)
+  local sock
+  if sb.init and sb.network == "none" then
+    local s, msg = sb.init:socket("tcp4")
+    if not s then return nil, "cannot make a socket in the sandbox: " .. tostring(msg) end
+    sock = s
+  end
+  local fd, err = async.await(function(resume)
+    local abandoned = false
+    local ok, msg = core.tcp_connect("127.0.0.1", port, function(e, got)
+      if abandoned then
+        if got then core.close_fd(got) end
+        return
+      end
+      resume(got, e)
+    end, sock)
+    if not ok then
+      if sock then core.close_fd(sock) end
+      resume(nil, msg)
+    end
+    return function() abandoned = true end
+  end, "proxy connect")
+  if not fd then return nil, tostring(err) end
+  local stream, msg = core.stream_open(fd)
+  if not stream then
+    core.close_fd(fd)
+    return nil, tostring(msg)
+  end
+  return stream
+end
+
+-- A reader over a stream: read() -> next chunk | nil at EOF. At most
+-- READ_HIGH bytes wait unread; past that, reading stops until they are taken.
+local function reader(stream)
+  local r = { queue = {}, head = 1, tail = 0, bytes = 0, eof = false, reading = false }
+  local function wake()
+    local w = r.waiter
+    if w then r.waiter = nil w() end
+  end
+  local function on_read(err, data)
+    if data then
+      r.tail = r.tail + 1
+      r.queue[r.tail] = data
+      r.bytes = r.bytes + #data
+      if r.bytes >= M.READ_HIGH then
+        stream:read_stop()
+        r.reading = false
+      end
+    else
+      r.eof, r.err, r.reading = true, err, false
+    end
+    wake()
+  end
+  local function start()
+    if r.reading or r.eof or r.closed then return end
+    r.reading = true
+    if not stream:read_start(on_read) then r.eof, r.reading = true, false end
+  end
+  function r.read()
+    while true do
+      if r.head <= r.tail then
+        local d = r.queue[r.head]
+        r.queue[r.head] = nil
+        r.head = r.head + 1
+        r.bytes = r.bytes - #d
+        if r.bytes < M.READ_HIGH then start() end
+        return d
+      end
+      if r.eof or r.closed then return nil, r.err end
+      start()
+      async.await(function(resume)
+        r.waiter = resume
+        return function() if r.waiter == resume then r.waiter = nil end end
+      end, "proxy read")
+    end
+  end
+  -- push back what was read past a boundary
+  function r.unread(d)
+    if d == "" then return end
+    r.head = r.head - 1
+    r.queue[r.head] = d
+    r.bytes = r.bytes + #d
+  end
+  function r.stop()
+    r.closed = true
+    wake()
+  end
+  start()
+  return r
+end
+
+-- write(stream, data) -> true | false: waits (in the task) while more
+-- than HIGH_WATER bytes are queued for the upstream.
+local function write(stream, data)
+  local state = {}
+  local queued = stream:write(data, function(err)
+    state.done = err and "error" or "ok"
+    if state.resume then state.resume(state.done) end
+  end)
+  if not queued then return false end
+  if queued <= M.HIGH_WATER then return true end
+  if state.done then return state.done == "ok" end
+  return async.await(function(resume)
+    state.resume = resume
+    return function() state.resume = nil end
+  end, "proxy write") == "ok"
+end
+
+-- ---- the response head --------------------------------------------------------------
+
+-- read_head(r) -> status, headers (lowercase name -> value) | nil, message
+local function read_head(r)
+  local buf = ""
+  while true do
+    local chunk = r.read()
+    if not chunk then return nil, "the service closed the connection before a response" end
+    buf = buf .. chunk
+    local e = buf:find("\r\n\r\n", 1, true)
+    if e then
+      r.unread(buf:sub(e + 4))
+      local head = buf:sub(1, e + 1)
+      local status = tonumber(head:match("^HTTP/%d%.%d (%d%d%d)"))
+      if not status then return nil, "the service did not answer HTTP" end
+      local headers = {}
+      for name, value in head:gmatch("\r\n([^:\r\n]+):[ \t]*([^\r\n]*)") do
+        name = name:lower()
+        if headers[name] and name ~= "set-cookie" then
+          headers[name] = headers[name] .. ", " .. value
+        else
+          headers[name] = value -- (several set-cookie headers: the last one)
+        end
+      end
+      return status, headers
+    end
+    if #buf > M.MAX_HEADER then return nil, "the service's response head is too large" end
+  end
+end
+
+-- ---- HTTP ---------------------------------------------------------------------------
+
+local function request_head(req, target, token)
+  local lines = { ("%s %s HTTP/1.1"):format(req.method, target) }
+  local headers = forward_headers(req, token)
+  lines[#lines + 1] = "Host: " .. (req.headers["host"] or "localhost")
+  for k, v in pairs(headers) do
+    if not k:find("[\r\n:]") and not tostring(v):find("[\r\n]") then lines[#lines + 1] = k .. ": " .. v end
+  end
+  return lines
+end
+
+-- Pass the body on: length bytes, or until EOF (nil), or chunked.
+local function pass_body(r, res, length, chunked)
+  if chunked then
+    local buf = ""
+    while true do
+      local line_end = buf:find("\r\n", 1, true)
+      while not line_end do
+        local d = r.read()
+        if not d then return false end
+        buf = buf .. d
+        if #buf > 4096 and not buf:find("\r\n", 1, true) then return false end
+        line_end = buf:find("\r\n", 1, true)
+      end
+      local size = tonumber(buf:sub(1, line_end - 1):match("^%s*(%x+)"), 16)
+      if not size then return false end
+      buf = buf:sub(line_end + 2)
+      if size == 0 then return true end -- (trailers are dropped)
+      local left = size
+      while left > 0 do
+        if buf == "" then
+          buf = r.read()
+          if not buf then return false end
+        end
+        local piece = buf:sub(1, left)
+        buf = buf:sub(#piece + 1)
+        left = left - #piece
+        if not res:write(piece) then return false end
+      end
+      while #buf < 2 do
+        local d = r.read()
+        if not d then return false end
+        buf = buf .. d
+      end
+      buf = buf:sub(3) -- the CRLF after the chunk
+    end
+  end
+  local left = length
+  while left == nil or left > 0 do
+    local d = r.read()
+    if not d then return left == nil end
+    if left then
+      if #d > left then d = d:sub(1, left) end
+      left = left - #d
+    end
+    if not res:write(d) then return false end
+  end
+  return true
+end
+
+local function proxy_http(req, res, sb, target, token)
+  local stream, msg = connect(sb, target.port)
+  if not stream then
+    return json(502, "PORT_UNREACHABLE", ("nothing accepted a connection on port %d of sandbox %q: %s")
+      :format(target.port, sb.id, msg))
+  end
+  local r = reader(stream)
+  local ok, result = pcall(function()
+    res:onClose(function() r.stop() end)
+    local lines = request_head(req, target.path, token)
+    local body = req.body or ""
+    if #body > 0 or (req.method ~= "GET" and req.method ~= "HEAD") then
+      lines[#lines + 1] = "Content-Length: " .. #body
+    end
+    lines[#lines + 1] = "Connection: close"
+    if not write(stream, table.concat(lines, "\r\n") .. "\r\n\r\n") then return nil end
+    if #body > 0 and not write(stream, body) then return nil end
+    local timed_out, status, headers = pcall(async.timeout, M.HEAD_TIMEOUT_MS, function()
+      local st, h = read_head(r)
+      while st and st >= 100 and st < 200 do st, h = read_head(r) end -- 100 Continue
+      return st, h
+    end)
+    if not timed_out then
+      if errors.is_error(status) and status.code == "TIMEOUT" then
+        return json(504, "PORT_TIMEOUT", ("port %d sent no response within %d ms"):format(target.port,
+          M.HEAD_TIMEOUT_MS))
+      end
+      error(status, 0)
+    end
+    if not status then return json(502, "PORT_BAD_RESPONSE", headers) end
+    local chunked = (headers["transfer-encoding"] or ""):lower():find("chunked", 1, true) ~= nil
+    local length = not chunked and tonumber(headers["content-length"]) or nil
+    local out = {}
+    for k, v in pairs(headers) do
+      if not HOP[k] and k ~= "content-type" and not k:find("[%s:]") then out[k] = v end
+    end
+    if headers["content-type"] then out["content-type"] = headers["content-type"] end
+    if req.method == "HEAD" or status == 204 or status == 304 then
+      return { status = status, headers = out, body = "" }
+    end
+    if length then out["content-length"] = tostring(length) end
+    if not res:start(status, out) then return nil end
+    pass_body(r, res, length, chunked)
+    res:finish()
+    return nil
+  end)
+  r.stop()
+  stream:close()
+  if not ok then error(result, 0) end
+  return result
+end
+
+-- ---- WebSocket ---------------------------------------------------------------------------
+
+local function random_bytes(n)
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local b = f:read(n)
+  f:close()
+  return b
+end
+
+local function mask(data, key)
+  local n = #data
+  if n == 0 then return data end
+  local buf = ffi.new("uint8_t[?]", n)
+  ffi.copy(buf, data, n)
+  local k = { key:byte(1, 4) }
+  for i = 0, n - 1 do buf[i] = bit.bxor(buf[i], k[i % 4 + 1]) end
+  return ffi.string(buf, n)
+end
+
+-- A client frame (masked, as RFC 6455 wants of a client).
+local function frame(opcode, data)
+  local n = #data
+  local head
+  if n < 126 then
+    head = string.char(0x80 + opcode, 0x80 + n)
+  elseif n < 65536 then
+    head = string.char(0x80 + opcode, 0x80 + 126, bit.rshift(n, 8), bit.band(n, 255))
+  else
+    local b = {}
+    local v = n
+    for i = 8, 1, -1 do b[i] = v % 256 v = math.floor(v / 256) end
+    head = string.char(0x80 + opcode, 0x80 + 127) .. string.char(unpack(b))
+  end
+  local key = random_bytes(4)
+  return head .. key .. mask(data, key)
+end
+
+-- next_frame(r, buf) -> fin, opcode, payload, rest | nil
+local function next_frame(r, buf)
+  local function need(n)
+    while #buf < n do
+      local d = r.read()
+      if not d then return false end
+      buf = buf .. d
+    end
+    return true
+  end
+  if not need(2) then return nil end
+  local b1, b2 = buf:byte(1, 2)
+  local fin, opcode, masked, len = bit.band(b1, 0x80) ~= 0, bit.band(b1, 0x0f), bit.band(b2, 0x80) ~= 0,
+    bit.band(b2, 0x7f)
+  local pos = 3
+  if len == 126 then
+    if not need(4) then return nil end
+    len = buf:byte(3) * 256 + buf:byte(4)
+    pos = 5
+  elseif len == 127 then
+    if not need(10) then return nil end
+    len = 0
+    for i = 3, 10 do len = len * 256 + buf:byte(i) end
+    pos = 11
+  end
+  if len > M.MAX_WS_MESSAGE then return nil end
+  local key
+  if masked then
+    if not need(pos + 3) then return nil end
+    key = buf:sub(pos, pos + 3)
+    pos = pos + 4
+  end
+  if not need(pos + len - 1) then return nil end
+  local payload = buf:sub(pos, pos + len - 1)
+  if key then payload = mask(payload, key) end
+  return fin, opcode, payload, buf:sub(pos + len)
+end
+
+local function proxy_ws(req, res, sb, target, token)
+  local ws = res:upgrade() -- at once: messages that arrive before it would be lost
+  local stream, msg = connect(sb, target.port)
+  if not stream then
+    ws:close(1011, ("port %d: %s"):format(target.port, msg):sub(1, 120))
+    return
+  end
+  local r = reader(stream)
+  local pump
+  local ok, err = pcall(function()
+    local lines = request_head(req, target.path, token)
+    lines[#lines + 1] = "Connection: Upgrade"
+    lines[#lines + 1] = "Upgrade: websocket"
+    lines[#lines + 1] = "Sec-WebSocket-Version: 13"
+    lines[#lines + 1] = "Sec-WebSocket-Key: " .. core.base64_encode(random_bytes(16))
+    if not write(stream, table.concat(lines, "\r\n") .. "\r\n\r\n") then return end
+    local status, headers = read_head(r)
+    if status ~= 101 then
+      ws:close(1011, ("the service refused the WebSocket (%s)"):format(tostring(status or headers)):sub(1, 120))
+      return
+    end
+    -- the client's messages go upstream in a task of their own
+    pump = async.spawn(function()
+      pcall(function()
+        for data, is_binary in ws:messages() do
+          if not write(stream, frame(is_binary and 2 or 1, data)) then break end
+        end
+        write(stream, frame(8, string.char(0x03, 0xe8)))
+      end)
+      r.stop()
+    end)
+    local buf, parts, size, op = "", {}, 0, nil
+    while true do
+      local fin, opcode, payload, rest = next_frame(r, buf)
+      if not fin and not opcode then break end
+      buf = rest
+      if opcode == 8 then
+        local code = #payload >= 2 and payload:byte(1) * 256 + payload:byte(2) or 1000
+        ws:close(code, payload:sub(3, 122))
+        break
+      elseif opcode == 9 then
+        write(stream, frame(10, payload))
+      elseif opcode == 0 or opcode == 1 or opcode == 2 then
+        if opcode ~= 0 then op, parts, size = opcode, {}, 0 end
+        parts[#parts + 1] = payload
+        size = size + #payload
+        if size > M.MAX_WS_MESSAGE then
+          ws:close(1009, "message too large")
+          break
+        end
+        if fin then
+          if not ws:send(table.concat(parts), op == 2) then break end
+          parts, size = {}, 0
+        end
+      end
+    end
+    ws:close(1000, "")
+  end)
+  r.stop()
+  if pump then pump:cancel() end
+  stream:close()
+  if not ok and not (errors.is_error(err) and err.code == "CANCELLED") then error(err, 0) end
+end
+
+-- ---- entry ---------------------------------------------------------------------------
+
+-- handle(req, res, target, opts) with opts.token (the server's, or nil)
+-- and opts.equal (a constant-time comparison).
+function M.handle(req, res, target, opts)
+  local token = opts.token
+  local sb = sandbox_mod.all()[target.id]
+  local entry = sb and not sb.destroyed and ports.get(sb, target.port) or nil
+  if target.redirect then
+    return { status = 308, headers = { location = target.redirect, ["content-type"] = "text/plain" }, body = "" }
+  end
+  local given = bearer(req) or cookie_token(req) or req.query.access_token
+  local authorized = not token or (given ~= nil and opts.equal(given, token))
+  if not authorized and not (entry and entry.public) then
+    return json(401, "UNAUTHORIZED", "a valid token is required: Authorization: Bearer, or ?access_token= once",
+      { ["www-authenticate"] = 'Bearer realm="moonbox"' })
+  end
+  if not entry then
+    if not sb then return json(404, "SANDBOX_NOT_FOUND", ("no sandbox %q"):format(target.id)) end
+    return json(404, "PORT_NOT_EXPOSED", ("port %d of sandbox %q is not exposed"):format(target.port, target.id))
+  end
+  local path, had_token = strip_access_token(target.target)
+  if had_token and token and not req.websocket and (req.method == "GET" or req.method == "HEAD") then
+    -- a browser: keep the token in a cookie for this port's URLs, and go on without it in the URL
+    local location = target.form == "path" and (target.prefix:sub(1, -2) .. path) or path
+    return { status = 302, body = "", headers = { location = location, ["content-type"] = "text/plain",
+      ["set-cookie"] = ("%s=%s; Path=%s; HttpOnly; SameSite=Lax"):format(M.COOKIE, token, target.prefix),
+      ["cache-control"] = "no-store" } }
+  end
+  target.path = path
+  if req.websocket then return proxy_ws(req, res, sb, target, token) end
+  return proxy_http(req, res, sb, target, token)
+end
+
+return M
