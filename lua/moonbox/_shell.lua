@@ -372,11 +372,7 @@ function Shell:_status_data(data)
       pwd = text:sub(a + 1, b - 1), exports = self.exports }
     text = text:sub(b + 1)
     if record.exiting then self.exiting = true end
-    if self.waiting and record.id == self.waiting.id then
-      local w = self.waiting
-      self.waiting = nil
-      w.resume(record)
-    end
+    if self.waiting and record.id == self.waiting.id then self:_deliver(record) end
   end
   self.status_buf = { text }
 end
@@ -390,12 +386,19 @@ function Shell:_exited(code, signal)
     if rest and #rest > 0 then self:_status_data(rest) end
   end
   self:_close_pipes()
-  if self.waiting then
-    local w = self.waiting
-    self.waiting = nil
-    w.resume({ id = w.id, status = code, died = true, signal = signal })
-  end
+  if self.waiting then self:_deliver({ id = self.waiting.id, status = code, died = true, signal = signal }) end
   if self.on_exit then self.on_exit(code, signal) end
+end
+
+-- The running command's record has come: its job keeps it (the task that
+-- waited for it may be gone, cancelled: another one then waits, Job:wait).
+function Shell:_deliver(record)
+  local job = self.waiting
+  self.waiting = nil
+  job.record = record
+  local resume = job.resume
+  job.resume = nil
+  if resume then resume(record) end
 end
 
 function Shell:_close_pipes()
@@ -425,12 +428,38 @@ function Shell:usable()
   return not self.dead and not self.exiting
 end
 
+-- A command sent to the shell. wait() (in a task) -> its record; a wait
+-- that is cancelled leaves the job as it is, and another task can wait for
+-- it again (Session:_run's cancel: the command is killed, its record still
+-- comes). The slots are cleaned up once, by the wait that gets the record.
+local Job = {}
+Job.__index = Job
+
+function Job:wait()
+  if not self.record then
+    async.await(function(resume)
+      self.resume = resume
+      return function() self.resume = nil end
+    end, "exec")
+  end
+  if not self.cleaned then
+    self.cleaned = true
+    self.cleanup()
+  end
+  return self.record
+end
+
 -- run{body, stdin, prelude, words, on_chunk(stream, data)} -> record, where
 -- record is {status, pwd, exports, exiting} or {died = true, status, signal}.
 -- prelude (per-call cwd/env) makes the command run in a subshell, so its
 -- effects end with the call. words (the body's, when it is a plain external
 -- command line, without a prelude) let the shell spawn it without forking.
 function Shell:run(req)
+  return self:start(req):wait()
+end
+
+-- start(req) -> Job: the command is sent; Job:wait() waits for its end.
+function Shell:start(req)
   self.seq = self.seq + 1
   local id = self.seq
   local slots, used = self.slots, {}
@@ -531,16 +560,13 @@ function Shell:run(req)
     end
     self.control:write(("eval \"$__mb_c%d\"\n"):format(shape))
   end)
+  local job = setmetatable({ id = id, cleanup = cleanup }, Job)
   if not ok then
-    cleanup()
-    return { died = true, status = 1, error = tostring(err) }
+    job.record = { died = true, status = 1, error = tostring(err) }
+    return job
   end
-  local record = async.await(function(resume)
-    self.waiting = { id = id, resume = resume }
-    return function() self.waiting = nil end
-  end, "exec")
-  cleanup()
-  return record
+  self.waiting = job
+  return job
 end
 
 -- Wait (in a task) until the shell process has exited and been reaped. A

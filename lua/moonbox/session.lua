@@ -325,9 +325,55 @@ function Session:_run(command, opts, sink)
     end
   end
   local oom_before = limits.oom_kills(sb.limits_state)
-  local record = sh:run(req)
+  local job = sh:start(req)
+  local waited, record = pcall(job.wait, job)
+  if not waited then
+    -- the caller's task was cancelled (moonbox.timeout, task:cancel) while
+    -- the command ran: the command is killed, and a task of our own waits
+    -- for its record holding the queue, so the next command finds the
+    -- shell back at its prompt
+    if control then control.abort = nil end
+    if timeout or control then
+      -- set up to be killed: as a timeout, the shell keeps its state
+      cancelled = not timed_out
+      expire()
+    else
+      -- nothing tells this command's processes from earlier background
+      -- jobs without a per-command cost: the shell and all it runs go,
+      -- and the next command gets a fresh shell (last cwd, exported env)
+      self:_kill_shell(sh)
+    end
+    self.queue:hand_off()
+    async.spawn(function()
+      pcall(function() self:_finish_run(sh, job:wait(), timers, held_stderr, sink, cmd_cg,
+        timed_out and grace_deadline)
+      end)
+      self.queue:release()
+    end)
+    error(record, 0)
+  end
   if control then control.abort = nil end
+  return self:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, timed_out and grace_deadline, {
+    started = started, timestamp = timestamp, cancelled = cancelled, oom_before = oom_before })
+end
+
+-- Kill the session's shell and everything it started (its cgroup, or its
+-- descendants and marked orphans); the next command starts a fresh shell.
+function Session:_kill_shell(sh)
+  if self.cgroup then tree.kill_cgroup(self.cgroup)
+  elseif not sh.dead then tree.signal_pids(tree.descendants(sh.pid), "SIGKILL") end
+  sh:kill("SIGKILL")
+  if not self.cgroup then
+    async.spawn(tree.kill_marked, "MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
+  end
+end
+
+-- The rest of a command once its record came: what is left of a timed-out
+-- command is killed, the shell's cwd and exports are kept. info is nil
+-- when nobody waits for the result (a cancelled call).
+function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grace_deadline, info)
   for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
+  local timed_out = grace_deadline and true or false
 
   if cmd_cg and timed_out and not sh.dead then
     -- the shell leaves, what is left of the command is killed with the cgroup
@@ -359,14 +405,16 @@ function Session:_run(command, opts, sink)
     sh:wait_exit(2000)
     if sh.exit_signal and sh.exit_signal > 0 then exit_code = 128 + sh.exit_signal end
   end
+  if not info then return end
+  local cancelled = info.cancelled
   if timed_out and not cancelled then exit_code = 124 end
   return {
-    oomKilled = exit_code == 137 and limits.oom_kills(sb.limits_state) > oom_before or nil,
+    oomKilled = exit_code == 137 and limits.oom_kills(self.sandbox.limits_state) > info.oom_before or nil,
     exitCode = exit_code,
     timedOut = timed_out and not cancelled,
     cancelled = cancelled or nil,
-    duration = util.now_ms() - started,
-    timestamp = timestamp,
+    duration = util.now_ms() - info.started,
+    timestamp = info.timestamp,
   }
 end
 
@@ -425,6 +473,7 @@ end
 
 -- exec(command, opts) -> ExecResult
 function Session:exec(command, opts)
+  async.check_task("exec") -- before anything is queued or sent
   local o
   command, o = self:_prepare(command, opts, "exec")
   local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
@@ -516,6 +565,7 @@ end
 
 -- setEnvVars(map): export (or, for false, unset) in this session's shell.
 function Session:setEnvVars(map)
+  async.check_task("setEnvVars")
   self:_check_live()
   local env = V.env(V.type(map, "table", "envVars"), "envVars")
   return self:_apply_env(M.env_hook(self.sandbox, self, env))
