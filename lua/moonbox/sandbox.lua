@@ -200,6 +200,16 @@ function Sandbox:_check_live()
   end
 end
 
+-- A file call that found no way into the sandbox first asks whether the
+-- sandbox's storage is still there: with its root or workspace removed
+-- from the host, every path seems to lead out of it (the workspace inside
+-- is a deleted directory), and PATH_OUTSIDE_SANDBOX would mislead.
+function Sandbox:_check_storage(path)
+  if util.is_dir(self.workspace) then return end
+  errors.raise("FILE_NOT_FOUND", ("%s: the sandbox's workspace %s no longer exists (removed from the host)")
+    :format(tostring(path), self.workspace), { path = path, root = self.root, storageGone = true })
+end
+
 -- env for a new shell: policy defaults < sandbox env < session env
 function Sandbox:_session_env(extra)
   local env = {}
@@ -310,19 +320,14 @@ function Sandbox:createSession(opts)
   if count >= self.policy.limits.maxSessions then
     errors.raise("POLICY_DENIED", ("sandbox %q already has %d sessions (limits.maxSessions)"):format(self.id, count))
   end
-  local hook = self.policy.hooks.onCreateSession
-  if hook then
-    local changed, reason = hook(self, { id = id, env = env, cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
-    if changed == nil then
-      errors.raise("POLICY_DENIED", "createSession denied by policy: " .. tostring(reason), { reason = reason })
-    end
-    if type(changed) == "table" then -- rewritten options (the id stays)
-      env = V.env(changed.env, "env")
-      commandTimeoutMs = V.timeout(changed.commandTimeoutMs, "commandTimeoutMs")
-      if changed.cwd ~= cwd and changed.cwd ~= nil then
-        cwd = self:host_path(V.path(changed.cwd, "cwd"))
-        if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
-      end
+  local changed = policy_mod.call_hook(self.policy, "onCreateSession", "createSession", { sessionId = id },
+    self, { id = id, env = env, cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
+  if changed ~= nil then -- rewritten options (the id stays)
+    env = V.env(changed.env, "env")
+    commandTimeoutMs = V.timeout(changed.commandTimeoutMs, "commandTimeoutMs")
+    if changed.cwd ~= cwd and changed.cwd ~= nil then
+      cwd = self:host_path(V.path(changed.cwd, "cwd"))
+      if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
     end
   end
   self.sessions[id] = true   -- reserved: a concurrent create of this id loses

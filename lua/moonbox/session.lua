@@ -12,6 +12,7 @@ local queue_mod = require "moonbox._queue"
 local util = require "moonbox._util"
 local limits = require "moonbox._limits"
 local V = require "moonbox._validate"
+local policy_mod = require "moonbox.policy"
 
 local M = {}
 
@@ -459,15 +460,8 @@ function Session:_prepare(command, opts, what)
   end
   local o = { timeout = opts.timeout, env = env, cwd = cwd, stdin = opts.stdin,
     onOutput = opts.onOutput, maxOutputBytes = opts.maxOutputBytes }
-  local hook = self.sandbox.policy.hooks.onExec
-  if hook then
-    local changed, reason = hook(self, command, o)
-    if changed == nil then
-      errors.raise("POLICY_DENIED", "exec denied by policy: " .. tostring(reason),
-        { command = command, reason = reason })
-    end
-    if type(changed) == "string" or (type(changed) == "table" and changed[1]) then command = changed end
-  end
+  local changed = policy_mod.call_hook(self.sandbox.policy, "onExec", "exec", { command = command }, self, command, o)
+  if changed ~= nil then command = changed end
   return command, o
 end
 
@@ -573,14 +567,8 @@ end
 
 -- The policy's onEnv hook: the map to apply, or POLICY_DENIED.
 function M.env_hook(sandbox, caller, env)
-  local hook = sandbox.policy.hooks.onEnv
-  if hook then
-    local changed, reason = hook(caller, env)
-    if changed == nil then
-      errors.raise("POLICY_DENIED", "setEnvVars denied by policy: " .. tostring(reason), { reason = reason })
-    end
-    if type(changed) == "table" then env = V.env(changed, "envVars") end
-  end
+  local changed = policy_mod.call_hook(sandbox.policy, "onEnv", "setEnvVars", nil, caller, env)
+  if changed ~= nil then env = V.env(changed, "envVars") end
   return env
 end
 

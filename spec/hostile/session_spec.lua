@@ -110,3 +110,98 @@ describe("cancelling an exec", function()
     end)
   end)
 end)
+
+describe("errors are always coded", function()
+  local function policy_of(hooks) return { policy = { hooks = hooks } } end
+
+  it("a hook that throws raises POLICY_ERROR naming the hook and its message", function()
+    with_bystander(function(sb)
+      for _, call in ipairs {
+        { "onExec", function() return sb:exec("true") end },
+        { "onStartProcess", function() return sb:startProcess("true") end },
+        { "onFile", function() return sb:writeFile("f.txt", "x") end },
+        { "onEnv", function() return sb:setEnvVars { A = "1" } end },
+        { "onCreateSession", function() return sb:createSession { id = "x" } end },
+      } do
+        local err = helper.error_of(call[2])
+        assert.equal("POLICY_ERROR", err.code)
+        assert.equal(call[1], err.context.hook)
+        assert.truthy(err.message:find(call[1], 1, true), err.message)
+        assert.truthy(err.message:find("hook exploded", 1, true), err.message)
+      end
+      assert.same({}, sb:listProcesses())
+    end, policy_of {
+      onExec = function() error("hook exploded") end,
+      onStartProcess = function() error("hook exploded") end,
+      onFile = function() error("hook exploded") end,
+      onEnv = function() error("hook exploded") end,
+      onCreateSession = function() error({ "hook exploded" }) end,
+    })
+  end)
+
+  it("a hook returning a wrong type is POLICY_ERROR, never an allow", function()
+    local ran = helper.mkdtemp()
+    with_bystander(function(sb)
+      local bad = {
+        { "onExec", function() return sb:exec("touch " .. ran .. "/exec; true") end },
+        { "onStartProcess", function() return sb:startProcess("touch " .. ran .. "/proc") end },
+        { "onFile", function() return sb:writeFile("f.txt", "x") end },
+        { "onEnv", function() return sb:setEnvVars { A = "1" } end },
+        { "onCreateSession", function() return sb:createSession { id = "x" } end },
+      }
+      for _, call in ipairs(bad) do
+        local err = helper.error_of(call[2])
+        assert.equal("POLICY_ERROR", err.code, call[1] .. ": " .. tostring(err))
+        assert.equal(call[1], err.context.hook)
+      end
+      assert.same({}, sb:listProcesses())
+      assert.same({ "default" }, sb:listSessions())
+      assert.is_false(sb:exists("f.txt").exists)
+    end, policy_of {
+      onExec = function(_, cmd) if cmd:find("touch", 1, true) then return 42 end return true end,
+      onStartProcess = function() return { "sh", { "-c" } } end, -- a bad argv
+      onFile = function(_, op, path) if op == "writeFile" then return 7 end return path end,
+      onEnv = function() return "everything" end,
+      onCreateSession = function() return 1 end,
+    })
+    assert.equal("", helper.sh("ls " .. ran))
+    os.execute("rm -rf " .. ran)
+  end)
+
+  it("writeFile after the sandbox root vanished says FILE_NOT_FOUND, not PATH_OUTSIDE_SANDBOX", function()
+    with_bystander(function(sb)
+      sb:writeFile("/workspace/a.txt", "x")
+      assert.equal(0, os.execute("rm -rf '" .. sb.root .. "'") and 0 or 1)
+      for _, call in ipairs {
+        function() return sb:writeFile("/workspace/b.txt", "y") end,
+        function() return sb:readFile("/workspace/a.txt") end,
+        function() return sb:listFiles("/workspace") end,
+      } do
+        local err = helper.error_of(call)
+        assert.equal("FILE_NOT_FOUND", err.code)
+      end
+    end)
+  end)
+
+  it("moveFile that fails half way rolls back: no partial copy, the source intact", function()
+    with_bystander(function(sb)
+      -- 8 files of 512 KiB into a 1 MiB /tmp: the copy runs out of space
+      -- after two (under isolation none /tmp is the workspace's own
+      -- filesystem: the rename cannot fail half way, and moves at once)
+      sb:exec("mkdir -p big && for i in 1 2 3 4 5 6 7 8; do head -c 524288 /dev/urandom > big/f$i; done && " ..
+        "(cd big && sha256sum f* > ../sums)")
+      local err
+      if sb.isolation == "namespaces" then
+        err = helper.error_of(sb.moveFile, sb, "/workspace/big", "/tmp/big")
+        assert.equal("NO_SPACE", err.code)
+        assert.is_true(err.context.rolledBack)
+        assert.is_false(sb:exists("/tmp/big").exists)
+        assert.equal("", sb:exec("ls -A /tmp").stdout) -- no staged copy left
+        local r = sb:exec("(cd big && sha256sum -c --quiet ../sums)")
+        assert.equal(0, r.exitCode, r.stdout .. r.stderr)
+      end
+      assert.is_true(sb:moveFile("/workspace/big", "/workspace/moved").success)
+      assert.equal(0, sb:exec("(cd moved && sha256sum -c --quiet ../sums)").exitCode)
+    end, { limits = { tmpBytes = 1024 * 1024 } })
+  end)
+end)

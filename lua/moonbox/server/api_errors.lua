@@ -29,11 +29,13 @@ M.STATUS = {
   FILE_TOO_LARGE = 413, REQUEST_TOO_LARGE = 413,
   -- 500: the runtime failed
   INTERNAL_ERROR = 500, FILESYSTEM_ERROR = 500, SHELL_START_FAILED = 500, GIT_CLONE_FAILED = 500,
-  DEADLOCK = 500, NOT_IN_TASK = 500,
+  DEADLOCK = 500, NOT_IN_TASK = 500, POLICY_ERROR = 500,
   -- 501: this host or build cannot do it
   INTERPRETER_NOT_AVAILABLE = 501, ISOLATION_UNAVAILABLE = 501, SECCOMP_UNAVAILABLE = 501,
   -- 502: something beyond the sandbox failed
   GIT_NETWORK_ERROR = 502,
+  -- 503: the sandbox's init died under the call; it is rebuilt, a retry works
+  SANDBOX_RESTARTED = 503,
   -- 507
   NO_SPACE = 507,
 }
