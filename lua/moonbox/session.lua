@@ -110,6 +110,7 @@ function Session:_check_live()
     errors.raise("SESSION_NOT_FOUND", ("session %q does not exist (deleted)"):format(self.id),
       { sessionId = self.id })
   end
+  if self.sandbox.init_dead then self.sandbox:_revive() end
 end
 
 -- Last known exported env as a map (parsed lazily from `export -p`).
@@ -237,6 +238,7 @@ end
 function Session:_run(command, opts, sink)
   local sb = self.sandbox
   local started, timestamp = util.now_ms(), util.timestamp()
+  local generation = sb.init_generation -- moves on when the sandbox's init dies
   if self.destroyed then
     errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
   end
@@ -355,7 +357,8 @@ function Session:_run(command, opts, sink)
   end
   if control then control.abort = nil end
   return self:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, timed_out and grace_deadline, {
-    started = started, timestamp = timestamp, cancelled = cancelled, oom_before = oom_before })
+    started = started, timestamp = timestamp, cancelled = cancelled, oom_before = oom_before,
+    generation = generation })
 end
 
 -- Kill the session's shell and everything it started (its cgroup, or its
@@ -395,6 +398,14 @@ function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grac
   if self.destroyed then
     errors.raise("SESSION_DESTROYED", ("session %q was deleted while the command ran"):format(self.id),
       { sessionId = self.id })
+  end
+  local sb = self.sandbox
+  if info and sb.init and (sb.init_generation ~= info.generation or (record.died and not sb:_init_alive())) then
+    -- the sandbox's init died under the command (and every process with
+    -- it): said once, to the calls that were running; the next call
+    -- rebuilds the sandbox (Sandbox:_revive)
+    errors.raise("SANDBOX_RESTARTED", ("sandbox %q lost its init process while the command ran; it is rebuilt " ..
+      "over the same workspace on the next call"):format(sb.id), { id = sb.id, sessionId = self.id })
   end
   if record.pwd then
     self.cwd = record.pwd

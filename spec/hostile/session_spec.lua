@@ -205,3 +205,57 @@ describe("errors are always coded", function()
     end, { limits = { tmpBytes = 1024 * 1024 } })
   end)
 end)
+
+describe("a killed sandbox init", function()
+  it("is noticed, reported once as SANDBOX_RESTARTED, and rebuilt over the same workspace", function()
+    with_bystander(function(sb)
+      sb:writeFile("/workspace/keep.txt", "kept")
+      local two = sb:createSession { id = "two" }
+      two:exec("cd /tmp && export TWO=2 && v=lost && echo tmpfile > /tmp/t")
+      assert.is_table(sb:info())
+      if not sb.init then
+        -- the kernel refused namespaces (auto fell back): no init to lose
+        assert.is_nil(sb:info().initPid)
+        return
+      end
+      local old_pid = sb:info().initPid
+      local running = moonbox.spawn(function() return sb:exec("sleep 30") end)
+      local timed = moonbox.spawn(function() return two:exec("sleep 30", { timeout = 60000 }) end)
+      moonbox.sleep(200)
+      assert.equal(0, os.execute("kill -9 " .. old_pid) and 0 or 1)
+      for _, t in ipairs { running, timed } do
+        local err = helper.error_of(t.wait, t)
+        assert.equal("SANDBOX_RESTARTED", err.code)
+      end
+      -- reported once: the next calls run on a rebuilt sandbox
+      local r = sb:exec("cat /workspace/keep.txt")
+      assert.equal(0, r.exitCode)
+      assert.equal("kept", r.stdout)
+      assert.equal("kept", sb:readFile("/workspace/keep.txt").content)
+      local info = sb:info()
+      assert.is_number(info.initPid)
+      assert.are_not.equal(old_pid, info.initPid)
+      assert.equal(1, info.restarts)
+      -- a session keeps its id, last cwd and exported env; the shell's own
+      -- state and the content of the private /tmp are gone
+      r = two:exec("echo $TWO ${v-unset}; pwd; ls -A /tmp")
+      assert.equal("2 unset\n/tmp\n", r.stdout)
+      assert.is_true(two:writeFile("/workspace/two.txt", "2").success)
+      assert.equal("2", sb:exec("cat /workspace/two.txt").stdout)
+      assert.is_false(helper.pid_alive(old_pid))
+    end, { isolation = "auto" })
+  end)
+
+  it("info() of a sandbox whose init died never raises a raw string", function()
+    with_bystander(function(sb)
+      if not sb.init then return assert.is_nil(sb:info().initPid) end
+      local pid = sb:info().initPid
+      assert.equal(0, os.execute("kill -9 " .. pid) and 0 or 1)
+      assert.is_true(helper.eventually(function() return sb.init_dead end, 10000))
+      local ok, info = pcall(sb.info, sb)
+      assert.is_true(ok, tostring(info))
+      assert.is_number(info.initPid)
+      assert.equal("ok\n", sb:exec("echo ok").stdout)
+    end, { isolation = "auto" })
+  end)
+end)
