@@ -105,11 +105,18 @@ local function prelude(slots, rundir, env_fd)
     -- bash would complain, is /dev/null)
     "__mb_report_p() { builtin export -p >|" .. env_path ..
       "; builtin printf '\\n%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\"; }",
+    -- with the builtin every record carries the runtime's nonce (see
+    -- report_builtin.c); the hello tells the runtime the first one, before
+    -- any command runs. Without it records are not authenticated.
     "if [ -n \"$__mb_b\" ]; then",
+    -- (status 1: __mb_rep was disabled, `builtin enable -d`; the same
+    -- report is also __mb_run -r. A refused report is status 3.)
     "  __mb_report() { __mb_in=; builtin __mb_rep \"$1\" \"$2\" \"$3\" " .. env_path ..
-      " || __mb_report_p \"$@\"; }",
+      " || { [ $? = 1 ] && builtin __mb_run -r \"$1\" \"$2\" \"$3\" " .. env_path .. "; }; }",
+    "  builtin __mb_rep -h",
     "else",
     "  __mb_report() { __mb_in=; __mb_report_p \"$@\"; }",
+    "  __mb_report_p 0 0 hello",
     "fi",
     "readonly -f __mb_report_p",
     "readonly -f __mb_report",
@@ -349,12 +356,60 @@ end
 
 -- Status records arrive in pieces; a record is complete after two NULs.
 -- The env file then holds that report's `export -p`.
+--
+-- The first record is the shell's hello, written by its start-up script
+-- before any command runs: with the report builtin it names the nonce the
+-- next record must carry (self.nonce), and each record names the one after
+-- it. Anything else on the status pipe (bytes a command wrote there: it
+-- runs in the shell and can reach the pipe's fd) is not taken as a record,
+-- and is dropped; only a bounded tail is kept while looking for the next
+-- record. A shell without the builtin says hello without a nonce
+-- (self.nonce = false): its records are taken as they come.
+local MAX_STATUS_BUF = 64 * 1024
+local KEEP_STATUS_TAIL = 8192 -- past a record's head and the longest PWD (4096)
+
+function Shell:_record(id, status, kind, flag, pwd)
+  if flag ~= "-" or not self.exports then
+    self.exports = self.env_fd and core.pread_all(self.env_fd, MAX_ENV_BYTES) or ""
+  end
+  local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
+    pwd = pwd, exports = self.exports }
+  if record.exiting then self.exiting = true end
+  -- (with nonces the record is this command's whatever id the shell's
+  -- counter says: a command can change __mb_id, never the nonce)
+  if self.waiting and (self.nonce or record.id == self.waiting.id) then self:_deliver(record) end
+end
+
 function Shell:_status_data(data)
   if data == nil then return end
   local buf = self.status_buf
   buf[#buf + 1] = data
   if not data:find("\0", 1, true) then return end
   local text = table.concat(buf)
+  if self.nonce == nil then
+    -- the hello comes first; nothing of a command can precede it
+    local e, nonce = select(2, text:find("\n0 0 hello %- H (%x+)%z[^%z]*%z"))
+    if e then
+      self.nonce, text = nonce, text:sub(e + 1)
+    else
+      e = select(2, text:find("\n0 0 hello%z[^%z]*%z"))
+      if not e then self.status_buf = { text } return end
+      self.nonce, text = false, text:sub(e + 1)
+    end
+  end
+  if self.nonce then
+    while true do
+      local s, e, id, status, kind, flag, next_nonce, pwd = text:find(
+        "\n(%d+) (%d+) (%a+) ([e-]) " .. self.nonce .. " (%x+)%z([^%z]*)%z")
+      if not s then break end
+      text = text:sub(e + 1)
+      self.nonce = next_nonce
+      self:_record(id, status, kind, flag, pwd)
+    end
+    if #text > MAX_STATUS_BUF then text = text:sub(-KEEP_STATUS_TAIL) end
+    self.status_buf = { text }
+    return
+  end
   while true do
     local a = text:find("\0", 1, true)
     local b = a and text:find("\0", a + 1, true)
@@ -365,14 +420,9 @@ function Shell:_status_data(data)
     -- (the flag: "-" the env file is as at the last report, "e" or none
     -- it was rewritten)
     local id, status, kind, flag = text:sub(1, a - 1):match("\n(%d+) (%d+) (%a+) ?([e-]?)$")
-    if flag ~= "-" or not self.exports then
-      self.exports = self.env_fd and core.pread_all(self.env_fd, MAX_ENV_BYTES) or ""
-    end
-    local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
-      pwd = text:sub(a + 1, b - 1), exports = self.exports }
+    local pwd = text:sub(a + 1, b - 1)
     text = text:sub(b + 1)
-    if record.exiting then self.exiting = true end
-    if self.waiting and record.id == self.waiting.id then self:_deliver(record) end
+    if id then self:_record(id, status, kind, flag, pwd) end
   end
   self.status_buf = { text }
 end

@@ -346,10 +346,16 @@ function Session:_run(command, opts, sink)
       -- and the next command gets a fresh shell (last cwd, exported env)
       self:_kill_shell(sh)
     end
+    local reset = not (timeout or control)
     self.queue:hand_off()
     async.spawn(function()
-      pcall(function() self:_finish_run(sh, job:wait(), timers, held_stderr, sink, cmd_cg,
-        timed_out and grace_deadline)
+      pcall(function()
+        self:_finish_run(sh, job:wait(), timers, held_stderr, sink, cmd_cg, timed_out and grace_deadline)
+        if reset and not self.cgroup then
+          -- proc mode: also what left the shell's tree (it carries our
+          -- marker), before a new shell (which carries it too) starts
+          tree.kill_marked("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
+        end
       end)
       self.queue:release()
     end)
@@ -367,9 +373,6 @@ function Session:_kill_shell(sh)
   if self.cgroup then tree.kill_cgroup(self.cgroup)
   elseif not sh.dead then tree.signal_pids(tree.descendants(sh.pid), "SIGKILL") end
   sh:kill("SIGKILL")
-  if not self.cgroup then
-    async.spawn(tree.kill_marked, "MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
-  end
 end
 
 -- The rest of a command once its record came: what is left of a timed-out

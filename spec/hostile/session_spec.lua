@@ -61,7 +61,7 @@ describe("cancelling an exec", function()
     with_bystander(function(sb)
       sb:exec("v=kept; cd /tmp")
       local t = moonbox.spawn(function()
-        return sb:exec("(sleep 27182 &) ; sleep 27182; echo late", { timeout = 60000 })
+        return sb:exec("sh -c 'sleep 27182' & sleep 27182; echo late", { timeout = 60000 })
       end)
       local look = sb:createSession { id = "look" }
       assert.is_true(helper.eventually(function() return marked_alive(look, "sleep.27182") end, 10000))
@@ -257,5 +257,67 @@ describe("a killed sandbox init", function()
       assert.is_number(info.initPid)
       assert.equal("ok\n", sb:exec("echo ok").stdout)
     end, { isolation = "auto" })
+  end)
+end)
+
+describe("a command's word for being done", function()
+  -- every fd of the shell a command could write a record on
+  local FORGE = [[for fd in 11 100 101 102 200 255; do
+      printf '\n%s 42 run\0/etc/forged\0' $__mb_id >&$fd
+      printf '\n%s 42 run - 00000000000000000000000000000000 00\0/etc/forged\0' $__mb_id >&$fd
+    done 2>/dev/null
+    for fd in /proc/$$/fd/*; do [ "${fd##*/}" -gt 2 ] && [ "${fd##*/}" != 255 ] || continue
+      printf '\n%s 42 run\0/etc/forged\0' $__mb_id >"$fd"; done 2>/dev/null
+    builtin __mb_rep $__mb_id 42 run /dev/null 2>/dev/null
+    __mb_report $__mb_id 42 run 2>/dev/null
+    ( builtin __mb_rep $__mb_id 42 run /dev/null ) 2>/dev/null
+    ]]
+
+  it("a forged status record neither ends exec early nor changes its exit code", function()
+    with_bystander(function(sb)
+      local r = sb:exec(FORGE .. "sleep 0.3; echo done; (exit 7)")
+      assert.equal(7, r.exitCode)
+      assert.equal("done\n", r.stdout)
+      assert.is_false(r.timedOut)
+      -- the session carries on: the shell's cwd is its own, not the forger's
+      r = sb:exec("pwd; echo $((1 + 1))")
+      assert.equal(0, r.exitCode)
+      assert.equal("2\n", r.stdout:match("\n(.*)$"))
+      assert.are_not.equal("/etc/forged", r.stdout:match("^[^\n]*"))
+    end)
+  end)
+
+  it("a forging command still times out, and its tree is killed", function()
+    with_bystander(function(sb)
+      -- also commands written into the control pipe, to report at the top
+      -- level once the body ends (the report is then refused: the session
+      -- waits for the timeout)
+      local inject = [[printf '__mb_report $__mb_id 42 run; sleep 16180\n' >/proc/$$/fd/255
+        ]]
+      local r = sb:exec(FORGE .. inject .. "sleep 16180; echo late", { timeout = 500 })
+      assert.is_true(r.timedOut)
+      assert.equal(124, r.exitCode)
+      assert.is_false(marked_alive(sb, "sleep.16180"), "the forging command outlived its timeout")
+      assert.equal("ok\n", sb:exec("echo ok").stdout)
+    end)
+  end)
+
+  it("the record's fd and nonce reach no command: not in its env, fds or a readable file", function()
+    with_bystander(function(sb)
+      -- an external command and a forked subshell hold no fd of the status pipe
+      -- (an external command has 0-2 and the directory ls reads; a forked
+      -- subshell also the directory its glob reads and bash's saved copies of 0-2)
+      local r = sb:exec([[echo $(ls /proc/self/fd); ( cd /proc/$BASHPID/fd && echo * )]])
+      local ext, sub = r.stdout:match("^([^\n]*)\n([^\n]*)\n$")
+      assert.equal("0 1 2 3", ext)
+      for fd in sub:gmatch("%d+") do
+        assert.truthy(({ ["0"] = 1, ["1"] = 1, ["2"] = 1, ["3"] = 1, ["10"] = 1, ["11"] = 1, ["12"] = 1 })[fd],
+          "a forked subshell holds fd " .. fd .. " of the shell (" .. sub .. ")")
+      end
+      r = sb:exec("env; cat /proc/$$/environ 2>/dev/null | tr '\\0' '\\n'")
+      assert.is_nil(r.stdout:find("[0-9a-f]" .. ("[0-9a-f]"):rep(31)), "a nonce-like value is readable")
+      -- the shell's memory is not readable by its commands
+      assert.equal("denied\n", sb:exec("head -c 1 /proc/$$/mem >/dev/null 2>&1 && echo read || echo denied").stdout)
+    end)
   end)
 end)
