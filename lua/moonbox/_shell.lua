@@ -29,8 +29,11 @@
 -- builtins loaded, __mb_rep does both: NAME=VALUE entries, written only when
 -- they changed (the record then ends its head with `e`, else `-`). The
 -- status pipe is the shell's fd 1, which every command has redirected to
--- its own stdout, so no fd of the runtime's is open in a command; bash
--- restores it before an EXIT trap runs.
+-- its own stdout; bash restores it before an EXIT trap runs. With the
+-- builtins loaded it moves to a private fd of the builtin's, and each
+-- record carries a nonce announced by the one before (the first by the
+-- hello): a command, which runs in this shell and can write on its fds,
+-- cannot forge one (docs/sessions.md, src/bash/report_builtin.c).
 --
 -- A body that is a plain external command line (_simple_command) comes as
 -- shape 5 or 6: the shell's __mb_run builtin reads the body's words and
