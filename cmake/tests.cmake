@@ -43,7 +43,7 @@ endif()
 # without namespaces (the default, "auto", uses them where the kernel can).
 foreach(spec spec/session_spec.lua spec/process_spec.lua spec/files_spec.lua spec/code_spec.lua
         spec/terminal_spec.lua spec/security/containment_spec.lua spec/contract_spec.lua
-        spec/spawn_builtin_spec.lua)
+        spec/spawn_builtin_spec.lua spec/hostile/session_spec.lua)
   string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
   string(REPLACE "/" "." name ${name})
   add_test(NAME spec.${name}.no-namespaces
@@ -60,7 +60,8 @@ find_program(RUNUSER_BIN runuser)
 execute_process(COMMAND id -u OUTPUT_VARIABLE BUILD_UID OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZE)
   foreach(spec spec/session_spec.lua spec/process_spec.lua spec/terminal_spec.lua
-          spec/security/containment_spec.lua spec/security/isolation_spec.lua spec/spawn_builtin_spec.lua)
+          spec/security/containment_spec.lua spec/security/isolation_spec.lua spec/spawn_builtin_spec.lua
+          spec/hostile/session_spec.lua)
     string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
     string(REPLACE "/" "." name ${name})
     add_test(NAME unprivileged.${name}
