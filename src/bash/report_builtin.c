@@ -54,6 +54,7 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "version.h"
@@ -229,7 +230,13 @@ int __mb_rep_builtin_load(char *name) {
   if (strcmp(dist_version, DISTVERSION) != 0) return 0;
   if (status_fd >= 0) return 1; /* loaded again: keep what we have */
   if (new_nonce(nonce) < 0) return 0;
-  int fd = fcntl(1, F_DUPFD_CLOEXEC, 100);
+  /* above the fds commands use, below a low RLIMIT_NOFILE (bash keeps its
+   * script's fd at the top) */
+  int lowest = 100;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 200)
+    lowest = (int)rl.rlim_cur / 2;
+  int fd = fcntl(1, F_DUPFD_CLOEXEC, lowest);
   if (fd < 0) return 0;
   int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
   if (null < 0 || dup2(null, 1) < 0) {
