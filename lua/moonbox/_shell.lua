@@ -401,14 +401,16 @@ function Shell:_status_data(data)
     end
   end
   if self.nonce then
-    while true do
+    -- (usually one record and nothing after it: no second find, and no
+    -- loop for LuaJIT to record per call)
+    repeat
       local s, e, id, status, kind, flag, next_nonce, pwd = text:find(
         "\n(%d+) (%d+) (%a+) ([e-]) " .. self.nonce .. " (%x+)%z([^%z]*)%z")
       if not s then break end
-      text = text:sub(e + 1)
+      text = e == #text and "" or text:sub(e + 1)
       self.nonce = next_nonce
       self:_record(id, status, kind, flag, pwd)
-    end
+    until text == "" or not text:find("\0", 1, true)
     if #text > MAX_STATUS_BUF then text = text:sub(-KEEP_STATUS_TAIL) end
     self.status_buf = { text }
     return

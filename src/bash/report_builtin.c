@@ -22,10 +22,10 @@
  *   /proc/<pid>/mem by its commands (that needs CAP_SYS_PTRACE, which
  *   sandbox processes do not have);
  * - the builtin writes a record only where the runtime's command shapes
- *   call it: in the shell process itself (not a subshell), at the top
+ *   call it: in the shell process itself (a fork has no status fd), at the top
  *   level (bash's sourcelevel 0: no body is being sourced) and in no trap
  *   for a `run` record, in the EXIT trap for an `exit` one. A body that
- *   calls `builtin __mb_rep` itself gets nothing written (status 1).
+ *   calls `builtin __mb_rep` itself gets nothing written (status 3).
  * - a `run` record is refused while bytes wait on the control pipe (a
  *   command that wrote commands there to run at the top level), which are
  *   dropped.
@@ -67,20 +67,30 @@ extern int default_buffered_input; /* the fd bash reads its commands from */
 #define NONCE_HEX 32
 
 static int status_fd = -1;   /* the status pipe, private to this process */
-static pid_t shell_pid;      /* the shell that loaded us */
 static char nonce[NONCE_HEX + 1]; /* what the next record must carry */
 static int said_hello, exiting_reported;
+
+/* Random bytes drawn 1 KiB at a time: a system call per command is dear
+ * on a paravirtualised VM (docs/benchmarks.md). Wiped in forks too. */
+static unsigned char pool[1024];
+static size_t pool_left;
 
 /* 128 random bits as hex into out (NONCE_HEX + 1 bytes); -1 on failure. */
 static int new_nonce(char *out) {
   unsigned char raw[NONCE_HEX / 2];
-  size_t got = 0;
-  while (got < sizeof raw) {
-    ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return -1;
-    got += (size_t)n;
+  if (pool_left < sizeof raw) {
+    size_t got = 0;
+    while (got < sizeof pool) {
+      ssize_t n = getrandom(pool + got, sizeof pool - got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return -1;
+      got += (size_t)n;
+    }
+    pool_left = sizeof pool;
   }
+  pool_left -= sizeof raw;
+  memcpy(raw, pool + pool_left, sizeof raw);
+  memset(pool + pool_left, 0, sizeof raw); /* used once */
   static const char hex[] = "0123456789abcdef";
   for (size_t i = 0; i < sizeof raw; i++) {
     out[2 * i] = hex[raw[i] >> 4];
@@ -95,6 +105,8 @@ static void forked_child(void) {
   if (status_fd >= 0) close(status_fd);
   status_fd = -1;
   memset(nonce, 0, sizeof nonce);
+  memset(pool, 0, sizeof pool);
+  pool_left = 0;
 }
 
 /* the environment last written (in this shell process) */
@@ -158,7 +170,7 @@ static int report_env(const char *path) {
 #define REFUSED 3
 
 static int hello(void) {
-  if (said_hello || status_fd < 0 || getpid() != shell_pid) return REFUSED;
+  if (said_hello || status_fd < 0) return REFUSED;
   said_hello = 1;
   char record[64 + NONCE_HEX];
   int n = snprintf(record, sizeof record, "\n0 0 hello - H %s", nonce);
@@ -179,7 +191,8 @@ int mb_rep_builtin(WORD_LIST *list) {
   }
   /* only where the runtime's shapes report: see the top of this file */
   int exiting = strcmp(args[2], "exit") == 0;
-  if (status_fd < 0 || !said_hello || getpid() != shell_pid || exiting_reported) return REFUSED;
+  /* (in a fork of the shell status_fd is -1: forked_child) */
+  if (status_fd < 0 || !said_hello || exiting_reported) return REFUSED;
   if (exiting ? running_trap != 1 : (sourcelevel != 0 || running_trap != 0)) return REFUSED;
   /* The runtime sends the next command only once it has this record: bytes
    * already waiting on the control pipe were put there by a command (it
@@ -251,7 +264,6 @@ int __mb_rep_builtin_load(char *name) {
     return 0;
   }
   status_fd = fd;
-  shell_pid = getpid();
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   return 1;
 }
