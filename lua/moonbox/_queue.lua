@@ -21,17 +21,24 @@ function Queue:acquire()
   end, "session queue")
 end
 
+-- Called by the holder (inside Queue:run): keep the lock when run returns;
+-- the release is the caller's, later, from another task.
+function Queue:hand_off() self.handed_off = true end
+
 -- Hand the lock to the next waiter (it stays busy) or free it.
 function Queue:release()
   local next_entry = table.remove(self.waiters, 1)
   if next_entry then next_entry.resume() else self.busy = false end
 end
 
--- Run fn(...) holding the lock; the lock is released whatever happens.
+-- Run fn(...) holding the lock; the lock is released whatever happens,
+-- unless fn handed it off (hand_off) to finish its work in another task.
+-- Outside a task nothing is queued: NOT_IN_TASK.
 function Queue:run(fn, ...)
+  async.check_task("this call")
   self:acquire()
   local results = { pcall(fn, ...) }
-  self:release()
+  if self.handed_off then self.handed_off = nil else self:release() end
   if not results[1] then error(results[2], 0) end
   return unpack(results, 2, table.maxn(results))
 end

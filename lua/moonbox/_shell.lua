@@ -29,8 +29,11 @@
 -- builtins loaded, __mb_rep does both: NAME=VALUE entries, written only when
 -- they changed (the record then ends its head with `e`, else `-`). The
 -- status pipe is the shell's fd 1, which every command has redirected to
--- its own stdout, so no fd of the runtime's is open in a command; bash
--- restores it before an EXIT trap runs.
+-- its own stdout; bash restores it before an EXIT trap runs. With the
+-- builtins loaded it moves to a private fd of the builtin's, and each
+-- record carries a nonce announced by the one before (the first by the
+-- hello): a command, which runs in this shell and can write on its fds,
+-- cannot forge one (docs/sessions.md, src/bash/report_builtin.c).
 --
 -- A body that is a plain external command line (_simple_command) comes as
 -- shape 5 or 6: the shell's __mb_run builtin reads the body's words and
@@ -106,11 +109,18 @@ local function prelude(slots, rundir, env_fd)
     -- bash would complain, is /dev/null)
     "__mb_report_p() { builtin export -p >|" .. env_path ..
       "; builtin printf '\\n%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\"; }",
+    -- with the builtin every record carries the runtime's nonce (see
+    -- report_builtin.c); the hello tells the runtime the first one, before
+    -- any command runs. Without it records are not authenticated.
     "if [ -n \"$__mb_b\" ]; then",
+    -- (status 1: __mb_rep was disabled, `builtin enable -d`; the same
+    -- report is also __mb_run -r. A refused report is status 3.)
     "  __mb_report() { __mb_in=; builtin __mb_rep \"$1\" \"$2\" \"$3\" " .. env_path ..
-      " || __mb_report_p \"$@\"; }",
+      " || { [ $? = 1 ] && builtin __mb_run -r \"$1\" \"$2\" \"$3\" " .. env_path .. "; }; }",
+    "  builtin __mb_rep -h",
     "else",
     "  __mb_report() { __mb_in=; __mb_report_p \"$@\"; }",
+    "  __mb_report_p 0 0 hello",
     "fi",
     "readonly -f __mb_report_p",
     "readonly -f __mb_report",
@@ -403,12 +413,62 @@ end
 
 -- Status records arrive in pieces; a record is complete after two NULs.
 -- The env file then holds that report's `export -p`.
+--
+-- The first record is the shell's hello, written by its start-up script
+-- before any command runs: with the report builtin it names the nonce the
+-- next record must carry (self.nonce), and each record names the one after
+-- it. Anything else on the status pipe (bytes a command wrote there: it
+-- runs in the shell and can reach the pipe's fd) is not taken as a record,
+-- and is dropped; only a bounded tail is kept while looking for the next
+-- record. A shell without the builtin says hello without a nonce
+-- (self.nonce = false): its records are taken as they come.
+local MAX_STATUS_BUF = 64 * 1024
+local KEEP_STATUS_TAIL = 8192 -- past a record's head and the longest PWD (4096)
+
+function Shell:_record(id, status, kind, flag, pwd)
+  if flag ~= "-" or not self.exports then
+    self.exports = self.env_fd and core.pread_all(self.env_fd, MAX_ENV_BYTES) or ""
+  end
+  local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
+    pwd = pwd, exports = self.exports }
+  if record.exiting then self.exiting = true end
+  -- (with nonces the record is this command's whatever id the shell's
+  -- counter says: a command can change __mb_id, never the nonce)
+  if self.waiting and (self.nonce or record.id == self.waiting.id) then self:_deliver(record) end
+end
+
 function Shell:_status_data(data)
   if data == nil then return end
   local buf = self.status_buf
   buf[#buf + 1] = data
   if not data:find("\0", 1, true) then return end
   local text = table.concat(buf)
+  if self.nonce == nil then
+    -- the hello comes first; nothing of a command can precede it
+    local e, nonce = select(2, text:find("\n0 0 hello %- H (%x+)%z[^%z]*%z"))
+    if e then
+      self.nonce, text = nonce, text:sub(e + 1)
+    else
+      e = select(2, text:find("\n0 0 hello%z[^%z]*%z"))
+      if not e then self.status_buf = { text } return end
+      self.nonce, text = false, text:sub(e + 1)
+    end
+  end
+  if self.nonce then
+    -- (usually one record and nothing after it: no second find, and no
+    -- loop for LuaJIT to record per call)
+    repeat
+      local s, e, id, status, kind, flag, next_nonce, pwd = text:find(
+        "\n(%d+) (%d+) (%a+) ([e-]) " .. self.nonce .. " (%x+)%z([^%z]*)%z")
+      if not s then break end
+      text = e == #text and "" or text:sub(e + 1)
+      self.nonce = next_nonce
+      self:_record(id, status, kind, flag, pwd)
+    until text == "" or not text:find("\0", 1, true)
+    if #text > MAX_STATUS_BUF then text = text:sub(-KEEP_STATUS_TAIL) end
+    self.status_buf = { text }
+    return
+  end
   while true do
     local a = text:find("\0", 1, true)
     local b = a and text:find("\0", a + 1, true)
@@ -419,18 +479,9 @@ function Shell:_status_data(data)
     -- (the flag: "-" the env file is as at the last report, "e" or none
     -- it was rewritten)
     local id, status, kind, flag = text:sub(1, a - 1):match("\n(%d+) (%d+) (%a+) ?([e-]?)$")
-    if flag ~= "-" or not self.exports then
-      self.exports = self.env_fd and core.pread_all(self.env_fd, MAX_ENV_BYTES) or ""
-    end
-    local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
-      pwd = text:sub(a + 1, b - 1), exports = self.exports }
+    local pwd = text:sub(a + 1, b - 1)
     text = text:sub(b + 1)
-    if record.exiting then self.exiting = true end
-    if self.waiting and record.id == self.waiting.id then
-      local w = self.waiting
-      self.waiting = nil
-      w.resume(record)
-    end
+    if id then self:_record(id, status, kind, flag, pwd) end
   end
   self.status_buf = { text }
 end
@@ -444,12 +495,19 @@ function Shell:_exited(code, signal)
     if rest and #rest > 0 then self:_status_data(rest) end
   end
   self:_close_pipes()
-  if self.waiting then
-    local w = self.waiting
-    self.waiting = nil
-    w.resume({ id = w.id, status = code, died = true, signal = signal })
-  end
+  if self.waiting then self:_deliver({ id = self.waiting.id, status = code, died = true, signal = signal }) end
   if self.on_exit then self.on_exit(code, signal) end
+end
+
+-- The running command's record has come: its job keeps it (the task that
+-- waited for it may be gone, cancelled: another one then waits, Job:wait).
+function Shell:_deliver(record)
+  local job = self.waiting
+  self.waiting = nil
+  job.record = record
+  local resume = job.resume
+  job.resume = nil
+  if resume then resume(record) end
 end
 
 function Shell:_close_pipes()
@@ -479,12 +537,38 @@ function Shell:usable()
   return not self.dead and not self.exiting
 end
 
+-- A command sent to the shell. wait() (in a task) -> its record; a wait
+-- that is cancelled leaves the job as it is, and another task can wait for
+-- it again (Session:_run's cancel: the command is killed, its record still
+-- comes). The slots are cleaned up once, by the wait that gets the record.
+local Job = {}
+Job.__index = Job
+
+function Job:wait()
+  if not self.record then
+    async.await(function(resume)
+      self.resume = resume
+      return function() self.resume = nil end
+    end, "exec")
+  end
+  if not self.cleaned then
+    self.cleaned = true
+    self.cleanup()
+  end
+  return self.record
+end
+
 -- run{body, stdin, prelude, words, on_chunk(stream, data)} -> record, where
 -- record is {status, pwd, exports, exiting} or {died = true, status, signal}.
 -- prelude (per-call cwd/env) makes the command run in a subshell, so its
 -- effects end with the call. words (the body's, when it is a plain external
 -- command line, without a prelude) let the shell spawn it without forking.
 function Shell:run(req)
+  return self:start(req):wait()
+end
+
+-- start(req) -> Job: the command is sent; Job:wait() waits for its end.
+function Shell:start(req)
   self.seq = self.seq + 1
   local id = self.seq
   local slots, used = self.slots, {}
@@ -585,16 +669,13 @@ function Shell:run(req)
     end
     self.control:write(("eval \"$__mb_c%d\"\n"):format(shape))
   end)
+  local job = setmetatable({ id = id, cleanup = cleanup }, Job)
   if not ok then
-    cleanup()
-    return { died = true, status = 1, error = tostring(err) }
+    job.record = { died = true, status = 1, error = tostring(err) }
+    return job
   end
-  local record = async.await(function(resume)
-    self.waiting = { id = id, resume = resume }
-    return function() self.waiting = nil end
-  end, "exec")
-  cleanup()
-  return record
+  self.waiting = job
+  return job
 end
 
 -- Wait (in a task) until the shell process has exited and been reaped. A

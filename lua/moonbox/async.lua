@@ -98,6 +98,12 @@ function M.await(register, what)
   return unpack(r, 1, r.n)
 end
 
+-- check_task(what): raise NOT_IN_TASK unless called in a task (for calls
+-- that must not start anything they cannot wait for).
+function M.check_task(what)
+  if not (current and coroutine.running() == current.co) then not_in_task(what) end
+end
+
 function M.in_task()
   return current ~= nil and coroutine.running() == current.co
 end

@@ -15,6 +15,7 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
+local policy_mod = require "moonbox.policy"
 local fs = require "moonbox._fs"
 local util = require "moonbox._util"
 local V = require "moonbox._validate"
@@ -163,6 +164,7 @@ local function resolve(self, path, follow)
         return { rel = where:sub(2), view = p, host = p }
       end
     end
+    sb:_check_storage(path)
     errors.raise("PATH_OUTSIDE_SANDBOX", ("%s is outside the sandbox"):format(path), { path = path })
   end
   local host = absolute(sb:host_path(path, self.cwd))
@@ -175,6 +177,7 @@ local function resolve(self, path, follow)
       return { rel = rel, view = view_of(sb, rel), host = host }
     end
   end
+  sb:_check_storage(path)
   errors.raise("PATH_OUTSIDE_SANDBOX", ("%s is outside the sandbox"):format(path), { path = path })
 end
 
@@ -184,16 +187,9 @@ local ACTS_ON_LINK = { deleteFile = true, renameFile = true, moveFile = true }
 local function target(self, op, path)
   local follow = not ACTS_ON_LINK[op]
   local t = resolve(self, path, follow)
-  local hook = self.sandbox.policy.hooks.onFile
-  if hook then
-    local changed, reason = hook(self, op, t.view)
-    if changed == nil then
-      errors.raise("POLICY_DENIED", ("%s denied by policy: %s"):format(op, tostring(reason)),
-        { op = op, path = t.view, reason = reason })
-    end
-    if type(changed) == "string" and changed ~= t.view then
-      t = resolve(self, V.path(changed, "path"), follow)
-    end
+  local changed = policy_mod.call_hook(self.sandbox.policy, "onFile", op, { op = op, path = t.view }, self, op, t.view)
+  if changed ~= nil and changed ~= t.view then
+    t = resolve(self, V.path(changed, "path"), follow)
   end
   return t
 end
@@ -587,6 +583,27 @@ local function remove_tree(op, view, root, rel)
   check(op, view, fs.remove_tree(root, rel))
 end
 
+-- Copy what `to` lacks of the tree at `from` (a rollback that puts back
+-- the part of a source already removed).
+local function restore_tree(op, view, root, from, to)
+  local st = check(op, view, fs.lstat_beneath(root, from))
+  local have = fs.lstat_beneath(root, to)
+  if not have then return copy_tree(op, view, root, from, to) end
+  if st.type == "directory" and have.type == "directory" then
+    for _, e in ipairs(check(op, view, fs.scandir_beneath(root, from))) do
+      restore_tree(op, view, root, join(from, e.name), join(to, e.name))
+    end
+  end
+end
+
+-- A move that fails half way is undone: the tree is copied to a hidden
+-- name beside the destination, the source removed, and only then the copy
+-- renamed onto the destination (replacing a file or an empty directory as
+-- rename(2) does, in one step). A failed copy removes the partial copy; a
+-- failed removal of the source, or a failed final rename, puts back what
+-- was removed from the source and removes the copy. The error raised is the
+-- original one (context.rolledBack says whether the rollback completed).
+local move_seq = 0
 local function move_across(op, src, dst, root)
   local view = src.view
   local ctx = { newPath = dst.view }
@@ -600,14 +617,30 @@ local function move_across(op, src, dst, root)
       if existing.type ~= "directory" then fail(op, view, "ENOTDIR: not a directory", "ENOTDIR", ctx) end
       local entries = check(op, view, fs.scandir_beneath(root, dst.rel))
       if #entries > 0 then fail(op, view, "ENOTEMPTY: directory not empty", "ENOTEMPTY", ctx) end
-      check(op, view, fs.rmdir_beneath(root, dst.rel))
-    else
-      if existing.type == "directory" then fail(op, view, "EISDIR: is a directory", "EISDIR", ctx) end
-      check(op, view, fs.unlink_beneath(root, dst.rel))
+    elseif existing.type == "directory" then
+      fail(op, view, "EISDIR: is a directory", "EISDIR", ctx)
     end
   end
-  copy_tree(op, view, root, src.rel, dst.rel)
-  remove_tree(op, view, root, src.rel)
+  move_seq = move_seq + 1
+  local parent = dst.rel:match("^(.*)/[^/]+$") or "."
+  local staged = join(parent, (".moonbox-move-%d-%d"):format(core.getpid(), move_seq))
+  local function undo(err, source_touched)
+    local ok = pcall(function()
+      if source_touched then restore_tree(op, view, root, staged, src.rel) end
+      if fs.lstat_beneath(root, staged) then remove_tree(op, view, root, staged) end
+    end)
+    if errors.is_error(err) then
+      err.context = err.context or {}
+      err.context.rolledBack = ok
+    end
+    error(err, 0)
+  end
+  local ok, err = pcall(copy_tree, op, view, root, src.rel, staged)
+  if not ok then undo(err, false) end
+  ok, err = pcall(remove_tree, op, view, root, src.rel)
+  if not ok then undo(err, true) end
+  ok, err = pcall(function() check(op, view, fs.rename_beneath(root, staged, dst.rel)) end)
+  if not ok then undo(err, true) end
 end
 
 local function rename(self, op, from, to, into_directory)

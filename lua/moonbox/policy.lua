@@ -4,6 +4,7 @@
 -- policy -- a table, a module name or a file path -- never by recompiling.
 -- Presets are plain data: moonbox.policies.strict, moonbox.policies.dev.
 local errors = require "moonbox.errors"
+local V = require "moonbox._validate"
 
 local M = {}
 
@@ -215,17 +216,69 @@ function M.resolve(policy, limits)
   return merged
 end
 
--- Call a hook: returns the (possibly rewritten) value, or raises
--- POLICY_DENIED with the hook's reason.
-function M.call_hook(policy, name, what, ...)
-  local hook = policy.hooks[name]
-  if not hook then return ... end
-  local result, reason = hook(...)
-  if result == nil then
-    errors.raise("POLICY_DENIED", ("%s denied by policy: %s"):format(what, tostring(reason or "no reason given")),
-      { hook = name, reason = reason })
+-- What each hook may return besides `true` (allowed unchanged): a
+-- replacement, checked here. Anything else is the hook's bug: POLICY_ERROR.
+local function check_command(v)
+  if type(v) == "string" then return v:find("%S") ~= nil and not v:find("\0", 1, true), "a blank command" end
+  if type(v) ~= "table" then return false end
+  local n = #v
+  if n == 0 then return false, "an empty argv" end
+  for k, w in pairs(v) do
+    if type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0 then return false, "an argv with a non-array key" end
+    if type(w) ~= "string" and type(w) ~= "number" then return false, "an argv with a " .. type(w) .. " word" end
+    if tostring(w):find("\0", 1, true) then return false, "an argv word with a NUL byte" end
   end
-  return result
+  if not tostring(v[1]):find("%S") then return false, "an argv with an empty program" end
+  return true
+end
+local REPLACEMENT = {
+  onCreateSession = function(v) return type(v) == "table" end,
+  onExec = check_command,
+  onStartProcess = check_command,
+  onEnv = function(v)
+    if type(v) ~= "table" then return false end
+    local ok, err = pcall(V.env, v, "env")
+    return ok, not ok and err.message or nil
+  end,
+  onFile = function(v)
+    return type(v) == "string" and v ~= "" and not v:find("\0", 1, true), "an empty path or one with a NUL byte"
+  end,
+}
+
+-- call_hook(policy, name, what, context, ...) -> the hook's replacement
+-- value, or nil when there is no hook or it allowed the call unchanged
+-- (returned true). The one place a hook is called: `nil, reason` (or false)
+-- raises POLICY_DENIED with the reason; a hook that throws, or returns a
+-- value of the wrong type for its kind, raises POLICY_ERROR naming the hook.
+-- CANCELLED (the calling task was cancelled while a hook waited) passes.
+function M.call_hook(policy, name, what, context, ...)
+  local hook = policy.hooks and policy.hooks[name]
+  if not hook then return nil end
+  context = context or {}
+  context.hook = name
+  local results = { pcall(hook, ...) }
+  if not results[1] then
+    local err = results[2]
+    if errors.is_error(err) and (err.code == "CANCELLED" or err.code == "POLICY_DENIED") then error(err, 0) end
+    local message = type(err) == "table" and not errors.is_error(err) and (err.message or err[1]) or err
+    message = tostring(message)
+    context.error = message
+    errors.raise("POLICY_ERROR", ("policy hook %s failed: %s"):format(name, message), context)
+  end
+  local value, reason = results[2], results[3]
+  if value == nil or value == false then
+    context.reason = reason
+    errors.raise("POLICY_DENIED", ("%s denied by policy: %s"):format(what, tostring(reason or "no reason given")),
+      context)
+  end
+  if value == true then return nil end
+  local ok, why = REPLACEMENT[name](value)
+  if not ok then
+    context.returned = type(value)
+    errors.raise("POLICY_ERROR", ("policy hook %s returned %s, which it may not return (expected true, nil, reason " ..
+      "or a replacement)"):format(name, why or ("a " .. type(value))), context)
+  end
+  return value
 end
 
 return M

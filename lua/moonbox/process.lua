@@ -5,6 +5,7 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
+local policy_mod = require "moonbox.policy"
 local logbuf = require "moonbox._logbuf"
 local tree = require "moonbox._tree"
 local util = require "moonbox._util"
@@ -465,15 +466,9 @@ function Session:startProcess(command, opts)
     cwd = sb:host_path(V.path(opts.cwd, "cwd"), self.cwd)
     if not sb:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
-  local hook = sb.policy.hooks.onStartProcess
-  if hook then
-    local changed, reason = hook(self, command, opts)
-    if changed == nil then
-      errors.raise("POLICY_DENIED", "startProcess denied by policy: " .. tostring(reason),
-        { command = command, reason = reason })
-    end
-    if type(changed) == "string" or (type(changed) == "table" and changed[1]) then command = changed end
-  end
+  local changed = policy_mod.call_hook(sb.policy, "onStartProcess", "startProcess", { command = command },
+    self, command, opts)
+  if changed ~= nil then command = changed end
   local id = opts.processId
   if id ~= nil then
     if not id:match("^[%w_.-]+$") or #id > 128 then

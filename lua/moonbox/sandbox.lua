@@ -163,10 +163,9 @@ function M.getSandbox(id, opts)
   self.limits_state = limits.setup(self)
   if isolation ~= "none" and not unisolated then
     local network = opts.network or policy.network or "none"
-    local function on_init_exit()
-      self.init_dead = true
-      if self._on_init_exit then self._on_init_exit() end
-    end
+    local token = {}
+    self.init_token = token
+    local function on_init_exit() self:_init_exited(token) end
     local init, namespaces, code
     local pre = prewarm.enabled and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
       workspace, on_init_exit)
@@ -194,7 +193,10 @@ function M.getSandbox(id, opts)
     if init then
       self.init, self.isolation, self.namespaces = init, "namespaces", namespaces
       self.network = opts.network or policy.network or "none"
-      self.fs_root = "/proc/" .. init:pid() .. "/root"
+      self.init_network = network
+      self.init_generation = 0
+      self.init_pid = init:pid()
+      self.fs_root = "/proc/" .. self.init_pid .. "/root"
       -- the shells' run directory, reached only through the sandbox's root
       -- and on its own tmpfs (_shell.lua, Shell:_open_rundir)
       self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
@@ -293,13 +295,94 @@ function Sandbox:_confine()
   return fs.confine(self.fs_root, allowed, creds, "in_root")
 end
 
+-- The sandbox init exited. On destroy that is expected; otherwise it was
+-- killed (kill -9 from the host) or crashed, and every process of the
+-- sandbox died with its pid namespace. The sandbox notices here, once: the
+-- generation moves on (a call that was running when it died raises
+-- SANDBOX_RESTARTED), and the next call rebuilds the init (_revive) over
+-- the same root: the workspace is a directory of the host and stays; the
+-- private /tmp and /root, every process, and the state of every shell go.
+function Sandbox:_init_exited(token)
+  if token ~= self.init_token then return end -- an init already replaced
+  if self._on_init_exit then self._on_init_exit() end
+  self:_init_lost()
+end
+
+function Sandbox:_init_lost()
+  if self.init_dead then return end
+  self.init_dead = true
+  if self.destroyed or self.destroying then return end
+  self.init_generation = (self.init_generation or 0) + 1
+end
+
+-- Whether the init still runs (its exit may not have been reported yet:
+-- a shell killed with its pid namespace can be reported first).
+function Sandbox:_init_alive()
+  if not self.init or self.init_dead then return false end
+  -- (an init that was killed is exiting, PF_EXITING in the flags, before it
+  -- is a zombie: it waits there for the rest of its pid namespace to die)
+  local stat = util.read_file("/proc/" .. self.init_pid .. "/stat")
+  local state, flags = (stat or ""):match("^%d+ %(.*%) (%a) %S+ %S+ %S+ %S+ %S+ (%d+)")
+  if state and state ~= "Z" and state ~= "X" and math.floor(tonumber(flags) / 4) % 2 == 0 then return true end
+  self:_init_lost()
+  return false
+end
+
+-- Rebuild a sandbox whose init died (not by destroy): a new init with the
+-- same namespaces, mounts, hostname and cgroup, then sessions restart their
+-- shells on first use with their last known cwd and exported env.
+function Sandbox:_revive()
+  if not self.init or self.destroyed or self.destroying then return end
+  if not self.init_dead and self:_init_alive() then return end
+  local old = self.init
+  pcall(old.close, old)
+  local spare = self.spare
+  self.spare = nil
+  if spare and not spare.dead then spare:kill("SIGKILL") end
+  local policy = self.policy
+  local token = {}
+  local init, namespaces, code = isolation_mod.start(self, {
+    network = self.init_network,
+    hostname = policy.hostname or self.id,
+    tmpBytes = policy.limits.tmpBytes,
+    kernels = require("moonbox.code").kernel_dir(),
+    extra = policy.mounts,
+    idmap = self.idmap,
+    userns = policy.userns,
+    cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
+    on_exit = function() self:_init_exited(token) end,
+  })
+  if not init then
+    errors.raise("SANDBOX_RESTARTED", ("sandbox %q lost its init process and cannot rebuild it: %s")
+      :format(self.id, tostring(namespaces)), { id = self.id, errno = code })
+  end
+  self.init, self.namespaces, self.init_dead, self.init_token = init, namespaces, false, token
+  self.init_pid = init:pid()
+  self.fs_root = "/proc/" .. self.init_pid .. "/root"
+  self.restarts = (self.restarts or 0) + 1
+  -- the confinements name the old init's root and mounts: take them anew
+  -- from the new one, before anything of the sandbox runs there
+  for _, name in ipairs { "fs_conf", "run_conf" } do
+    if self[name] then self[name]:close() self[name] = nil end
+  end
+  local run_conf, rmsg = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, self:_fs_creds(), "in_root")
+  local conf, cmsg = self:_confine()
+  if not run_conf or not conf then
+    if run_conf then run_conf:close() end
+    if conf then conf:close() end
+    pcall(init.close, init)
+    self.init_dead = true
+    errors.raise("SANDBOX_RESTARTED", ("sandbox %q lost its init process and cannot confine the new one: %s")
+      :format(self.id, tostring(rmsg or cmsg)), { id = self.id })
+  end
+  self.run_conf, self.fs_conf = run_conf, conf
+end
+
 -- Add what every process of this sandbox gets to a core.spawn spec: inside
 -- the namespaces, started by the init, without privileges to gain.
 function Sandbox:_spawn_spec(spec)
   if self.init then
-    if self.init_dead then
-      errors.raise("SANDBOX_DESTROYED", ("sandbox %q lost its init process"):format(self.id), { id = self.id })
-    end
+    self:_revive()
     spec.sandbox = self.init
     spec.no_new_privs = true
     spec.cap_keep = self.cap_keep
@@ -343,6 +426,17 @@ function Sandbox:_check_live()
   if self.destroyed then
     errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
   end
+  if self.init_dead then self:_revive() end
+end
+
+-- A file call that found no way into the sandbox first asks whether the
+-- sandbox's storage is still there: with its root or workspace removed
+-- from the host, every path seems to lead out of it (the workspace inside
+-- is a deleted directory), and PATH_OUTSIDE_SANDBOX would mislead.
+function Sandbox:_check_storage(path)
+  if util.is_dir(self.workspace) then return end
+  errors.raise("FILE_NOT_FOUND", ("%s: the sandbox's workspace %s no longer exists (removed from the host)")
+    :format(tostring(path), self.workspace), { path = path, root = self.root, storageGone = true })
 end
 
 -- env for a new shell: policy defaults < sandbox env < session env
@@ -462,19 +556,14 @@ function Sandbox:createSession(opts)
   if count >= self.policy.limits.maxSessions then
     errors.raise("POLICY_DENIED", ("sandbox %q already has %d sessions (limits.maxSessions)"):format(self.id, count))
   end
-  local hook = self.policy.hooks.onCreateSession
-  if hook then
-    local changed, reason = hook(self, { id = id, env = env, cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
-    if changed == nil then
-      errors.raise("POLICY_DENIED", "createSession denied by policy: " .. tostring(reason), { reason = reason })
-    end
-    if type(changed) == "table" then -- rewritten options (the id stays)
-      env = V.env(changed.env, "env")
-      commandTimeoutMs = V.timeout(changed.commandTimeoutMs, "commandTimeoutMs")
-      if changed.cwd ~= cwd and changed.cwd ~= nil then
-        cwd = self:host_path(V.path(changed.cwd, "cwd"))
-        if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
-      end
+  local changed = policy_mod.call_hook(self.policy, "onCreateSession", "createSession", { sessionId = id },
+    self, { id = id, env = env, cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
+  if changed ~= nil then -- rewritten options (the id stays)
+    env = V.env(changed.env, "env")
+    commandTimeoutMs = V.timeout(changed.commandTimeoutMs, "commandTimeoutMs")
+    if changed.cwd ~= cwd and changed.cwd ~= nil then
+      cwd = self:host_path(V.path(changed.cwd, "cwd"))
+      if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
     end
   end
   self.sessions[id] = true   -- reserved: a concurrent create of this id loses
@@ -582,6 +671,9 @@ end
 -- how, notEnforced names limits the policy asked for that this host cannot
 -- enforce.
 function Sandbox:info()
+  -- a sandbox whose init died is rebuilt first, so this says what is in
+  -- force now; one that cannot be rebuilt raises SANDBOX_RESTARTED (coded)
+  if not self.destroyed and self.init_dead then self:_revive() end
   local in_force = {}
   for _, k in ipairs { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
     "maxCompletedProcesses", "maxCompletedLogBytes",
@@ -595,7 +687,8 @@ function Sandbox:info()
   return {
     id = self.id, root = self.root, isolation = self.isolation, requestedIsolation = self.requested_isolation,
     network = self.network, namespaces = util.copy(self.namespaces), cgroup = cgroup,
-    isolationError = self.isolation_error, initPid = self.init and self.init:pid() or nil,
+    isolationError = self.isolation_error, initPid = self.init and not self.init_dead and self.init_pid or nil,
+    restarts = self.restarts or 0,
     killMode = tree.mode(), limits = in_force,
     enforcement = util.copy(self.limits_state.enforced), notEnforced = util.copy(self.limits_state.not_enforced),
     seccomp = self.limits_state.seccomp_profile, noNewPrivs = self.limits_state.seccomp ~= nil,
@@ -612,6 +705,7 @@ function Sandbox:destroy(opts)
   if self.destroyed then return { success = true, id = self.id } end
   opts = V.options(opts, { keepFiles = true }, "destroy options")
   self.destroyed = true
+  self.destroying = true
   registry[self.id] = nil
   require("moonbox.process").kill_all(self)
   self:_drop_spare()

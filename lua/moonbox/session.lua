@@ -12,6 +12,7 @@ local queue_mod = require "moonbox._queue"
 local util = require "moonbox._util"
 local limits = require "moonbox._limits"
 local V = require "moonbox._validate"
+local policy_mod = require "moonbox.policy"
 
 local M = {}
 
@@ -109,6 +110,7 @@ function Session:_check_live()
     errors.raise("SESSION_NOT_FOUND", ("session %q does not exist (deleted)"):format(self.id),
       { sessionId = self.id })
   end
+  if self.sandbox.init_dead then self.sandbox:_revive() end
 end
 
 -- Last known exported env as a map (parsed lazily from `export -p`).
@@ -236,6 +238,7 @@ end
 function Session:_run(command, opts, sink)
   local sb = self.sandbox
   local started, timestamp = util.now_ms(), util.timestamp()
+  local generation = sb.init_generation -- moves on when the sandbox's init dies
   if self.destroyed then
     errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
   end
@@ -325,9 +328,59 @@ function Session:_run(command, opts, sink)
     end
   end
   local oom_before = limits.oom_kills(sb.limits_state)
-  local record = sh:run(req)
+  local job = sh:start(req)
+  local waited, record = pcall(job.wait, job)
+  if not waited then
+    -- the caller's task was cancelled (moonbox.timeout, task:cancel) while
+    -- the command ran: the command is killed, and a task of our own waits
+    -- for its record holding the queue, so the next command finds the
+    -- shell back at its prompt
+    if control then control.abort = nil end
+    if timeout or control then
+      -- set up to be killed: as a timeout, the shell keeps its state
+      cancelled = not timed_out
+      expire()
+    else
+      -- nothing tells this command's processes from earlier background
+      -- jobs without a per-command cost: the shell and all it runs go,
+      -- and the next command gets a fresh shell (last cwd, exported env)
+      self:_kill_shell(sh)
+    end
+    local reset = not (timeout or control)
+    self.queue:hand_off()
+    async.spawn(function()
+      pcall(function()
+        self:_finish_run(sh, job:wait(), timers, held_stderr, sink, cmd_cg, timed_out and grace_deadline)
+        if reset and not self.cgroup then
+          -- proc mode: also what left the shell's tree (it carries our
+          -- marker), before a new shell (which carries it too) starts
+          tree.kill_marked("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
+        end
+      end)
+      self.queue:release()
+    end)
+    error(record, 0)
+  end
   if control then control.abort = nil end
+  return self:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, timed_out and grace_deadline, {
+    started = started, timestamp = timestamp, cancelled = cancelled, oom_before = oom_before,
+    generation = generation })
+end
+
+-- Kill the session's shell and everything it started (its cgroup, or its
+-- descendants and marked orphans); the next command starts a fresh shell.
+function Session:_kill_shell(sh)
+  if self.cgroup then tree.kill_cgroup(self.cgroup)
+  elseif not sh.dead then tree.signal_pids(tree.descendants(sh.pid), "SIGKILL") end
+  sh:kill("SIGKILL")
+end
+
+-- The rest of a command once its record came: what is left of a timed-out
+-- command is killed, the shell's cwd and exports are kept. info is nil
+-- when nobody waits for the result (a cancelled call).
+function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grace_deadline, info)
   for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
+  local timed_out = grace_deadline and true or false
 
   if cmd_cg and timed_out and not sh.dead then
     -- the shell leaves, what is left of the command is killed with the cgroup
@@ -349,6 +402,14 @@ function Session:_run(command, opts, sink)
     errors.raise("SESSION_DESTROYED", ("session %q was deleted while the command ran"):format(self.id),
       { sessionId = self.id })
   end
+  local sb = self.sandbox
+  if info and sb.init and (sb.init_generation ~= info.generation or (record.died and not sb:_init_alive())) then
+    -- the sandbox's init died under the command (and every process with
+    -- it): said once, to the calls that were running; the next call
+    -- rebuilds the sandbox (Sandbox:_revive)
+    errors.raise("SANDBOX_RESTARTED", ("sandbox %q lost its init process while the command ran; it is rebuilt " ..
+      "over the same workspace on the next call"):format(sb.id), { id = sb.id, sessionId = self.id })
+  end
   if record.pwd then
     self.cwd = record.pwd
     self.exports_text = record.exports
@@ -359,14 +420,16 @@ function Session:_run(command, opts, sink)
     sh:wait_exit(2000)
     if sh.exit_signal and sh.exit_signal > 0 then exit_code = 128 + sh.exit_signal end
   end
+  if not info then return end
+  local cancelled = info.cancelled
   if timed_out and not cancelled then exit_code = 124 end
   return {
-    oomKilled = exit_code == 137 and limits.oom_kills(sb.limits_state) > oom_before or nil,
+    oomKilled = exit_code == 137 and limits.oom_kills(self.sandbox.limits_state) > info.oom_before or nil,
     exitCode = exit_code,
     timedOut = timed_out and not cancelled,
     cancelled = cancelled or nil,
-    duration = util.now_ms() - started,
-    timestamp = timestamp,
+    duration = util.now_ms() - info.started,
+    timestamp = info.timestamp,
   }
 end
 
@@ -412,20 +475,14 @@ function Session:_prepare(command, opts, what)
   end
   local o = { timeout = opts.timeout, env = env, cwd = cwd, stdin = opts.stdin,
     onOutput = opts.onOutput, maxOutputBytes = opts.maxOutputBytes }
-  local hook = self.sandbox.policy.hooks.onExec
-  if hook then
-    local changed, reason = hook(self, command, o)
-    if changed == nil then
-      errors.raise("POLICY_DENIED", "exec denied by policy: " .. tostring(reason),
-        { command = command, reason = reason })
-    end
-    if type(changed) == "string" or (type(changed) == "table" and changed[1]) then command = changed end
-  end
+  local changed = policy_mod.call_hook(self.sandbox.policy, "onExec", "exec", { command = command }, self, command, o)
+  if changed ~= nil then command = changed end
   return command, o
 end
 
 -- exec(command, opts) -> ExecResult
 function Session:exec(command, opts)
+  async.check_task("exec") -- before anything is queued or sent
   local o
   command, o = self:_prepare(command, opts, "exec")
   local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
@@ -517,6 +574,7 @@ end
 
 -- setEnvVars(map): export (or, for false, unset) in this session's shell.
 function Session:setEnvVars(map)
+  async.check_task("setEnvVars")
   self:_check_live()
   local env = V.env(V.type(map, "table", "envVars"), "envVars")
   return self:_apply_env(M.env_hook(self.sandbox, self, env))
@@ -524,14 +582,8 @@ end
 
 -- The policy's onEnv hook: the map to apply, or POLICY_DENIED.
 function M.env_hook(sandbox, caller, env)
-  local hook = sandbox.policy.hooks.onEnv
-  if hook then
-    local changed, reason = hook(caller, env)
-    if changed == nil then
-      errors.raise("POLICY_DENIED", "setEnvVars denied by policy: " .. tostring(reason), { reason = reason })
-    end
-    if type(changed) == "table" then env = V.env(changed, "envVars") end
-  end
+  local changed = policy_mod.call_hook(sandbox.policy, "onEnv", "setEnvVars", nil, caller, env)
+  if changed ~= nil then env = V.env(changed, "envVars") end
   return env
 end
 

@@ -2,9 +2,37 @@
  * loadable builtin (loaded with __mb_run from the same module).
  *
  *   __mb_rep ID STATUS KIND ENVFILE
+ *   __mb_rep -h          (once, from the start-up script: the hello)
  *
- * writes the status record "\n<ID> <STATUS> <KIND> <e|->\0<PWD>\0" on fd 1
- * (the status pipe) in one write. Before it, if the shell's exported
+ * writes the status record
+ * "\n<ID> <STATUS> <KIND> <e|-> <NONCE> <NEXT>\0<PWD>\0" on the status pipe
+ * in one write. The runtime takes a command's word for being done only
+ * when NONCE is the one it was told last (in the previous record, or in
+ * the hello for the first): commands run in this very shell (a sourced
+ * body) and can write on any fd it holds, so the record is authenticated
+ * by a secret the command cannot read. The nonces (128 bits from
+ * getrandom) live only in this module's memory and travel only on the
+ * status pipe, which the shell writes and never reads:
+ * - the status pipe arrives as fd 1; on load it moves to a private
+ *   close-on-exec fd and fd 1 becomes /dev/null, so no redirection ever
+ *   saves a copy of it (bash kept one on fd 11 during each body), and a
+ *   fork of the shell (subshell, background job) closes it and wipes the
+ *   nonces at once (pthread_atfork): no child of the shell inherits either;
+ * - the shell is made non-dumpable, so its memory is not readable through
+ *   /proc/<pid>/mem by its commands (that needs CAP_SYS_PTRACE, which
+ *   sandbox processes do not have);
+ * - the builtin writes a record only where the runtime's command shapes
+ *   call it: in the shell process itself (a fork has no status fd), at the top
+ *   level (bash's sourcelevel 0: no body is being sourced) and in no trap
+ *   for a `run` record, in the EXIT trap for an `exit` one. A body that
+ *   calls `builtin __mb_rep` itself gets nothing written (status 3).
+ * - a `run` record is refused while bytes wait on the control pipe (a
+ *   command that wrote commands there to run at the top level), which are
+ *   dropped.
+ * What this does not stop: a command that loads native code of its own
+ * into the shell (`enable -f its.so`) can read the shell's memory.
+ *
+ * Before the record, if the shell's exported
  * environment differs from the one it last reported, ENVFILE is rewritten
  * with it as NUL-terminated NAME=VALUE entries and the flag is `e`; else the
  * file is left alone and the flag is `-` (the runtime keeps what it has).
@@ -19,12 +47,67 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "version.h"
+
+/* bash internals the installed headers do not declare */
+extern int sourcelevel;  /* > 0 while a file is sourced (unwound on errors) */
+extern int running_trap; /* signal + 1 while a trap runs; 1 for EXIT */
+extern int default_buffered_input; /* the fd bash reads its commands from */
+
+#define NONCE_HEX 32
+
+static int status_fd = -1;   /* the status pipe, private to this process */
+static char nonce[NONCE_HEX + 1]; /* what the next record must carry */
+static int said_hello, exiting_reported;
+
+/* Random bytes drawn 1 KiB at a time: a system call per command is dear
+ * on a paravirtualised VM (docs/benchmarks.md). Wiped in forks too. */
+static unsigned char pool[1024];
+static size_t pool_left;
+
+/* 128 random bits as hex into out (NONCE_HEX + 1 bytes); -1 on failure. */
+static int new_nonce(char *out) {
+  unsigned char raw[NONCE_HEX / 2];
+  if (pool_left < sizeof raw) {
+    size_t got = 0;
+    while (got < sizeof pool) {
+      ssize_t n = getrandom(pool + got, sizeof pool - got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return -1;
+      got += (size_t)n;
+    }
+    pool_left = sizeof pool;
+  }
+  pool_left -= sizeof raw;
+  memcpy(raw, pool + pool_left, sizeof raw);
+  memset(pool + pool_left, 0, sizeof raw); /* used once */
+  static const char hex[] = "0123456789abcdef";
+  for (size_t i = 0; i < sizeof raw; i++) {
+    out[2 * i] = hex[raw[i] >> 4];
+    out[2 * i + 1] = hex[raw[i] & 15];
+  }
+  out[NONCE_HEX] = 0;
+  return 0;
+}
+
+/* In every fork of the shell: no status pipe, no nonce. */
+static void forked_child(void) {
+  if (status_fd >= 0) close(status_fd);
+  status_fd = -1;
+  memset(nonce, 0, sizeof nonce);
+  memset(pool, 0, sizeof pool);
+  pool_left = 0;
+}
 
 /* the environment last written (in this shell process) */
 static char *last_env;
@@ -81,13 +164,55 @@ static int report_env(const char *path) {
   return 1;
 }
 
-static int mb_rep_builtin(WORD_LIST *list) {
+/* A report refused (or that failed) is status REFUSED, not 1: 1 is what
+ * `builtin __mb_rep` gives when the builtin was disabled, and the report
+ * then goes through `__mb_run -r` instead. */
+#define REFUSED 3
+
+static int hello(void) {
+  if (said_hello || status_fd < 0) return REFUSED;
+  said_hello = 1;
+  char record[64 + NONCE_HEX];
+  int n = snprintf(record, sizeof record, "\n0 0 hello - H %s", nonce);
+  record[n++] = 0;
+  record[n++] = 0;
+  return write_all(status_fd, record, (size_t)n) < 0 ? REFUSED : EXECUTION_SUCCESS;
+}
+
+/* Also `__mb_run -r ...` (spawn_builtin.c): a command that disables
+ * __mb_rep (`builtin enable -d`) must not cost the session its reports. */
+int mb_rep_builtin(WORD_LIST *list) {
+  if (list && !list->next && strcmp(list->word->word, "-h") == 0) return hello();
   char *args[4];
   for (int i = 0; i < 4; i++) {
     if (!list) { builtin_usage(); return EX_USAGE; }
     args[i] = list->word->word;
     list = list->next;
   }
+  /* only where the runtime's shapes report: see the top of this file */
+  int exiting = strcmp(args[2], "exit") == 0;
+  /* (in a fork of the shell status_fd is -1: forked_child) */
+  if (status_fd < 0 || !said_hello || exiting_reported) return REFUSED;
+  if (exiting ? running_trap != 1 : (sourcelevel != 0 || running_trap != 0)) return REFUSED;
+  /* The runtime sends the next command only once it has this record: bytes
+   * already waiting on the control pipe were put there by a command (it
+   * can reopen the pipe through /proc/self/fd) to run at the top level,
+   * where a report is allowed. They are dropped, and no record is written:
+   * the session waits, as for a shell that died, until its timeout. */
+  int pending = 0;
+  if (!exiting && default_buffered_input >= 0 &&
+      ioctl(default_buffered_input, FIONREAD, &pending) == 0 && pending > 0) {
+    char junk[4096];
+    while (pending > 0) {
+      ssize_t n = read(default_buffered_input, junk, (size_t)pending < sizeof junk ? (size_t)pending : sizeof junk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      pending -= (int)n;
+    }
+    return REFUSED;
+  }
+  char next[NONCE_HEX + 1];
+  if (new_nonce(next) < 0) return REFUSED;
   int changed = report_env(args[3]);
   /* after a failed rewrite the file may hold anything: say it changed, so
    * the runtime reads it rather than trusting its copy (and the next report
@@ -95,31 +220,62 @@ static int mb_rep_builtin(WORD_LIST *list) {
   char flag = changed == 0 ? '-' : 'e';
   const char *pwd = get_string_value("PWD");
   if (!pwd) pwd = "";
-  size_t len = strlen(args[0]) + strlen(args[1]) + strlen(args[2]) + strlen(pwd) + 16;
+  size_t len = strlen(args[0]) + strlen(args[1]) + strlen(args[2]) + strlen(pwd) + 2 * NONCE_HEX + 16;
   char *record = malloc(len);
-  if (!record) return EXECUTION_FAILURE;
-  int n = snprintf(record, len, "\n%s %s %s %c", args[0], args[1], args[2], flag);
+  if (!record) return REFUSED;
+  int n = snprintf(record, len, "\n%s %s %s %c %s %s", args[0], args[1], args[2], flag, nonce, next);
   record[n++] = 0;
   size_t pwd_len = strlen(pwd) + 1;
   memcpy(record + n, pwd, pwd_len);
-  int rc = write_all(1, record, (size_t)n + pwd_len);
+  int rc = write_all(status_fd, record, (size_t)n + pwd_len);
   free(record);
-  return rc < 0 ? EXECUTION_FAILURE : EXECUTION_SUCCESS;
+  /* the runtime now expects next (a record it failed to get leaves the
+   * session waiting, as a dead shell would: its timeout ends it) */
+  memcpy(nonce, next, sizeof nonce);
+  if (exiting) exiting_reported = 1;
+  return rc < 0 ? REFUSED : EXECUTION_SUCCESS;
 }
 
+/* On load (in the start-up script, before any command of the session):
+ * take the status pipe off fd 1, draw the first nonce, guard the forks. */
 int __mb_rep_builtin_load(char *name) {
   (void)name;
-  return strcmp(dist_version, DISTVERSION) == 0;
+  if (strcmp(dist_version, DISTVERSION) != 0) return 0;
+  if (status_fd >= 0) return 1; /* loaded again: keep what we have */
+  if (new_nonce(nonce) < 0) return 0;
+  /* above the fds commands use, below a low RLIMIT_NOFILE (bash keeps its
+   * script's fd at the top) */
+  int lowest = 100;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 200)
+    lowest = (int)rl.rlim_cur / 2;
+  int fd = fcntl(1, F_DUPFD_CLOEXEC, lowest);
+  if (fd < 0) return 0;
+  int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null < 0 || dup2(null, 1) < 0) {
+    if (null >= 0) close(null);
+    close(fd);
+    return 0;
+  }
+  close(null);
+  if (pthread_atfork(NULL, NULL, forked_child) != 0) {
+    dup2(fd, 1);
+    close(fd);
+    return 0;
+  }
+  status_fd = fd;
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  return 1;
 }
 
 static char *mb_rep_doc[] = {
   "Report a command's end to the moonbox runtime.",
   "",
-  "Writes the status record on fd 1, and the exported environment to",
-  "ENVFILE when it changed.",
+  "Writes the status record on the status pipe, and the exported",
+  "environment to ENVFILE when it changed; -h writes the hello.",
   NULL,
 };
 
 struct builtin __mb_rep_struct = {
-  "__mb_rep", mb_rep_builtin, BUILTIN_ENABLED, mb_rep_doc, "__mb_rep ID STATUS KIND ENVFILE", 0,
+  "__mb_rep", mb_rep_builtin, BUILTIN_ENABLED, mb_rep_doc, "__mb_rep ID STATUS KIND ENVFILE | -h", 0,
 };

@@ -203,7 +203,11 @@ static int source_body(char *body) {
   return rc;
 }
 
+/* report_builtin.c's __mb_rep, reached as `__mb_run -r ARGS` too */
+extern int mb_rep_builtin(WORD_LIST *);
+
 static int mb_run_builtin(WORD_LIST *list) {
+  if (list && strcmp(list->word->word, "-r") == 0) return mb_rep_builtin(list->next);
   int source_only = list && list->next && strcmp(list->word->word, "-s") == 0;
   if (source_only) list = list->next;
   if (!list || list->next) {
@@ -240,9 +244,10 @@ static char *mb_run_doc[] = {
   "Splits BODY, a plain command line, at blanks; runs the words with",
   "posix_spawn when the first names an external command, else sources BODY.",
   "With -s, only sources BODY. A set -n in BODY ends with it.",
+  "With -r, reports as __mb_rep does.",
   NULL,
 };
 
 struct builtin __mb_run_struct = {
-  "__mb_run", mb_run_builtin, BUILTIN_ENABLED, mb_run_doc, "__mb_run [-s] BODY", 0,
+  "__mb_run", mb_run_builtin, BUILTIN_ENABLED, mb_run_doc, "__mb_run [-s] BODY | -r ID STATUS KIND ENVFILE", 0,
 };
