@@ -33,11 +33,17 @@ local function q(samples, p)
   if #s == 0 then return 0 / 0 end
   return s[math.max(1, math.min(#s, math.floor(#s * p + 0.5)))]
 end
+-- PSS (proportional set size: shared pages split between their users, so
+-- that a sum over processes is what they cost together), RSS where
+-- smaps_rollup is missing
 local function rss_kb(pid)
+  local rollup = util.read_file("/proc/" .. (pid or "self") .. "/smaps_rollup")
+  local pss = rollup and tonumber(rollup:match("\nPss:%s*(%d+)"))
+  if pss then return pss end
   local status = util.read_file("/proc/" .. (pid or "self") .. "/status") or ""
   return tonumber(status:match("VmRSS:%s*(%d+)")) or 0
 end
--- RSS of the runtime plus every process under its cgroup (or, without
+-- memory of the runtime plus every process under its cgroup (or, without
 -- cgroups, its descendants): what the items really cost the host.
 local function total_rss_kb()
   local total = rss_kb()
@@ -142,7 +148,7 @@ moonbox.run(function()
     local after, nprocs = total_rss_kb()
     say("sessions: %d created in %.1f s (%.2f ms each); creation p50 per tenth: %s ms",
       #sessions, wall / 1000, wall / math.max(1, #sessions), buckets(times))
-    say("sessions: RSS +%.1f MB (%.3f MB per session; %d processes); fds open %d",
+    say("sessions: memory (PSS) +%.1f MB (%.3f MB per session; %d processes); fds open %d",
       (after - before) / 1024, (after - before) / 1024 / math.max(1, #sessions), nprocs, fds())
     local p50, p99 = round_robin(sessions, args.rr or 2 * #sessions)
     say("sessions: exec(\"true\") round-robin over %d: p50 %.3f ms p99 %.3f ms", #sessions, p50, p99)
@@ -176,7 +182,7 @@ moonbox.run(function()
     local after, nprocs = total_rss_kb()
     say("sandboxes: %d created in %.1f s (%.2f ms each); creation p50 per tenth: %s ms",
       #sandboxes, wall / 1000, wall / math.max(1, #sandboxes), buckets(times))
-    say("sandboxes: RSS +%.1f MB (%.3f MB per sandbox; %d processes); fds open %d",
+    say("sandboxes: memory (PSS) +%.1f MB (%.3f MB per sandbox; %d processes); fds open %d",
       (after - before) / 1024, (after - before) / 1024 / math.max(1, #sandboxes), nprocs, fds())
     local p50, p99 = round_robin(sandboxes, args.rr or 2 * #sandboxes)
     say("sandboxes: exec(\"true\") round-robin over %d: p50 %.3f ms p99 %.3f ms", #sandboxes, p50, p99)
@@ -210,6 +216,6 @@ moonbox.run(function()
     for i = 1, args.destroy do util.remove_tree(base .. "/d-" .. i) end
   end
 
-  say("runtime RSS at the end %.1f MB (%.1f at start)", total_rss_kb() / 1024, rss0 / 1024)
+  say("memory (PSS) of the runtime and its processes at the end %.1f MB (%.1f at start)", total_rss_kb() / 1024, rss0 / 1024)
   util.remove_tree(base)
 end)

@@ -558,15 +558,22 @@ function Sandbox:destroy(opts)
   if tree.mode() ~= "cgroup" then
     tree.kill_marked("MOONBOX_OWNER", tree.owner(self.id, ""), async.sleep, true) -- prefix: every session
   end
+  local emptied = false
   if tree.mode() == "cgroup" then
     local dir = tree.base() .. "/" .. self.cgroup_name
     tree.kill_cgroup(dir)
-    tree.remove_when_empty(dir, async.sleep)
+    emptied = tree.wait_empty(dir, 2000, async.sleep)
+    tree.remove_cgroup(dir)
   end
   if self.init then
-    -- closing the init's socket ends it, and with it the pid namespace
+    -- closing the init's socket ends it, and with it the pid namespace.
+    -- The init lives in the sandbox's cgroup: once that is empty it has
+    -- exited (a zombie at most, reaped on the loop when its SIGCHLD is
+    -- read), so only without that proof does destroy wait for its exit.
     local init = self.init
-    if not self.init_dead then
+    if not self.init_dead and emptied then
+      init:close()
+    elseif not self.init_dead then
       async.await(function(resume)
         local t = core.timer()
         self._on_init_exit = function() if not t:is_closing() then t:close() end resume() end
