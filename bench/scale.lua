@@ -216,6 +216,7 @@ moonbox.run(function()
     for i = 1, args.destroy do util.remove_tree(base .. "/d-" .. i) end
   end
 
-  say("memory (PSS) of the runtime and its processes at the end %.1f MB (%.1f at start)", total_rss_kb() / 1024, rss0 / 1024)
+  say("memory (PSS) of the runtime and its processes at the end %.1f MB (%.1f at start)",
+    total_rss_kb() / 1024, rss0 / 1024)
   util.remove_tree(base)
 end)
