@@ -17,6 +17,7 @@ M.defaults = {
     maxProcesses = 256,
     maxCompletedProcesses = 1000,      -- records of ended processes kept (oldest dropped first)
     maxCompletedLogBytes = 64 * 1024 * 1024, -- their logs, in all
+    maxBufferedBytes = nil,            -- exec output held at once, runtime-wide (nil: 1/4 of RAM; _budget.lua)
     killGraceMs = 5000,                -- kill(): SIGTERM, then SIGKILL after this
     timeoutGraceMs = 500,              -- exec timeout: SIGTERM, then SIGKILL after this
     maxFileBytes = 64 * 1024 * 1024,   -- readFile refuses bigger files (FILE_TOO_LARGE)
@@ -34,7 +35,7 @@ M.defaults = {
 }
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
-  "maxCompletedProcesses", "maxCompletedLogBytes",
+  "maxCompletedProcesses", "maxCompletedLogBytes", "maxBufferedBytes",
   "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "cpuTime", "fileSizeBytes",
   "openFiles" }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true }
