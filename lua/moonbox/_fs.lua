@@ -6,9 +6,9 @@
 -- Every function returns its result, or nil, message, CODE; none of them
 -- raises for an OS failure. The asynchronous ones wait through async.await
 -- and so must run inside a task (calling them outside one raises
--- NOT_IN_TASK); mkdir/unlink/rmdir/rename/stat/lstat/where_beneath are
--- awaited in a task and synchronous outside one; scandir_beneath and
--- open_dir/close_dir are synchronous and work anywhere.
+-- NOT_IN_TASK); the *_beneath helpers other than open_beneath, and
+-- open_dir/close_dir, are synchronous and work anywhere (M.awaited has
+-- awaited versions of most, see there).
 --
 -- Root confinement: a path that resolves outside the root is reported by the
 -- core as EXDEV; here it becomes nil, "PATH_OUTSIDE_SANDBOX: ...",
@@ -217,52 +217,78 @@ function M.open_beneath(root, relpath, flags, mode, resolve)
     { root, relpath, flags, mode, resolve }, release_fd))
 end
 
--- The helpers below (mkdir, unlink, rmdir, rename, stat, lstat, where) run
--- on the thread pool and are awaited when called in a task, so a task making
--- many file calls never holds the loop (issue #14); outside a task they are
--- synchronous.
+-- mkdir_beneath(root, relpath[, mode = 0777[, resolve]]) -> true. Synchronous.
+function M.mkdir_beneath(root, relpath, mode, resolve)
+  return confined(core.fs_mkdir_beneath(root, relpath, mode, resolve))
+end
+
+-- unlink_beneath(root, relpath[, resolve]) -> true. Synchronous.
+function M.unlink_beneath(root, relpath, resolve)
+  return confined(core.fs_unlink_beneath(root, relpath, resolve))
+end
+
+-- rmdir_beneath(root, relpath[, resolve]) -> true. Synchronous.
+function M.rmdir_beneath(root, relpath, resolve)
+  return confined(core.fs_rmdir_beneath(root, relpath, resolve))
+end
+
+-- rename_beneath(root, old, new[, resolve]) -> true. Synchronous.
+function M.rename_beneath(root, old, new, resolve)
+  return confined(core.fs_rename_beneath(root, old, new, resolve))
+end
+
+-- stat_beneath(root, relpath[, resolve[, follow = true]]) -> stat table. Synchronous.
+function M.stat_beneath(root, relpath, resolve, follow)
+  return confined(core.fs_stat_beneath(root, relpath, resolve, follow))
+end
+
+-- lstat_beneath(root, relpath[, resolve]) -> stat table of a final symlink itself.
+function M.lstat_beneath(root, relpath, resolve)
+  return confined(core.fs_stat_beneath(root, relpath, resolve, false))
+end
+
+-- where_beneath(root, relpath[, resolve]) -> where relpath leads, every
+-- symlink followed, as the kernel names it (inside a /proc/<pid>/root: that
+-- process's view). Synchronous.
+function M.where_beneath(root, relpath, resolve)
+  return confined(core.fs_where_beneath(root, relpath, resolve))
+end
+
+-- M.awaited: the same seven helpers, run on the thread pool and awaited
+-- when called in a task (synchronous outside one), for code that makes many
+-- file calls (the sandbox file API): a task making them back to back then
+-- never holds the loop (issue #14). Awaiting lets other tasks run meanwhile,
+-- so a caller whose order against other tasks matters (checks made before a
+-- call takes its place in a session's queue) keeps the synchronous ones.
 local function beneath(what, fn, n, ...)
   if async.in_task() then return confined(await_op(what, fn, n, { ... })) end
   return confined(fn(...))
 end
 
--- mkdir_beneath(root, relpath[, mode = 0777[, resolve]]) -> true.
-function M.mkdir_beneath(root, relpath, mode, resolve)
-  return beneath("_fs.mkdir_beneath", core.fs_mkdir_beneath, 4, root, relpath, mode, resolve)
-end
-
--- unlink_beneath(root, relpath[, resolve]) -> true.
-function M.unlink_beneath(root, relpath, resolve)
-  return beneath("_fs.unlink_beneath", core.fs_unlink_beneath, 3, root, relpath, resolve)
-end
-
--- rmdir_beneath(root, relpath[, resolve]) -> true.
-function M.rmdir_beneath(root, relpath, resolve)
-  return beneath("_fs.rmdir_beneath", core.fs_rmdir_beneath, 3, root, relpath, resolve)
-end
-
--- rename_beneath(root, old, new[, resolve]) -> true.
-function M.rename_beneath(root, old, new, resolve)
-  return beneath("_fs.rename_beneath", core.fs_rename_beneath, 4, root, old, new, resolve)
-end
-
--- stat_beneath(root, relpath[, resolve[, follow = true]]) -> stat table.
-function M.stat_beneath(root, relpath, resolve, follow)
-  if follow == nil then follow = true end
-  return beneath("_fs.stat_beneath", core.fs_stat_beneath, 4, root, relpath, resolve, follow)
-end
-
--- lstat_beneath(root, relpath[, resolve]) -> stat table of a final symlink itself.
-function M.lstat_beneath(root, relpath, resolve)
-  return beneath("_fs.lstat_beneath", core.fs_stat_beneath, 4, root, relpath, resolve, false)
-end
-
--- where_beneath(root, relpath[, resolve]) -> where relpath leads, every
--- symlink followed, as the kernel names it (inside a /proc/<pid>/root: that
--- process's view).
-function M.where_beneath(root, relpath, resolve)
-  return beneath("_fs.where_beneath", core.fs_where_beneath, 3, root, relpath, resolve)
-end
+M.awaited = {
+  mkdir_beneath = function(root, relpath, mode, resolve)
+    return beneath("_fs.mkdir_beneath", core.fs_mkdir_beneath, 4, root, relpath, mode, resolve)
+  end,
+  unlink_beneath = function(root, relpath, resolve)
+    return beneath("_fs.unlink_beneath", core.fs_unlink_beneath, 3, root, relpath, resolve)
+  end,
+  rmdir_beneath = function(root, relpath, resolve)
+    return beneath("_fs.rmdir_beneath", core.fs_rmdir_beneath, 3, root, relpath, resolve)
+  end,
+  rename_beneath = function(root, old, new, resolve)
+    return beneath("_fs.rename_beneath", core.fs_rename_beneath, 4, root, old, new, resolve)
+  end,
+  stat_beneath = function(root, relpath, resolve, follow)
+    if follow == nil then follow = true end
+    return beneath("_fs.stat_beneath", core.fs_stat_beneath, 4, root, relpath, resolve, follow)
+  end,
+  lstat_beneath = function(root, relpath, resolve)
+    return beneath("_fs.lstat_beneath", core.fs_stat_beneath, 4, root, relpath, resolve, false)
+  end,
+  where_beneath = function(root, relpath, resolve)
+    return beneath("_fs.where_beneath", core.fs_where_beneath, 3, root, relpath, resolve)
+  end,
+}
 
 -- scandir_beneath(root, relpath[, resolve]) -> entries sorted by name. Synchronous.
 function M.scandir_beneath(root, relpath, resolve)
