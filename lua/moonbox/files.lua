@@ -999,10 +999,22 @@ function Watch:_emit(kind, rel, isdir, old_rel)
     oldPath = old_rel and view_of(self.sandbox, old_rel) or nil }
 end
 
+-- In a task (watch() setting up a recursive watch), the walk yields to the
+-- loop after every LIST_SLICE_MS of work: a big tree never holds the loop
+-- (issue #14). slice = {start = ms}; nil outside a task (an event's
+-- callback), where the walk cannot yield.
+local function walk_slice(slice)
+  if slice and util.now_ms() - slice.start >= LIST_SLICE_MS then
+    async.sleep(1)
+    slice.start = util.now_ms()
+  end
+end
+
 -- Watch directory rel (already known to be a directory) and, recursively,
 -- its subdirectories. With announce, everything found inside is reported as
 -- created: it appeared before the new watch was in place.
-function Watch:_add_tree(rootfd, rel, announce)
+function Watch:_add_tree(rootfd, rel, announce, slice)
+  walk_slice(slice)
   local wd, msg, code = self.handle:add(rootfd, rel)
   if not wd then return nil, msg, code end
   self.wds[wd] = rel
@@ -1019,7 +1031,7 @@ function Watch:_add_tree(rootfd, rel, announce)
       self.announced[child] = true
       self:_emit("create", child, kind == "directory")
     end
-    if kind == "directory" and not self:_excluded(child) then self:_add_tree(rootfd, child, announce) end
+    if kind == "directory" and not self:_excluded(child) then self:_add_tree(rootfd, child, announce, slice) end
   end
   return wd
 end
@@ -1219,12 +1231,13 @@ function Session:watch(path, opts)
       watch.wds[wd] = t.rel
       watch.dirs[t.rel] = wd
       if recursive then
+        local slice = async.in_task() and { start = util.now_ms() } or nil
         for _, e in ipairs(fs.scandir_beneath(rootfd, t.rel) or {}) do
           local child = join(t.rel, e.name)
           local kind = e.type
           if kind == "unknown" then kind = (afs.lstat_beneath(rootfd, child) or {}).type end
           if kind == "directory" and not watch:_excluded(child) then
-            local ok, amsg, acode = watch:_add_tree(rootfd, child, false)
+            local ok, amsg, acode = watch:_add_tree(rootfd, child, false, slice)
             if not ok and acode ~= "ENOENT" then wd, msg, code = nil, amsg, acode break end
           end
         end
