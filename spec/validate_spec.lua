@@ -25,7 +25,8 @@ describe("unknown options", function()
   end)
 
   it("suggest nothing when no known option is near", function()
-    assert.equals("exec options.zzzzzz: unknown option", refused(V.options, { zzzzzz = 1 }, exec_options, "exec options"))
+    assert.equals("exec options.zzzzzz: unknown option",
+      refused(V.options, { zzzzzz = 1 }, exec_options, "exec options"))
     assert.equals("exec options.tmo: unknown option", refused(V.options, { tmo = 1 }, exec_options, "exec options"))
     assert.equals("exec options.1: unknown option", refused(V.options, { 1 }, exec_options, "exec options"))
     assert.equals("o.x: unknown option", refused(V.options, { x = 1 }, {}, "o"))

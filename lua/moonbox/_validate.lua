@@ -21,10 +21,10 @@ end
 -- neighbours), giving up past `limit`.
 local function distance(a, b, limit)
   if math.abs(#a - #b) > limit then return limit + 1 end
-  local prev2, prev, cur = {}, {}, {}
+  local prev2, prev = {}, {}
   for j = 0, #b do prev[j] = j end
   for i = 1, #a do
-    cur = { [0] = i }
+    local cur = { [0] = i }
     local row_min = i
     for j = 1, #b do
       local cost = a:byte(i) == b:byte(j) and 0 or 1
