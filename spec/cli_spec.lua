@@ -142,6 +142,16 @@ describe("moonbox (the command)", function()
     end
   end)
 
+  it("--policy takes a preset's name; an unknown name: one line listing the presets, exit 1", function()
+    local out, err, status = moonbox_cmd("--policy", "strict", "-e",
+      "print(require('moonbox.policy').resolve(nil).limits.maxSessions)")
+    assert.same({ "8\n", "", 0 }, { out, err, status })
+    out, err, status = moonbox_cmd("--policy", "nosuchpreset", "-e", "print(1)")
+    assert.same({ "", 1 }, { out, status })
+    assert.equals('moonbox: VALIDATION_FAILED: policy: unknown policy "nosuchpreset": the presets are dev, strict; ' ..
+      "or give a module name or a path to a .lua file\n", err)
+  end)
+
   it("- reads the script from standard input and passes the arguments", function()
     local p = io.popen(("printf '%%s' 'print(arg[0], #arg, ...)' | %s - a 'b c'"):format(quote(BIN)))
     local out = p:read("*a")

@@ -55,6 +55,12 @@ function M.suggest(key, allowed)
   return best
 end
 
+-- " (did you mean NAME?)" for a mistyped key, else "".
+function M.did_you_mean(key, allowed)
+  local near = M.suggest(key, allowed)
+  return near and (" (did you mean " .. near .. "?)") or ""
+end
+
 -- opts must be nil or a table whose keys are all in `allowed`.
 function M.options(opts, allowed, field)
   field = field or "options"
@@ -62,8 +68,7 @@ function M.options(opts, allowed, field)
   if type(opts) ~= "table" then fail(field, "expected a table, got " .. type(opts)) end
   for k in pairs(opts) do
     if not allowed[k] then
-      local near = M.suggest(k, allowed)
-      fail(field .. "." .. tostring(k), "unknown option" .. (near and (" (did you mean " .. near .. "?)") or ""))
+      fail(field .. "." .. tostring(k), "unknown option" .. M.did_you_mean(k, allowed))
     end
   end
   return opts
