@@ -152,6 +152,32 @@ describe("moonbox (the command)", function()
       "or give a module name or a path to a .lua file\n", err)
   end)
 
+  it("serve --help and -h print the serve usage to stdout and exit 0", function()
+    for _, flag in ipairs { "--help", "-h" } do
+      local out, err, status = moonbox_cmd("serve", "--listen", "127.0.0.1:0", flag)
+      assert.matches("^usage: moonbox serve %[%-%-listen 127%.0%.0%.1:8080 | %-%-listen unix:/path%.sock%]\n", out)
+      assert.same({ "", 0 }, { err, status })
+    end
+  end)
+
+  it("serve: an unknown option or a missing value is one line, exit 2", function()
+    local out, err, status = moonbox_cmd("serve", "-x")
+    assert.same({ "", "moonbox serve: unknown option '-x'\n", 2 }, { out, err, status })
+    out, err, status = moonbox_cmd("serve", "--listen")
+    assert.same({ "", "moonbox serve: --listen needs a value\n", 2 }, { out, err, status })
+  end)
+
+  it("serve: an address in use is one line without a traceback, exit 1", function()
+    moonbox.run(function()
+      local server = require("moonbox.server.http").listen({ listen = "127.0.0.1:0" }, function() end)
+      local ok, out, err, status = pcall(moonbox_cmd, "serve", "--listen", server.address, "--no-token")
+      server:close()
+      assert(ok, out)
+      assert.same({ "", ("moonbox serve: cannot listen on %s: address already in use\n"):format(server.address), 1 },
+        { out, err, status })
+    end)
+  end)
+
   it("- reads the script from standard input and passes the arguments", function()
     local p = io.popen(("printf '%%s' 'print(arg[0], #arg, ...)' | %s - a 'b c'"):format(quote(BIN)))
     local out = p:read("*a")

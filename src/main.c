@@ -73,6 +73,11 @@ int main(int argc, char **argv) {
   if (!mb) { fputs("moonbox: cannot create the runtime\n", stderr); return 1; }
   if (strcmp(argv[1], "--policy") == 0) {
     if (argc < 4) { fputs(usage, stderr); moonbox_close(mb); return 2; }
+    if (strcmp(argv[3], "--help") == 0 || strcmp(argv[3], "-h") == 0) {
+      fputs(usage, stdout);
+      moonbox_close(mb);
+      return 0;
+    }
     if (argv[3][0] == '-' && argv[3][1] && strcmp(argv[3], "-e") != 0) {
       moonbox_close(mb);
       return unknown_option(argv[3]);
