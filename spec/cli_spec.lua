@@ -178,6 +178,86 @@ describe("moonbox (the command)", function()
     end)
   end)
 
+  it("with no script on a terminal: a prompt; lines run as tasks, Ctrl-C cancels one, Ctrl-D ends", function()
+    moonbox.run(function()
+      local master, slave = assert(core.openpty(80, 24))
+      local home = helper.mkdtemp()
+      local exit = {}
+      local proc = assert(core.spawn {
+        args = { BIN }, setsid = true, ctty = 0,
+        env = { PATH = os.getenv("PATH"), HOME = home, MOONBOX_HOME = home, TERM = "dumb",
+          ASAN_OPTIONS = os.getenv("ASAN_OPTIONS"), LUA_PATH = os.getenv("LUA_PATH"),
+          LUA_CPATH = os.getenv("LUA_CPATH") },
+        stdio = { [0] = slave, [1] = slave, [2] = slave },
+        on_exit = function(code) exit.code = code if exit.resume then exit.resume() end end,
+      })
+      core.close_fd(slave)
+      local stream = core.stream_open(master, true)
+      local buf, wake = "", nil
+      stream:read_start(function(_, data)
+        buf = buf .. (data or "")
+        if wake then wake() end
+      end)
+      -- expect(plain text) -> everything up to and including it
+      local function expect(text)
+        return moonbox.timeout(20000, function()
+          while not buf:find(text, 1, true) do
+            require("moonbox.async").await(function(resume) wake = resume return function() wake = nil end end)
+            wake = nil
+          end
+          local _, j = buf:find(text, 1, true)
+          local seen = buf:sub(1, j)
+          buf = buf:sub(j + 1)
+          return seen
+        end)
+      end
+      local ok, err = pcall(function()
+        expect("> ")
+        stream:write("x = 6 * 7\n")
+        expect("> ")
+        stream:write("x, 'two'\n")
+        assert.equals("x, 'two'\r\n42\ttwo\r\n> ", expect("> "))
+        stream:write("for i = 1, 2 do\n")
+        expect(">> ")
+        stream:write("io.write(i, ' ') end\n")
+        assert.equals("io.write(i, ' ') end\r\n1 2 > ", expect("> "))
+        stream:write("sb = require('moonbox').getSandbox('repl-spec', {root = '" .. home .. "/sb'})\n")
+        expect("> ")
+        stream:write("sb:exec('echo from the sandbox').stdout\n")
+        local seen = expect("> ")
+        assert.matches("from the sandbox\r\n\r\n> $", seen)
+        stream:write("error('boom')\n")
+        assert.matches("stdin:1: boom", expect("> "), 1, true)
+        -- Ctrl-C cancels the running line; the prompt goes on
+        stream:write("sb:exec('sleep 1000')\n")
+        moonbox.sleep(300)
+        stream:write("\3")
+        assert.matches("interrupted\r\n> $", expect("> "))
+        stream:write("sb:exec('echo $((1+2))').stdout\n")
+        assert.matches("3\r\n\r\n> $", expect("> "))
+        -- Ctrl-C at the prompt drops what was typed
+        stream:write("half a line\3")
+        expect("> ")
+        stream:write("'after'\n")
+        assert.matches("after\r\n> $", expect("> "))
+        stream:write("sb:destroy()\n")
+        expect("> ")
+        stream:write("\4")
+        if exit.code == nil then require("moonbox.async").await(function(resume) exit.resume = resume end) end
+        assert.equals(0, exit.code)
+      end)
+      if exit.code == nil then proc:kill("SIGKILL") end
+      stream:close()
+      helper.sh("rm -rf " .. home)
+      assert(ok, err)
+    end)
+  end)
+
+  it("-i with a script is a usage mistake; without a terminal and arguments, the usage", function()
+    local _, err, status = moonbox_cmd("-i", "x.lua")
+    assert.same({ 2, "usage: moonbox" }, { status, err:sub(1, 14) })
+  end)
+
   it("- reads the script from standard input and passes the arguments", function()
     local p = io.popen(("printf '%%s' 'print(arg[0], #arg, ...)' | %s - a 'b c'"):format(quote(BIN)))
     local out = p:read("*a")

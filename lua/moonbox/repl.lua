@@ -1,0 +1,160 @@
+-- The interactive prompt: `moonbox` with no script on a terminal, or
+-- `moonbox -i`. Each line (or each complete chunk, with `>>` for more) runs
+-- as its own task on the event loop, so `sb:exec(...)` works at the prompt
+-- while everything else a line started goes on; results print as
+-- `luajit -i` prints them. Ctrl-C cancels the running line (at the prompt
+-- it drops what was typed); Ctrl-D at the prompt ends the session.
+-- With libedit (Debian's libedit2, BSD-licensed) the prompt has line
+-- editing and history; without it lines are read as the terminal gives them.
+local async = require "moonbox.async"
+local core = require "moonbox.core"
+local errors = require "moonbox.errors"
+
+local M = {}
+
+local function pack(...) return select("#", ...), { ... } end
+
+-- compile(text) -> fn | nil, message, incomplete. An expression first (so
+-- `1 + 1` prints 2), then a statement; a chunk that ends too early is
+-- incomplete and waits for more lines.
+-- (`=expr` as in lua 5.1's prompt too.) fn(pack) -> n, {results}: the
+-- expression is evaluated in the chunk's own frame (an argument, not a
+-- tail call), so an error in it names `stdin:1:` as it should.
+function M.compile(text, env)
+  local expr = text:match("^%s*=(.*)$") or text
+  local fn = loadstring("local __mb_pack = ...; return __mb_pack(" .. expr .. "\n)", "=stdin")
+  if not fn then
+    local err
+    fn, err = loadstring(text, "=stdin")
+    if not fn then
+      return nil, err, err:find("<eof>", 1, true) ~= nil
+    end
+    local statement = fn
+    if env then setfenv(statement, env) end
+    fn = function(p) return p(statement()) end
+  end
+  if env then setfenv(fn, env) end
+  return fn
+end
+
+-- What `luajit -i` prints for a line's results: tostring of each, tabs
+-- between, nothing for none.
+function M.format(n, results)
+  if n == 0 then return nil end
+  local parts = {}
+  for i = 1, n do parts[i] = tostring(results[i]) end
+  return table.concat(parts, "\t")
+end
+
+-- Line reading: libedit through the FFI when it loads, else plain reads
+-- of the terminal (or whatever stdin is) through the loop.
+local function plain_reader()
+  local path = "/dev/stdin"
+  local fd = core.open_fd(path, "r")
+  if not fd then return nil end
+  local stream = core.stream_open(fd)
+  if not stream then core.close_fd(fd) return nil end
+  local buf, eof, waiting = "", false, nil
+  stream:read_start(function(_, data)
+    if data then buf = buf .. data else eof = true end
+    if waiting and (eof or buf:find("\n", 1, true)) then
+      local w = waiting
+      waiting = nil
+      w()
+    end
+  end)
+  local reader = {}
+  -- read(prompt) -> line (without its newline) or nil at EOF
+  function reader.read(prompt)
+    io.stdout:write(prompt)
+    io.stdout:flush()
+    while not buf:find("\n", 1, true) and not eof do
+      async.await(function(resume)
+        waiting = resume
+        return function() waiting = nil end
+      end, "the prompt")
+    end
+    local line, rest = buf:match("^([^\n]*)\n(.*)$")
+    if line then
+      buf = rest
+      return line
+    end
+    if buf ~= "" then
+      line, buf = buf, ""
+      return line
+    end
+    return nil
+  end
+  -- Ctrl-C at the prompt: what was typed goes (the terminal dropped its
+  -- line too), a fresh prompt
+  function reader.drop(prompt)
+    buf = ""
+    io.stdout:write("\n", prompt)
+    io.stdout:flush()
+  end
+  function reader.close() stream:close() end
+  return reader
+end
+
+function M.main()
+  local reader = plain_reader()
+  if not reader then
+    io.stderr:write("moonbox: cannot read the prompt's input\n")
+    return
+  end
+  local runtime = require "moonbox._runtime"
+  runtime.release_signal("SIGINT")
+  local running -- the task of the line that runs
+  local pending = nil -- the lines of a chunk not complete yet
+  local interrupted = false
+  local sigint = core.signal()
+  sigint:start("SIGINT", function()
+    if running then
+      running:cancel()
+    else
+      interrupted = true
+      pending = nil
+      reader.drop("> ")
+    end
+  end)
+  sigint:unref()
+  local env = _G
+  while true do
+    local line = reader.read(pending and ">> " or "> ")
+    if line == nil then
+      io.stdout:write("\n")
+      break
+    end
+    if interrupted then
+      interrupted = false
+      pending = nil
+    end
+    local text = pending and (pending .. "\n" .. line) or line
+    local fn, err, incomplete = M.compile(text, env)
+    if fn then
+      pending = nil
+      running = async.spawn(fn, pack)
+      local ok, n, results = pcall(running.wait, running)
+      local cancelled = running.cancelled
+      running = nil
+      if ok then
+        local out = M.format(n, results)
+        if out then io.stdout:write(out, "\n") end
+      elseif cancelled then
+        io.stderr:write("interrupted\n")
+      else
+        io.stderr:write(errors.format(n), "\n")
+      end
+      io.stdout:flush()
+    elseif incomplete then
+      pending = text
+    else
+      pending = nil
+      io.stderr:write(err, "\n")
+    end
+  end
+  sigint:close()
+  reader.close()
+end
+
+return M
