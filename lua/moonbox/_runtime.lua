@@ -35,9 +35,9 @@ local function close_watchers()
     watchers[name] = nil
   end
 end
-local function watch_signals()
+local function watch_signals(names)
   local core = require "moonbox.core"
-  for _, name in ipairs { "SIGINT", "SIGTERM", "SIGHUP" } do
+  for _, name in ipairs(names or { "SIGINT", "SIGTERM", "SIGHUP" }) do
     local w = core.signal()
     w:start(name, function(signum)
       close_watchers()
@@ -59,7 +59,14 @@ function M.release_signal(name)
   if w then
     watchers[name] = nil
     w:close()
+    return true
   end
+  return false
+end
+
+-- reclaim_signal(name): handled by the runtime again (after release_signal)
+function M.reclaim_signal(name)
+  if not watchers[name] then watch_signals { name } end
 end
 
 -- main(chunk, drive, ...) -> ok, message. With drive (the runtime owns the

@@ -103,7 +103,7 @@ function M.main()
     return
   end
   local runtime = require "moonbox._runtime"
-  runtime.release_signal("SIGINT")
+  local released = runtime.release_signal("SIGINT")
   local running -- the task of the line that runs
   local pending = nil -- the lines of a chunk not complete yet
   local interrupted = false
@@ -155,6 +155,8 @@ function M.main()
   end
   sigint:close()
   reader.close()
+  -- what the lines started may go on: Ctrl-C stops it all, as for a script
+  if released then runtime.reclaim_signal("SIGINT") end
 end
 
 return M
