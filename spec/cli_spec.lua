@@ -178,14 +178,16 @@ describe("moonbox (the command)", function()
     end)
   end)
 
-  it("with no script on a terminal: a prompt; lines run as tasks, Ctrl-C cancels one, Ctrl-D ends", function()
+  -- `moonbox` on a fresh pty (TERM as given); fn(write, expect, home, wait_exit)
+  -- where expect(text) returns the output up to and including text
+  local function on_a_terminal(term, fn)
     moonbox.run(function()
       local master, slave = assert(core.openpty(80, 24))
       local home = helper.mkdtemp()
       local exit = {}
       local proc = assert(core.spawn {
         args = { BIN }, setsid = true, ctty = 0,
-        env = { PATH = os.getenv("PATH"), HOME = home, MOONBOX_HOME = home, TERM = "dumb",
+        env = { PATH = os.getenv("PATH"), HOME = home, MOONBOX_HOME = home, TERM = term,
           ASAN_OPTIONS = os.getenv("ASAN_OPTIONS"), LUA_PATH = os.getenv("LUA_PATH"),
           LUA_CPATH = os.getenv("LUA_CPATH") },
         stdio = { [0] = slave, [1] = slave, [2] = slave },
@@ -198,7 +200,6 @@ describe("moonbox (the command)", function()
         buf = buf .. (data or "")
         if wake then wake() end
       end)
-      -- expect(plain text) -> everything up to and including it
       local function expect(text)
         return moonbox.timeout(20000, function()
           while not buf:find(text, 1, true) do
@@ -211,45 +212,71 @@ describe("moonbox (the command)", function()
           return seen
         end)
       end
-      local ok, err = pcall(function()
-        expect("> ")
-        stream:write("x = 6 * 7\n")
-        expect("> ")
-        stream:write("x, 'two'\n")
-        assert.equals("x, 'two'\r\n42\ttwo\r\n> ", expect("> "))
-        stream:write("for i = 1, 2 do\n")
-        expect(">> ")
-        stream:write("io.write(i, ' ') end\n")
-        assert.equals("io.write(i, ' ') end\r\n1 2 > ", expect("> "))
-        stream:write("sb = require('moonbox').getSandbox('repl-spec', {root = '" .. home .. "/sb'})\n")
-        expect("> ")
-        stream:write("sb:exec('echo from the sandbox').stdout\n")
-        local seen = expect("> ")
-        assert.matches("from the sandbox\r\n\r\n> $", seen)
-        stream:write("error('boom')\n")
-        assert.matches("stdin:1: boom", expect("> "), 1, true)
-        -- Ctrl-C cancels the running line; the prompt goes on
-        stream:write("sb:exec('sleep 1000')\n")
-        moonbox.sleep(300)
-        stream:write("\3")
-        assert.matches("interrupted\r\n> $", expect("> "))
-        stream:write("sb:exec('echo $((1+2))').stdout\n")
-        assert.matches("3\r\n\r\n> $", expect("> "))
-        -- Ctrl-C at the prompt drops what was typed
-        stream:write("half a line\3")
-        expect("> ")
-        stream:write("'after'\n")
-        assert.matches("after\r\n> $", expect("> "))
-        stream:write("sb:destroy()\n")
-        expect("> ")
-        stream:write("\4")
+      local function wait_exit()
         if exit.code == nil then require("moonbox.async").await(function(resume) exit.resume = resume end) end
-        assert.equals(0, exit.code)
-      end)
+        return exit.code
+      end
+      local ok, err = pcall(fn, function(data) stream:write(data) end, expect, home, wait_exit)
       if exit.code == nil then proc:kill("SIGKILL") end
       stream:close()
       helper.sh("rm -rf " .. home)
       assert(ok, err)
+    end)
+  end
+
+  it("with no script on a terminal: a prompt; lines run as tasks, Ctrl-C cancels one, Ctrl-D ends", function()
+    on_a_terminal("dumb", function(write, expect, home, wait_exit)
+      expect("> ")
+      write("x = 6 * 7\n")
+      expect("> ")
+      write("x, 'two'\n")
+      assert.equals("x, 'two'\r\n42\ttwo\r\n> ", expect("> "))
+      write("for i = 1, 2 do\n")
+      expect(">> ")
+      write("io.write(i, ' ') end\n")
+      assert.equals("io.write(i, ' ') end\r\n1 2 > ", expect("> "))
+      write("sb = require('moonbox').getSandbox('repl-spec', {root = '" .. home .. "/sb'})\n")
+      expect("> ")
+      write("sb:exec('echo from the sandbox').stdout\n")
+      assert.matches("from the sandbox\r\n\r\n> $", expect("> "))
+      write("error('boom')\n")
+      assert.matches("stdin:1: boom", expect("> "), 1, true)
+      -- Ctrl-C cancels the running line; the prompt goes on
+      write("sb:exec('sleep 1000')\n")
+      moonbox.sleep(300)
+      write("\3")
+      assert.matches("interrupted\r\n> $", expect("> "))
+      write("sb:exec('echo $((1+2))').stdout\n")
+      assert.matches("3\r\n\r\n> $", expect("> "))
+      -- Ctrl-C at the prompt drops what was typed
+      write("half a line\3")
+      expect("> ")
+      write("'after'\n")
+      assert.matches("after\r\n> $", expect("> "))
+      write("sb:destroy()\n")
+      expect("> ")
+      write("\4")
+      assert.equals(0, wait_exit())
+    end)
+  end)
+
+  it("on a real terminal: line editing and history through libedit when it is there", function()
+    local has_libedit = pcall(require("ffi").load, "edit.so.2")
+    on_a_terminal("xterm", function(write, expect, _, wait_exit)
+      expect("> ")
+      write("'first' .. 1\n")
+      expect("first1\r\n> ")
+      if has_libedit then
+        -- Up recalls the line; Left and an insert edit it
+        write("\27[A\27[D2\n")
+        expect("first21\r\n> ")
+      end
+      write("'typed' .. 'again'\n")
+      expect("typedagain\r\n> ")
+      write("\3")
+      expect("> ")
+      write("\4")
+      assert.equals(0, wait_exit())
     end)
   end)
 

@@ -96,8 +96,140 @@ local function plain_reader()
   return reader
 end
 
+-- libedit's readline interface, fed by the loop: bytes read from the
+-- terminal go to rl_callback_read_char one at a time through
+-- rl_getc_function, so nothing blocks and the line's handler hands the line
+-- back. nil when libedit is not there (or stdin is no terminal, or TERM is
+-- dumb: plain reads then).
+local function edit_reader()
+  local term = os.getenv("TERM")
+  if not term or term == "" or term == "dumb" then return nil end
+  local okffi, ffi = pcall(require, "ffi")
+  if not okffi then return nil end
+  pcall(ffi.cdef, [[
+    typedef void mb_rl_vcpfunc_t(char *);
+    typedef int mb_rl_getc_t(void *);
+    void rl_callback_handler_install(const char *, mb_rl_vcpfunc_t *);
+    void rl_callback_read_char(void);
+    void rl_callback_handler_remove(void);
+    int add_history(const char *);
+    int rl_initialize(void);
+    extern mb_rl_getc_t *rl_getc_function;
+    extern int rl_catch_signals;
+    extern int rl_catch_sigwinch;
+    int isatty(int);
+    void free(void *);
+  ]])
+  if ffi.C.isatty(0) ~= 1 or ffi.C.isatty(1) ~= 1 then return nil end
+  local okload, el = pcall(ffi.load, "edit.so.2")
+  if not okload then okload, el = pcall(ffi.load, "edit") end
+  if not okload then return nil end
+  local fd = core.open_fd("/dev/stdin", "r")
+  if not fd then return nil end
+  local stream = core.stream_open(fd)
+  if not stream then core.close_fd(fd) return nil end
+  local queue, qi = "", 1 -- bytes not yet given to libedit: queue from qi
+  local lines, eof, waiting = {}, false, nil
+  local getc = ffi.cast("mb_rl_getc_t *", function()
+    local b = queue:byte(qi)
+    if not b then return -1 end
+    qi = qi + 1
+    return b
+  end)
+  local on_line = ffi.cast("mb_rl_vcpfunc_t *", function(p)
+    if p == nil then
+      lines[#lines + 1] = false -- Ctrl-D on an empty line
+    else
+      local line = ffi.string(p)
+      ffi.C.free(p)
+      if line:find("%S") then el.add_history(line) end
+      lines[#lines + 1] = line
+    end
+  end)
+  -- libedit must leave the loop's signal handlers alone
+  el.rl_catch_signals = 0
+  el.rl_catch_sigwinch = 0
+  el.rl_getc_function = getc
+  if el.rl_initialize() ~= 0 then
+    stream:close()
+    return nil
+  end
+  local installed = false
+  local function wake()
+    if waiting and (#lines > 0 or eof) then
+      local w = waiting
+      waiting = nil
+      w()
+    end
+  end
+  stream:read_start(function(_, data)
+    if not data then
+      eof = true
+    elseif installed then
+      queue, qi = queue:sub(qi) .. data, 1
+      while installed and qi <= #queue and #lines == 0 do el.rl_callback_read_char() end
+      if #lines > 0 then
+        el.rl_callback_handler_remove()
+        installed = false
+      end
+    else
+      -- typed while a line runs: kept for the next prompt
+      queue, qi = queue:sub(qi) .. data, 1
+    end
+    wake()
+  end)
+  local reader = {}
+  local prompt_text
+  function reader.read(prompt)
+    io.stdout:flush()
+    if #lines == 0 and not eof then
+      prompt_text = prompt
+      el.rl_callback_handler_install(prompt, on_line)
+      installed = true
+      while installed and qi <= #queue and #lines == 0 do el.rl_callback_read_char() end
+      if #lines > 0 and installed then
+        el.rl_callback_handler_remove()
+        installed = false
+      end
+      while #lines == 0 and not eof do
+        async.await(function(resume)
+          waiting = resume
+          return function() waiting = nil end
+        end, "the prompt")
+      end
+    end
+    if installed then
+      el.rl_callback_handler_remove()
+      installed = false
+    end
+    local line = table.remove(lines, 1)
+    if line == nil or line == false then return nil end
+    return line
+  end
+  function reader.drop(prompt)
+    queue, qi = "", 1
+    if installed then
+      el.rl_callback_handler_remove()
+      io.stdout:write("\n")
+      io.stdout:flush()
+      el.rl_callback_handler_install(prompt or prompt_text or "> ", on_line)
+    end
+  end
+  local closed = false
+  function reader.close()
+    if installed then el.rl_callback_handler_remove() installed = false end
+    if not closed then
+      closed = true
+      stream:close()
+    end
+  end
+  -- a signal that ends the runtime at the prompt: the terminal back as it was
+  require("moonbox._runtime").at_exit(reader.close)
+  return reader
+end
+
 function M.main()
-  local reader = plain_reader()
+  local reader = edit_reader() or plain_reader()
   if not reader then
     io.stderr:write("moonbox: cannot read the prompt's input\n")
     return
