@@ -55,7 +55,7 @@ async function main() {
     const bare = await browser.newPage();
     bare.on("pageerror", (e) => fail("page error without xterm.js: " + e.message));
     await bare.route("**/page/xterm.js", (route) => route.fulfill({ status: 404, body: "" }));
-    await bare.goto(url + "/");
+    await bare.goto(url);
     await bare.waitForFunction(() => document.getElementById("status").textContent === "terminal unavailable",
       null, { timeout: 20000 });
     const said = await bare.textContent("#terminal");
