@@ -78,7 +78,7 @@ function M:begin(req)
   if id then
     req._activeId = id
     self.active[id] = (self.active[id] or 0) + 1
-    self.lastActive[id] = core.now()
+    if sandboxes()[id] then self.lastActive[id] = core.now() end
     while self.stopping[id] and async.in_task() do
       local list = self.stopping[id]
       async.await(function(resume) list[#list + 1] = resume end, "sandbox idle stop")
@@ -94,7 +94,8 @@ function M:finish(req)
   req._activeId = nil
   self.active[id] = (self.active[id] or 1) - 1
   if self.active[id] <= 0 then self.active[id] = nil end
-  self.lastActive[id] = core.now()
+  -- only sandboxes held are tracked (a request for an unknown or deleted id leaves nothing)
+  self.lastActive[id] = sandboxes()[id] and core.now() or nil
 end
 
 -- done(req, res): the response is out (or the client is gone).
