@@ -195,6 +195,24 @@ elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("install.rockspec" "needs luajit")
 endif()
 
+# deploy/: the routing tier for real (three `moonbox serve` behind nginx with
+# the shipped consistent-hashing config, spec/deploy/routing_test.py; skipped,
+# exit 77, only when nginx is not installed) and the Kubernetes manifests
+# (syntax and the fields docs/scaling.md relies on, with python3-yaml).
+find_program(PYTHON3_BIN NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+find_program(PYTHON3_BIN python3)
+if(PYTHON3_BIN AND NOT MOONBOX_SANITIZE)
+  add_test(NAME deploy.routing COMMAND ${PYTHON3_BIN} ${CMAKE_SOURCE_DIR}/spec/deploy/routing_test.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(deploy.routing PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 300
+    SKIP_RETURN_CODE 77)
+  add_test(NAME deploy.manifests COMMAND ${PYTHON3_BIN} ${CMAKE_SOURCE_DIR}/spec/deploy/manifests_test.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(deploy.manifests PROPERTIES TIMEOUT 60)
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("deploy.routing deploy.manifests" "needs python3")
+endif()
+
 if(MOONBOX_SKIPPED_TESTS)
   string(REPLACE ";" "\n  " skipped "${MOONBOX_SKIPPED_TESTS}")
   message(STATUS "moonbox: test groups left out:\n  ${skipped}")

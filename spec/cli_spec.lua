@@ -142,6 +142,149 @@ describe("moonbox (the command)", function()
     end
   end)
 
+  it("--policy takes a preset's name; an unknown name: one line listing the presets, exit 1", function()
+    local out, err, status = moonbox_cmd("--policy", "strict", "-e",
+      "print(require('moonbox.policy').resolve(nil).limits.maxSessions)")
+    assert.same({ "8\n", "", 0 }, { out, err, status })
+    out, err, status = moonbox_cmd("--policy", "nosuchpreset", "-e", "print(1)")
+    assert.same({ "", 1 }, { out, status })
+    assert.equals('moonbox: VALIDATION_FAILED: policy: unknown policy "nosuchpreset": the presets are dev, strict; ' ..
+      "or give a module name or a path to a .lua file\n", err)
+  end)
+
+  it("serve --help and -h print the serve usage to stdout and exit 0", function()
+    for _, flag in ipairs { "--help", "-h" } do
+      local out, err, status = moonbox_cmd("serve", "--listen", "127.0.0.1:0", flag)
+      assert.matches("^usage: moonbox serve %[%-%-listen 127%.0%.0%.1:8080 | %-%-listen unix:/path%.sock%]\n", out)
+      assert.same({ "", 0 }, { err, status })
+    end
+  end)
+
+  it("serve: an unknown option or a missing value is one line, exit 2", function()
+    local out, err, status = moonbox_cmd("serve", "-x")
+    assert.same({ "", "moonbox serve: unknown option '-x'\n", 2 }, { out, err, status })
+    out, err, status = moonbox_cmd("serve", "--listen")
+    assert.same({ "", "moonbox serve: --listen needs a value\n", 2 }, { out, err, status })
+  end)
+
+  it("serve: an address in use is one line without a traceback, exit 1", function()
+    moonbox.run(function()
+      local server = require("moonbox.server.http").listen({ listen = "127.0.0.1:0" }, function() end)
+      local ok, out, err, status = pcall(moonbox_cmd, "serve", "--listen", server.address, "--no-token")
+      server:close()
+      assert(ok, out)
+      assert.same({ "", ("moonbox serve: cannot listen on %s: address already in use\n"):format(server.address), 1 },
+        { out, err, status })
+    end)
+  end)
+
+  -- `moonbox` on a fresh pty (TERM as given); fn(write, expect, home, wait_exit)
+  -- where expect(text) returns the output up to and including text
+  local function on_a_terminal(term, fn)
+    moonbox.run(function()
+      local master, slave = assert(core.openpty(80, 24))
+      local home = helper.mkdtemp()
+      local exit = {}
+      local proc = assert(core.spawn {
+        args = { BIN }, setsid = true, ctty = 0,
+        env = { PATH = os.getenv("PATH"), HOME = home, MOONBOX_HOME = home, TERM = term,
+          ASAN_OPTIONS = os.getenv("ASAN_OPTIONS"), LUA_PATH = os.getenv("LUA_PATH"),
+          LUA_CPATH = os.getenv("LUA_CPATH") },
+        stdio = { [0] = slave, [1] = slave, [2] = slave },
+        on_exit = function(code) exit.code = code if exit.resume then exit.resume() end end,
+      })
+      core.close_fd(slave)
+      local stream = core.stream_open(master, true)
+      local buf, wake = "", nil
+      stream:read_start(function(_, data)
+        buf = buf .. (data or "")
+        if wake then wake() end
+      end)
+      local function expect(text)
+        return moonbox.timeout(20000, function()
+          while not buf:find(text, 1, true) do
+            require("moonbox.async").await(function(resume) wake = resume return function() wake = nil end end)
+            wake = nil
+          end
+          local _, j = buf:find(text, 1, true)
+          local seen = buf:sub(1, j)
+          buf = buf:sub(j + 1)
+          return seen
+        end)
+      end
+      local function wait_exit()
+        if exit.code == nil then require("moonbox.async").await(function(resume) exit.resume = resume end) end
+        return exit.code
+      end
+      local ok, err = pcall(fn, function(data) stream:write(data) end, expect, home, wait_exit)
+      if exit.code == nil then proc:kill("SIGKILL") end
+      stream:close()
+      helper.sh("rm -rf " .. home)
+      assert(ok, err)
+    end)
+  end
+
+  it("with no script on a terminal: a prompt; lines run as tasks, Ctrl-C cancels one, Ctrl-D ends", function()
+    on_a_terminal("dumb", function(write, expect, home, wait_exit)
+      expect("> ")
+      write("x = 6 * 7\n")
+      expect("> ")
+      write("x, 'two'\n")
+      assert.equals("x, 'two'\r\n42\ttwo\r\n> ", expect("> "))
+      write("for i = 1, 2 do\n")
+      expect(">> ")
+      write("io.write(i, ' ') end\n")
+      assert.equals("io.write(i, ' ') end\r\n1 2 > ", expect("> "))
+      write("sb = require('moonbox').getSandbox('repl-spec', {root = '" .. home .. "/sb'})\n")
+      expect("> ")
+      write("sb:exec('echo from the sandbox').stdout\n")
+      assert.matches("from the sandbox\r\n\r\n> $", expect("> "))
+      write("error('boom')\n")
+      assert.matches("stdin:1: boom", expect("> "), 1, true)
+      -- Ctrl-C cancels the running line; the prompt goes on
+      write("sb:exec('sleep 1000')\n")
+      moonbox.sleep(300)
+      write("\3")
+      assert.matches("interrupted\r\n> $", expect("> "))
+      write("sb:exec('echo $((1+2))').stdout\n")
+      assert.matches("3\r\n\r\n> $", expect("> "))
+      -- Ctrl-C at the prompt drops what was typed
+      write("half a line\3")
+      expect("> ")
+      write("'after'\n")
+      assert.matches("after\r\n> $", expect("> "))
+      write("sb:destroy()\n")
+      expect("> ")
+      write("\4")
+      assert.equals(0, wait_exit())
+    end)
+  end)
+
+  it("on a real terminal: line editing and history through libedit when it is there", function()
+    local has_libedit = pcall(require("ffi").load, "edit.so.2")
+    on_a_terminal("xterm", function(write, expect, _, wait_exit)
+      expect("> ")
+      write("'first' .. 1\n")
+      expect("first1\r\n> ")
+      if has_libedit then
+        -- Up recalls the line; Left and an insert edit it
+        write("\27[A\27[D2\n")
+        expect("first21\r\n> ")
+      end
+      write("'typed' .. 'again'\n")
+      expect("typedagain\r\n> ")
+      write("\3")
+      expect("> ")
+      write("\4")
+      assert.equals(0, wait_exit())
+    end)
+  end)
+
+  it("-i with a script is a usage mistake; without a terminal and arguments, the usage", function()
+    local _, err, status = moonbox_cmd("-i", "x.lua")
+    assert.same({ 2, "usage: moonbox" }, { status, err:sub(1, 14) })
+  end)
+
   it("- reads the script from standard input and passes the arguments", function()
     local p = io.popen(("printf '%%s' 'print(arg[0], #arg, ...)' | %s - a 'b c'"):format(quote(BIN)))
     local out = p:read("*a")

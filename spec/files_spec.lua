@@ -791,6 +791,23 @@ describe("files: watch", function()
     end)
   end)
 
+  it("sets up a recursive watch on a big tree in slices, every directory watched (issue #14)", function()
+    with_sandbox(function(sb)
+      -- 80 x 50 directories: walked in one piece they held the loop ~0.4 s
+      -- here; in slices the loop runs between them (the lag watchdog holds
+      -- the bound)
+      sb:exec("mkdir -p big && (cd big && for i in $(seq 80); do mkdir -p d$i && (cd d$i && mkdir $(seq 50)); done)")
+      local it = sb:watch("big", { recursive = true })
+      sb:exec("echo a > big/d1/1/first.txt && echo z > big/d80/50/last.txt && mkdir big/d20/25/new")
+      events_until(it, is("create", "/workspace/big/d1/1/first.txt"))
+      events_until(it, is("create", "/workspace/big/d80/50/last.txt"))
+      events_until(it, is("create", "/workspace/big/d20/25/new"))
+      sb:exec("echo n > big/d20/25/new/inside.txt")
+      events_until(it, is("create", "/workspace/big/d20/25/new/inside.txt"))
+      it:close()
+    end)
+  end)
+
   it("does not report subdirectories without recursive", function()
     with_sandbox(function(sb)
       sb:exec("mkdir -p w/sub")

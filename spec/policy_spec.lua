@@ -30,6 +30,26 @@ describe("policy validation", function()
     end
   end)
 
+  it("says which key a mistyped one probably is", function()
+    assert.equal("policy.limits.memoryByte: unknown key (did you mean memoryBytes?)",
+      err_of(policy.validate, { limits = { memoryByte = 1 } }).message)
+    assert.equal("policy.limts: unknown key (did you mean limits?)", err_of(policy.validate, { limts = {} }).message)
+    assert.equal("policy.zzzz: unknown key", err_of(policy.validate, { zzzz = 1 }).message)
+  end)
+
+  it("names the presets by their names; an unknown name lists them", function()
+    assert.equal(moonbox.policies.strict, policy.load("strict"))
+    assert.equal(moonbox.policies.dev, policy.load("dev"))
+    assert.equal(moonbox.policies.strict, policy.load("moonbox.policies.strict"))
+    local err = err_of(policy.load, "stirct")
+    assert.same({ "VALIDATION_FAILED", "policy" }, { err.code, err.context.field })
+    assert.equal('policy: unknown policy "stirct": the presets are dev, strict; ' ..
+      "or give a module name or a path to a .lua file", err.message)
+    with_sandbox({ policy = "strict" }, function(sb)
+      assert.equal(moonbox.policies.strict.limits.maxSessions, sb:info().limits.maxSessions)
+    end)
+  end)
+
   it("offers presets as plain data", function()
     assert.equal("strict", moonbox.policies.strict.name)
     assert.equal(30000, moonbox.policies.strict.limits.commandTimeoutMs)

@@ -7,7 +7,7 @@ local simple = require "moonbox._simple_command"
 local with_sandbox = helper.with_sandbox
 
 -- exec(command) twice in one session: through the builtin, then with it
--- off (bash forks and execs as usual); pids and the body's path differ
+-- off (bash forks and execs as usual); pids differ
 local function both_ways(s, command, opts)
   local function once(on)
     shell_mod.spawn_builtin = on
@@ -15,7 +15,7 @@ local function both_ways(s, command, opts)
     shell_mod.spawn_builtin = true
     assert(ok, r)
     local function norm(text)
-      return (text:gsub("^[^\n]-: line 1: ", "BODY: line 1: "):gsub("line 1: +%d+ ", "line 1: PID "))
+      return (text:gsub("line 1: +%d+ ", "line 1: PID "))
     end
     return { exitCode = r.exitCode, stdout = r.stdout, stderr = norm(r.stderr) }
   end
@@ -137,6 +137,36 @@ describe("the spawn builtin", function()
   end)
 end)
 
+describe("shell error messages", function()
+  it("name the shell, never the runtime's files, as bash -c would", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      for _, on in ipairs { true, false } do
+        shell_mod.spawn_builtin = on
+        local ok, err = pcall(function()
+          assert.equal("bash: line 1: nosuchcmd: command not found\n", s:exec("nosuchcmd").stderr)
+          assert.equal("bash: line 3: nosuch2: command not found\n", s:exec("echo hi\n\nnosuch2 a b").stderr)
+          assert.equal("bash: line 1: nosuch3: command not found\n", s:exec("(nosuch3) | cat").stderr)
+          assert.equal("bash: line 1: cd: /nonexistent: No such file or directory\n", s:exec("cd /nonexistent").stderr)
+          -- in a function the body defined, in this call or an earlier one
+          assert.equal("bash: line 2: nosuchf: command not found\n", s:exec("f() {\n nosuchf; }\nf").stderr)
+          assert.equal("bash: line 2: nosuchf: command not found\n", s:exec("f").stderr)
+          -- a file the command sources keeps its name, as in any bash
+          s:writeFile("x.sh", "\nnosuchx\n")
+          assert.equal("./x.sh: line 2: nosuchx: command not found\n", s:exec(". ./x.sh").stderr)
+          -- a foreground command killed by SIGKILL is noted as in a terminal
+          local r = s:exec("sh -c 'kill -KILL $$'")
+          assert.same({ 137, "Killed\n" }, { r.exitCode, r.stderr })
+          r = s:exec("sh -c 'kill -KILL $$'; echo after")
+          assert.same({ 0, "after\n", "Killed\n" }, { r.exitCode, r.stdout, r.stderr })
+        end)
+        shell_mod.spawn_builtin = true
+        assert(ok, err)
+      end
+    end)
+  end)
+end)
+
 describe("the report builtin", function()
   it("reads both env file formats", function()
     assert.same({ A = "1", B = "x=y\nz", C = "" }, shell_mod.parse_exports("A=1\0B=x=y\nz\0C=\0"))
@@ -161,13 +191,13 @@ describe("the report builtin", function()
   end)
 
   it("is not needed: a shell without the builtins reports with export -p", function()
-    shell_mod.spawn_builtin = false
+    shell_mod.load_builtins = false
     local ok, err = pcall(with_sandbox, function(sb)
       local s = sb:createSession {}
       assert.equal("", s:exec("enable -a | grep __mb_ || true").stdout)
       restored_after_death(sb)
     end)
-    shell_mod.spawn_builtin = true
+    shell_mod.load_builtins = true
     assert(ok, err)
   end)
 end)

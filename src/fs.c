@@ -16,10 +16,10 @@
  *    RESOLVE_IN_ROOT ("in_root": "/" and ".." are clamped to the root, like
  *    chroot), always plus RESOLVE_NO_MAGICLINKS. An escape is reported as
  *    nil, "EXDEV: path resolves outside the root (...)", "EXDEV".
- *    fs_open_beneath is asynchronous (uv_queue_work) when given a callback
- *    and synchronous otherwise; every other *_beneath helper and fs_open_dir
- *    is synchronous: they are a handful of quick syscalls on a directory fd
- *    and return their results directly (result | nil, message, CODE).
+ *    fs_open_beneath, fs_mkdir/unlink/rmdir/rename/stat/where_beneath are
+ *    asynchronous (uv_queue_work) when given a callback and synchronous
+ *    otherwise (result | nil, message, CODE); fs_scandir_beneath and
+ *    fs_open_dir are synchronous.
  *    The mutating helpers open the PARENT directory confined (O_PATH) and act
  *    on the final component with mkdirat/unlinkat/renameat, which never
  *    follow a final symlink, so nothing outside the root is touched.
@@ -1113,62 +1113,349 @@ static int fs_open_beneath(lua_State *L) {
   return 1;
 }
 
-/* Split relpath into parent and final component, pushed as two strings.
- * Trailing slashes are ignored ("a/b/" is "a" + "b"). Returns 0, or an errno
- * value (nothing pushed) when there is no usable final component: "" is
- * ENOENT; "/", "." and ".." as the final component are EINVAL. */
-static int split_parent(lua_State *L, const char *rel) {
+/* ---- mkdir, unlink, rmdir, rename, stat, where beneath a root -------------
+ *
+ * Each runs synchronously when called without a callback (result | nil,
+ * message, CODE) and on the thread pool when given one as its last argument
+ * (returns true, then cb(nil, result) or cb(message, nil, CODE), as
+ * fs_open_beneath). A handful of syscalls each, but a sandbox's file calls
+ * are many and user-driven, and a confined lookup can be retried under a
+ * rename race or meet a slow filesystem (an unlink of a huge file): in a
+ * task they go to the pool so the loop keeps turning (issue #14). */
+
+enum { AT_MKDIR, AT_UNLINK, AT_RMDIR, AT_RENAME, AT_STAT, AT_WHERE };
+enum { AT_OK, AT_ESPLIT, AT_EOPENAT2, AT_EAT, AT_ERENAME };
+
+typedef struct {
+  uv_work_t work;
+  mb_core *core;
+  int cb_ref;
+  int op;
+  int root, own_root;
+  confine_rules rules;
+  unsigned long long resolve;
+  const char *resolve_name;
+  char *a, *b;   /* relpath (rename: old, new) */
+  int mode;      /* mkdir */
+  int follow;    /* stat */
+  /* outcome */
+  int kind, err;
+  const char *err_path; /* a or b */
+  const char *at_op;
+  struct stat st;
+  size_t where_len;
+  char where[4096];
+} at_req;
+
+/* The parent of rel opened confined (O_PATH directory fd) and its final
+ * component in name (trailing slashes ignored). -1 with q's outcome set. */
+static int at_open_parent(at_req *q, const char *rel, char *name, size_t name_size) {
   size_t len = strlen(rel);
-  if (len == 0) return ENOENT;
+  if (len == 0 || len >= PATH_MAX) {
+    q->kind = AT_ESPLIT;
+    q->err = len ? ENAMETOOLONG : ENOENT;
+    q->err_path = rel;
+    return -1;
+  }
   while (len > 1 && rel[len - 1] == '/') len--;
   size_t slash = len;
   while (slash > 0 && rel[slash - 1] != '/') slash--;
-  const char *name = rel + slash;
+  const char *nm = rel + slash;
   size_t name_len = len - slash;
-  if (name_len == 0 || (name_len == 1 && name[0] == '.') || (name_len == 2 && name[0] == '.' && name[1] == '.'))
-    return EINVAL;
+  if (name_len == 0 || (name_len == 1 && nm[0] == '.') || (name_len == 2 && nm[0] == '.' && nm[1] == '.') ||
+      name_len >= name_size) {
+    q->kind = AT_ESPLIT;
+    q->err = name_len >= name_size ? ENAMETOOLONG : EINVAL;
+    q->err_path = rel;
+    return -1;
+  }
+  memcpy(name, nm, name_len);
+  name[name_len] = 0;
+  char parent[PATH_MAX];
   if (slash == 0) {
-    lua_pushliteral(L, ".");
+    strcpy(parent, ".");
   } else {
     size_t plen = slash;
     while (plen > 1 && rel[plen - 1] == '/') plen--;
-    lua_pushlstring(L, rel, plen);
+    memcpy(parent, rel, plen);
+    parent[plen] = 0;
   }
-  lua_pushlstring(L, name, name_len);
-  return 0;
-}
-
-/* The confined parent of rel as an O_PATH directory fd; on success the
- * final component is pushed (one string) and *name points at it. On failure
- * the three error values are pushed and -1 is returned. */
-static int open_parent(lua_State *L, int root, const confine_rules *rules, const char *rel,
-                       unsigned long long resolve, const char *resolve_name, const char **name) {
-  int top = lua_gettop(L);
-  int err = split_parent(L, rel);
-  if (err) {
-    lua_pushnil(L);
-    if (err == EINVAL)
-      lua_pushfstring(L, "EINVAL: invalid argument (path '%s' has no usable final component)", rel);
-    else
-      lua_pushfstring(L, "%s: %s (empty path)", errno_code(err), uv_strerror(uv_translate_sys_error(err)));
-    lua_pushstring(L, errno_code(err));
-    return -1;
-  }
-  const char *parent = lua_tostring(L, -2);
-  int pfd = rules_openat2(rules, root, parent, O_PATH | O_DIRECTORY | O_CLOEXEC, 0, resolve);
+  int pfd = rules_openat2(&q->rules, q->root, parent, O_PATH | O_DIRECTORY | O_CLOEXEC, 0, q->resolve);
   if (pfd < 0) {
-    err = errno;
-    lua_settop(L, top);
-    /* report the whole path, not just its parent */
-    return_openat2_error(L, err, rel, resolve_name);
-    return -1;
+    q->kind = AT_EOPENAT2; /* reported for the whole path, not just its parent */
+    q->err = errno;
+    q->err_path = rel;
   }
-  lua_remove(L, -2); /* keep only the name */
-  *name = lua_tostring(L, -1);
   return pfd;
 }
 
-/* Common prologue of the synchronous *_beneath helpers. */
+/* An *at call on a verified directory fd, with the confinement's credentials. */
+#define AT_WITH_CREDS(q, expr)                                   \
+  do {                                                           \
+    saved_creds sc_;                                             \
+    if (creds_enter(&(q)->rules, &sc_) < 0) { r = -1; break; }   \
+    r = (expr);                                                  \
+    creds_leave(&sc_);                                           \
+  } while (0)
+
+static void at_run(at_req *q) {
+  char name[NAME_MAX + 1], name2[NAME_MAX + 1];
+  int r;
+  q->kind = AT_OK;
+  switch (q->op) {
+    case AT_MKDIR:
+    case AT_UNLINK:
+    case AT_RMDIR: {
+      int pfd = at_open_parent(q, q->a, name, sizeof name);
+      if (pfd < 0) return;
+      if (q->op == AT_MKDIR) {
+        AT_WITH_CREDS(q, mkdirat(pfd, name, (mode_t)q->mode));
+        q->at_op = "mkdir";
+      } else {
+        AT_WITH_CREDS(q, unlinkat(pfd, name, q->op == AT_RMDIR ? AT_REMOVEDIR : 0));
+        q->at_op = q->op == AT_RMDIR ? "rmdir" : "unlink";
+      }
+      q->err = errno;
+      close(pfd);
+      if (r < 0) {
+        q->kind = AT_EAT;
+        q->err_path = q->a;
+      }
+      return;
+    }
+    case AT_RENAME: {
+      int from_fd = at_open_parent(q, q->a, name, sizeof name);
+      if (from_fd < 0) return;
+      int to_fd = at_open_parent(q, q->b, name2, sizeof name2);
+      if (to_fd < 0) {
+        close(from_fd);
+        return;
+      }
+      AT_WITH_CREDS(q, renameat(from_fd, name, to_fd, name2));
+      q->err = errno;
+      close(from_fd);
+      close(to_fd);
+      if (r < 0) q->kind = AT_ERENAME;
+      return;
+    }
+    case AT_STAT:
+    case AT_WHERE: {
+      int fd = rules_openat2(&q->rules, q->root, q->a,
+                             O_PATH | O_CLOEXEC | (q->op == AT_STAT && !q->follow ? O_NOFOLLOW : 0), 0, q->resolve);
+      if (fd < 0) {
+        q->kind = AT_EOPENAT2;
+        q->err = errno;
+        q->err_path = q->a;
+        return;
+      }
+      q->err_path = q->a;
+      if (q->op == AT_STAT) {
+        r = fstat(fd, &q->st);
+        q->err = errno;
+        q->at_op = "fstat";
+      } else {
+        char link[64];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t len = readlink(link, q->where, sizeof q->where);
+        q->err = len < 0 ? errno : ENAMETOOLONG;
+        r = len < 0 || (size_t)len >= sizeof q->where ? -1 : 0;
+        q->where_len = r < 0 ? 0 : (size_t)len;
+        q->at_op = "readlink";
+      }
+      close(fd);
+      if (r < 0) q->kind = AT_EAT;
+      return;
+    }
+  }
+}
+
+/* Push q's outcome: the result (1 value), or nil, message, CODE (3). */
+static int at_push(lua_State *L, at_req *q) {
+  char detail[2 * PATH_MAX + 32];
+  switch (q->kind) {
+    case AT_OK:
+      if (q->op == AT_STAT) push_sys_stat(L, &q->st);
+      else if (q->op == AT_WHERE) lua_pushlstring(L, q->where, q->where_len);
+      else lua_pushboolean(L, 1);
+      return 1;
+    case AT_ESPLIT:
+      lua_pushnil(L);
+      if (q->err == EINVAL)
+        lua_pushfstring(L, "EINVAL: invalid argument (path '%s' has no usable final component)", q->err_path);
+      else if (q->err == ENOENT)
+        lua_pushfstring(L, "%s: %s (empty path)", errno_code(q->err), uv_strerror(uv_translate_sys_error(q->err)));
+      else
+        lua_pushfstring(L, "%s: %s (path '%s')", errno_code(q->err), uv_strerror(uv_translate_sys_error(q->err)),
+                        q->err_path);
+      lua_pushstring(L, errno_code(q->err));
+      return 3;
+    case AT_EOPENAT2:
+      return return_openat2_error(L, q->err, q->err_path, q->resolve_name);
+    case AT_EAT:
+      snprintf(detail, sizeof detail, "%s '%s'", q->at_op, q->err_path);
+      return mb_push_errno(L, q->err, detail);
+    default: /* AT_ERENAME */
+      snprintf(detail, sizeof detail, "rename '%s' -> '%s'", q->a, q->b);
+      return mb_push_errno(L, q->err, detail);
+  }
+}
+
+static void at_free(at_req *q) {
+  if (q->own_root && q->root >= 0) close(q->root);
+  free(q->a);
+  free(q->b);
+  free(q);
+}
+
+static void at_work(uv_work_t *w) { at_run((at_req *)w->data); }
+
+static void at_after(uv_work_t *w, int status) {
+  at_req *q = (at_req *)w->data;
+  mb_core *core = q->core;
+  if (status == UV_ECANCELED) {
+    q->kind = AT_EAT;
+    q->err = ECANCELED;
+    q->at_op = "queue";
+    q->err_path = q->a;
+  }
+  if (core->dead) {
+    at_free(q);
+    return;
+  }
+  lua_State *cbL = core->cbL;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, q->cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, q->cb_ref);
+  int n = at_push(cbL, q);
+  if (n == 1) {
+    lua_pushnil(cbL);
+    lua_insert(cbL, -2); /* cb(nil, result) */
+    n = 2;
+  } else {
+    /* nil, message, CODE -> message, nil, CODE */
+    lua_pushvalue(cbL, -2);
+    lua_replace(cbL, -4);
+    lua_pushnil(cbL);
+    lua_replace(cbL, -3);
+  }
+  at_free(q);
+  mb_call(core, cbL, n);
+}
+
+/* Common body: root at index 1, relpath(s) already checked; resolve at
+ * resolve_idx; an optional callback at cb_idx. */
+static int at_call(lua_State *L, int op, const char *a, const char *b, int mode, int follow, int resolve_idx,
+                   int cb_idx) {
+  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING && lua_type(L, 1) != LUA_TUSERDATA)
+    luaL_argerror(L, 1, "root must be a directory fd, path or confinement");
+  int async = !lua_isnoneornil(L, cb_idx);
+  if (async) luaL_checktype(L, cb_idx, LUA_TFUNCTION);
+  const char *resolve_name;
+  unsigned long long resolve = check_resolve(L, resolve_idx, &resolve_name); /* may raise: before any allocation */
+  if (lua_type(L, 1) == LUA_TNUMBER) check_fd(L, 1);                          /* likewise */
+  at_req *q = (at_req *)calloc(1, sizeof(at_req));
+  if (!q) return luaL_error(L, "out of memory");
+  q->op = op;
+  q->mode = mode;
+  q->follow = follow;
+  q->root = -1;
+  q->resolve = resolve;
+  q->resolve_name = resolve_name;
+  q->a = strdup(a);
+  q->b = b ? strdup(b) : NULL;
+  if (!q->a || (b && !q->b)) {
+    at_free(q);
+    return luaL_error(L, "out of memory");
+  }
+  fs_confine *conf;
+  int root = get_root(L, 1, &q->own_root, &conf);
+  if (conf && lua_isnoneornil(L, resolve_idx)) {
+    q->resolve = conf->resolve;
+    q->resolve_name = conf->resolve_name;
+  }
+  rules_of(conf, &q->rules);
+  if (root < 0) {
+    int err = errno;
+    at_free(q);
+    return return_root_error(L, err, 1);
+  }
+  q->root = root;
+  if (!async) {
+    at_run(q);
+    int n = at_push(L, q);
+    at_free(q);
+    return n;
+  }
+  if (!q->own_root) {
+    /* the request keeps its own root: the caller's fd or the confinement
+     * may be closed meanwhile */
+    q->root = fcntl(root, F_DUPFD_CLOEXEC, 0);
+    if (q->root < 0) {
+      int err = errno;
+      at_free(q);
+      return return_root_error(L, err, 1);
+    }
+    q->own_root = 1;
+  }
+  mb_core *core = mb_core_get(L);
+  q->core = core;
+  q->work.data = q;
+  lua_pushvalue(L, cb_idx);
+  q->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  int rc = uv_queue_work(core->loop, &q->work, at_work, at_after);
+  if (rc < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, q->cb_ref);
+    at_free(q);
+    return mb_push_error(L, rc, "uv_queue_work");
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.fs_mkdir_beneath(root, relpath, mode, resolve[, cb]) -> true */
+static int fs_mkdir_beneath(lua_State *L) {
+  const char *rel = luaL_checkstring(L, 2);
+  int mode = check_mode(L, 3, 0777);
+  return at_call(L, AT_MKDIR, rel, NULL, mode, 0, 4, 5);
+}
+
+/* core.fs_unlink_beneath(root, relpath, resolve[, cb]) -> true; a final
+ * symlink is removed itself, never followed. */
+static int fs_unlink_beneath(lua_State *L) {
+  return at_call(L, AT_UNLINK, luaL_checkstring(L, 2), NULL, 0, 0, 3, 4);
+}
+
+/* core.fs_rmdir_beneath(root, relpath, resolve[, cb]) -> true */
+static int fs_rmdir_beneath(lua_State *L) {
+  return at_call(L, AT_RMDIR, luaL_checkstring(L, 2), NULL, 0, 0, 3, 4);
+}
+
+/* core.fs_rename_beneath(root, old, new, resolve[, cb]) -> true; both paths
+ * are confined to the same root. */
+static int fs_rename_beneath(lua_State *L) {
+  const char *from = luaL_checkstring(L, 2);
+  const char *to = luaL_checkstring(L, 3);
+  return at_call(L, AT_RENAME, from, to, 0, 0, 4, 5);
+}
+
+/* core.fs_stat_beneath(root, relpath, resolve, follow[, cb]) -> stat table.
+ * The whole path is opened O_PATH through openat2 (with O_NOFOLLOW when
+ * follow == false, giving the symlink itself) and fstat'ed, so a final
+ * symlink is also resolved inside the root; follow defaults to true. */
+static int fs_stat_beneath(lua_State *L) {
+  const char *rel = luaL_checkstring(L, 2);
+  int follow = lua_isnoneornil(L, 4) ? 1 : lua_toboolean(L, 4);
+  return at_call(L, AT_STAT, rel, NULL, 0, follow, 3, 5);
+}
+
+/* core.fs_where_beneath(root, relpath, resolve[, cb]) -> path | nil, message,
+ * CODE: where relpath leads, every symlink followed (a final one too), as
+ * the kernel names the object it reached (readlink of /proc/self/fd/<n>):
+ * for a root seen through /proc/<pid>/root, the path inside that process's view. */
+static int fs_where_beneath(lua_State *L) {
+  return at_call(L, AT_WHERE, luaL_checkstring(L, 2), NULL, 0, 0, 3, 4);
+}
+
+/* Common prologue of fs_scandir_beneath. */
 typedef struct {
   int root, owned;
   const char *resolve_name;
@@ -1193,15 +1480,6 @@ static int root_begin(lua_State *L, root_ctx *rc, int resolve_idx) {
   return 0;
 }
 
-/* An *at call on a verified directory fd, with the confinement's credentials. */
-#define WITH_CREDS(rc, expr)                                     \
-  do {                                                           \
-    saved_creds sc_;                                             \
-    if (creds_enter(&(rc)->rules, &sc_) < 0) { r = -1; break; }  \
-    r = (expr);                                                  \
-    creds_leave(&sc_);                                           \
-  } while (0)
-
 static void root_end(root_ctx *rc) {
   if (rc->owned) close(rc->root);
 }
@@ -1209,126 +1487,6 @@ static void root_end(root_ctx *rc) {
 static int return_at_error(lua_State *L, int err, const char *op, const char *rel) {
   lua_pushfstring(L, "%s '%s'", op, rel);
   return mb_push_errno(L, err, lua_tostring(L, -1));
-}
-
-/* core.fs_mkdir_beneath(root, relpath, mode, resolve) -> true. Synchronous. */
-static int fs_mkdir_beneath(lua_State *L) {
-  const char *rel = luaL_checkstring(L, 2);
-  int mode = check_mode(L, 3, 0777);
-  root_ctx rc;
-  int n = root_begin(L, &rc, 4);
-  if (n) return n;
-  const char *name;
-  int pfd = open_parent(L, rc.root, &rc.rules, rel, rc.resolve, rc.resolve_name, &name);
-  root_end(&rc);
-  if (pfd < 0) return 3;
-  int r;
-  WITH_CREDS(&rc, mkdirat(pfd, name, (mode_t)mode));
-  int err = errno;
-  close(pfd);
-  if (r < 0) return return_at_error(L, err, "mkdir", rel);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-static int unlink_or_rmdir(lua_State *L, int flag, const char *op) {
-  const char *rel = luaL_checkstring(L, 2);
-  root_ctx rc;
-  int n = root_begin(L, &rc, 3);
-  if (n) return n;
-  const char *name;
-  int pfd = open_parent(L, rc.root, &rc.rules, rel, rc.resolve, rc.resolve_name, &name);
-  root_end(&rc);
-  if (pfd < 0) return 3;
-  int r;
-  WITH_CREDS(&rc, unlinkat(pfd, name, flag));
-  int err = errno;
-  close(pfd);
-  if (r < 0) return return_at_error(L, err, op, rel);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* core.fs_unlink_beneath(root, relpath, resolve) -> true. Synchronous; a
- * final symlink is removed itself, never followed. */
-static int fs_unlink_beneath(lua_State *L) { return unlink_or_rmdir(L, 0, "unlink"); }
-
-/* core.fs_rmdir_beneath(root, relpath, resolve) -> true. Synchronous. */
-static int fs_rmdir_beneath(lua_State *L) { return unlink_or_rmdir(L, AT_REMOVEDIR, "rmdir"); }
-
-/* core.fs_rename_beneath(root, old, new, resolve) -> true. Synchronous; both
- * paths are confined to the same root. */
-static int fs_rename_beneath(lua_State *L) {
-  const char *from = luaL_checkstring(L, 2);
-  const char *to = luaL_checkstring(L, 3);
-  root_ctx rc;
-  int n = root_begin(L, &rc, 4);
-  if (n) return n;
-  const char *from_name, *to_name;
-  int from_fd = open_parent(L, rc.root, &rc.rules, from, rc.resolve, rc.resolve_name, &from_name);
-  if (from_fd < 0) { root_end(&rc); return 3; }
-  int to_fd = open_parent(L, rc.root, &rc.rules, to, rc.resolve, rc.resolve_name, &to_name);
-  root_end(&rc);
-  if (to_fd < 0) { close(from_fd); return 3; }
-  int r;
-  WITH_CREDS(&rc, renameat(from_fd, from_name, to_fd, to_name));
-  int err = errno;
-  close(from_fd);
-  close(to_fd);
-  if (r < 0) {
-    lua_pushfstring(L, "rename '%s' -> '%s'", from, to);
-    return mb_push_errno(L, err, lua_tostring(L, -1));
-  }
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* core.fs_stat_beneath(root, relpath, resolve, follow) -> stat table.
- * Synchronous. The whole path is opened O_PATH through openat2 (with
- * O_NOFOLLOW when follow == false, giving the symlink itself) and fstat'ed,
- * so a final symlink is also resolved inside the root; follow defaults to true. */
-static int fs_stat_beneath(lua_State *L) {
-  const char *rel = luaL_checkstring(L, 2);
-  int follow = lua_isnoneornil(L, 4) ? 1 : lua_toboolean(L, 4);
-  root_ctx rc;
-  int n = root_begin(L, &rc, 3);
-  if (n) return n;
-  int fd = rules_openat2(&rc.rules, rc.root, rel, O_PATH | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW), 0, rc.resolve);
-  int err = errno;
-  root_end(&rc);
-  if (fd < 0) return return_openat2_error(L, err, rel, rc.resolve_name);
-  struct stat st;
-  int r = fstat(fd, &st);
-  err = errno;
-  close(fd);
-  if (r < 0) return return_at_error(L, err, "fstat", rel);
-  push_sys_stat(L, &st);
-  return 1;
-}
-
-/* core.fs_where_beneath(root, relpath, resolve) -> path | nil, message, CODE:
- * where relpath leads, every symlink followed (a final one too), as the
- * kernel names the object it reached (readlink of /proc/self/fd/<n>): for a
- * root seen through /proc/<pid>/root, the path inside that process's view.
- * Synchronous. */
-static int fs_where_beneath(lua_State *L) {
-  const char *rel = luaL_checkstring(L, 2);
-  root_ctx rc;
-  int n = root_begin(L, &rc, 3);
-  if (n) return n;
-  int fd = rules_openat2(&rc.rules, rc.root, rel, O_PATH | O_CLOEXEC, 0, rc.resolve);
-  int err = errno;
-  root_end(&rc);
-  if (fd < 0) return return_openat2_error(L, err, rel, rc.resolve_name);
-  char link[64], buf[4096];
-  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-  ssize_t len = readlink(link, buf, sizeof buf);
-  err = errno;
-  close(fd);
-  if (len < 0) return return_at_error(L, err, "readlink", rel);
-  if ((size_t)len >= sizeof buf) return return_at_error(L, ENAMETOOLONG, "readlink", rel);
-  lua_pushlstring(L, buf, (size_t)len);
-  return 1;
 }
 
 /* core.fs_scandir_beneath(root, relpath, resolve) -> {{name=, type=}, ...}

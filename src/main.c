@@ -7,11 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 static const char usage[] =
   "usage: moonbox [--policy file.lua] script.lua [args...]\n"
   "       moonbox [--policy file.lua] -e 'lua code' [args...]\n"
   "       moonbox [--policy file.lua] - [args...]        (the script from standard input)\n"
+  "       moonbox [--policy file.lua] [-i]               (a prompt: each line runs as a task)\n"
   "       moonbox [--policy file.lua] serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]\n"
   "               [--policy file.lua] [--handler app.lua] [--token-file F]   (docs/server.md)\n"
   "       moonbox --version | --help\n"
@@ -60,20 +62,34 @@ static int unknown_option(const char *opt) {
 int main(int argc, char **argv) {
   struct rlimit fds;
   raise_fd_limit(&fds);
-  if (argc < 2) { fputs(usage, stderr); return 2; }
+  /* no script: on a terminal a prompt, as luajit gives one */
+  static char *repl_argv[] = {"moonbox", "-i", NULL};
+  if (argc < 2) {
+    if (!isatty(0)) { fputs(usage, stderr); return 2; }
+    repl_argv[0] = argv[0];
+    argc = 2;
+    argv = repl_argv;
+  }
   if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) { fputs(usage, stdout); return 0; }
   if (strcmp(argv[1], "--version") == 0) {
     printf("moonbox %s\n%s\nlibuv %s\nopen files: soft %llu, hard %llu\n", moonbox_version(), LUAJIT_VERSION,
            uv_version_string(), (unsigned long long)fds.rlim_cur, (unsigned long long)fds.rlim_max);
     return 0;
   }
-  if (argv[1][0] == '-' && argv[1][1] && strcmp(argv[1], "--policy") != 0 && strcmp(argv[1], "-e") != 0)
+  if (argv[1][0] == '-' && argv[1][1] && strcmp(argv[1], "--policy") != 0 && strcmp(argv[1], "-e") != 0 &&
+      strcmp(argv[1], "-i") != 0)
     return unknown_option(argv[1]);
   moonbox *mb = moonbox_new(NULL);
   if (!mb) { fputs("moonbox: cannot create the runtime\n", stderr); return 1; }
   if (strcmp(argv[1], "--policy") == 0) {
+    if (argc < 4 && isatty(0)) argc = 4, argv[3] = "-i"; /* argv[argc] is NULL: room for one */
     if (argc < 4) { fputs(usage, stderr); moonbox_close(mb); return 2; }
-    if (argv[3][0] == '-' && argv[3][1] && strcmp(argv[3], "-e") != 0) {
+    if (strcmp(argv[3], "--help") == 0 || strcmp(argv[3], "-h") == 0) {
+      fputs(usage, stdout);
+      moonbox_close(mb);
+      return 0;
+    }
+    if (argv[3][0] == '-' && argv[3][1] && strcmp(argv[3], "-e") != 0 && strcmp(argv[3], "-i") != 0) {
       moonbox_close(mb);
       return unknown_option(argv[3]);
     }
@@ -93,6 +109,9 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) { lua_pushstring(L, argv[i]); lua_rawseti(L, -2, i - 1); }
     lua_setglobal(L, "arg");
     rc = moonbox_run_string(mb, "return require('moonbox.server.cli').main(arg)", "=(moonbox serve)");
+  } else if (strcmp(argv[1], "-i") == 0) {
+    if (argc > 2) { fputs(usage, stderr); moonbox_close(mb); return 2; }
+    rc = moonbox_run_string(mb, "return require('moonbox.repl').main()", "=(prompt)");
   } else if (strcmp(argv[1], "-e") == 0) {
     if (argc < 3) { fputs(usage, stderr); moonbox_close(mb); return 2; }
     rc = moonbox_run_string_args(mb, argv[2], "=(command line)", "-e", argc - 3, argv + 3);

@@ -7,7 +7,8 @@
 -- raises for an OS failure. The asynchronous ones wait through async.await
 -- and so must run inside a task (calling them outside one raises
 -- NOT_IN_TASK); the *_beneath helpers other than open_beneath, and
--- open_dir/close_dir, are synchronous and work anywhere.
+-- open_dir/close_dir, are synchronous and work anywhere (M.awaited has
+-- awaited versions of most, see there).
 --
 -- Root confinement: a path that resolves outside the root is reported by the
 -- core as EXDEV; here it becomes nil, "PATH_OUTSIDE_SANDBOX: ...",
@@ -252,6 +253,42 @@ end
 function M.where_beneath(root, relpath, resolve)
   return confined(core.fs_where_beneath(root, relpath, resolve))
 end
+
+-- M.awaited: the same seven helpers, run on the thread pool and awaited
+-- when called in a task (synchronous outside one), for code that makes many
+-- file calls (the sandbox file API): a task making them back to back then
+-- never holds the loop (issue #14). Awaiting lets other tasks run meanwhile,
+-- so a caller whose order against other tasks matters (checks made before a
+-- call takes its place in a session's queue) keeps the synchronous ones.
+local function beneath(what, fn, n, ...)
+  if async.in_task() then return confined(await_op(what, fn, n, { ... })) end
+  return confined(fn(...))
+end
+
+M.awaited = {
+  mkdir_beneath = function(root, relpath, mode, resolve)
+    return beneath("_fs.mkdir_beneath", core.fs_mkdir_beneath, 4, root, relpath, mode, resolve)
+  end,
+  unlink_beneath = function(root, relpath, resolve)
+    return beneath("_fs.unlink_beneath", core.fs_unlink_beneath, 3, root, relpath, resolve)
+  end,
+  rmdir_beneath = function(root, relpath, resolve)
+    return beneath("_fs.rmdir_beneath", core.fs_rmdir_beneath, 3, root, relpath, resolve)
+  end,
+  rename_beneath = function(root, old, new, resolve)
+    return beneath("_fs.rename_beneath", core.fs_rename_beneath, 4, root, old, new, resolve)
+  end,
+  stat_beneath = function(root, relpath, resolve, follow)
+    if follow == nil then follow = true end
+    return beneath("_fs.stat_beneath", core.fs_stat_beneath, 4, root, relpath, resolve, follow)
+  end,
+  lstat_beneath = function(root, relpath, resolve)
+    return beneath("_fs.lstat_beneath", core.fs_stat_beneath, 4, root, relpath, resolve, false)
+  end,
+  where_beneath = function(root, relpath, resolve)
+    return beneath("_fs.where_beneath", core.fs_where_beneath, 3, root, relpath, resolve)
+  end,
+}
 
 -- scandir_beneath(root, relpath[, resolve]) -> entries sorted by name. Synchronous.
 function M.scandir_beneath(root, relpath, resolve)

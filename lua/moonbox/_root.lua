@@ -81,7 +81,13 @@ function M.check(root, home, default_root)
   local canon = M.canonical(root)
   if canon == "/" then refuse(root, "is the host's root directory") end
   if is_system(canon) then refuse(root, ("is a system directory (%s)"):format(canon)) end
-  local home_canon = M.canonical(home)
+  -- a home this user cannot even look into (HOME unset: /root/... for
+  -- nobody) is compared as written: the root is checked by itself below
+  local function canonical_or_written(path)
+    local ok, where = pcall(M.canonical, path)
+    return ok and where or util.normalize(path)
+  end
+  local home_canon = canonical_or_written(home)
   if canon == home_canon or home_canon:sub(1, #canon + 1) == canon .. "/" or canon == home_canon .. "/sandboxes" then
     refuse(root, ("is the runtime's home (%s) or holds it"):format(home_canon))
   end
@@ -91,7 +97,7 @@ function M.check(root, home, default_root)
       { root = root, errno = code })
   end
   if st and st.type ~= "directory" then refuse(root, "is not a directory") end
-  if st and canon ~= M.canonical(default_root) then
+  if st and canon ~= canonical_or_written(default_root) then
     local names = core.readdir(canon)
     if not names then refuse(root, "cannot be read") end
     for _, name in ipairs(names) do

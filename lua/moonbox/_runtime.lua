@@ -38,10 +38,16 @@ end
 
 -- SIGINT, SIGTERM, SIGHUP to the runtime: kill every sandbox's processes
 -- first, then exit 128 + signal. The watchers do not keep the loop alive.
-local function watch_signals()
+local watchers = {} -- name -> watcher
+local function close_watchers()
+  for name, w in pairs(watchers) do
+    w:close()
+    watchers[name] = nil
+  end
+end
+local function watch_signals(names)
   local core = require "moonbox.core"
-  local watchers = {}
-  for _, name in ipairs { "SIGINT", "SIGTERM", "SIGHUP" } do
+  for _, name in ipairs(names or { "SIGINT", "SIGTERM", "SIGHUP" }) do
     local w = core.signal()
     w:start(name, function(signum)
       local override = signal_overrides[name]
@@ -50,7 +56,7 @@ local function watch_signals()
         async.spawn(override)
         return
       end
-      for _, x in ipairs(watchers) do x:close() end
+      close_watchers()
       io.stderr:write(("moonbox: %s: stopping every sandbox\n"):format(name))
       async.spawn(function()
         run_hooks()
@@ -58,9 +64,25 @@ local function watch_signals()
       end)
     end)
     w:unref()
-    watchers[#watchers + 1] = w
+    watchers[name] = w
   end
-  return watchers
+end
+
+-- release_signal(name): the runtime stops handling it (the REPL takes
+-- SIGINT to cancel a line instead of ending everything).
+function M.release_signal(name)
+  local w = watchers[name]
+  if w then
+    watchers[name] = nil
+    w:close()
+    return true
+  end
+  return false
+end
+
+-- reclaim_signal(name): handled by the runtime again (after release_signal)
+function M.reclaim_signal(name)
+  if not watchers[name] then watch_signals { name } end
 end
 
 -- main(chunk, drive, ...) -> ok, message. With drive (the runtime owns the
@@ -68,14 +90,14 @@ end
 -- drive it, recording an error in M.last_error.
 function M.main(chunk, drive, ...)
   if drive then
-    local watchers = watch_signals()
+    watch_signals()
     local ok, err = xpcall(async.run, function(e)
       if errors.is_error(e) or type(e) ~= "string" then return e end
       -- a task's error already carries the task's traceback: the runner's own adds nothing
       if e:find("\nstack traceback:\n", 1, true) then return e end
       return debug.traceback(e, 2)
     end, chunk, ...)
-    for _, w in ipairs(watchers) do w:close() end
+    close_watchers()
     if ok then return true end
     return false, errors.format(err)
   end

@@ -65,6 +65,9 @@ for name, i in pairs(SLOTS) do SLOT_NAMES[i] = name end
 -- set to false to have every command sourced (and every external command
 -- forked by bash), as without the builtin
 M.spawn_builtin = true
+-- set to false to start shells without the builtins at all (they report
+-- with export -p, and bash names errors after the body's path)
+M.load_builtins = true
 
 local rt_pid = core.getpid()
 
@@ -355,7 +358,7 @@ function M.spawn(opts)
   end
   local spec_of = opts.spawn_spec or function(spec) return spec end
   local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [CONTROL_FD] = "in", [PRELUDE_FD] = "in" }
-  if M.spawn_builtin then stdio[BUILTIN_FD] = spawn_builtin_fd() end
+  if M.load_builtins then stdio[BUILTIN_FD] = spawn_builtin_fd() end
   local proc, pipes_or_err, code = core.spawn(spec_of {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",

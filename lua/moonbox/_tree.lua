@@ -295,14 +295,105 @@ function M.signal_pids(pids, sig)
   return n
 end
 
--- Remove a killed cgroup once its last process is gone. A SIGKILLed process
--- leaves the cgroup when it exits, a moment after cgroup.kill; this waits in
--- short steps (at most ~2 s), only on teardown paths, never for a result.
-function M.remove_when_empty(dir, sleep)
-  for _ = 1, 200 do
-    if not M.populated(dir) then break end
-    sleep(10)
+-- ---- waiting for a cgroup to empty --------------------------------------
+--
+-- A SIGKILLed process leaves its cgroup when it exits, a moment after
+-- cgroup.kill. The kernel reports the change of "populated" in
+-- cgroup.events as a modification (inotify IN_MODIFY), so one inotify
+-- instance for the whole runtime wakes every waiter as soon as its cgroup
+-- is empty: no polling (destroy used to wait ~10 ms per cgroup in sleep
+-- steps). Several waiters on one cgroup share its watch (inotify gives the
+-- same wd for the same inode); the instance is closed with the last waiter,
+-- so no handle is left active between teardowns (an idle loop still ends,
+-- and a deadlock is still reported).
+local watcher          -- core.fs_event() while someone waits, else nil
+local waiting = {}     -- wd -> { [callback] = true }
+
+local function wake(set)
+  local cbs = {}
+  for cb in pairs(set) do cbs[#cbs + 1] = cb end
+  for _, cb in ipairs(cbs) do cb() end
+end
+
+local function on_watch_event(err, _, ev)
+  if err then
+    -- reading failed: wake everyone (each re-checks; the timeout still holds)
+    for _, set in pairs(waiting) do wake(set) end
+    return
   end
+  local set = ev and waiting[ev.wd]
+  if set then wake(set) end
+end
+
+local function watch(path)
+  if not watcher then
+    local w = core.fs_event()
+    local wd = w:start(path, on_watch_event)
+    if not wd then w:close() return nil end
+    watcher = w
+    return wd
+  end
+  return (watcher:add(path))
+end
+
+local function unwatch(wd, set)
+  if waiting[wd] ~= set or next(set) ~= nil then return end
+  waiting[wd] = nil
+  if next(waiting) == nil then
+    watcher:close()
+    watcher = nil
+  else
+    watcher:remove(wd) -- fails harmlessly when the directory is already gone
+  end
+end
+
+-- Wait (in a task) until the cgroup at dir is empty or timeout_ms passed;
+-- true when it is empty. Outside a task, or when inotify cannot watch it,
+-- it polls in 10 ms steps with sleep.
+function M.wait_empty(dir, timeout_ms, sleep)
+  if not M.populated(dir) then return true end
+  local async = require "moonbox.async"
+  local wd = async.in_task() and watch(dir .. "/cgroup.events")
+  if not wd then
+    for _ = 1, math.ceil(timeout_ms / 10) do
+      sleep(10)
+      if not M.populated(dir) then return true end
+    end
+    return false
+  end
+  local set = waiting[wd]
+  if not set then set = {} waiting[wd] = set end
+  local cb
+  local ok, err = pcall(async.await, function(resume)
+    local timer = core.timer()
+    local done = false
+    local function stop()
+      done = true
+      set[cb] = nil
+      if not timer:is_closing() then timer:close() end
+    end
+    local function finish()
+      if done then return end
+      stop()
+      resume()
+    end
+    cb = function() if not M.populated(dir) then finish() end end
+    set[cb] = true
+    timer:start(timeout_ms, 0, finish)
+    -- it may have emptied between the first look and the watch
+    if not M.populated(dir) then finish() end
+    return stop
+  end, "cgroup empty")
+  set[cb] = nil
+  unwatch(wd, set)
+  if not ok then error(err, 0) end
+  return not M.populated(dir)
+end
+
+-- Remove a killed cgroup once its last process is gone (waited for through
+-- inotify, at most ~2 s), only on teardown paths, never for a result.
+function M.remove_when_empty(dir, sleep)
+  M.wait_empty(dir, 2000, sleep)
   return M.remove_cgroup(dir)
 end
 

@@ -17,13 +17,59 @@ function M.type(value, expected, field, optional)
   return value
 end
 
+-- Edit distance (insertions, deletions, substitutions and swaps of two
+-- neighbours), giving up past `limit`.
+local function distance(a, b, limit)
+  if math.abs(#a - #b) > limit then return limit + 1 end
+  local prev2, prev = {}, {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    local row_min = i
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      local d = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+      if i > 1 and j > 1 and a:byte(i) == b:byte(j - 1) and a:byte(i - 1) == b:byte(j) then
+        d = math.min(d, prev2[j - 2] + 1)
+      end
+      cur[j] = d
+      if d < row_min then row_min = d end
+    end
+    if row_min > limit then return limit + 1 end
+    prev2, prev = prev, cur
+  end
+  return prev[#b]
+end
+
+-- The allowed key nearest to a mistyped one (at most 2 edits, case aside),
+-- or nil.
+function M.suggest(key, allowed)
+  if type(key) ~= "string" then return nil end
+  local best, best_d
+  for name in pairs(allowed) do
+    if type(name) == "string" then
+      local d = distance(key:lower(), name:lower(), 2)
+      if d <= 2 and (not best_d or d < best_d or (d == best_d and name < best)) then best, best_d = name, d end
+    end
+  end
+  return best
+end
+
+-- " (did you mean NAME?)" for a mistyped key, else "".
+function M.did_you_mean(key, allowed)
+  local near = M.suggest(key, allowed)
+  return near and (" (did you mean " .. near .. "?)") or ""
+end
+
 -- opts must be nil or a table whose keys are all in `allowed`.
 function M.options(opts, allowed, field)
   field = field or "options"
   if opts == nil then return {} end
   if type(opts) ~= "table" then fail(field, "expected a table, got " .. type(opts)) end
   for k in pairs(opts) do
-    if not allowed[k] then fail(field .. "." .. tostring(k), "unknown option") end
+    if not allowed[k] then
+      fail(field .. "." .. tostring(k), "unknown option" .. M.did_you_mean(k, allowed))
+    end
   end
   return opts
 end
@@ -34,8 +80,9 @@ function M.env_name(name, field)
   end
 end
 
--- An env table: names valid, values strings (or false = unset); numbers are
--- accepted and turned into strings.
+-- An env table: names valid, values strings (or false = unset); anything
+-- else, a number too, is refused (the contract's type rules: no silent
+-- conversions).
 function M.env(env, field)
   if env == nil then return nil end
   if type(env) ~= "table" then fail(field, "expected a table") end
@@ -44,8 +91,7 @@ function M.env(env, field)
     M.env_name(k, field)
     if v == false then
       out[k] = false
-    elseif type(v) == "string" or type(v) == "number" then
-      v = tostring(v)
+    elseif type(v) == "string" then
       if v:find("\0", 1, true) then fail(field .. "." .. k, "value contains a NUL byte") end
       out[k] = v
     else

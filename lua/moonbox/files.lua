@@ -17,6 +17,9 @@ local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local policy_mod = require "moonbox.policy"
 local fs = require "moonbox._fs"
+-- the sandbox file API makes its confined calls on the thread pool: a task
+-- making many of them never holds the loop (issue #14)
+local afs = fs.awaited
 local util = require "moonbox._util"
 local V = require "moonbox._validate"
 local pattern_mod = require "moonbox._pattern"
@@ -142,12 +145,12 @@ end
 local function sandbox_where(sb, p, follow)
   local root = root_of(sb)
   if follow then
-    local where = fs.where_beneath(root, p:sub(2), "in_root")
+    local where = afs.where_beneath(root, p:sub(2), "in_root")
     if where then return where end
   end
   local parent, last = p:match("^(.*)/([^/]+)$")
   if not parent or parent == "" then return p end
-  local where = fs.where_beneath(root, parent:sub(2), "in_root")
+  local where = afs.where_beneath(root, parent:sub(2), "in_root")
   if not where then return p end -- a missing parent: the call says FILE_NOT_FOUND
   return (where == "/" and "" or where) .. "/" .. last
 end
@@ -359,7 +362,7 @@ end
 -- could block on a fifo.
 local function open_file(self, op, t)
   local root = root_of(self.sandbox)
-  local st, msg, code = fs.stat_beneath(root, t.rel)
+  local st, msg, code = afs.stat_beneath(root, t.rel)
   check(op, t.view, st, msg, code)
   if st.type == "directory" then fail(op, t.view, "EISDIR: is a directory", "EISDIR") end
   if st.type ~= "file" then fail(op, t.view, "EINVAL: not a regular file", "EINVAL") end
@@ -488,8 +491,8 @@ function Session:mkdir(path, opts)
       if not recursive then fail("mkdir", t.view, "EEXIST: file already exists", "EEXIST") end
     elseif not recursive then
       -- an existing one (the workspace itself: its parent is no place to write)
-      if fs.lstat_beneath(root, t.rel) then fail("mkdir", t.view, "EEXIST: file already exists", "EEXIST") end
-      check("mkdir", t.view, fs.mkdir_beneath(root, t.rel, 511))
+      if afs.lstat_beneath(root, t.rel) then fail("mkdir", t.view, "EEXIST: file already exists", "EEXIST") end
+      check("mkdir", t.view, afs.mkdir_beneath(root, t.rel, 511))
     else
       local prefix = "."
       local parts = {}
@@ -498,11 +501,11 @@ function Session:mkdir(path, opts)
         prefix = join(prefix, part)
         -- an existing directory is not made again (the sandbox root itself
         -- is not a place the file API may write in, /workspace is)
-        local existing = fs.stat_beneath(root, prefix)
+        local existing = afs.stat_beneath(root, prefix)
         local ok, msg, code = true, nil, nil
-        if not (existing and existing.type == "directory") then ok, msg, code = fs.mkdir_beneath(root, prefix, 511) end
+        if not (existing and existing.type == "directory") then ok, msg, code = afs.mkdir_beneath(root, prefix, 511) end
         if not ok and code == "EEXIST" then
-          local st, smsg, scode = fs.stat_beneath(root, prefix)
+          local st, smsg, scode = afs.stat_beneath(root, prefix)
           check("mkdir", t.view, st, smsg, scode)
           if st.type ~= "directory" then
             if i == #parts then fail("mkdir", t.view, "EEXIST: file already exists", "EEXIST") end
@@ -527,7 +530,7 @@ function Session:deleteFile(path)
     local t = target(self, "deleteFile", path)
     if t.view == "/workspace" then fail("deleteFile", t.view, "EISDIR: the workspace is a directory", "EISDIR") end
     if t.rel == "." then fail("deleteFile", t.view, "EISDIR: is a directory", "EISDIR") end
-    check("deleteFile", t.view, fs.unlink_beneath(root_of(self.sandbox), t.rel))
+    check("deleteFile", t.view, afs.unlink_beneath(root_of(self.sandbox), t.rel))
     return { success = true, path = t.view, timestamp = timestamp }
   end)
 end
@@ -539,7 +542,7 @@ end
 -- before anything is copied. The destination follows rename(2): a file
 -- replaces a file, a directory only an empty directory.
 local function movable_tree(root, rel)
-  local st = fs.lstat_beneath(root, rel)
+  local st = afs.lstat_beneath(root, rel)
   if not st then return false end
   if st.type == "file" then return true end
   if st.type ~= "directory" then return false end
@@ -552,10 +555,10 @@ local function movable_tree(root, rel)
 end
 
 local function copy_tree(op, view, root, from, to)
-  local st = check(op, view, fs.lstat_beneath(root, from))
+  local st = check(op, view, afs.lstat_beneath(root, from))
   local mode = st.mode % 4096
   if st.type == "directory" then
-    check(op, view, fs.mkdir_beneath(root, to, mode))
+    check(op, view, afs.mkdir_beneath(root, to, mode))
     for _, e in ipairs(check(op, view, fs.scandir_beneath(root, from))) do
       copy_tree(op, view, root, join(from, e.name), join(to, e.name))
     end
@@ -586,8 +589,8 @@ end
 -- Copy what `to` lacks of the tree at `from` (a rollback that puts back
 -- the part of a source already removed).
 local function restore_tree(op, view, root, from, to)
-  local st = check(op, view, fs.lstat_beneath(root, from))
-  local have = fs.lstat_beneath(root, to)
+  local st = check(op, view, afs.lstat_beneath(root, from))
+  local have = afs.lstat_beneath(root, to)
   if not have then return copy_tree(op, view, root, from, to) end
   if st.type == "directory" and have.type == "directory" then
     for _, e in ipairs(check(op, view, fs.scandir_beneath(root, from))) do
@@ -610,8 +613,8 @@ local function move_across(op, src, dst, root)
   if not movable_tree(root, src.rel) then
     fail(op, view, "EXDEV: cross-device move of a symlink or special file", "EXDEV", ctx)
   end
-  local st = fs.lstat_beneath(root, src.rel)
-  local existing = fs.lstat_beneath(root, dst.rel)
+  local st = afs.lstat_beneath(root, src.rel)
+  local existing = afs.lstat_beneath(root, dst.rel)
   if existing then
     if st.type == "directory" then
       if existing.type ~= "directory" then fail(op, view, "ENOTDIR: not a directory", "ENOTDIR", ctx) end
@@ -627,7 +630,7 @@ local function move_across(op, src, dst, root)
   local function undo(err, source_touched)
     local ok = pcall(function()
       if source_touched then restore_tree(op, view, root, staged, src.rel) end
-      if fs.lstat_beneath(root, staged) then remove_tree(op, view, root, staged) end
+      if afs.lstat_beneath(root, staged) then remove_tree(op, view, root, staged) end
     end)
     if errors.is_error(err) then
       err.context = err.context or {}
@@ -639,7 +642,7 @@ local function move_across(op, src, dst, root)
   if not ok then undo(err, false) end
   ok, err = pcall(remove_tree, op, view, root, src.rel)
   if not ok then undo(err, true) end
-  ok, err = pcall(function() check(op, view, fs.rename_beneath(root, staged, dst.rel)) end)
+  ok, err = pcall(function() check(op, view, afs.rename_beneath(root, staged, dst.rel)) end)
   if not ok then undo(err, true) end
 end
 
@@ -654,7 +657,7 @@ local function rename(self, op, from, to, into_directory)
     local root = root_of(self.sandbox)
     if into_directory and dst.rel ~= src.rel then
       -- like mv: an existing directory as the destination receives the source
-      local st = fs.stat_beneath(root, dst.rel)
+      local st = afs.stat_beneath(root, dst.rel)
       if st and st.type == "directory" and src.rel ~= "." then
         local name = basename(src.rel)
         dst = { rel = join(dst.rel, name), view = (dst.view == "/" and "" or dst.view) .. "/" .. name }
@@ -663,7 +666,7 @@ local function rename(self, op, from, to, into_directory)
     if src.rel == "." or dst.rel == "." then
       fail(op, src.view, "EBUSY: the sandbox root cannot be renamed", "EBUSY", { newPath = dst.view })
     end
-    local ok, msg, code = fs.rename_beneath(root, src.rel, dst.rel)
+    local ok, msg, code = afs.rename_beneath(root, src.rel, dst.rel)
     if not ok and code == "EXDEV" then
       move_across(op, src, dst, root)
     else
@@ -800,7 +803,7 @@ function Session:listFiles(path, opts)
           end
           if hidden or e.name:sub(1, 1) ~= "." then
             local rel = join(dir_rel, e.name)
-            local st, smsg, scode = fs.lstat_beneath(fd, e.name)
+            local st, smsg, scode = afs.lstat_beneath(fd, e.name)
             if st then
               if #files == limit then truncated = true return end
               local relative = prefix == "" and e.name or prefix .. "/" .. e.name
@@ -834,7 +837,7 @@ function Session:exists(path)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "exists", path)
-    local st, msg, code = fs.stat_beneath(root_of(self.sandbox), t.rel)
+    local st, msg, code = afs.stat_beneath(root_of(self.sandbox), t.rel)
     if not st and code ~= "ENOENT" and code ~= "ENOTDIR" and code ~= "ELOOP" then
       fail("exists", t.view, msg, code)
     end
@@ -996,10 +999,22 @@ function Watch:_emit(kind, rel, isdir, old_rel)
     oldPath = old_rel and view_of(self.sandbox, old_rel) or nil }
 end
 
+-- In a task (watch() setting up a recursive watch), the walk yields to the
+-- loop after every LIST_SLICE_MS of work: a big tree never holds the loop
+-- (issue #14). slice = {start = ms}; nil outside a task (an event's
+-- callback), where the walk cannot yield.
+local function walk_slice(slice)
+  if slice and util.now_ms() - slice.start >= LIST_SLICE_MS then
+    async.sleep(1)
+    slice.start = util.now_ms()
+  end
+end
+
 -- Watch directory rel (already known to be a directory) and, recursively,
 -- its subdirectories. With announce, everything found inside is reported as
 -- created: it appeared before the new watch was in place.
-function Watch:_add_tree(rootfd, rel, announce)
+function Watch:_add_tree(rootfd, rel, announce, slice)
+  walk_slice(slice)
   local wd, msg, code = self.handle:add(rootfd, rel)
   if not wd then return nil, msg, code end
   self.wds[wd] = rel
@@ -1009,14 +1024,14 @@ function Watch:_add_tree(rootfd, rel, announce)
     local child = join(rel, e.name)
     local kind = e.type
     if kind == "unknown" then
-      local st = fs.lstat_beneath(rootfd, child)
+      local st = afs.lstat_beneath(rootfd, child)
       kind = st and st.type
     end
     if announce then
       self.announced[child] = true
       self:_emit("create", child, kind == "directory")
     end
-    if kind == "directory" and not self:_excluded(child) then self:_add_tree(rootfd, child, announce) end
+    if kind == "directory" and not self:_excluded(child) then self:_add_tree(rootfd, child, announce, slice) end
   end
   return wd
 end
@@ -1196,7 +1211,7 @@ function Session:watch(path, opts)
   local w = queued(self, function()
     local t = target(self, "watch", path)
     local root = root_of(self.sandbox)
-    local st, msg, code = fs.stat_beneath(root, t.rel)
+    local st, msg, code = afs.stat_beneath(root, t.rel)
     check("watch", t.view, st, msg, code)
     if st.type ~= "directory" and st.type ~= "file" then
       fail("watch", t.view, "EINVAL: not a file or directory", "EINVAL")
@@ -1216,12 +1231,13 @@ function Session:watch(path, opts)
       watch.wds[wd] = t.rel
       watch.dirs[t.rel] = wd
       if recursive then
+        local slice = async.in_task() and { start = util.now_ms() } or nil
         for _, e in ipairs(fs.scandir_beneath(rootfd, t.rel) or {}) do
           local child = join(t.rel, e.name)
           local kind = e.type
-          if kind == "unknown" then kind = (fs.lstat_beneath(rootfd, child) or {}).type end
+          if kind == "unknown" then kind = (afs.lstat_beneath(rootfd, child) or {}).type end
           if kind == "directory" and not watch:_excluded(child) then
-            local ok, amsg, acode = watch:_add_tree(rootfd, child, false)
+            local ok, amsg, acode = watch:_add_tree(rootfd, child, false, slice)
             if not ok and acode ~= "ENOENT" then wd, msg, code = nil, amsg, acode break end
           end
         end
@@ -1408,7 +1424,7 @@ function Session:gitCheckout(repo_url, opts)
     local dest = target(self, "gitCheckout", opts.targetDir or ("/workspace/" .. name))
     if dest.rel == "." then fail("gitCheckout", dest.view, "EEXIST: the sandbox root", "EEXIST") end
     -- the destination, or what exists of it, must resolve inside the root
-    local st, msg, code = fs.stat_beneath(root_of(self.sandbox), dest.rel)
+    local st, msg, code = afs.stat_beneath(root_of(self.sandbox), dest.rel)
     if not st and code ~= "ENOENT" then fail("gitCheckout", dest.view, msg, code) end
     return dest, st ~= nil
   end)
@@ -1432,7 +1448,9 @@ function Session:gitCheckout(repo_url, opts)
     -- sandbox could plant a symlink), then move it in with a confined rename
     sb.clone_seq = (sb.clone_seq or 0) + 1
     local tmp = (".clone-%d"):format(sb.clone_seq)
-    util.remove_tree(sb.root .. "/" .. tmp)
+    -- a leftover (or, below, a failed clone) is removed on the thread pool:
+    -- a whole repository is too much to walk on the loop
+    fs.remove_tree(sb.root, tmp)
     assert(core.mkdir(sb.root .. "/" .. tmp, 448))
     argv[#argv] = sb.root .. "/" .. tmp .. "/repo"
     r = host_git(argv, opts.timeout)
@@ -1452,9 +1470,9 @@ function Session:gitCheckout(repo_url, opts)
       local parent = ""
       for part in t.rel:gmatch("[^/]+/") do
         parent = parent .. part
-        pcall(fs.mkdir_beneath, root_of(sb), parent:sub(1, -2), 493)
+        pcall(afs.mkdir_beneath, root_of(sb), parent:sub(1, -2), 493)
       end
-      local ok, done, msg, code = pcall(fs.rename_beneath, sb.root, tmp .. "/repo", t.rel)
+      local ok, done, msg, code = pcall(afs.rename_beneath, sb.root, tmp .. "/repo", t.rel)
       if not ok or not done then
         local exists = code == "ENOTEMPTY" or code == "EEXIST" or code == "ENOTDIR"
         r = { exitCode = 128, stderr = exists and
@@ -1462,7 +1480,7 @@ function Session:gitCheckout(repo_url, opts)
           or ("fatal: %s\n"):format(tostring(ok and msg or done)) }
       end
     end
-    util.remove_tree(sb.root .. "/" .. tmp)
+    fs.remove_tree(sb.root, tmp)
   else
     r = self:exec(argv, { timeout = opts.timeout, env = git_env })
   end

@@ -17,6 +17,7 @@ M.defaults = {
     maxProcesses = 256,
     maxCompletedProcesses = 1000,      -- records of ended processes kept (oldest dropped first)
     maxCompletedLogBytes = 64 * 1024 * 1024, -- their logs, in all
+    maxBufferedBytes = nil,            -- exec output held at once, runtime-wide (nil: 1/4 of RAM; _budget.lua)
     killGraceMs = 5000,                -- kill(): SIGTERM, then SIGKILL after this
     timeoutGraceMs = 500,              -- exec timeout: SIGTERM, then SIGKILL after this
     maxFileBytes = 64 * 1024 * 1024,   -- readFile refuses bigger files (FILE_TOO_LARGE)
@@ -34,7 +35,7 @@ M.defaults = {
 }
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
-  "maxCompletedProcesses", "maxCompletedLogBytes",
+  "maxCompletedProcesses", "maxCompletedLogBytes", "maxBufferedBytes",
   "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "cpuTime", "fileSizeBytes",
   "openFiles" }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true }
@@ -55,7 +56,7 @@ local checks = {
     local known = {}
     for _, k in ipairs(LIMIT_KEYS) do known[k] = true end
     for k, n in pairs(v or {}) do
-      if not known[k] then invalid("limits." .. tostring(k), "unknown key") end
+      if not known[k] then invalid("limits." .. tostring(k), "unknown key" .. V.did_you_mean(k, known)) end
       if type(n) ~= "number" or n < 0 or n ~= n then invalid("limits." .. k, "expected a number >= 0") end
     end
   end,
@@ -163,7 +164,7 @@ function M.validate(policy)
   if type(policy) ~= "table" then invalid("", "expected a table") end
   for k, v in pairs(policy) do
     local check = checks[k]
-    if not check then invalid(tostring(k), "unknown key") end
+    if not check then invalid(tostring(k), "unknown key" .. V.did_you_mean(k, checks)) end
     check(v)
   end
   return policy
@@ -182,8 +183,14 @@ local function deep_merge(base, over)
   return out
 end
 
+-- The presets, lua/moonbox/policies/<name>.lua, named by their names.
+M.PRESETS = { "dev", "strict" }
+local preset_set = {}
+for _, name in ipairs(M.PRESETS) do preset_set[name] = true end
+
 -- load(ref): a table as is; "x.lua" or a path with "/" is run as a file
--- that returns a table; anything else is a module name.
+-- that returns a table; a preset's name ("strict") is that preset; anything
+-- else is a module name. A name that is none of these lists the presets.
 function M.load(ref)
   if type(ref) == "table" then return ref end
   if type(ref) ~= "string" then invalid("", "expected a table, a module name or a file path") end
@@ -195,8 +202,15 @@ function M.load(ref)
     if type(value) ~= "table" then invalid("", ("policy file %q must return a table"):format(ref)) end
     return value
   end
-  local ok, mod = pcall(require, ref)
+  local module = preset_set[ref] and ("moonbox.policies." .. ref) or ref
+  if not (package.loaded[module] or package.preload[module] or package.searchpath(module, package.path)
+      or package.searchpath(module, package.cpath)) then
+    invalid("", ("unknown policy %q: the presets are %s; or give a module name or a path to a .lua file")
+      :format(ref, table.concat(M.PRESETS, ", ")))
+  end
+  local ok, mod = pcall(require, module)
   if not ok then invalid("", ("cannot load policy module %q: %s"):format(ref, tostring(mod))) end
+  if type(mod) ~= "table" then invalid("", ("policy module %q must return a table"):format(ref)) end
   return mod
 end
 

@@ -707,6 +707,11 @@ function Sandbox:destroy(opts)
   self.destroyed = true
   self.destroying = true
   registry[self.id] = nil
+  -- one cgroup.kill first reaches every process of the sandbox at once
+  -- (sessions, background processes, kernels, terminals, the init): the
+  -- kernel tears them all down while the steps below wait for each part,
+  -- so destroy costs one exit latency, not one per part in turn
+  if tree.mode() == "cgroup" then tree.kill_cgroup(tree.base() .. "/" .. self.cgroup_name) end
   require("moonbox.process").kill_all(self)
   self:_drop_spare()
   for id, s in pairs(self.sessions) do
@@ -718,15 +723,22 @@ function Sandbox:destroy(opts)
   if tree.mode() ~= "cgroup" then
     tree.kill_marked("MOONBOX_OWNER", tree.owner(self.id, ""), async.sleep, true) -- prefix: every session
   end
+  local emptied = false
   if tree.mode() == "cgroup" then
     local dir = tree.base() .. "/" .. self.cgroup_name
     tree.kill_cgroup(dir)
-    tree.remove_when_empty(dir, async.sleep)
+    emptied = tree.wait_empty(dir, 2000, async.sleep)
+    tree.remove_cgroup(dir)
   end
   if self.init then
-    -- closing the init's socket ends it, and with it the pid namespace
+    -- closing the init's socket ends it, and with it the pid namespace.
+    -- The init lives in the sandbox's cgroup: once that is empty it has
+    -- exited (a zombie at most, reaped on the loop when its SIGCHLD is
+    -- read), so only without that proof does destroy wait for its exit.
     local init = self.init
-    if not self.init_dead then
+    if not self.init_dead and emptied then
+      init:close()
+    elseif not self.init_dead then
       async.await(function(resume)
         local t = core.timer()
         self._on_init_exit = function() if not t:is_closing() then t:close() end resume() end

@@ -10,6 +10,7 @@ local simple_command = require "moonbox._simple_command"
 local tree = require "moonbox._tree"
 local queue_mod = require "moonbox._queue"
 local util = require "moonbox._util"
+local budget = require "moonbox._budget"
 local limits = require "moonbox._limits"
 local V = require "moonbox._validate"
 local policy_mod = require "moonbox.policy"
@@ -434,12 +435,18 @@ function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grac
 end
 
 -- Collects output into a bounded result; every kept byte also goes to
--- onOutput, in order.
-local function collector(limit, on_output)
+-- onOutput, in order. Kept bytes also count against the runtime-wide
+-- budget (lua/moonbox/_budget.lua, limits.maxBufferedBytes) until c.release().
+local function collector(limit, on_output, budget_ceiling)
   local c = { stdout = {}, stderr = {}, size = { stdout = 0, stderr = 0 }, truncated = false,
-    dropped = { stdout = 0, stderr = 0 } }
+    dropped = { stdout = 0, stderr = 0 }, held = 0 }
+  function c.release() budget.give(c.held) c.held = 0 end
   function c.sink(stream, data)
-    local room = limit - c.size[stream]
+    local room = math.min(limit - c.size[stream], #data)
+    if room > 0 then
+      room = budget.take(room, budget_ceiling)
+      c.held = c.held + room
+    end
     if room < #data then
       c.truncated = true
       c.dropped[stream] = c.dropped[stream] + (#data - math.max(room, 0))
@@ -486,10 +493,12 @@ function Session:exec(command, opts)
   local o
   command, o = self:_prepare(command, opts, "exec")
   local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
-  local out = collector(limit, o.onOutput)
-  local r = self.queue:run(self._run, self, command, o, out.sink)
+  local out = collector(limit, o.onOutput, self.sandbox.policy.limits.maxBufferedBytes)
+  local ok, r = pcall(self.queue.run, self.queue, self._run, self, command, o, out.sink)
+  if not ok then out.release() error(r, 0) end
   r.stdout = table.concat(out.stdout)
   r.stderr = table.concat(out.stderr)
+  out.release() -- handed over: the chunks are garbage now
   r.success = r.exitCode == 0
   r.command = type(command) == "table" and table.concat(command, " ") or command
   r.sessionId = self.id

@@ -969,6 +969,109 @@ describe("fs_*_beneath helpers", function()
   end)
 end)
 
+describe("fs_*_beneath helpers with a callback (issue #14: on the thread pool)", function()
+  -- each call: {function, args...}; run synchronously on one root and with a
+  -- callback on an identical one, they must act and answer the same
+  local function C(...) return { n = select("#", ...), ... } end
+
+  local function calls(root)
+    return {
+      C(core.fs_mkdir_beneath, root, "a/new", octal("700"), "beneath"),
+      C(core.fs_stat_beneath, root, "a/new", "beneath", true),
+      C(core.fs_rename_beneath, root, "a/b/c.txt", "a/new/moved.txt", "beneath"),
+      C(core.fs_stat_beneath, root, "l", "beneath", false),
+      C(core.fs_where_beneath, root, "a/new/moved.txt", "beneath"),
+      C(core.fs_unlink_beneath, root, "a/new/moved.txt", "beneath"),
+      C(core.fs_rmdir_beneath, root, "a/new", "beneath"),
+      C(core.fs_mkdir_beneath, root, "a/b", nil, "beneath"),          -- EEXIST
+      C(core.fs_mkdir_beneath, root, "out/newdir", nil, "beneath"),   -- EXDEV
+      C(core.fs_unlink_beneath, root, "a/.", "beneath"),              -- EINVAL
+      C(core.fs_unlink_beneath, root, "", "beneath"),                 -- ENOENT (empty)
+      C(core.fs_rename_beneath, root, "a/missing", "a/x", "beneath"), -- ENOENT
+      C(core.fs_stat_beneath, root, "out/secret", "beneath", true),   -- EXDEV
+      C(core.fs_where_beneath, root, "missing", "beneath"),           -- ENOENT
+      C(core.fs_rmdir_beneath, root, "a", "beneath"),                 -- ENOTEMPTY
+    }
+  end
+
+  local function strip(v, root)
+    if type(v) == "string" then
+      local i, j = v:find(root, 1, true)
+      return i and v:sub(1, i - 1) .. "ROOT" .. v:sub(j + 1) or v
+    end
+    if type(v) == "table" then
+      local c = {}
+      for k, x in pairs(v) do c[k] = x end
+      c.atime, c.mtime, c.ctime, c.ino = nil, nil, nil, nil -- two different trees
+      return c
+    end
+    return v
+  end
+
+  it("act and answer as the synchronous calls do: cb(nil, result) or cb(message, nil, CODE)", function()
+    local sync_root, async_root = tmp .. "/sync", tmp .. "/async"
+    for _, r in ipairs { sync_root, async_root } do
+      sh("mkdir -p '" .. r .. "/a/b' && echo inside > '" .. r .. "/a/b/c.txt' && ln -s a '" .. r .. "/l'" ..
+        " && ln -s ../outside '" .. r .. "/out'")
+    end
+    sh("mkdir -p '" .. tmp .. "/outside' && echo secret > '" .. tmp .. "/outside/secret'")
+    run_task(function()
+      local sync_calls, async_calls = calls(sync_root), calls(async_root)
+      for i, c in ipairs(sync_calls) do
+        local ok, msg, code = c[1](unpack(c, 2, c.n))
+        local a = async_calls[i]
+        local err, result, ecode = op(a[1], unpack(a, 2, a.n))
+        if ok ~= nil then
+          assert.is_nil(err, "call " .. i)
+          assert.are.same(strip(ok, sync_root), strip(result, async_root), "call " .. i)
+        else
+          assert.is_nil(result, "call " .. i)
+          assert.are.equal(code, ecode, "call " .. i)
+          assert.are.equal(strip(msg, sync_root), strip(err, async_root), "call " .. i)
+        end
+      end
+    end)
+    local function tree_of(r)
+      local f = assert(io.popen("cd '" .. r .. "' && find . | sort"))
+      local out = f:read("*a")
+      f:close()
+      return out
+    end
+    assert.are.equal(tree_of(sync_root), tree_of(async_root))
+    assert.are.equal("secret\n", get(tmp .. "/outside/secret"))
+  end)
+
+  it("keep their own root: the caller's fd may be closed while the call is queued", function()
+    local root = make_root()
+    run_task(function()
+      local rfd = assert(core.fs_open_dir(root))
+      local results = {}
+      assert.is_true(core.fs_mkdir_beneath(rfd, "a/kept", nil, "beneath", function(err, r) results[1] = { err, r } end))
+      assert(core.close_fd(rfd))
+      helper.eventually(function() return results[1] ~= nil end)
+      assert.are.same({ nil, true }, results[1])
+    end)
+    assert.is_true(exists(root .. "/a/kept"))
+  end)
+
+  it("are awaited in a task through _fs.awaited, and synchronous outside one", function()
+    local root = make_root()
+    assert.are.equal("directory", fs.awaited.stat_beneath(root, "a/b").type)
+    ret_fails("PATH_OUTSIDE_SANDBOX", fs.awaited.stat_beneath(root, "../outside"))
+    run_task(function()
+      assert.is_true(fs.awaited.mkdir_beneath(root, "a/aw", octal("755")))
+      assert.are.equal("directory", fs.awaited.stat_beneath(root, "a/aw").type)
+      assert.is_true(fs.awaited.rename_beneath(root, "a/b/c.txt", "a/aw/c.txt"))
+      assert.are.equal("file", fs.awaited.lstat_beneath(root, "a/aw/c.txt").type)
+      assert.are.equal(root .. "/a/aw/c.txt", fs.awaited.where_beneath(root, "a/aw/c.txt"))
+      assert.is_true(fs.awaited.unlink_beneath(root, "a/aw/c.txt"))
+      assert.is_true(fs.awaited.rmdir_beneath(root, "a/aw"))
+      ret_fails("PATH_OUTSIDE_SANDBOX", fs.awaited.mkdir_beneath(root, "../outside/x"))
+    end)
+    assert.is_false(exists(root .. "/a/aw"))
+  end)
+end)
+
 -- ---- moonbox._fs ----------------------------------------------------------
 
 describe("moonbox._fs", function()

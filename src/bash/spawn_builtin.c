@@ -151,7 +151,8 @@ static void report_signal(const char *body, pid_t pid, int status, char **argv) 
   } else {
     char desc[128];
     snprintf(desc, sizeof desc, "%s%s", what, core);
-    fprintf(stderr, "%s: line 1: %5ld %-22s  ", body, (long)pid, desc);
+    (void)body;
+    fprintf(stderr, "bash: line 1: %5ld %-22s  ", (long)pid, desc);
     for (int i = 0; argv[i]; i++) fprintf(stderr, "%s%s", i ? " " : "", argv[i]);
     fputc('\n', stderr);
   }
@@ -232,10 +233,66 @@ static int mb_run_builtin(WORD_LIST *list) {
   return source_body(body);
 }
 
+/* Error messages name the shell, never the runtime's files. bash names
+ * an error's source after BASH_SOURCE[0] (error.c, get_name_for_error):
+ * the body's path (`/run/moonbox/sh-1/body`, `/proc/PID/fd/N`) while a
+ * body runs, the same path for a function it defined, the prelude's for
+ * the session's own functions. BASH_SOURCE is a dynamic variable: every
+ * lookup goes through its value function, which here renames those paths
+ * `bash`, as `bash -c` names itself (`bash: line 1: x: command not found`).
+ * They are learnt from where they sit: one above the script bash runs
+ * (the bottom entry), the depth every body and the prelude are sourced at.
+ * A file a command sources keeps its name, as in any bash. */
+#define MAX_INTERNAL 8
+static char *internal_names[MAX_INTERNAL];
+static int n_internal;
+static sh_var_value_func_t *bash_source_value;
+
+static int is_internal(const char *v) {
+  for (int i = 0; i < n_internal; i++)
+    if (strcmp(internal_names[i], v) == 0) return 1;
+  return 0;
+}
+
+static int runtime_path(const char *v) {
+  return strncmp(v, "/proc/", 6) == 0 || strncmp(v, "/dev/fd/", 8) == 0 || strstr(v, "/moonbox/") != NULL;
+}
+
+static SHELL_VAR *bash_source(SHELL_VAR *var) {
+  if (bash_source_value) var = bash_source_value(var);
+  if (!var || !array_p(var) || !array_cell(var)) return var;
+  ARRAY *a = array_cell(var);
+  arrayind_t n = array_num_elements(a);
+  if (n < 2 || array_max_index(a) != n - 1) return var;
+  char *at = array_reference(a, n - 2);
+  if (at && n_internal < MAX_INTERNAL && runtime_path(at) && !is_internal(at)) {
+    char *copy = strdup(at);
+    if (copy) internal_names[n_internal++] = copy;
+  }
+  for (arrayind_t i = 0; i < n - 1; i++) {
+    char *v = array_reference(a, i);
+    if (v && is_internal(v)) array_insert(a, i, "bash");
+  }
+  return var;
+}
+
+extern void ignore_signal(int);
+
 /* Only into the bash version these headers describe. */
 int __mb_run_builtin_load(char *name) {
   (void)name;
-  return strcmp(dist_version, DISTVERSION) == 0;
+  if (strcmp(dist_version, DISTVERSION) != 0) return 0;
+  SHELL_VAR *v = find_variable("BASH_SOURCE");
+  if (v && v->dynamic_value != bash_source) {
+    bash_source_value = v->dynamic_value;
+    v->dynamic_value = bash_source;
+  }
+  /* a command killed by SIGKILL (a timeout, the OOM killer, kill -9) is
+   * noted as a terminal's shell notes it, `Killed`, not with the line,
+   * pid and command a script's shell adds (jobs.c prints the short form
+   * for a signal the shell traps; SIGKILL cannot really be caught) */
+  ignore_signal(SIGKILL);
+  return 1;
 }
 
 static char *mb_run_doc[] = {

@@ -26,8 +26,9 @@ usage: moonbox serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]
                                            where the kernel refuses them; docs/server.md)
 ]]
 
+-- a command-line mistake: one line (`moonbox serve` prefixes it), exit 2
 local function usage_error(message)
-  errors.raise("VALIDATION_FAILED", message .. "\n" .. M.usage)
+  errors.raise("VALIDATION_FAILED", message, { usage = true })
 end
 
 -- parse({...}) -> {listen, policy, handler, tokenFile, maxBody, maxConnections, idleTimeoutMs}
@@ -55,7 +56,7 @@ function M.parse(argv)
     local inline_flag, inline_value = flag:match("^(%-%-[%w-]+)=(.*)$")
     if inline_flag then flag, value, i = inline_flag, inline_value, i - 1 end
     local key = names[flag]
-    if not key then usage_error(("unknown argument %q"):format(flag)) end
+    if not key then usage_error(("unknown option '%s'"):format(flag)) end
     if value == nil then usage_error(flag .. " needs a value") end
     if numeric[key] then
       value = tonumber(value)
@@ -373,16 +374,29 @@ function M.start(opts)
   return server, token
 end
 
+-- main(argv): `moonbox serve ...`. --help/-h: the usage, exit 0. A
+-- command-line mistake or a refused setting: one line, exit 2; an
+-- operational failure (the address cannot be bound, ...): one line, exit 1.
+-- Only a bug in moonbox itself (an error that is no error object) keeps
+-- its traceback.
 function M.main(argv)
+  for _, a in ipairs(argv) do
+    if a == "--help" or a == "-h" then
+      io.stdout:write(M.usage)
+      io.stdout:flush()
+      os.exit(0)
+    end
+  end
   local opts
   local ok, server, token = pcall(function()
     opts = M.parse(argv)
     return M.start(opts)
   end)
   if not ok then
-    if not (errors.is_error(server) and server.code == "VALIDATION_FAILED") then error(server, 0) end
-    io.stderr:write("moonbox serve: ", server.message, "\n")
-    os.exit(2)
+    if not errors.is_error(server) then error(server, 0) end
+    io.stderr:write("moonbox serve: ", (tostring(server.message):gsub("\n+$", "")), "\n")
+    io.stderr:flush()
+    os.exit(server.code == "VALIDATION_FAILED" and 2 or 1)
   end
   local runtime = require "moonbox._runtime"
   runtime.at_exit(function() server:close() end)

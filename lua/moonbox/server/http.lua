@@ -424,7 +424,10 @@ function M.listen(opts, handler)
     max_connections = self.maxConnections, idle_timeout_ms = self.idleTimeoutMs,
   }, function(kind, id, a, b) self:_on_event(kind, id, a, b) end)
   if not srv then
-    errors.raise("LISTEN_FAILED", ("cannot listen on %s: %s"):format(opts.listen or "127.0.0.1:8080", msg),
+    -- "EADDRINUSE: address already in use (127.0.0.1)": the errno name
+    -- goes to context, the message reads as a sentence
+    local text = tostring(msg):gsub("^E[%u%d]+: ", ""):gsub(" %([^()]*%)$", "")
+    errors.raise("LISTEN_FAILED", ("cannot listen on %s: %s"):format(opts.listen or "127.0.0.1:8080", text),
       { errno = code })
   end
   self._core = srv

@@ -1,0 +1,222 @@
+-- Scale benchmark (issue #18): many sessions in one sandbox, many sandboxes
+-- with one session each, and destroy one at a time.
+--
+-- Run: ./build/moonbox bench/scale.lua [sessions N] [sandboxes M] [destroy K]
+--      [isolation auto|namespaces|none] [rr R]
+-- (defaults: sessions 1000 sandboxes 300 destroy 100; rr: how many round-robin
+-- exec("true") calls, default 2 per item). Run it under a 1024 soft fd limit
+-- (`ulimit -S -n 1024`): the runtime raises its soft limit to the hard one at
+-- start, so the counts are bound by memory and pids, not by the 1024.
+-- Roots go to a fresh temp directory that is removed at the end; leftovers
+-- (processes, cgroups, roots) are counted after every phase and must be 0.
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+local tree = require "moonbox._tree"
+local util = require "moonbox._util"
+
+local args = { sessions = 1000, sandboxes = 300, destroy = 100, isolation = "auto" }
+do
+  local i = 1
+  while arg and arg[i] do
+    local k, v = arg[i], arg[i + 1]
+    if args[k] == nil and k ~= "rr" then error("unknown argument " .. tostring(k)) end
+    args[k] = tonumber(v) or v
+    i = i + 2
+  end
+end
+
+local function ms() return core.hrtime() / 1e6 end
+local function q(samples, p)
+  local s = {}
+  for i, v in ipairs(samples) do s[i] = v end
+  table.sort(s)
+  if #s == 0 then return 0 / 0 end
+  return s[math.max(1, math.min(#s, math.floor(#s * p + 0.5)))]
+end
+-- PSS (proportional set size: shared pages split between their users, so
+-- that a sum over processes is what they cost together), RSS where
+-- smaps_rollup is missing
+local function rss_kb(pid)
+  local rollup = util.read_file("/proc/" .. (pid or "self") .. "/smaps_rollup")
+  local pss = rollup and tonumber(rollup:match("\nPss:%s*(%d+)"))
+  if pss then return pss end
+  local status = util.read_file("/proc/" .. (pid or "self") .. "/status") or ""
+  return tonumber(status:match("VmRSS:%s*(%d+)")) or 0
+end
+-- memory of the runtime plus every process under its cgroup (or, without
+-- cgroups, its descendants): what the items really cost the host.
+local function total_rss_kb()
+  local total = rss_kb()
+  local pids
+  if tree.mode() == "cgroup" then pids = tree.cgroup_pids(tree.base())
+  else pids = tree.descendants(core.getpid()) end
+  for _, pid in ipairs(pids) do total = total + rss_kb(pid) end
+  return total, #pids
+end
+local function fds()
+  return #(core.readdir("/proc/self/fd") or {})
+end
+local function leftovers(root)
+  local procs
+  if tree.mode() == "cgroup" then
+    procs = #tree.cgroup_pids(tree.base())
+    for _, name in ipairs(core.readdir(tree.base()) or {}) do
+      if util.is_dir(tree.base() .. "/" .. name) then procs = procs + 1 end -- a cgroup left over
+    end
+  else
+    procs = #tree.descendants(core.getpid())
+  end
+  local roots = 0
+  for _ in ipairs(core.readdir(root) or {}) do roots = roots + 1 end
+  return procs, roots
+end
+
+local function fd_limit()
+  local text = util.read_file("/proc/self/limits") or ""
+  local soft, hard = text:match("Max open files%s+(%S+)%s+(%S+)")
+  return { soft = soft, hard = hard }
+end
+local limit = fd_limit()
+local out = {}
+local function say(fmt, ...)
+  local line = fmt:format(...)
+  print(line)
+  io.stdout:flush()
+  out[#out + 1] = line
+end
+
+-- creation time per item in buckets of a tenth of the run: flat means the
+-- cost of the n-th item does not grow with n
+local function buckets(times)
+  local n = #times
+  local step = math.max(1, math.floor(n / 10))
+  local parts = {}
+  for i = 1, n, step do
+    local slice = {}
+    for j = i, math.min(n, i + step - 1) do slice[#slice + 1] = times[j] end
+    parts[#parts + 1] = ("%.2f"):format(q(slice, 0.5))
+  end
+  return table.concat(parts, " ")
+end
+
+local function round_robin(items, count)
+  local lat = {}
+  for i = 1, count do
+    local item = items[(i - 1) % #items + 1]
+    local t = ms()
+    local r = item:exec("true")
+    lat[#lat + 1] = ms() - t
+    assert(r.exitCode == 0, "exec true failed")
+  end
+  return q(lat, 0.5), q(lat, 0.99)
+end
+
+local function policy(n)
+  return { limits = { maxSessions = n + 8, maxProcesses = 64 } }
+end
+
+moonbox.run(function()
+  local base = os.tmpname()
+  os.remove(base)
+  assert(core.mkdir(base))
+  say("fd limit at start of the script: soft %s hard %s; fds open %d; isolation %s; tree mode %s",
+    limit and limit.soft or "?", limit and limit.hard or "?", fds(), args.isolation, tree.mode())
+
+  local rss0 = total_rss_kb()
+
+  -- 1. N sessions in one sandbox
+  if args.sessions > 0 then
+    local N = args.sessions
+    local sb = moonbox.getSandbox("scale-sessions", { root = base .. "/sessions", isolation = args.isolation,
+      policy = policy(N) })
+    sb:exec("true")
+    local before = total_rss_kb()
+    local sessions, times = {}, {}
+    local t0 = ms()
+    for i = 1, N do
+      local t = ms()
+      local ok, s = pcall(sb.createSession, sb, { id = "s" .. i })
+      if not ok then
+        say("sessions: stopped at %d: %s %s", i, tostring(s.code), tostring(s.message))
+        break
+      end
+      s:exec("true") -- a session is ready once its shell answered
+      times[#times + 1] = ms() - t
+      sessions[#sessions + 1] = s
+    end
+    local wall = ms() - t0
+    local after, nprocs = total_rss_kb()
+    say("sessions: %d created in %.1f s (%.2f ms each); creation p50 per tenth: %s ms",
+      #sessions, wall / 1000, wall / math.max(1, #sessions), buckets(times))
+    say("sessions: memory (PSS) +%.1f MB (%.3f MB per session; %d processes); fds open %d",
+      (after - before) / 1024, (after - before) / 1024 / math.max(1, #sessions), nprocs, fds())
+    local p50, p99 = round_robin(sessions, args.rr or 2 * #sessions)
+    say("sessions: exec(\"true\") round-robin over %d: p50 %.3f ms p99 %.3f ms", #sessions, p50, p99)
+    local t = ms()
+    sb:destroy({ keepFiles = false })
+    say("sessions: destroy of the sandbox with %d sessions: %.1f ms", #sessions, ms() - t)
+    say("sessions: leftovers: %d processes/cgroups, %d roots", leftovers(base))
+  end
+
+  -- 2. M sandboxes with one session each
+  if args.sandboxes > 0 then
+    local M = args.sandboxes
+    local before = total_rss_kb()
+    local sandboxes, times = {}, {}
+    local t0 = ms()
+    for i = 1, M do
+      local t = ms()
+      local ok, err = pcall(function()
+        local sb = moonbox.getSandbox("scale-sb-" .. i, { root = base .. "/sb-" .. i, isolation = args.isolation,
+          policy = policy(1) })
+        sb:exec("true")
+        sandboxes[#sandboxes + 1] = sb
+      end)
+      if not ok then
+        say("sandboxes: stopped at %d: %s %s", i, tostring(err.code or err), tostring(err.message))
+        break
+      end
+      times[#times + 1] = ms() - t
+    end
+    local wall = ms() - t0
+    local after, nprocs = total_rss_kb()
+    say("sandboxes: %d created in %.1f s (%.2f ms each); creation p50 per tenth: %s ms",
+      #sandboxes, wall / 1000, wall / math.max(1, #sandboxes), buckets(times))
+    say("sandboxes: memory (PSS) +%.1f MB (%.3f MB per sandbox; %d processes); fds open %d",
+      (after - before) / 1024, (after - before) / 1024 / math.max(1, #sandboxes), nprocs, fds())
+    local p50, p99 = round_robin(sandboxes, args.rr or 2 * #sandboxes)
+    say("sandboxes: exec(\"true\") round-robin over %d: p50 %.3f ms p99 %.3f ms", #sandboxes, p50, p99)
+    local lat = {}
+    local t = ms()
+    for _, sb in ipairs(sandboxes) do
+      local s = ms()
+      sb:destroy({ keepFiles = false })
+      lat[#lat + 1] = ms() - s
+    end
+    say("sandboxes: destroy one at a time: p50 %.2f ms p99 %.2f ms (%.1f s in all)",
+      q(lat, 0.5), q(lat, 0.99), (ms() - t) / 1000)
+    say("sandboxes: leftovers: %d processes/cgroups, %d roots", leftovers(base))
+  end
+
+  -- 3. destroy alone: K fresh sandboxes, each destroyed on its own
+  if args.destroy > 0 then
+    local lat, keep = {}, {}
+    for i = 1, args.destroy do
+      local sb = moonbox.getSandbox("scale-d-" .. i, { root = base .. "/d-" .. i, isolation = args.isolation })
+      sb:exec("true")
+      keep[i] = sb
+    end
+    for _, sb in ipairs(keep) do
+      local s = ms()
+      sb:destroy({ keepFiles = true })
+      lat[#lat + 1] = ms() - s
+    end
+    say("destroy: %d sandboxes (one session each, files kept) one at a time: p50 %.2f ms p99 %.2f ms",
+      #lat, q(lat, 0.5), q(lat, 0.99))
+    for i = 1, args.destroy do util.remove_tree(base .. "/d-" .. i) end
+  end
+
+  say("memory (PSS) of the runtime and its processes at the end %.1f MB (%.1f at start)",
+    total_rss_kb() / 1024, rss0 / 1024)
+  util.remove_tree(base)
+end)
