@@ -62,6 +62,7 @@ typedef struct conn {
   char *body;              /* request body or WebSocket message being assembled */
   size_t body_len, body_cap;
   int too_large;           /* body over the limit: answered without reading it */
+  int over;                /* accepted past max_connections: answered 503, then closed */
   int msg_binary;
   int is_ws, established;
   int responding;          /* headers queued */
@@ -119,6 +120,9 @@ struct server {
   int idle_secs;
   int64_t idle_ms;
   int close_requested;     /* close() was called */
+  int draining;            /* drain() was called: new connections are refused at accept */
+  int overflow;            /* connections past max_conns still accepted, to be answered 503 */
+  lua_Integer refused;     /* connections hung up at accept (past max_conns + overflow, draining) */
   int destroying;          /* lws_context_destroy was called */
   char unix_path[108];
   struct server *next_server; /* the core's live servers, for teardown */
@@ -231,6 +235,7 @@ static conn *conn_of(server *s, struct lws *wsi) {
   if (c->next) c->next->prev = c;
   s->conns = c;
   s->nconns++;
+  c->over = s->nconns > s->max_conns;
   lws_set_opaque_user_data(wsi, c);
   return c;
 }
@@ -833,6 +838,10 @@ static void emit_request(conn *c) {
   lua_rawgeti(cbL, LUA_REGISTRYINDEX, c->req_ref);
   luaL_unref(cbL, LUA_REGISTRYINDEX, c->req_ref);
   c->req_ref = LUA_NOREF;
+  if (c->over) {
+    lua_pushboolean(cbL, 1);
+    lua_setfield(cbL, -2, "over_limit");
+  }
   if (c->too_large) {
     lua_pushboolean(cbL, 1);
     lua_setfield(cbL, -2, c->too_large == 2 ? "length_required" : "too_large");
@@ -971,7 +980,13 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
   if (c && c->poll && reason != LWS_CALLBACK_WSI_DESTROY) hook_poll(c);
   switch (reason) {
   case LWS_CALLBACK_FILTER_NETWORK_CONNECTION:
-    return (s->close_requested || s->nconns >= s->max_conns) ? -1 : 0;
+    /* past max_conns a few more are taken, to be answered 503 (Lua); past
+     * those, or while draining, the connection is hung up at accept */
+    if (s->close_requested || s->draining || s->nconns >= s->max_conns + s->overflow) {
+      s->refused++;
+      return -1;
+    }
+    return 0;
   case LWS_CALLBACK_SERVER_NEW_CLIENT_INSTANTIATED:
     /* the whole request head must arrive within the idle timeout */
     if ((c = conn_of(s, wsi))) {
@@ -990,6 +1005,12 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
     long long length = 0;
     if (lws_hdr_copy(wsi, cl, sizeof cl, WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0) length = atoll(cl);
     int chunked = lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0;
+    if (c->over) {
+      c->close_after = 1; /* answered 503 without reading a body */
+      if (length > 0) c->too_large = 1;
+      emit_request(c);
+      return 0;
+    }
     if (length > (long long)s->max_body) {
       c->too_large = 1;
       c->close_after = 1; /* the body stays unread: the connection cannot be reused */
@@ -1040,8 +1061,10 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
     emit_request(c);
     if (c->reject_status) {
       int rc = write_reject(c);
+      lua_Integer id = c->id;
       c->is_ws = 0;
       request_reset(c);
+      emit_simple(s, "done", id); /* the refusal is the whole response */
       return rc;
     }
     return 0;
@@ -1282,6 +1305,7 @@ static int http_listen(lua_State *L) {
   s->h = h;
   s->max_body = (size_t)max_body;
   s->max_conns = (int)max_conns;
+  s->overflow = max_conns / 4 > 16 ? (int)(max_conns / 4) : 16;
   s->idle_secs = (int)((idle_ms + 999) / 1000);
   s->idle_ms = idle_ms;
   uv_timer_init(h->core->loop, &h->uv.timer);
@@ -1308,7 +1332,7 @@ static int http_listen(lua_State *L) {
   info.user = s;
   info.pcontext = &s->ctx;
   info.max_http_header_data = 8192;
-  info.max_http_header_pool = (unsigned short)(max_conns < 65535 ? max_conns : 65535);
+  info.max_http_header_pool = (unsigned short)(max_conns + s->overflow < 65535 ? max_conns + s->overflow : 65535);
   info.timeout_secs = (unsigned int)s->idle_secs;
   info.keepalive_timeout = s->idle_secs;
   info.retry_and_idle_policy = &s->retry;
@@ -1574,6 +1598,20 @@ static int server_connections(lua_State *L) {
   return 1;
 }
 
+/* server:drain(): refuse new connections at accept (graceful stop) */
+static int server_drain(lua_State *L) {
+  server *s = check_server(L, 1);
+  if (s) s->draining = 1;
+  return 0;
+}
+
+/* server:refused() -> connections hung up at accept so far */
+static int server_refused(lua_State *L) {
+  server *s = check_server(L, 1);
+  lua_pushinteger(L, s ? s->refused : 0);
+  return 1;
+}
+
 /* server:close([callback]): stop listening, drop every connection; the
  * handle closes once lws has closed its own uv handles. */
 static int server_close(lua_State *L) {
@@ -1594,6 +1632,7 @@ static const luaL_Reg server_methods[] = {
   {"port", server_port}, {"respond", server_respond}, {"write", server_write},
   {"finish", server_finish}, {"ws_close", server_ws_close}, {"ws_reject", server_ws_reject},
   {"header", server_header}, {"hangup", server_hangup}, {"queued", server_queued}, {"connections", server_connections},
+  {"drain", server_drain}, {"refused", server_refused},
   {"close", server_close}, {NULL, NULL}};
 
 void mb_open_http(lua_State *L) {

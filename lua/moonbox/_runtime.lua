@@ -26,6 +26,16 @@ function M.shutdown()
   if not ok then io.stderr:write("moonbox: shutdown: ", errors.format(err), "\n") end
 end
 
+M.run_exit_hooks = run_hooks
+
+-- on_signal(name, fn): the main chunk takes over one of the signals below
+-- (`moonbox serve`'s graceful SIGTERM): fn runs as a task instead of the
+-- immediate stop; the other signals still stop at once.
+local signal_overrides = {}
+function M.on_signal(name, fn)
+  signal_overrides[name] = fn
+end
+
 -- SIGINT, SIGTERM, SIGHUP to the runtime: kill every sandbox's processes
 -- first, then exit 128 + signal. The watchers do not keep the loop alive.
 local watchers = {} -- name -> watcher
@@ -40,6 +50,12 @@ local function watch_signals(names)
   for _, name in ipairs(names or { "SIGINT", "SIGTERM", "SIGHUP" }) do
     local w = core.signal()
     w:start(name, function(signum)
+      local override = signal_overrides[name]
+      if override then
+        signal_overrides[name] = nil -- a second one stops at once
+        async.spawn(override)
+        return
+      end
       close_watchers()
       io.stderr:write(("moonbox: %s: stopping every sandbox\n"):format(name))
       async.spawn(function()

@@ -77,6 +77,7 @@ function Ctx:sandbox()
       local n = 0
       for _ in pairs(live) do n = n + 1 end
       if n >= M.config.maxSandboxes then
+        if M.on_reject then M.on_reject("max_sandboxes") end
         fail("POLICY_DENIED", ("the server already holds %d sandboxes (maxSandboxes)"):format(n),
           { maxSandboxes = M.config.maxSandboxes })
       end
@@ -622,6 +623,7 @@ local function dispatch(req, res)
       tostring(req.method), tostring(req.path)), { method = req.method, path = req.path }))
     return reply(status, body)
   end
+  req.route = route.pattern -- for the access log and /metrics (moonbox.server.service)
   if params.id then check_sandbox_id(params.id) end -- (/v1/backups is not a sandbox's)
   if req.body and #req.body > M.config.maxBodyBytes then
     fail("REQUEST_TOO_LARGE", ("the request body is larger than %d bytes"):format(M.config.maxBodyBytes),

@@ -88,6 +88,7 @@ function H.create_from(ctx)
   local live, n = require("moonbox.sandbox").all(), 0
   for _ in pairs(live) do n = n + 1 end
   if not live[id] and n >= api.config.maxSandboxes then
+    if api.on_reject then api.on_reject("max_sandboxes") end
     require("moonbox.errors").raise("POLICY_DENIED",
       ("the server already holds %d sandboxes (maxSandboxes)"):format(n), { maxSandboxes = api.config.maxSandboxes })
   end

@@ -20,6 +20,8 @@ usage: moonbox serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]
                      [--policy file.lua] [--handler app.lua] [--token-file F | --no-token]
                      [--max-body BYTES] [--max-connections N] [--idle-timeout-ms MS]
                      [--prewarm on|off]   (keep a sandbox built ahead; docs/isolation.md)
+                     [--max-sandboxes N] [--idle-timeout-s S] [--shutdown-grace-s S]
+                     [--access-log FILE | --access-log off]   (default: stderr)
                      [--allow-unisolated] (isolation = "auto" may run without namespaces
                                            where the kernel refuses them; docs/server.md)
 ]]
@@ -35,9 +37,12 @@ function M.parse(argv)
   local names = {
     ["--listen"] = "listen", ["--policy"] = "policy", ["--handler"] = "handler", ["--token-file"] = "tokenFile",
     ["--max-body"] = "maxBody", ["--max-connections"] = "maxConnections", ["--idle-timeout-ms"] = "idleTimeoutMs",
-    ["--prewarm"] = "prewarm",
+    ["--prewarm"] = "prewarm", ["--max-sandboxes"] = "maxSandboxes", ["--idle-timeout-s"] = "idleTimeoutS",
+    ["--shutdown-grace-s"] = "shutdownGraceS", ["--access-log"] = "accessLog",
   }
-  local numeric = { maxBody = true, maxConnections = true, idleTimeoutMs = true }
+  local numeric = { maxBody = true, maxConnections = true, idleTimeoutMs = true, maxSandboxes = true,
+    idleTimeoutS = true, shutdownGraceS = true }
+  local zero_ok = { shutdownGraceS = true } -- --shutdown-grace-s 0: no wait
   local switches = { ["--allow-unisolated"] = "allowUnisolated", ["--no-token"] = "noToken" } -- flags without a value
   local i = 1
   while i <= #argv do
@@ -55,7 +60,9 @@ function M.parse(argv)
     if value == nil then usage_error(flag .. " needs a value") end
     if numeric[key] then
       value = tonumber(value)
-      if not value or value < 1 or value % 1 ~= 0 then usage_error(flag .. " needs a positive integer") end
+      if not value or value < (zero_ok[key] and 0 or 1) or value % 1 ~= 0 then
+        usage_error(flag .. (zero_ok[key] and " needs a whole number of seconds" or " needs a positive integer"))
+      end
     end
     if key == "prewarm" and value ~= "on" and value ~= "off" then usage_error("--prewarm needs on or off") end
     opts[key] = value
@@ -206,21 +213,39 @@ end
 -- app(opts) -> handler(req, res): token check, then /v1, the page, the
 -- user's handler. opts: token (string or nil), userHandler (function or nil).
 function M.app(opts)
-  local app = { token = opts.token, user = opts.userHandler }
+  local app = { token = opts.token, user = opts.userHandler, service = opts.service, server = opts.server }
   app.page, app.vendor = opts.page, opts.vendor or {}
-  return function(req, res)
+  local function route(req, res)
     local health = health_route(req)
-    if health then return health end
+    if health then
+      req.route = req.path
+      return health
+    end
     -- an exposed port (moonbox.server.proxy): its own token rules
     local proxy = require "moonbox.server.proxy"
     local target = proxy.match(req)
-    if target then return proxy.handle(req, res, target, { token = app.token, equal = M.constant_time_equal }) end
+    if target then
+      req.sandboxId = target.id
+      req.route = target.form == "host" and "{port}-{id}.localhost/*" or "/v1/sandboxes/{id}/ports/{port}/*"
+      return proxy.handle(req, res, target, { token = app.token, equal = M.constant_time_equal })
+    end
     if app.token then
       if not M.authorized(req, app.token) then
+        if app.service then app.service:reject("unauthorized") end
         local r = json_response(401, "UNAUTHORIZED", "a valid bearer token is required")
         r.headers["www-authenticate"] = 'Bearer realm="moonbox"'
         return r
       end
+    end
+    if req.path == "/metrics" and app.service and app.server then
+      req.route = "/metrics"
+      if req.method ~= "GET" and req.method ~= "HEAD" then
+        local r = json_response(405, "METHOD_NOT_ALLOWED", "GET only")
+        r.headers.allow = "GET, HEAD"
+        return r
+      end
+      return { status = 200, headers = { ["content-type"] = "text/plain; version=0.0.4; charset=utf-8",
+        ["cache-control"] = "no-store" }, body = app.service:metrics(app.server()) }
     end
     if req.path == "/v1" or req.path:sub(1, 4) == "/v1/" then
       local ok, api = pcall(require, "moonbox.server.api")
@@ -232,6 +257,7 @@ function M.app(opts)
     end
     local page = page_route(app, req)
     if page then
+      req.route = req.path:match("^/page/") and "/page/{file}" or "/"
       -- the page's own assets load without the token in their URLs
       if app.token and page.status == 200 and (req.path == "/" or req.path == "/index.html") then
         page.headers["set-cookie"] = ("%s=%s; Path=/; HttpOnly; SameSite=Strict"):format(M.COOKIE, app.token)
@@ -239,8 +265,21 @@ function M.app(opts)
       end
       return page
     end
-    if app.user then return app.user(req, res) end
+    if app.user then
+      req.route = "(handler)"
+      return app.user(req, res)
+    end
     return json_response(404, "NOT_FOUND", ("no route for %s %s"):format(req.method, req.path))
+  end
+  if not app.service then return route end
+  -- as a service: each request is counted for its sandbox's idle time while it runs
+  return function(req, res)
+    if req.path == "/healthz" or req.path == "/readyz" then return route(req, res) end
+    app.service:begin(req)
+    local ok, result = pcall(route, req, res)
+    app.service:finish(req)
+    if not ok then error(result, 0) end
+    return result
   end
 end
 
@@ -312,11 +351,25 @@ function M.start(opts)
   require("moonbox.sandbox").allow_unisolated = opts.allowUnisolated == true
   if opts.prewarm == "on" then require("moonbox").prewarm(true) end
   local page, vendor = M.find_page()
+  local service = require("moonbox.server.service").new {
+    accessLog = opts.accessLog, idleTimeoutS = opts.idleTimeoutS, shutdownGraceS = opts.shutdownGraceS,
+  }
+  local api_ok, api = pcall(require, "moonbox.server.api")
+  if api_ok then
+    if opts.maxSandboxes then api.config.maxSandboxes = opts.maxSandboxes end
+    api.on_reject = function(reason) service:reject(reason) end
+  end
+  local server
   local handler = M.app {
     token = token, userHandler = opts.handler and load_handler(opts.handler), page = page, vendor = vendor,
+    service = service, server = function() return server end,
   }
-  local server = http.listen({ listen = opts.listen, maxBody = opts.maxBody, maxConnections = opts.maxConnections,
+  server = http.listen({ listen = opts.listen, maxBody = opts.maxBody, maxConnections = opts.maxConnections,
     idleTimeoutMs = opts.idleTimeoutMs }, handler)
+  server.onDone = function(req, res) service:done(req, res) end
+  server.onReject = function(reason) service:reject(reason) end
+  server.service = service
+  service:start_idle()
   if not addr.unix then require("moonbox.ports").server = { port = tonumber(server.address:match(":(%d+)$")) } end
   return server, token
 end
@@ -345,7 +398,16 @@ function M.main(argv)
     io.stderr:flush()
     os.exit(server.code == "VALIDATION_FAILED" and 2 or 1)
   end
-  require("moonbox._runtime").at_exit(function() server:close() end)
+  local runtime = require "moonbox._runtime"
+  runtime.at_exit(function() server:close() end)
+  -- SIGTERM: the graceful stop (docs/server.md); SIGINT and SIGHUP stay immediate
+  runtime.on_signal("SIGTERM", function()
+    io.stderr:write("moonbox serve: SIGTERM: stopping (grace ", tostring(opts.shutdownGraceS or 10), " s)\n")
+    local stopped, err = pcall(server.service.stop, server.service, server)
+    if not stopped then io.stderr:write("moonbox serve: stop: ", errors.format(err), "\n") end
+    runtime.run_exit_hooks() -- the sandboxes stop, their files stay
+    os.exit(0)
+  end)
   local unix = server.address:match("^unix:")
   io.stdout:write("moonbox: listening on ", unix and server.address or ("http://" .. server.address), "\n")
   -- as Jupyter does: the page's URL with the token, to open in a browser

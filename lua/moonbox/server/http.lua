@@ -17,6 +17,8 @@ local cjson = require "cjson.safe"
 
 local M = {}
 
+local function now_ms() return core.hrtime() / 1e6 end
+
 M.HIGH_WATER = 256 * 1024 -- res:write / ws:send wait while more than this is queued
 
 local Server, Response, WebSocket = {}, {}, {}
@@ -141,6 +143,7 @@ function Response:_send(status, headers, body)
   V.type(body, "string", "body")
   if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
   self._started = true
+  self.status, self.bytes = status, #body
   local h, ctype = split_headers(headers)
   ctype = ctype or "text/plain; charset=utf-8"
   if self.req.websocket then
@@ -164,8 +167,10 @@ function Response:start(status, headers)
   if self.req.websocket then errors.raise("VALIDATION_FAILED", "a WebSocket request is answered with upgrade()") end
   if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
   self._started, self._streaming = true, true
+  self.status = status
   if self.closed then return false end
   local h, ctype, length = split_headers(headers)
+  self.contentType = ctype
   local ok = self._server._core:respond(self._id, status, ctype or "application/octet-stream", h, length)
   if not ok then set_closed(self) return false end
   return true
@@ -191,6 +196,7 @@ function Response:write(data)
   if self.closed or self._finished then return false end
   local queued = self._server._core:write(self._id, data)
   if not queued then set_closed(self) return false end
+  self.bytes = (self.bytes or 0) + #data
   wait_queue(self, queued)
   return not self.closed
 end
@@ -214,6 +220,7 @@ function Response:upgrade()
   if not self.req.websocket then errors.raise("VALIDATION_FAILED", "not a WebSocket request") end
   if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
   self._started = true
+  self.status = 101
   self._ws = setmetatable({ _res = self, _inbox = {}, _head = 1, _tail = 0, closed = self.closed }, WebSocket)
   return self._ws
 end
@@ -239,6 +246,7 @@ function WebSocket:send(data, is_binary)
   if self.closed or self._closing then return false end
   local queued = res._server._core:write(res._id, data, is_binary and true or false)
   if not queued then set_closed(res) return false end
+  res.bytes = (res.bytes or 0) + #data
   wait_queue(res, queued)
   return not self.closed
 end
@@ -324,8 +332,26 @@ function Server:_on_event(kind, id, a, b)
       end }),
       body = b or "", websocket = a.websocket, peer = a.peer, tooLarge = a.too_large,
     }
-    local res = setmetatable({ req = req, closed = false, _server = self, _id = id, _on_close = {} }, Response)
+    local res = setmetatable({ req = req, closed = false, _server = self, _id = id, _on_close = {},
+      startedMs = now_ms() }, Response)
     self._live[id] = res
+    self._inflight = self._inflight + 1
+    -- past maxConnections (src/http.c takes a few more connections to say
+    -- so), and while the server drains for a stop: 503, and the connection closes
+    if a.over_limit or self.draining then
+      local reason = a.over_limit and "max_connections" or "shutting_down"
+      if self.onReject then pcall(self.onReject, reason, req) end
+      if not a.websocket then srv:hangup(id) end
+      res._handshake = a.websocket
+      res:_send(503, { ["content-type"] = "application/json", connection = "close",
+        ["retry-after"] = tostring(self.retryAfter or 1) }, cjson.encode({
+        code = a.over_limit and "TOO_MANY_CONNECTIONS" or "SHUTTING_DOWN", httpStatus = 503,
+        context = { reason = reason },
+        message = a.over_limit and ("the server has %d connections open (--max-connections); retry later")
+          :format(self.maxConnections) or "the server is shutting down; retry on another server or later" }))
+      res._handshake = false
+      return
+    end
     -- every request is routed on what the client sent (src/http.c refuses
     -- smuggling heads itself): one whose request line cannot be told (it
     -- does not decode to what lws parsed) is a 400, and the connection
@@ -363,6 +389,15 @@ function Server:_on_event(kind, id, a, b)
   elseif kind == "done" or kind == "closed" then
     local res = self._live[id]
     self._live[id] = nil
+    if res and not res._logged then
+      res._logged = true
+      self._inflight = self._inflight - 1
+      res.durationMs = now_ms() - res.startedMs
+      if self.onDone then
+        local ok, err = pcall(self.onDone, res.req, res)
+        if not ok then io.stderr:write("moonbox: http: onDone: ", errors.format(err), "\n") end
+      end
+    end
     if res and (kind == "closed" or res.req.websocket) then set_closed(res) end
   end
 end
@@ -382,7 +417,7 @@ function M.listen(opts, handler)
   local self = setmetatable({
     handler = handler, maxBody = positive("maxBody", 1024 * 1024),
     maxConnections = positive("maxConnections", 256), idleTimeoutMs = positive("idleTimeoutMs", 30000),
-    _live = {},
+    _live = {}, _inflight = 0,
   }, Server)
   local srv, msg, code = core.http_listen({
     host = addr.host, port = addr.port, unix = addr.unix, max_body = self.maxBody,
@@ -407,6 +442,20 @@ function Server:close()
   self.closed = true
   self._core:close()
 end
+
+-- Stop taking connections (they are hung up at accept) and answer any
+-- further request on an open one 503 SHUTTING_DOWN; what runs goes on.
+function Server:drain()
+  if self.closed or self.draining then return end
+  self.draining = true
+  self._core:drain()
+end
+
+-- Requests being answered now (their handler runs or their response is being sent).
+function Server:inflight() return self._inflight end
+
+-- Connections hung up at accept so far.
+function Server:refused() return self.closed and 0 or self._core:refused() end
 
 function Server:connections()
   return self.closed and 0 or self._core:connections()

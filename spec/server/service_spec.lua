@@ -1,0 +1,316 @@
+-- `moonbox serve` as a service (issue #18): GET /metrics, the access log,
+-- 503 past --max-connections, --max-sandboxes, idle expiry and the graceful
+-- SIGTERM, each against the real binary.
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+local cjson = require "cjson"
+local client = require "server.client"
+
+local curl = client.curl
+
+-- serve(args) -> {url, port, token, home, stop() -> exit code, stderr()}
+local function serve(args)
+  local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+  local home = helper.mkdtemp()
+  local exit, err = {}, { buf = "" }
+  local argv = { bin, "serve", "--listen", "127.0.0.1:0" }
+  for _, a in ipairs(args or {}) do argv[#argv + 1] = a end
+  local proc, pipes = assert(core.spawn {
+    args = argv, env = client.env { HOME = home, MOONBOX_HOME = home },
+    stdio = { [0] = "null", [1] = "pipe", [2] = "pipe" },
+    on_exit = function(c) exit.code = c if exit.resume then exit.resume() end end,
+  })
+  pipes[2]:read_start(function(_, data) if data then err.buf = err.buf .. data end end)
+  local text = moonbox.timeout(10000, function()
+    local buf = ""
+    return require("moonbox.async").await(function(resume)
+      pipes[1]:read_start(function(_, data)
+        buf = buf .. (data or "")
+        if buf:match("moonbox: open [^\n]*\n") or not data then pipes[1]:read_stop() resume(buf) end
+      end)
+    end)
+  end)
+  local s = { url = text:match("listening on (%S+)"), token = text:match("/%?token=(%x+)"), home = home, proc = proc }
+  assert(s.url and s.token, "the server printed no address and token: " .. text .. err.buf)
+  s.port = tonumber(s.url:match(":(%d+)$"))
+  s.auth = "Authorization: Bearer " .. s.token
+  function s.stop(signal)
+    if exit.code == nil then proc:kill(signal or "SIGTERM") end
+    if exit.code == nil then require("moonbox.async").await(function(resume) exit.resume = resume end) end
+    pipes[1]:close()
+    pipes[2]:close()
+    helper.sh("rm -rf '" .. home .. "'")
+    return exit.code
+  end
+  function s.wait_exit()
+    if exit.code == nil then
+      moonbox.timeout(30000, function()
+        require("moonbox.async").await(function(resume) exit.resume = resume end)
+      end)
+    end
+    return exit.code
+  end
+  function s.stderr() return err.buf end
+  -- status, body of a request with the token
+  function s.call(method, path, body)
+    local argv2 = { "-o", "-", "-w", "\n%{http_code}", "-H", s.auth, "-X", method }
+    if body then
+      argv2[#argv2 + 1] = "--data-binary"
+      argv2[#argv2 + 1] = body
+    end
+    argv2[#argv2 + 1] = s.url .. path
+    local out = curl(unpack(argv2))
+    local b, code = out:match("^(.*)\n(%d+)$")
+    return tonumber(code), b
+  end
+  return s
+end
+
+-- The value of one sample line of the Prometheus text.
+local function sample(text, name)
+  for line in text:gmatch("[^\n]+") do
+    local n, v = line:match("^(%S+) (%S+)$")
+    if n == name then return tonumber(v) end
+  end
+end
+
+-- A raw request with the token on a new connection.
+local function raw_request(s, method, path, body)
+  local c = client.connect(s.port)
+  c:send(("%s %s HTTP/1.1\r\nHost: x\r\n%s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s")
+    :format(method, path, s.auth, #(body or ""), body or ""))
+  return c
+end
+
+describe("moonbox serve as a service", function()
+  it("serves GET /metrics behind the token, in Prometheus text", function()
+    run_task(function()
+      local s = serve {}
+      local ok, err = pcall(function()
+        local no = curl("-o", "/dev/null", "-w", "%{http_code}", s.url .. "/metrics")
+        assert.equal("401", no)
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/m1/exec", '{"command":"echo hi"}')))
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/m1/exec", '{"command":"true"}')))
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/m1/processes", '{"command":"sleep 600"}')))
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/m1/sessions", '{"id":"second"}')))
+        local out = curl("-i", "-H", s.auth, s.url .. "/metrics")
+        local head, text = out:match("^(.-)\r\n\r\n(.*)$")
+        assert.matches("\r\ncontent%-type: text/plain; version=0%.0%.4", head)
+        assert.matches("# TYPE moonbox_exec_duration_seconds histogram\n", text)
+        assert.equal(1, sample(text, "moonbox_sandboxes"))
+        assert.equal(2, sample(text, "moonbox_sessions"))
+        assert.equal(1, sample(text, "moonbox_processes"))
+        assert.equal(0, sample(text, "moonbox_terminals"))
+        assert.equal(0, sample(text, "moonbox_code_contexts"))
+        assert.equal(2, sample(text, "moonbox_exec_total"))
+        assert.equal(2, sample(text, "moonbox_exec_duration_seconds_count"))
+        assert.equal(2, sample(text, 'moonbox_exec_duration_seconds_bucket{le="+Inf"}'))
+        assert.truthy(sample(text, "moonbox_open_fds") > 3)
+        assert.equal(1, sample(text, "moonbox_http_connections"))
+        assert.equal(1, sample(text, "moonbox_http_requests_in_flight")) -- this one
+        assert.truthy(sample(text, 'moonbox_http_rejections_total{reason="unauthorized"}') >= 1)
+        assert.equal(0, sample(text, 'moonbox_http_rejections_total{reason="accept"}'))
+        assert.truthy(sample(text, "moonbox_http_buffered_bytes"))
+        -- every sample line is "name{labels} number"
+        for line in text:gmatch("[^\n]+") do
+          if not line:match("^#") then assert.matches("^[%w_]+[^ ]* %-?[%d%.e%+]+$", line) end
+        end
+      end)
+      s.stop()
+      assert(ok, err)
+    end)
+  end)
+
+  it("writes one JSON line per request to stderr, or to --access-log FILE, or nowhere with off", function()
+    run_task(function()
+      local s = serve {}
+      local dir = helper.mkdtemp()
+      local f = serve { "--access-log", dir .. "/access.log" }
+      local off = serve { "--access-log", "off" }
+      local ok, err = pcall(function()
+        local _, body = s.call("POST", "/v1/sandboxes/log-box/exec", '{"command":"echo hi"}')
+        s.call("GET", "/v1/sandboxes/log-box/sessions/nope")
+        f.call("GET", "/v1/sandboxes/other/processes")
+        off.call("GET", "/v1/sandboxes")
+        local lines = {}
+        assert.is_true(helper.eventually(function()
+          lines = {}
+          for line in s.stderr():gmatch("[^\n]+") do
+            if line:match("^{") then lines[#lines + 1] = cjson.decode(line) end
+          end
+          return #lines >= 2
+        end))
+        local a, b = lines[1], lines[2]
+        assert.equal("POST", a.method)
+        assert.equal("/v1/sandboxes/{id}/exec", a.route)
+        assert.equal("log-box", a.sandboxId)
+        assert.equal(200, a.status)
+        assert.equal(#body, a.bytes)
+        assert.equal("number", type(a.durationMs))
+        assert.matches("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ$", a.time)
+        assert.equal("string", type(a.requestId))
+        assert.are_not.equal(a.requestId, b.requestId)
+        assert.equal("/v1/sandboxes/{id}/sessions/{sessionId}", b.route) -- the template, not "nope"
+        assert.equal(404, b.status)
+        local file = ""
+        assert.is_true(helper.eventually(function()
+          file = helper.sh("cat '" .. dir .. "/access.log'")
+          return file ~= ""
+        end))
+        local c = cjson.decode(file)
+        assert.equal("/v1/sandboxes/{id}/processes", c.route)
+        assert.equal(404, c.status) -- a read never creates the sandbox
+        assert.not_matches('"route"', f.stderr())
+      end)
+      s.stop()
+      f.stop()
+      off.stop()
+      assert.not_matches('"route"', off.stderr())
+      helper.sh("rm -rf '" .. dir .. "'")
+      assert(ok, err)
+    end)
+  end)
+
+  it("answers 503 with Retry-After past --max-connections, and counts it", function()
+    run_task(function()
+      local s = serve { "--max-connections", "2" }
+      local ok, err = pcall(function()
+        local held = { client.connect(s.port), client.connect(s.port) }
+        -- both are the server's before the third comes
+        local c
+        local status, headers, body
+        assert.is_true(helper.eventually(function()
+          if c then c:close() end
+          c = raw_request(s, "GET", "/v1/sandboxes")
+          status, headers, body = c:response()
+          return status == 503
+        end))
+        assert.equal("1", headers["retry-after"])
+        assert.equal("close", headers["connection"])
+        local e = cjson.decode(body)
+        assert.equal("TOO_MANY_CONNECTIONS", e.code)
+        assert.equal("max_connections", e.context.reason)
+        assert.is_true(c:wait_eof())
+        c:close()
+        for _, h in ipairs(held) do h:close() end
+        local text
+        assert.is_true(helper.eventually(function()
+          local code, t = s.call("GET", "/metrics")
+          text = t
+          return code == 200
+        end))
+        assert.truthy(sample(text, 'moonbox_http_rejections_total{reason="max_connections"}') >= 1)
+      end)
+      s.stop()
+      assert(ok, err)
+    end)
+  end)
+
+  it("refuses a write that would make sandbox N+1 past --max-sandboxes with 403 POLICY_DENIED", function()
+    run_task(function()
+      local s = serve { "--max-sandboxes", "1" }
+      local ok, err = pcall(function()
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/one/exec", '{"command":"true"}')))
+        local code, body = s.call("POST", "/v1/sandboxes/two/exec", '{"command":"true"}')
+        assert.equal(403, code)
+        local e = cjson.decode(body)
+        assert.equal("POLICY_DENIED", e.code)
+        assert.equal(1, e.context.maxSandboxes)
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/one/exec", '{"command":"true"}'))) -- the one it holds
+        local _, text = s.call("GET", "/metrics")
+        assert.equal(1, sample(text, 'moonbox_http_rejections_total{reason="max_sandboxes"}'))
+      end)
+      s.stop()
+      assert(ok, err)
+      local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+      local _, stderr, code = client.run { bin, "serve", "--max-sandboxes", "0" }
+      assert.equal(2, code)
+      assert.matches("%-%-max%-sandboxes needs a positive integer", stderr)
+    end)
+  end)
+
+  it("stops an idle sandbox keeping its workspace; it comes back on the next request; a busy one stays", function()
+    run_task(function()
+      local s = serve { "--idle-timeout-s", "1" }
+      local ok, err = pcall(function()
+        -- busy: a background process keeps it (made first, so it is the older)
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/busy/processes", '{"command":"sleep 600"}')))
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/idle/exec", '{"command":"echo kept > note"}')))
+        local list
+        assert.is_true(helper.eventually(function()
+          local _, body = s.call("GET", "/v1/sandboxes")
+          list = cjson.decode(body)
+          return #list == 1
+        end, 20000), "the idle sandbox was not stopped")
+        assert.equal("busy", list[1].id)
+        local _, text = s.call("GET", "/metrics")
+        assert.equal(1, sample(text, "moonbox_sandboxes_idle_stopped_total"))
+        -- its files stay on disk, and the next request brings it back with them
+        assert.equal("kept", helper.sh("cat '" .. s.home .. "/sandboxes/idle/workspace/note'"))
+        local code, body = s.call("POST", "/v1/sandboxes/idle/exec", '{"command":"cat note"}')
+        assert.equal(200, code)
+        assert.equal("kept\n", cjson.decode(body).stdout)
+        -- a read of a stopped sandbox on disk brings it back too
+        assert.is_true(helper.eventually(function()
+          local _, b = s.call("GET", "/v1/sandboxes")
+          return #cjson.decode(b) == 1
+        end, 20000))
+        assert.equal(200, (s.call("GET", "/v1/sandboxes/idle/sessions")))
+      end)
+      s.stop()
+      assert(ok, err)
+    end)
+  end)
+
+  it("SIGTERM: lets a running stream finish, refuses new requests, keeps workspaces, exits 0", function()
+    run_task(function()
+      local s = serve { "--shutdown-grace-s", "60" }
+      local root = s.home .. "/sandboxes/graceful/workspace"
+      local ok, err = pcall(function()
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/graceful/exec", '{"command":"echo kept > note"}')))
+        helper.sh("mkfifo '" .. root .. "/gate'")
+        local c = raw_request(s, "POST", "/v1/sandboxes/graceful/exec/stream",
+          '{"command":"read line < gate; echo finished $line"}')
+        assert.truthy(c:read_until('"type":"start"'))
+        s.proc:kill("SIGTERM")
+        -- the server takes no new request now
+        assert.is_true(helper.eventually(function()
+          local out = curl("-o", "/dev/null", "-w", "%{http_code}", "-H", s.auth, s.url .. "/v1/sandboxes")
+          return out ~= "200"
+        end))
+        -- the running command still finishes
+        helper.sh("timeout 10 sh -c 'echo go > \"$0\"' '" .. root .. "/gate'")
+        assert.truthy(c:read_until('"type":"complete"'))
+        assert.matches('"data":"finished go\\n"', c.buf)
+        assert.is_true(c:wait_eof())
+        c:close()
+        assert.equal(0, s.wait_exit())
+        assert.equal("kept", helper.sh("cat '" .. root .. "/note'"))
+      end)
+      s.stop()
+      assert(ok, err)
+    end)
+  end)
+
+  it("SIGTERM: a stream still open after --shutdown-grace-s ends with a final event, its command killed", function()
+    run_task(function()
+      local s = serve { "--shutdown-grace-s", "1" }
+      local ok, err = pcall(function()
+        local c = raw_request(s, "POST", "/v1/sandboxes/late/exec/stream",
+          '{"command":"echo $$ > pid; exec sleep 7321.25"}')
+        assert.truthy(c:read_until('"type":"start"'))
+        local pidfile = s.home .. "/sandboxes/late/workspace/pid"
+        assert.is_true(helper.eventually(function() return helper.sh("cat '" .. pidfile .. "' 2>/dev/null") ~= "" end))
+        s.proc:kill("SIGTERM")
+        assert.truthy(c:read_until('"code":"SHUTTING_DOWN"'))
+        assert.is_true(c:wait_eof())
+        c:close()
+        assert.equal(0, s.wait_exit())
+        assert.equal("", helper.sh("pgrep -f '^sleep 7321.25$' || true")) -- its command is gone
+        assert.truthy(helper.sh("cat '" .. pidfile .. "'"):match("^%d+$")) -- the workspace stays
+      end)
+      s.stop()
+      assert(ok, err)
+    end)
+  end)
+end)
