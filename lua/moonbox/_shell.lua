@@ -353,7 +353,8 @@ function M.spawn(opts)
     local ok, err, code = self:_open_rundir(opts.rundir)
     if not ok then return nil, err, code end
   end
-  local spec_of = opts.spawn_spec or function(spec) return spec end
+  -- the sandbox's rules (_spawn.lua): a shell without them is never started
+  local spec_of = assert(opts.spawn_spec, "shell spawn: no spawn_spec")
   local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [CONTROL_FD] = "in", [PRELUDE_FD] = "in" }
   if M.spawn_builtin then stdio[BUILTIN_FD] = spawn_builtin_fd() end
   local proc, pipes_or_err, code = core.spawn(spec_of {
@@ -365,9 +366,6 @@ function M.spawn(opts)
     setsid = true,
     pdeathsig = "SIGKILL",
     cgroup = opts.cgroup,
-    extra_cgroups = opts.extra_cgroups,
-    rlimits = opts.rlimits,
-    seccomp = opts.seccomp,
     on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
   })
   if not proc then
