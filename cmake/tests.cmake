@@ -93,6 +93,20 @@ else()
   moonbox_skip("luacheck" "apt-get install lua-check")
 endif()
 
+# The session shell's start-up script is bash in a file of its own
+# (share/shell/prelude.bash, loaded by lua/moonbox/_shell.lua): it must parse,
+# and shellcheck must find nothing in it (its few exceptions say why).
+find_program(BASH_BIN bash)
+find_program(SHELLCHECK_BIN shellcheck)
+if(BASH_BIN)
+  add_test(NAME prelude_bash.syntax COMMAND ${BASH_BIN} -n ${CMAKE_SOURCE_DIR}/share/shell/prelude.bash)
+endif()
+if(SHELLCHECK_BIN)
+  add_test(NAME prelude_bash.shellcheck COMMAND ${SHELLCHECK_BIN} ${CMAKE_SOURCE_DIR}/share/shell/prelude.bash)
+else()
+  moonbox_skip("prelude_bash.shellcheck" "apt-get install shellcheck")
+endif()
+
 # Every example runs and must print what it promises (spec/examples.sh).
 file(GLOB EXAMPLE_FILES RELATIVE ${CMAKE_SOURCE_DIR} CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/examples/*.lua)
 foreach(example ${EXAMPLE_FILES})
