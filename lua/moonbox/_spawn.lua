@@ -14,6 +14,9 @@
 --   * rlimits and the seccomp filter of the sandbox's policy (_limits.lua).
 -- A call site that sets any of these itself is a bug: it is refused, so no
 -- site can weaken (or forget) the sandbox's rules.
+-- The environment stays the call site's: it is the session's (policy env <
+-- sandbox env < session env, Sandbox:_session_env and Session:current_env),
+-- and core.spawn never passes on the runtime's own (no env = an empty one).
 --
 -- rules: {init (isolation init or nil), cap_keep, idmap = {count, uid, gid},
 --   cgroup_dir (the sandbox's cgroup v2 directory, cgroup mode), limits =
