@@ -56,7 +56,7 @@ if(SPEC_FILES)
 foreach(spec spec/session_spec.lua spec/process_spec.lua spec/files_spec.lua spec/code_spec.lua
         spec/terminal_spec.lua spec/security/containment_spec.lua spec/contract_spec.lua
         spec/spawn_builtin_spec.lua spec/security/fail_closed_spec.lua spec/security/file_race_spec.lua
-        spec/hostile/session_spec.lua)
+        spec/hostile/session_spec.lua spec/security/spawn_spec_spec.lua)
   string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
   string(REPLACE "/" "." name ${name})
   add_test(NAME spec.${name}.no-namespaces
@@ -77,7 +77,7 @@ if(SPEC_FILES AND RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZ
           spec/security/containment_spec.lua spec/security/isolation_spec.lua spec/spawn_builtin_spec.lua
           spec/security/root_identity_spec.lua spec/security/fail_closed_spec.lua spec/core/fs_tree_spec.lua
           spec/security/file_race_spec.lua spec/server/security_spec.lua spec/hostile/session_spec.lua
-          spec/security/seccomp_spec.lua)
+          spec/security/seccomp_spec.lua spec/security/spawn_spec_spec.lua)
     string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
     string(REPLACE "/" "." name ${name})
     add_test(NAME unprivileged.${name}
@@ -91,6 +91,20 @@ if(LUACHECK_BIN)
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 else()
   moonbox_skip("luacheck" "apt-get install lua-check")
+endif()
+
+# The session shell's start-up script is bash in a file of its own
+# (share/shell/prelude.bash, loaded by lua/moonbox/_shell.lua): it must parse,
+# and shellcheck must find nothing in it (its few exceptions say why).
+find_program(BASH_BIN bash)
+find_program(SHELLCHECK_BIN shellcheck)
+if(BASH_BIN)
+  add_test(NAME prelude_bash.syntax COMMAND ${BASH_BIN} -n ${CMAKE_SOURCE_DIR}/share/shell/prelude.bash)
+endif()
+if(SHELLCHECK_BIN)
+  add_test(NAME prelude_bash.shellcheck COMMAND ${SHELLCHECK_BIN} ${CMAKE_SOURCE_DIR}/share/shell/prelude.bash)
+else()
+  moonbox_skip("prelude_bash.shellcheck" "apt-get install shellcheck")
 endif()
 
 # Every example runs and must print what it promises (spec/examples.sh).

@@ -11,6 +11,7 @@ local policy_mod = require "moonbox.policy"
 local isolation_mod = require "moonbox._isolation"
 local shell_mod = require "moonbox._shell"
 local seccomp = require "moonbox.seccomp"
+local spawn_rules = require "moonbox._spawn"
 local tree = require "moonbox._tree"
 
 local M = { enabled = false }
@@ -88,12 +89,13 @@ local function make()
   local caps = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
   local env = { PATH = policy.env.PATH, LANG = policy.env.LANG, HOME = "/root" }
   s.shell = shell_mod.spawn {
-    env = env, shell = policy.shell, seccomp = seccomp.filter(policy.seccomp), deferred = true,
+    env = env, shell = policy.shell, deferred = true,
     cgroup = shell_cgroup, session_cgroup = session_cgroup,
+    -- the sandbox's rules as _spawn_spec gives them (no limits: never pre-built)
     spawn_spec = function(spec)
-      spec.sandbox, spec.no_new_privs, spec.cap_keep = init, true, caps
-      if s.idmap.count > 1 then spec.pipe_uid, spec.pipe_gid = s.idmap.uid, s.idmap.gid end
-      return spec
+      return spawn_rules.apply({ init = init, cap_keep = caps, idmap = s.idmap,
+        limits = { seccomp = seccomp.filter(policy.seccomp) },
+        cgroup_dir = s.cgroup_name and (tree.base() .. "/" .. s.cgroup_name) or nil }, spec)
     end,
   }
   if not s.shell then drop(s) return nil end

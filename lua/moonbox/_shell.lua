@@ -85,112 +85,55 @@ local function spawn_builtin_fd()
 end
 local function fd_path(fd) return "/proc/" .. rt_pid .. "/fd/" .. fd end
 
--- The shell's start-up script: report function, EXIT trap, command shapes.
+-- The shell's start-up script (report function, EXIT trap, command shapes)
+-- is a real file, share/shell/prelude.bash in the source tree (bash -n and
+-- shellcheck run on it: the prelude_bash test), installed as
+-- <datadir>/moonbox/shell/prelude.bash, or beside the modules (moonbox/shell/)
+-- when luarocks installs only the Lua module. It is found from where the
+-- modules are, like the page (server/cli.lua) and the kernels (code.lua), and
+-- read once, when this module loads. Its comment lines are dropped (what bash
+-- gets is the script alone) and its @SLOT@ names become the shell's paths.
+local SCRIPT_NAME = "share/shell/prelude.bash"
+local script_text, script_error
+do
+  local init = package.searchpath("moonbox", package.path)
+  local mdir = init and init:match("^(.*)/[^/]*$") or "."
+  local tried = {}
+  -- (open() resolves .. physically: a symlinked lua/ in the build tree leads
+  -- to the source tree's share/)
+  for _, path in ipairs { mdir .. "/shell/prelude.bash", mdir .. "/../../share/shell/prelude.bash",
+                          mdir .. "/../../../moonbox/shell/prelude.bash" } do
+    tried[#tried + 1] = path
+    local f = io.open(path, "rb")
+    local text = f and f:read("*a")
+    if f then f:close() end
+    if text then
+      local lines = {}
+      for line in text:gmatch("([^\n]*)\n") do
+        if not line:match("^%s*#") and line:match("%S") then lines[#lines + 1] = line end
+      end
+      script_text = table.concat(lines, "\n") .. "\n"
+      break
+    end
+  end
+  if not script_text then
+    script_error = ("cannot find the session shell's start-up script (%s); looked at %s")
+      :format(SCRIPT_NAME, table.concat(tried, ", "))
+  end
+end
+
 local function prelude(slots, rundir, env_fd)
-  local p = {}
-  for name, i in pairs(SLOTS) do p[name] = rundir and (rundir.inside .. "/" .. name) or fd_path(slots[i]) end
-  local env_path = rundir and (rundir.inside .. "/env") or fd_path(env_fd)
-  local out = (" >|%s 2>|%s; __mb_report $__mb_id $? run"):format(p.stdout, p.stderr)
-  -- the shell counts commands itself, as the runtime does: the control line
-  -- carries nothing but the shape
-  -- __mb_in marks a body sourced by the shell itself (see Shell:interrupt)
-  local main = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin . " .. p.body
-  local sub = ("__mb_id=$((__mb_id+1)); ( builtin . %s && builtin . %s )"):format(p.prelude, p.body)
-  local shapes = {
-    main .. " </dev/null" .. out, main .. " <" .. p.stdin .. out,
-    sub .. " </dev/null" .. out, sub .. " <" .. p.stdin .. out,
-  }
-  local lines = {
-    "shopt -s expand_aliases",
-    -- the builtins (src/bash/): __mb_run for shapes 5 and 6 (below), and
-    -- __mb_rep, the report in one write, the env file only when it changed
-    ("if builtin enable -f /proc/self/fd/%d __mb_run __mb_rep 2>/dev/null; then __mb_b=1; else __mb_b=; fi; " ..
-      "exec %d<&-"):format(BUILTIN_FD, BUILTIN_FD),
-    -- the shell's own stdout is the status pipe (a command's is redirected)
-    -- (export -p also if __mb_rep fails: one disabled by `enable -d`
-    -- must not cost the session its reports; the shell's stderr, where
-    -- bash would complain, is /dev/null)
-    "__mb_report_p() { builtin export -p >|" .. env_path ..
-      "; builtin printf '\\n%s %s %s\\0%s\\0' \"$1\" \"$2\" \"$3\" \"$PWD\"; }",
-    -- with the builtin every record carries the runtime's nonce (see
-    -- report_builtin.c); the hello tells the runtime the first one, before
-    -- any command runs. Without it records are not authenticated.
-    "if [ -n \"$__mb_b\" ]; then",
-    -- (status 1: __mb_rep was disabled, `builtin enable -d`; the same
-    -- report is also __mb_run -r. A refused report is status 3.)
-    "  __mb_report() { __mb_in=; builtin __mb_rep \"$1\" \"$2\" \"$3\" " .. env_path ..
-      " || { [ $? = 1 ] && builtin __mb_run -r \"$1\" \"$2\" \"$3\" " .. env_path .. "; }; }",
-    "  builtin __mb_rep -h",
-    "else",
-    "  __mb_report() { __mb_in=; __mb_report_p \"$@\"; }",
-    "  __mb_report_p 0 0 hello",
-    "fi",
-    "readonly -f __mb_report_p",
-    "readonly -f __mb_report",
-    -- a subshell hit by a signal right after fork may still run this trap:
-    -- only the shell itself reports its exit. A user's own EXIT trap (kept
-    -- by the trap function below) runs first, its output the command's.
-    "__mb_user_exit=",
-    "__mb_status() { return \"$1\"; }",
-    ("builtin trap '__mb_s=$?; if [ \"$BASHPID\" = \"$$\" ]; then if [ -n \"$__mb_user_exit\" ]; then " ..
-      "__mb_o=/dev/null __mb_e=/dev/null; [ -n \"${__mb_in-}\" ] && __mb_o=%s __mb_e=%s; " ..
-      "{ __mb_status $__mb_s; eval \"$__mb_user_exit\"; } >|\"$__mb_o\" 2>|\"$__mb_e\"; fi; " ..
-      "__mb_report \"${__mb_id:-0}\" \"$__mb_s\" exit; fi' EXIT"):format(p.stdout, p.stderr),
-    "__mb_id=0",
-    -- a timed-out body stops where it is (Shell:interrupt): `return` ends a
-    -- sourced script. Inside a function (or a nested source) it ends only
-    -- that, so a DEBUG trap returns again before each further command of
-    -- the callers, up to the body's end; the report clears it. (Never
-    -- from __mb_report: a signal that comes as the body ends must not
-    -- cost the record.)
-    -- (this script is sourced at a body's depth: its BASH_SOURCE is as long)
-    "__mb_top=${#BASH_SOURCE[@]}; readonly __mb_top",
-    [[builtin trap 'if [ -n "${__mb_in-}" ] && [ "${FUNCNAME[0]-}" != __mb_report ]; then ]] ..
-      [[[ "${#BASH_SOURCE[@]}" -le "$__mb_top" ] || builtin trap '\''if [ "${BASH_COMMAND%% *}" = __mb_report ]; ]] ..
-      [[then builtin trap - DEBUG; else return 124; fi'\'' DEBUG; return 124; fi' USR1]],
-    -- `trap ... EXIT` from a command would replace the trap above, and with
-    -- it the report of the shell's exit (cwd, exports, the command's exit
-    -- status): EXIT (0, SIGEXIT) actions are kept aside for it to run instead
-    "trap() { local __mb_a=(\"$@\") __mb_rest=() __mb_sig __mb_set=0",
-    "  [ \"${__mb_a[0]-}\" = -- ] && __mb_a=(\"${__mb_a[@]:1}\")",
-    "  case \"${__mb_a[0]-}\" in -?*) builtin trap \"$@\"; return ;; esac",
-    "  if [ \"${#__mb_a[@]}\" -lt 2 ]; then",
-    "    case \"${__mb_a[0]-}\" in [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) __mb_user_exit=; return 0 ;; esac",
-    "    builtin trap \"$@\"; return",
-    "  fi",
-    "  for __mb_sig in \"${__mb_a[@]:1}\"; do case \"$__mb_sig\" in",
-    "    [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) __mb_set=1 ;; *) __mb_rest+=(\"$__mb_sig\") ;;",
-    "  esac; done",
-    "  if [ \"$__mb_set\" = 1 ]; then [ \"${__mb_a[0]}\" = - ] && __mb_user_exit= || __mb_user_exit=${__mb_a[0]}; fi",
-    "  [ \"${#__mb_rest[@]}\" -eq 0 ] || builtin trap -- \"${__mb_a[0]}\" \"${__mb_rest[@]}\"",
-    "}",
-    -- every command goes through __mb_run, the report through __mb_rep:
-    -- `enable` leaves them alone (`builtin enable` does not)
-    "enable() { local __mb_w; for __mb_w in \"$@\"; do case \"$__mb_w\" in __mb_run|__mb_rep)",
-    "  builtin echo \"enable: $__mb_w: used by the session shell itself\" >&2; return 1 ;; esac; done",
-    "  builtin enable \"$@\"; }",
-    -- bash reads this script through its own fd (it opened /dev/fd/60): the
-    -- inherited fd 60 is closed once here, not redirected away per command
-    "exec 60<&-",
-  }
-  local function quoted(shape) return "'" .. shape:gsub("'", "'\\''") .. "'" end
-  for i = 3, 4 do
-    lines[#lines + 1] = ("readonly __mb_c%d=%s"):format(i, quoted(shapes[i]))
+  local paths = {}
+  for name, i in pairs(SLOTS) do
+    paths[name:upper()] = rundir and (rundir.inside .. "/" .. name) or fd_path(slots[i])
   end
-  -- with the builtin, shapes 1 and 2 source the body through it, which
-  -- ends a `set -n` with the body (else the shell would never report
-  -- again); shapes 5 and 6: a plain external command (it reads its words)
-  local via = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s " .. p.body
-  local spawn = "__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run " .. p.body
-  local function both(name1, shape1, name2, shape2)
-    return ("%s=%s %s=%s"):format(name1, quoted(shape1), name2, quoted(shape2))
-  end
-  lines[#lines + 1] = ("if [ -n \"$__mb_b\" ]; then readonly %s %s; else readonly %s; " ..
-    "readonly __mb_c5=\"$__mb_c1\" __mb_c6=\"$__mb_c2\"; fi; unset __mb_b"):format(
-    both("__mb_c1", via .. " </dev/null" .. out, "__mb_c2", via .. " <" .. p.stdin .. out),
-    both("__mb_c5", spawn .. " </dev/null" .. out, "__mb_c6", spawn .. " <" .. p.stdin .. out),
-    both("__mb_c1", shapes[1], "__mb_c2", shapes[2]))
-  return table.concat(lines, "\n") .. "\n"
+  paths.ENV = rundir and (rundir.inside .. "/env") or fd_path(env_fd)
+  return (script_text:gsub("@(%u+)@", function(name)
+    local path = paths[name]
+    -- the paths go into the script unquoted: the runtime's own, never a caller's
+    assert(path and path:match("^[%w/._-]+$"), "prelude.bash: bad slot @" .. name .. "@")
+    return path
+  end))
 end
 
 -- Parse `export -p` output into a map. Bash prints declare -x NAME="v" with
@@ -350,13 +293,15 @@ end
 -- deferred (bash starts now, its start-up script comes with :begin(rundir):
 -- a shell made ahead inside a sandbox init that is not finished yet)}
 function M.spawn(opts)
+  if not script_text then return nil, script_error, "ENOENT" end
   local self = setmetatable({ seq = 0, status_buf = {}, waiting = nil, dead = false,
     on_exit = opts.on_exit, spawn_env = opts.env }, Shell)
   if opts.rundir then
     local ok, err, code = self:_open_rundir(opts.rundir)
     if not ok then return nil, err, code end
   end
-  local spec_of = opts.spawn_spec or function(spec) return spec end
+  -- the sandbox's rules (_spawn.lua): a shell without them is never started
+  local spec_of = assert(opts.spawn_spec, "shell spawn: no spawn_spec")
   local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [CONTROL_FD] = "in", [PRELUDE_FD] = "in" }
   if M.load_builtins then stdio[BUILTIN_FD] = spawn_builtin_fd() end
   local proc, pipes_or_err, code = core.spawn(spec_of {
@@ -368,9 +313,6 @@ function M.spawn(opts)
     setsid = true,
     pdeathsig = "SIGKILL",
     cgroup = opts.cgroup,
-    extra_cgroups = opts.extra_cgroups,
-    rlimits = opts.rlimits,
-    seccomp = opts.seccomp,
     on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
   })
   if not proc then

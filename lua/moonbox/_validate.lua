@@ -101,6 +101,36 @@ function M.env(env, field)
   return out
 end
 
+-- The one id rule, for every id a caller names and the runtime uses as a
+-- key, a path segment or a cgroup/file name: session ids, process ids, code
+-- context ids (and any of them taken from an HTTP path): 1-128 characters
+-- [A-Za-z0-9_.-], not "." or "..". what names the kind in the message.
+function M.id(id, field, what)
+  if type(id) ~= "string" or #id < 1 or #id > 128 or not id:match("^[%w_.-]+$") or id == "." or id == ".." then
+    fail(field, ("invalid %s %q: 1-128 characters [A-Za-z0-9_.-], not . or .."):format(what or "id", tostring(id)))
+  end
+  return id
+end
+
+-- A sandbox id is also its hostname and a DNS label in the proxy's host
+-- names: 1-63 characters [a-z0-9_-], not starting or ending with '-'.
+function M.sandbox_id(id, field)
+  if type(id) ~= "string" or #id < 1 or #id > 63 or not id:match("^[a-z0-9_-]+$")
+    or id:match("^%-") or id:match("%-$") then
+    fail(field or "id", ("invalid sandbox id %q: 1-63 characters [a-z0-9_-], not starting or ending with '-'")
+      :format(tostring(id)))
+  end
+  return id
+end
+
+-- A backup id is the runtime's own (random hex); a caller only names one.
+function M.backup_id(id, field)
+  if type(id) ~= "string" or not id:match("^%x+$") or #id > 64 then
+    fail(field or "id", ("invalid backup id %q"):format(tostring(id)))
+  end
+  return id
+end
+
 function M.timeout(v, field)
   if v == nil then return nil end
   if type(v) ~= "number" or v < 0 or v ~= v then fail(field, "expected a number of milliseconds >= 0") end

@@ -169,12 +169,7 @@ end
 local function meta_path(id) return dir_of_backups() .. "/" .. id .. ".json" end
 local function archive_path(id) return dir_of_backups() .. "/" .. id .. ".sqsh" end
 
-local function check_id(id)
-  if type(id) ~= "string" or not id:match("^%x+$") or #id > 64 then
-    V.fail("id", ("invalid backup id %q"):format(tostring(id)))
-  end
-  return id
-end
+local function check_id(id) return V.backup_id(id, "id") end
 
 local function remove(id)
   fs.unlink(archive_path(id))

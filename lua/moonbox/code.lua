@@ -77,8 +77,6 @@ local function start_kernel(ctx)
   end
   local proc, pipes, code = core.spawn(ctx.sandbox:_spawn_spec {
     args = argv, env = ctx.env, cwd = ctx.host_cwd, setsid = true, pdeathsig = "SIGKILL", cgroup = k.cgroup,
-    extra_cgroups = ctx.sandbox.limits_state.extra_cgroups, rlimits = ctx.sandbox.limits_state.rlimits,
-    seccomp = ctx.sandbox.limits_state.seccomp,
     stdio = { [0] = "pipe", [1] = "pipe", [2] = "pipe", [3] = "out" },
     on_exit = function(exit_code, signal) k:_exited(exit_code, signal) end,
   })
@@ -208,8 +206,8 @@ function Session:createCodeContext(opts)
   if id == nil then
     sb.context_seq = (sb.context_seq or 0) + 1
     id = ("ctx-%d"):format(sb.context_seq)
-  elseif type(id) ~= "string" or not id:match("^[%w_.-]+$") then
-    V.fail("id", "1-128 characters [A-Za-z0-9_.-]")
+  else
+    V.id(id, "id", "code context id")
   end
   sb.contexts = sb.contexts or {}
   if sb.contexts[id] then errors.raise("CONTEXT_ALREADY_EXISTS", ("context %q exists"):format(id)) end

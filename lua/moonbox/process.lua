@@ -471,9 +471,7 @@ function Session:startProcess(command, opts)
   if changed ~= nil then command = changed end
   local id = opts.processId
   if id ~= nil then
-    if not id:match("^[%w_.-]+$") or #id > 128 then
-      V.fail("processId", "1-128 characters [A-Za-z0-9_.-]")
-    end
+    V.id(id, "processId", "process id")
     local existing = sb.processes[id]
     if existing and existing:_running() then
       errors.raise("PROCESS_ALREADY_EXISTS", ("a process with id %q is already running"):format(id),
@@ -519,9 +517,6 @@ function Session:startProcess(command, opts)
     setsid = true,
     pdeathsig = "SIGKILL",
     cgroup = p._cgroup,
-    extra_cgroups = sb.limits_state.extra_cgroups,
-    rlimits = sb.limits_state.rlimits,
-    seccomp = sb.limits_state.seccomp,
     on_exit = function(exit_code, signal) p:_exited(exit_code, signal) end,
   })
   if not proc then

@@ -17,6 +17,7 @@ local fs = require "moonbox._fs"
 local prewarm = require "moonbox._prewarm"
 local root_mod = require "moonbox._root"
 local userns = require "moonbox._userns"
+local spawn_rules = require "moonbox._spawn"
 
 local M = {}
 
@@ -57,11 +58,7 @@ local normalize = util.normalize
 local get_options = { root = true, isolation = true, network = true, env = true, policy = true, limits = true }
 
 function M.getSandbox(id, opts)
-  if type(id) ~= "string" or #id < 1 or #id > 63 or not id:match("^[a-z0-9_-]+$")
-    or id:match("^%-") or id:match("%-$") then
-    V.fail("id", ("invalid sandbox id %q: 1-63 characters [a-z0-9_-], not starting or ending with '-'")
-      :format(tostring(id)))
-  end
+  V.sandbox_id(id, "id")
   if registry[id] then return registry[id] end
   opts = V.options(opts, get_options, "getSandbox options")
   local isolation = opts.isolation or "auto"
@@ -378,18 +375,15 @@ function Sandbox:_revive()
   self.run_conf, self.fs_conf = run_conf, conf
 end
 
--- Add what every process of this sandbox gets to a core.spawn spec: inside
--- the namespaces, started by the init, without privileges to gain.
+-- The one spawn spec (_spawn.lua): every process of this sandbox is started
+-- by core.spawn(sb:_spawn_spec{...}), which adds its namespaces, cgroups,
+-- rlimits, seccomp filter, capabilities and pipe ownership.
 function Sandbox:_spawn_spec(spec)
-  if self.init then
-    self:_revive()
-    spec.sandbox = self.init
-    spec.no_new_privs = true
-    spec.cap_keep = self.cap_keep
-    -- its pipes are root inside's (a script reopens /dev/stdin, bash its /dev/fd/60)
-    if self.idmap.count > 1 then spec.pipe_uid, spec.pipe_gid = self.idmap.uid, self.idmap.gid end
-  end
-  return spec
+  if self.init then self:_revive() end
+  return spawn_rules.apply({
+    init = self.init, cap_keep = self.cap_keep, idmap = self.idmap, limits = self.limits_state,
+    cgroup_dir = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil,
+  }, spec)
 end
 
 -- Whether a directory exists in the sandbox's view (path as host_path gives).
@@ -476,8 +470,6 @@ function Sandbox:_take_spare(no_refill)
       self.spare = self:_spawn_shell {
         env = env, cwd = self.home, shell = self.policy.shell,
         cgroup = session_cgroup and tree.create(name .. "/cmd0"), session_cgroup = session_cgroup,
-        extra_cgroups = self.limits_state.extra_cgroups, rlimits = self.limits_state.rlimits,
-        seccomp = self.limits_state.seccomp,
       }
     end)
   end
@@ -538,9 +530,7 @@ function Sandbox:createSession(opts)
       id = "session-" .. self.session_seq
     until not self.sessions[id]
   end
-  if type(id) ~= "string" or not id:match("^[%w_.-]+$") or #id > 128 or id == "." or id == ".." then
-    V.fail("id", ("invalid session id %q: 1-128 characters [A-Za-z0-9_.-]"):format(tostring(id)))
-  end
+  V.id(id, "id", "session id")
   local env = V.env(opts.env, "env")
   local commandTimeoutMs = V.timeout(opts.commandTimeoutMs, "commandTimeoutMs")
   local cwd = self.home

@@ -95,9 +95,6 @@ function Session:_start_shell()
     -- born where its commands run (_cmd_cgroup): no migration for the first
     cgroup = self.cgroup and self:_new_cmd_cgroup(),
     shell = self.sandbox.policy.shell,
-    extra_cgroups = self.sandbox.limits_state.extra_cgroups,
-    rlimits = self.sandbox.limits_state.rlimits,
-    seccomp = self.sandbox.limits_state.seccomp,
   }
   if not sh then
     errors.raise("SHELL_START_FAILED", "cannot start the session shell: " .. tostring(err),

@@ -62,8 +62,7 @@ function Session:terminal(opts)
   end
   local proc, err, code = core.spawn(sb:_spawn_spec {
     args = args, env = env, cwd = self.cwd, setsid = true, ctty = 0, pdeathsig = "SIGKILL",
-    cgroup = t._cgroup, extra_cgroups = sb.limits_state.extra_cgroups, rlimits = sb.limits_state.rlimits,
-    seccomp = sb.limits_state.seccomp,
+    cgroup = t._cgroup,
     stdio = { [0] = slave, [1] = slave, [2] = slave },
     on_exit = function(exit_code) t:_exited(exit_code) end,
   })

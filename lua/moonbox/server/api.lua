@@ -604,9 +604,7 @@ M.router = router
 
 -- The sandbox id in the path: getSandbox's rule, checked before anything runs.
 local function check_sandbox_id(id)
-  if #id < 1 or #id > 63 or not id:match("^[a-z0-9_-]+$") or id:match("^%-") or id:match("%-$") then
-    V.fail("id", ("invalid sandbox id %q: 1-63 characters [a-z0-9_-], not starting or ending with '-'"):format(id))
-  end
+  V.sandbox_id(id, "id")
 end
 
 local function dispatch(req, res)

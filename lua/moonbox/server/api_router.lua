@@ -46,10 +46,7 @@ end
 -- An id taken from a path segment (sessionId, processId, contextId).
 function M.check_id(value, field)
   if type(value) ~= "string" then V.fail(field, "expected a string, got " .. type(value)) end
-  if value == "." or value == ".." or #value > 128 or not value:match("^[%w_.-]+$") then
-    V.fail(field, ("invalid id %q: 1-128 characters [A-Za-z0-9_.-], not . or .."):format(value))
-  end
-  return value
+  return V.id(value, field)
 end
 
 -- match(method, segs) -> route, params | nil, "not_found" | nil, "method", allow

@@ -1,0 +1,99 @@
+#!/bin/bash
+# The session shell's start-up script (lua/moonbox/_shell.lua sends it through
+# fd 62, which bash sources: a file is read in blocks, a pipe one byte per
+# read). The protocol it speaks is specified in docs/sessions.md.
+#
+# The runtime replaces the @NAME@ slots with the paths of the shell's five fd
+# slots and its env file (/proc/<runtime>/fd/<n>, or entries of the shell's
+# run directory under namespaces) and drops the lines that are only comments
+# (and blank ones) before sending it: the bytes bash gets are exactly the
+# script, as before it lived here.
+#
+# Checked by CTest (prelude_bash: bash -n and shellcheck).
+# Why shellcheck's rules are turned off here:
+#   SC2016: trap actions and command shapes are single-quoted on purpose, to
+#           expand when they run, not now.
+#   SC1090/SC1091: the sourced files are the runtime's slots.
+#   SC2034: __mb_c1..__mb_c6 are read by the control line (eval "$__mb_cN").
+#   SC2317: trap actions and functions are called indirectly.
+#   SC2218, SC2064 (where marked): `builtin trap` is bash's, not the trap
+#           function defined below, and that function passes its words on.
+# shellcheck shell=bash disable=SC2016,SC1090,SC1091,SC2034,SC2317
+shopt -s expand_aliases
+# the builtins (src/bash/): __mb_run for shapes 5 and 6 (below), and
+# __mb_rep, the report in one write, the env file only when it changed
+if builtin enable -f /proc/self/fd/63 __mb_run __mb_rep 2>/dev/null; then __mb_b=1; else __mb_b=; fi; exec 63<&-
+# the shell's own stdout is the status pipe (a command's is redirected)
+# (export -p also if __mb_rep fails: one disabled by `enable -d` must not
+# cost the session its reports; the shell's stderr, where bash would
+# complain, is /dev/null)
+__mb_report_p() { builtin export -p >|@ENV@; builtin printf '\n%s %s %s\0%s\0' "$1" "$2" "$3" "$PWD"; }
+# with the builtin every record carries the runtime's nonce (see
+# report_builtin.c); the hello tells the runtime the first one, before any
+# command runs. Without it records are not authenticated.
+# (status 1: __mb_rep was disabled, `builtin enable -d`; the same report is
+# also __mb_run -r. A refused report is status 3.)
+if [ -n "$__mb_b" ]; then
+  __mb_report() { __mb_in=; builtin __mb_rep "$1" "$2" "$3" @ENV@ || { [ $? = 1 ] && builtin __mb_run -r "$1" "$2" "$3" @ENV@; }; }
+  builtin __mb_rep -h
+else
+  __mb_report() { __mb_in=; __mb_report_p "$@"; }
+  __mb_report_p 0 0 hello
+fi
+readonly -f __mb_report_p
+readonly -f __mb_report
+# a subshell hit by a signal right after fork may still run this trap:
+# only the shell itself reports its exit. A user's own EXIT trap (kept by
+# the trap function below) runs first, its output the command's.
+__mb_user_exit=
+__mb_status() { return "$1"; }
+# shellcheck disable=SC2218
+builtin trap '__mb_s=$?; if [ "$BASHPID" = "$$" ]; then if [ -n "$__mb_user_exit" ]; then __mb_o=/dev/null __mb_e=/dev/null; [ -n "${__mb_in-}" ] && __mb_o=@STDOUT@ __mb_e=@STDERR@; { __mb_status $__mb_s; eval "$__mb_user_exit"; } >|"$__mb_o" 2>|"$__mb_e"; fi; __mb_report "${__mb_id:-0}" "$__mb_s" exit; fi' EXIT
+__mb_id=0
+# a timed-out body stops where it is (Shell:interrupt): `return` ends a
+# sourced script. Inside a function (or a nested source) it ends only that,
+# so a DEBUG trap returns again before each further command of the callers,
+# up to the body's end; the report clears it. (Never from __mb_report: a
+# signal that comes as the body ends must not cost the record.)
+# (this script is sourced at a body's depth: its BASH_SOURCE is as long)
+__mb_top=${#BASH_SOURCE[@]}; readonly __mb_top
+# shellcheck disable=SC2218
+builtin trap 'if [ -n "${__mb_in-}" ] && [ "${FUNCNAME[0]-}" != __mb_report ]; then [ "${#BASH_SOURCE[@]}" -le "$__mb_top" ] || builtin trap '\''if [ "${BASH_COMMAND%% *}" = __mb_report ]; then builtin trap - DEBUG; else return 124; fi'\'' DEBUG; return 124; fi' USR1
+# `trap ... EXIT` from a command would replace the trap above, and with it
+# the report of the shell's exit (cwd, exports, the command's exit status):
+# EXIT (0, SIGEXIT) actions are kept aside for it to run instead
+# shellcheck disable=SC2064
+trap() { local __mb_a=("$@") __mb_rest=() __mb_sig __mb_set=0
+  [ "${__mb_a[0]-}" = -- ] && __mb_a=("${__mb_a[@]:1}")
+  case "${__mb_a[0]-}" in -?*) builtin trap "$@"; return ;; esac
+  if [ "${#__mb_a[@]}" -lt 2 ]; then
+    case "${__mb_a[0]-}" in [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) __mb_user_exit=; return 0 ;; esac
+    builtin trap "$@"; return
+  fi
+  for __mb_sig in "${__mb_a[@]:1}"; do case "$__mb_sig" in
+    [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) __mb_set=1 ;; *) __mb_rest+=("$__mb_sig") ;;
+  esac; done
+  if [ "$__mb_set" = 1 ]; then [ "${__mb_a[0]}" = - ] && __mb_user_exit= || __mb_user_exit=${__mb_a[0]}; fi
+  [ "${#__mb_rest[@]}" -eq 0 ] || builtin trap -- "${__mb_a[0]}" "${__mb_rest[@]}"
+}
+# every command goes through __mb_run, the report through __mb_rep:
+# `enable` leaves them alone (`builtin enable` does not)
+enable() { local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in __mb_run|__mb_rep)
+  builtin echo "enable: $__mb_w: used by the session shell itself" >&2; return 1 ;; esac; done
+  builtin enable "$@"; }
+# bash reads this script through its own fd (it opened /dev/fd/60): the
+# inherited fd 60 is closed once here, not redirected away per command
+exec 60<&-
+# The command shapes; the control line per command is `eval "$__mb_cN"`.
+# 1, 2: the body sourced by the shell itself, stdin /dev/null or the stdin
+#       slot (__mb_in marks it, see Shell:interrupt); the shell counts its
+#       commands as the runtime does, the control line carries only the shape
+# 3, 4: the same in a subshell, after the per-call prelude
+# 5, 6: a plain external command: __mb_run reads the body's words and
+#       posix_spawns it (src/bash/spawn_builtin.c)
+# With the builtin, shapes 1 and 2 source the body through it, which ends a
+# `set -n` with the body (else the shell would never report again); without
+# it shapes 5 and 6 are 1 and 2.
+readonly __mb_c3='__mb_id=$((__mb_id+1)); ( builtin . @PRELUDE@ && builtin . @BODY@ ) </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'
+readonly __mb_c4='__mb_id=$((__mb_id+1)); ( builtin . @PRELUDE@ && builtin . @BODY@ ) <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'
+if [ -n "$__mb_b" ]; then readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c5='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c6='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'; else readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'; readonly __mb_c5="$__mb_c1" __mb_c6="$__mb_c2"; fi; unset __mb_b
