@@ -72,12 +72,7 @@ function Process:_exited(code, signal)
   self._term_signal = signal
   -- descendants that outlive the process are still its tree: a pending
   -- timeout or kill grace goes on for them
-  if not (next(self._timers) and self:_alive()) then
-    for name, t in pairs(self._timers) do
-      if not t:is_closing() then t:close() end
-      self._timers[name] = nil
-    end
-  end
+  if not (next(self._timers) and self:_alive()) then self:_close_timers() end
   -- output written before the exit is in the pipes: take it before reporting
   for stream, s in pairs(self._pipes) do
     local rest = s:try_read()
@@ -95,6 +90,14 @@ function Process:_exited(code, signal)
   local waiters = self._exit_waiters
   self._exit_waiters = {}
   notify(waiters)
+end
+
+-- The timeout, kill grace and kill passes: nothing is left for them to do.
+function Process:_close_timers()
+  for name, t in pairs(self._timers) do
+    if not t:is_closing() then t:close() end
+    self._timers[name] = nil
+  end
 end
 
 function Process:_close_pipes()
@@ -764,6 +767,8 @@ function M.kill_all(sb, session_id)
       if p:_running() then p._signalled = true end
       p:_signal_tree(core.signum("SIGKILL"))
       victims[#victims + 1] = p
+    elseif mine and not p:_running() then
+      p:_close_timers() -- a grace or timeout kept for leftovers that are gone now
     end
   end
   for _, p in ipairs(victims) do
@@ -773,6 +778,7 @@ function M.kill_all(sb, session_id)
       tree.remove_when_empty(p._cgroup, async.sleep)
       p._cgroup_removed = true
     end
+    if not p:_running() then p:_close_timers() end
     p:_close_pipes()
   end
   return #victims
