@@ -405,7 +405,12 @@ function M.main(argv)
     io.stderr:write("moonbox serve: SIGTERM: stopping (grace ", tostring(opts.shutdownGraceS or 10), " s)\n")
     local stopped, err = pcall(server.service.stop, server.service, server)
     if not stopped then io.stderr:write("moonbox serve: stop: ", errors.format(err), "\n") end
-    runtime.run_exit_hooks() -- the sandboxes stop, their files stay
+    -- the sandboxes stop (their files stay) before the server's teardown
+    -- starts: lws closes its sockets while the loop runs on, and a file a
+    -- destroy opened meanwhile took a closed socket's number, which libuv
+    -- still watched (epoll_ctl EPERM: abort, exit 134, 1 in ~10 stops)
+    pcall(require("moonbox.sandbox").shutdown)
+    runtime.run_exit_hooks() -- the server closes
     os.exit(0)
   end)
   local unix = server.address:match("^unix:")

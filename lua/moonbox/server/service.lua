@@ -254,8 +254,8 @@ end
 
 -- stop(server): no new connections; requests in flight get shutdownGraceS
 -- to finish; streams still open then get a final event and end, sockets
--- close with 1001. Then the server closes. (The caller then stops the
--- sandboxes, keeping their files, and exits 0.)
+-- close with 1001. (The caller then stops the sandboxes, keeping their
+-- files, closes the server and exits 0.)
 function M:stop(server)
   if self.idleTimer and not self.idleTimer:is_closing() then self.idleTimer:close() end
   server:drain()
@@ -278,7 +278,6 @@ function M:stop(server)
   -- let the last bytes out (bounded: a client that does not read is dropped by close)
   local until_ms = core.now() + 2000
   while server:inflight() > 0 and core.now() < until_ms do async.sleep(20) end
-  server:close()
 end
 
 return M
