@@ -7,16 +7,18 @@ local util = require "moonbox._util"
 local M = {}
 local PROBE_TIMEOUT_MS = 2000
 
--- opts.sandbox: a sandbox with its own network namespace is probed from
--- inside it, through a socket its init creates there. A cancelled wait
--- (e.g. an HTTP client that went away) leaves nothing behind: a connection
--- that completes later is closed at once.
-local function connect(host, port, opts)
+-- connect(host, port, opts[, what]) -> fd | nil, message. opts.sandbox: a
+-- sandbox with its own network namespace is reached from inside it,
+-- through a socket its init creates there (waitForPort's probes, the port
+-- proxy). A cancelled wait (e.g. an HTTP client that went away) leaves
+-- nothing behind: a connection that completes later is closed at once.
+function M.connect(host, port, opts, what)
   local sb = opts and opts.sandbox
   local sock
   if sb and sb.init and sb.network == "none" then
-    sock = sb.init:socket(host:find(":", 1, true) and "tcp6" or "tcp4")
-    if not sock then return nil end
+    local s, msg = sb.init:socket(host:find(":", 1, true) and "tcp6" or "tcp4")
+    if not s then return nil, "cannot make a socket in the sandbox: " .. tostring(msg) end
+    sock = s
   end
   return async.await(function(resume)
     local abandoned = false
@@ -32,8 +34,9 @@ local function connect(host, port, opts)
       resume(nil, msg)
     end
     return function() abandoned = true end
-  end, "waitForPort")
+  end, what or "waitForPort")
 end
+local connect = M.connect
 
 -- The inodes of the sockets listening on port, in the network namespace
 -- the probe connects in (the sandbox's own, or ours); nil if unreadable.

@@ -23,6 +23,7 @@ local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local sandbox_mod = require "moonbox.sandbox"
 local ports = require "moonbox.ports"
+local probe = require "moonbox._probe"
 local cjson = require "cjson.safe"
 local bit = require "bit"
 local ffi = require "ffi"
@@ -133,27 +134,7 @@ end
 -- connect(sandbox, port) -> stream | nil, message: from inside the
 -- sandbox's network namespace when it has one of its own.
 local function connect(sb, port)
-  local sock
-  if sb.init and sb.network == "none" then
-    local s, msg = sb.init:socket("tcp4")
-    if not s then return nil, "cannot make a socket in the sandbox: " .. tostring(msg) end
-    sock = s
-  end
-  local fd, err = async.await(function(resume)
-    local abandoned = false
-    local ok, msg = core.tcp_connect("127.0.0.1", port, function(e, got)
-      if abandoned then
-        if got then core.close_fd(got) end
-        return
-      end
-      resume(got, e)
-    end, sock)
-    if not ok then
-      if sock then core.close_fd(sock) end
-      resume(nil, msg)
-    end
-    return function() abandoned = true end
-  end, "proxy connect")
+  local fd, err = probe.connect("127.0.0.1", port, { sandbox = sb }, "proxy connect")
   if not fd then return nil, tostring(err) end
   local stream, msg = core.stream_open(fd)
   if not stream then
