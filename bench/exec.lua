@@ -93,7 +93,7 @@ moonbox.run(function()
     return stats(samples)
   end)()
   -- the same with the shell's spawn builtin off: bash forks for it
-  local shell_mod = require "moonbox._shell"
+  local shell_mod = require "moonbox.session.shell"
   shell_mod.spawn_builtin = false
   local f50, f99 = (function()
     local samples = {}

@@ -11,8 +11,8 @@
 -- (processes, cgroups, roots) are counted after every phase and must be 0.
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
-local tree = require "moonbox._tree"
-local util = require "moonbox._util"
+local tree = require "moonbox.process.tree"
+local util = require "moonbox.lib.util"
 
 local args = { sessions = 1000, sandboxes = 300, destroy = 100, isolation = "auto" }
 do

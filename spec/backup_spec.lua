@@ -2,7 +2,7 @@
 -- directory, stored under the runtime's home, restored exactly; expiry,
 -- listing, deletion, and the failure modes.
 local moonbox = require "moonbox"
-local backup = require "moonbox.backup"
+local backup = require "moonbox.files.backup"
 
 -- a private store for this spec, removed at the end
 local store

@@ -1,7 +1,7 @@
 -- checkChanges (lua/moonbox/changes.lua): a kept watch per path and options,
 -- versions that say whether anything changed since, resync when the state
 -- that made a version is gone.
-local changes = require "moonbox.changes"
+local changes = require "moonbox.files.changes"
 
 local function with_sandbox(fn)
   return run_task(function()

@@ -3,7 +3,7 @@
 -- [A-Za-z0-9_.-], not "." or "..". The cases below are where the copies had
 -- drifted apart: code contexts took any length, process ids took "." and
 -- ".." (and a non-string failed with a Lua error, not VALIDATION_FAILED).
-local V = require "moonbox._validate"
+local V = require "moonbox.lib.validate"
 local router = require "moonbox.server.api_router"
 local run_task = run_task -- helper.lua
 

@@ -1,6 +1,6 @@
 -- moonbox._pattern: the step-counting Lua pattern matcher. Its results must
 -- be string.find's and string.match's, on fixed cases and on random ones.
-local P = require "moonbox._pattern"
+local P = require "moonbox.lib.pattern"
 
 local function pack(...) return { n = select("#", ...), ... } end
 
@@ -55,7 +55,7 @@ local function random_subject(r)
   return table.concat(t)
 end
 
-describe("moonbox._pattern", function()
+describe("moonbox.lib.pattern", function()
   describe("refuses what string.find could raise on, whatever the subject", function()
     for _, case in ipairs {
       { "([", "missing ']'" }, { "%", "ends with '%'" }, { "[a", "missing ']'" }, { "(()", "unfinished capture" },

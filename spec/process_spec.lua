@@ -2,7 +2,7 @@
 -- logs, streaming without loss, and readiness waits.
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
-local tree = require "moonbox._tree"
+local tree = require "moonbox.process.tree"
 
 local with_sandbox = helper.with_sandbox
 

@@ -12,8 +12,9 @@ mkdir -p "$tmp/build/lib/moonbox" "$tmp/src"
 # the spawn builtin is found beside core.so (src/core.c)
 cp "$build/lib/moonbox/core.so" "$build/lib/moonbox/bash_spawn.so" "$tmp/build/lib/moonbox/"
 cp -r "$src/lua" "$src/spec" "$src/.luacheckrc" "$tmp/src/"
-# the session shell's start-up script, found from the modules (lua/moonbox/_shell.lua)
-mkdir -p "$tmp/src/share" && cp -r "$src/share/shell" "$tmp/src/share/"
+# the session shell's start-up script and the code-interpreter kernels, found
+# from the modules (lua/moonbox/session/shell.lua, lua/moonbox/code/init.lua)
+mkdir -p "$tmp/src/share" && cp -r "$src/share/shell" "$src/share/kernels" "$tmp/src/share/"
 chmod -R a+rX "$tmp"
 cd "$tmp/src"
 runuser -u nobody -- env HOME=/tmp PATH="$PATH" MOONBOX_BUILD_DIR="$tmp/build" MOONBOX_SOURCE_DIR="$tmp/src" \

@@ -1,8 +1,8 @@
 -- The session shell's spawn builtin (src/bash/spawn_builtin.c): a plain
 -- external command runs without forking the shell, and nothing a user can
 -- observe differs from bash running it itself.
-local shell_mod = require "moonbox._shell"
-local simple = require "moonbox._simple_command"
+local shell_mod = require "moonbox.session.shell"
+local simple = require "moonbox.session.simple_command"
 
 local with_sandbox = helper.with_sandbox
 

@@ -1,7 +1,7 @@
 -- The pty terminal (issue #6).
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
-local util = require "moonbox._util"
+local util = require "moonbox.lib.util"
 
 local with_sandbox = helper.with_sandbox
 

@@ -1,5 +1,5 @@
 -- Argument checks (lua/moonbox/_validate.lua): what a caller's mistake reads as.
-local V = require "moonbox._validate"
+local V = require "moonbox.lib.validate"
 
 local function refused(fn, ...)
   local ok, err = pcall(fn, ...)

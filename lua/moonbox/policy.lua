@@ -4,7 +4,7 @@
 -- policy -- a table, a module name or a file path -- never by recompiling.
 -- Presets are plain data: moonbox.policies.strict, moonbox.policies.dev.
 local errors = require "moonbox.errors"
-local V = require "moonbox._validate"
+local V = require "moonbox.lib.validate"
 
 local M = {}
 
@@ -96,7 +96,7 @@ local checks = {
   seccomp = function(v) expect(v, "string", "seccomp") end,
   capabilities = function(v)
     expect(v, "table", "capabilities")
-    local known = require("moonbox._isolation").CAP_NUMBERS
+    local known = require("moonbox.sandbox.isolation").CAP_NUMBERS
     for i, c in ipairs(v or {}) do
       if type(c) ~= "string" or not known[(c:lower():gsub("^cap_", ""))] then
         invalid(("capabilities[%d]"):format(i), ("unknown capability %q"):format(tostring(c)))
@@ -140,7 +140,7 @@ local checks = {
   -- the sandbox user namespace's own /proc/sys/user counters
   userns = function(v)
     expect(v, "table", "userns")
-    local known = require("moonbox._isolation").DEFAULT_USERNS
+    local known = require("moonbox.sandbox.isolation").DEFAULT_USERNS
     for k, n in pairs(v or {}) do
       if known[k] == nil then invalid("userns." .. tostring(k), "unknown key") end
       if type(n) ~= "number" or n < 0 or n % 1 ~= 0 or n > 2147483647 then

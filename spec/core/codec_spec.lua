@@ -2,7 +2,7 @@
 -- bytes buffer the file API moves big files through.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
-local fs = require "moonbox._fs"
+local fs = require "moonbox.lib.fs"
 
 local mkdtemp = helper.mkdtemp
 

@@ -4,7 +4,7 @@
 -- leaked handle or child fails it.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
-local fs = require "moonbox._fs"
+local fs = require "moonbox.lib.fs"
 local bit = require "bit"
 
 local unpack = unpack -- LuaJIT
@@ -1074,7 +1074,7 @@ end)
 
 -- ---- moonbox._fs ----------------------------------------------------------
 
-describe("moonbox._fs", function()
+describe("moonbox.lib.fs", function()
   it("returns nil, message, CODE instead of raising", function()
     run_task(function()
       ret_fails("ENOENT", fs.open(tmp .. "/missing"))

@@ -2,7 +2,7 @@
 -- moonbox._fs wrappers: a tree of any depth goes without path strings and
 -- without following a symlink; a root's lock is one open file's at a time.
 local core = require "moonbox.core"
-local fs = require "moonbox._fs"
+local fs = require "moonbox.lib.fs"
 
 local sh = helper.sh
 
@@ -91,7 +91,7 @@ describe("core.fs_remove_tree", function()
     local script = tmp .. "/child.lua"
     local f = assert(io.open(script, "w"))
     f:write(([[
-local fs = require "moonbox._fs"
+local fs = require "moonbox.lib.fs"
 assert(os.execute("mount -t tmpfs tmpfs %s/t/a/b") == 0)
 print(fs.remove_tree(%q, "t"))
 ]]):format(tmp, tmp))

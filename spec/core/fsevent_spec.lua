@@ -2,7 +2,7 @@
 -- confined placement with (dirfd, relpath), events in the kernel's order.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
-local fs = require "moonbox._fs"
+local fs = require "moonbox.lib.fs"
 
 local mkdtemp = helper.mkdtemp
 

@@ -274,7 +274,7 @@ describe("core.spawn", function()
   end)
 
   it("starts the child in the cgroup given, its children too", function()
-    local tree = require "moonbox._tree"
+    local tree = require "moonbox.process.tree"
     if tree.mode() ~= "cgroup" then return end -- no writable cgroup v2 here (unprivileged)
     run_task(function()
       local dir = assert(tree.create("spawn-spec"))

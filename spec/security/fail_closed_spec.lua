@@ -10,8 +10,8 @@
 --   * two runtimes never share a root (SANDBOX_IN_USE names the holder).
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
-local fs = require "moonbox._fs"
-local userns = require "moonbox._userns"
+local fs = require "moonbox.lib.fs"
+local userns = require "moonbox.sandbox.userns"
 
 local sh = helper.sh
 local BIN = os.getenv("MOONBOX_BIN") or "build/moonbox"

@@ -234,7 +234,7 @@ moonbox.sleep(100000)
 end)
 
 describe("isolation: pre-built sandboxes (moonbox.prewarm)", function()
-  local prewarm = require "moonbox._prewarm"
+  local prewarm = require "moonbox.sandbox.prewarm"
   local function wait_ready()
     for _ = 1, 300 do
       if prewarm.ready() then return end
@@ -260,7 +260,7 @@ describe("isolation: pre-built sandboxes (moonbox.prewarm)", function()
         assert.equal("x /workspace\n", s:exec("echo $X $PWD").stdout)
         local p = sb:startProcess("exec sleep 100")
         local init = sb:info().initPid
-        local tree = require "moonbox._tree"
+        local tree = require "moonbox.process.tree"
         local cgroup_dir = tree.mode() == "cgroup" and tree.base() .. "/" .. sb.cgroup_name
         if cgroup_dir then
           -- the sandbox kept the spare's cgroup: the init and the default

@@ -8,7 +8,7 @@
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
 local ffi = require "ffi"
-local isolation = require "moonbox._isolation"
+local isolation = require "moonbox.sandbox.isolation"
 
 pcall(ffi.cdef, "int inotify_init1(int flags); int close(int fd);")
 

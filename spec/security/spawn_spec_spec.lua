@@ -5,8 +5,8 @@
 -- what exec, sessionless commands, backups (mksquashfs, unsquashfs) and
 -- in-sandbox git are: commands of a session shell.
 local moonbox = require "moonbox"
-local tree = require "moonbox._tree"
-local spawn_rules = require "moonbox._spawn"
+local tree = require "moonbox.process.tree"
+local spawn_rules = require "moonbox.sandbox.spawn"
 local run_task = run_task -- helper.lua
 
 
@@ -124,7 +124,7 @@ describe("one spawn spec", function()
 
   it("gives a pre-built sandbox's shell the same rules", function()
     run_task(function()
-      local prewarm = require "moonbox._prewarm"
+      local prewarm = require "moonbox.sandbox.prewarm"
       moonbox.prewarm(true)
       local ok, err = pcall(function()
         if os.getenv("MOONBOX_TEST_ISOLATION") == "none" then

@@ -4,7 +4,7 @@
 local cjson = require "cjson"
 local core = require "moonbox.core"
 local api = require "moonbox.server.api"
-local backup = require "moonbox.backup"
+local backup = require "moonbox.files.backup"
 
 local home = helper.mkdtemp()
 local seq = 0

@@ -205,7 +205,7 @@ describe("api request checks", function()
     local src = os.getenv("MOONBOX_SOURCE_DIR") or "."
     local listing = helper.sh("grep -rhoE '(raise|errors\\.new|errors\\.check)\\(\"[A-Z][A-Z_]+\"' " .. src ..
       "/lua/moonbox --include=*.lua --exclude-dir=server; " ..
-      "grep -hoE 'return \"[A-Z][A-Z_]+\"' " .. src .. "/lua/moonbox/files.lua")
+      "grep -hoE 'return \"[A-Z][A-Z_]+\"' " .. src .. "/lua/moonbox/files/init.lua")
     for code in listing:gmatch('"([A-Z_]+)"') do codes[code] = true end
     for _, code in pairs(require("moonbox.files").code_for_errno) do codes[code] = true end
     local runtime_failures = { INTERNAL_ERROR = true, FILESYSTEM_ERROR = true, SHELL_START_FAILED = true,

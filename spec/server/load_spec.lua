@@ -11,7 +11,7 @@ local moonbox = require "moonbox"
 local cjson = require "cjson"
 local http = require "moonbox.server.http"
 local api = require "moonbox.server.api"
-local fs = require "moonbox._fs"
+local fs = require "moonbox.lib.fs"
 
 local SECONDS = tonumber(os.getenv("MOONBOX_LOAD_SECONDS")) or 60
 local SANDBOXES, CONNECTIONS, STREAM_CLIENTS, LINES = 20, 200, 8, 200

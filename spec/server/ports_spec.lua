@@ -7,7 +7,7 @@ local core = require "moonbox.core"
 local cjson = require "cjson"
 local http = require "moonbox.server.http"
 local cli = require "moonbox.server.cli"
-local ports = require "moonbox.ports"
+local ports = require "moonbox.sandbox.ports"
 local client = require "spec.server.client"
 
 local TOKEN = "ports-spec-token-0123456789"

@@ -210,7 +210,7 @@ end)
 describe("server: watch streams", function()
   -- this process's inotify instances (the server runs in it)
   local function inotify_fds()
-    local fs = require "moonbox._fs"
+    local fs = require "moonbox.lib.fs"
     local n = 0
     for _, entry in ipairs(assert(fs.scandir("/proc/self/fd"))) do
       local name = type(entry) == "table" and entry.name or entry

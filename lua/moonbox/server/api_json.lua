@@ -5,7 +5,7 @@
 local cjson = require "cjson.safe"
 local core = require "moonbox.core"
 local errors = require "moonbox.errors"
-local V = require "moonbox._validate"
+local V = require "moonbox.lib.validate"
 
 local M = {}
 

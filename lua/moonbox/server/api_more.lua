@@ -11,7 +11,7 @@
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
 --   POST   /v1/sandboxes/{id}                  {from} -> getSandbox(id, {from = backup}): a new sandbox, a fork
 local moonbox = require "moonbox"
-local V = require "moonbox._validate"
+local V = require "moonbox.lib.validate"
 local json = require "moonbox.server.api_json"
 local router_mod = require "moonbox.server.api_router"
 

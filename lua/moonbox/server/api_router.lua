@@ -4,7 +4,7 @@
 -- with the methods that it does take). Params are path segments; split on
 -- the raw path, an id may hold a decoded "/" (from %2F) or be "." or "..":
 -- check_id refuses those.
-local V = require "moonbox._validate"
+local V = require "moonbox.lib.validate"
 
 local M = {}
 

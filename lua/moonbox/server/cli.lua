@@ -9,7 +9,7 @@
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local http = require "moonbox.server.http"
-local fs = require "moonbox._fs"
+local fs = require "moonbox.lib.fs"
 local cjson = require "cjson.safe"
 local bit = require "bit"
 
@@ -370,7 +370,9 @@ function M.start(opts)
   server.onReject = function(reason) service:reject(reason) end
   server.service = service
   service:start_idle()
-  if not addr.unix then require("moonbox.ports").server = { port = tonumber(server.address:match(":(%d+)$")) } end
+  if not addr.unix then
+    require("moonbox.sandbox.ports").server = { port = tonumber(server.address:match(":(%d+)$")) }
+  end
   return server, token
 end
 

@@ -8,8 +8,8 @@
 -- timestamp} and the seed's status for each code. Docs: docs/compat.md.
 local moonbox = require "moonbox"
 local errors = require "moonbox.errors"
-local util = require "moonbox._util"
-local V = require "moonbox._validate"
+local util = require "moonbox.lib.util"
+local V = require "moonbox.lib.validate"
 local json = require "moonbox.server.api_json"
 local api_errors = require "moonbox.server.api_errors"
 local router_mod = require "moonbox.server.api_router"
@@ -327,7 +327,7 @@ function H.backup_create(ctx)
     if f.gitignore then
       errors.raise("INVALID_BACKUP_CONFIG", "gitignore is not supported here: list what to leave out in excludes", {})
     end
-    local r = require("moonbox.backup").archive(s, f.dir, f.archivePath,
+    local r = require("moonbox.files.backup").archive(s, f.dir, f.archivePath,
       { excludes = f.excludes, compression = f.compression })
     return 200, { success = true, sizeBytes = r.sizeBytes, archivePath = r.archivePath, timestamp = now() }
   end)
@@ -342,7 +342,7 @@ function H.backup_restore(ctx)
     if f.archivePath:sub(1, #prefix) == prefix and not f.archivePath:sub(#prefix + 1):find("/", 1, true) then
       keep = f.archivePath:sub(#prefix + 1) -- the archive sits in dir: it stays while it is read
     end
-    local r = require("moonbox.backup").extract(s, f.archivePath, f.dir, keep)
+    local r = require("moonbox.files.backup").extract(s, f.archivePath, f.dir, keep)
     return 200, { success = true, dir = r.dir, timestamp = now() }
   end)
 end

@@ -9,8 +9,8 @@
 -- first, then event with eventType).
 local moonbox = require "moonbox"
 local errors = require "moonbox.errors"
-local util = require "moonbox._util"
-local V = require "moonbox._validate"
+local util = require "moonbox.lib.util"
+local V = require "moonbox.lib.validate"
 local json = require "moonbox.server.api_json"
 local sse = require "moonbox.server.api_sse"
 local router_mod = require "moonbox.server.api_router"

@@ -12,7 +12,7 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
-local V = require "moonbox._validate"
+local V = require "moonbox.lib.validate"
 local cjson = require "cjson.safe"
 
 local M = {}

@@ -8,8 +8,8 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
-local fs = require "moonbox._fs"
-local util = require "moonbox._util"
+local fs = require "moonbox.lib.fs"
+local util = require "moonbox.lib.util"
 local cjson = require "cjson.safe"
 
 local M = {}

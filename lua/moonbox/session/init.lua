@@ -5,14 +5,14 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
-local shell_mod = require "moonbox._shell"
-local simple_command = require "moonbox._simple_command"
-local tree = require "moonbox._tree"
-local queue_mod = require "moonbox._queue"
-local util = require "moonbox._util"
-local budget = require "moonbox._budget"
-local limits = require "moonbox._limits"
-local V = require "moonbox._validate"
+local shell_mod = require "moonbox.session.shell"
+local simple_command = require "moonbox.session.simple_command"
+local tree = require "moonbox.process.tree"
+local queue_mod = require "moonbox.session.queue"
+local util = require "moonbox.lib.util"
+local budget = require "moonbox.session.budget"
+local limits = require "moonbox.sandbox.limits"
+local V = require "moonbox.lib.validate"
 local policy_mod = require "moonbox.policy"
 
 local M = {}
@@ -462,7 +462,7 @@ end
 function Session:_prepare(command, opts, what)
   self:_check_live()
   V.command(command)
-  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").exec, what)
+  opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").exec, what)
   opts = V.options(opts, exec_options, what .. " options")
   V.timeout(opts.timeout, "timeout")
   V.type(opts.onOutput, "function", "onOutput", true)

@@ -7,17 +7,17 @@ local errors = require "moonbox.errors"
 local core = require "moonbox.core"
 local policy_mod = require "moonbox.policy"
 local session_mod = require "moonbox.session"
-local shell_mod = require "moonbox._shell"
-local tree = require "moonbox._tree"
-local util = require "moonbox._util"
-local limits = require "moonbox._limits"
-local V = require "moonbox._validate"
-local isolation_mod = require "moonbox._isolation"
-local fs = require "moonbox._fs"
-local prewarm = require "moonbox._prewarm"
-local root_mod = require "moonbox._root"
-local userns = require "moonbox._userns"
-local spawn_rules = require "moonbox._spawn"
+local shell_mod = require "moonbox.session.shell"
+local tree = require "moonbox.process.tree"
+local util = require "moonbox.lib.util"
+local limits = require "moonbox.sandbox.limits"
+local V = require "moonbox.lib.validate"
+local isolation_mod = require "moonbox.sandbox.isolation"
+local fs = require "moonbox.lib.fs"
+local prewarm = require "moonbox.sandbox.prewarm"
+local root_mod = require "moonbox.sandbox.root"
+local userns = require "moonbox.sandbox.userns"
+local spawn_rules = require "moonbox.sandbox.spawn"
 
 local M = {}
 
@@ -521,7 +521,8 @@ local session_options = { id = true, env = true, cwd = true, commandTimeoutMs = 
 
 function Sandbox:createSession(opts)
   self:_check_live()
-  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").createSession, "createSession")
+  local seed_options = require "moonbox.lib.seed_options"
+  opts = seed_options.adapt(opts, seed_options.createSession, "createSession")
   opts = V.options(opts, session_options, "createSession options")
   local id = opts.id
   if id == nil then

@@ -8,8 +8,8 @@
 -- (the least recently used goes first).
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
-local util = require "moonbox._util"
-local V = require "moonbox._validate"
+local util = require "moonbox.lib.util"
+local V = require "moonbox.lib.validate"
 local Session = require("moonbox.session").Session
 require "moonbox.files" -- Session:watch
 

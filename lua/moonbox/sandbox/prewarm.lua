@@ -8,11 +8,11 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local policy_mod = require "moonbox.policy"
-local isolation_mod = require "moonbox._isolation"
-local shell_mod = require "moonbox._shell"
-local seccomp = require "moonbox.seccomp"
-local spawn_rules = require "moonbox._spawn"
-local tree = require "moonbox._tree"
+local isolation_mod = require "moonbox.sandbox.isolation"
+local shell_mod = require "moonbox.session.shell"
+local seccomp = require "moonbox.sandbox.seccomp"
+local spawn_rules = require "moonbox.sandbox.spawn"
+local tree = require "moonbox.process.tree"
 
 local M = { enabled = false }
 

@@ -9,7 +9,7 @@
 --   orphans re-parented to the runtime. Best effort: a process that escapes
 --   to another subreaper or is started between scan and kill can survive.
 local core = require "moonbox.core"
-local util = require "moonbox._util"
+local util = require "moonbox.lib.util"
 
 local M = {}
 

@@ -51,7 +51,7 @@
 -- job keeps only its own old copy.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
-local fs = require "moonbox._fs"
+local fs = require "moonbox.lib.fs"
 
 local M = {}
 

@@ -11,8 +11,8 @@
 -- moonbox's too, so a workspace prepared beforehand is taken as it is.
 local core = require "moonbox.core"
 local errors = require "moonbox.errors"
-local fs = require "moonbox._fs"
-local util = require "moonbox._util"
+local fs = require "moonbox.lib.fs"
+local util = require "moonbox.lib.util"
 
 local M = {}
 

@@ -1,15 +1,15 @@
 -- Code-interpreter contexts: one interpreter process per context (kernels in
--- lua/moonbox/kernels/), speaking newline-delimited JSON: requests on its
+-- share/kernels/), speaking newline-delimited JSON: requests on its
 -- stdin, protocol messages on its fd 3; the user code's own stdout/stderr
 -- are its fds 1 and 2, streamed as they arrive. Docs: docs/code-interpreter.md.
 local cjson = require "cjson.safe"
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
-local queue_mod = require "moonbox._queue"
-local tree = require "moonbox._tree"
-local util = require "moonbox._util"
-local V = require "moonbox._validate"
+local queue_mod = require "moonbox.session.queue"
+local tree = require "moonbox.process.tree"
+local util = require "moonbox.lib.util"
+local V = require "moonbox.lib.validate"
 local Session = require("moonbox.session").Session
 
 local M = {}
@@ -17,13 +17,23 @@ local M = {}
 local READY_TIMEOUT_MS = 30000
 local LANGUAGES = { python = true, javascript = true, typescript = true, lua = true }
 
+-- The kernels are data, not Lua modules: share/kernels/ in the source tree,
+-- installed as <datadir>/moonbox/kernels/, or beside the modules
+-- (moonbox/kernels/) when luarocks installs only the Lua module. Found from
+-- where the modules are, like the shell's prelude (session/shell.lua) and the
+-- page (server/cli.lua); realpath resolves the build tree's symlinked lua/.
 local kernel_dir
 local function kernels()
   if not kernel_dir then
     local init = package.searchpath("moonbox", package.path)
-    local dir = init:match("^(.*)/[^/]*$") .. "/kernels"
+    local mdir = init:match("^(.*)/[^/]*$")
+    local fs = require "moonbox.lib.fs"
     -- interpreters run in other directories: the path must be absolute
-    kernel_dir = require("moonbox._fs").realpath(dir) or dir
+    for _, dir in ipairs { mdir .. "/kernels", mdir .. "/../../share/kernels", mdir .. "/../../../moonbox/kernels" } do
+      local real = fs.realpath(dir)
+      if real then kernel_dir = real break end
+    end
+    kernel_dir = kernel_dir or mdir .. "/kernels"
   end
   return kernel_dir
 end
@@ -58,7 +68,7 @@ local function interpreter(language, env, sb)
   local argv = { path }
   for _, a in ipairs(spec[3]) do argv[#argv + 1] = a end
   -- inside namespaces the kernels are bound read-only at a fixed place
-  local dir = sb and sb.init and require("moonbox._isolation").KERNEL_DIR or kernels()
+  local dir = sb and sb.init and require("moonbox.sandbox.isolation").KERNEL_DIR or kernels()
   argv[#argv + 1] = dir .. "/" .. spec[2]
   for _, a in ipairs(spec[4] or {}) do argv[#argv + 1] = a end
   return argv
@@ -350,7 +360,7 @@ end
 local function prepare(session, code, opts)
   session:_check_live()
   V.type(code, "string", "code")
-  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").runCode, "runCode")
+  opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").runCode, "runCode")
   opts = V.options(opts, run_options, "runCode options")
   V.timeout(opts.timeout, "timeout")
   for _, cb in ipairs { "onStdout", "onStderr", "onResult", "onError" } do V.type(opts[cb], "function", cb, true) end

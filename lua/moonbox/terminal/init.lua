@@ -4,9 +4,9 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
-local tree = require "moonbox._tree"
-local util = require "moonbox._util"
-local V = require "moonbox._validate"
+local tree = require "moonbox.process.tree"
+local util = require "moonbox.lib.util"
+local V = require "moonbox.lib.validate"
 local Session = require("moonbox.session").Session
 
 local Terminal = {}

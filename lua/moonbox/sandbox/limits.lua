@@ -6,8 +6,8 @@
 --                        else not enforced (and info() says so);
 --   cpuTime (s), fileSizeBytes, openFiles -> rlimits on every process.
 local core = require "moonbox.core"
-local util = require "moonbox._util"
-local tree = require "moonbox._tree"
+local util = require "moonbox.lib.util"
+local tree = require "moonbox.process.tree"
 
 local M = {}
 
@@ -72,7 +72,7 @@ function M.setup(sb)
     end
   end
   if not next(out.rlimits) then out.rlimits = nil end
-  out.seccomp = require("moonbox.seccomp").filter(sb.policy.seccomp)
+  out.seccomp = require("moonbox.sandbox.seccomp").filter(sb.policy.seccomp)
   out.seccomp_profile = out.seccomp and (sb.policy.seccomp or "default") or "none"
   if #out.extra_cgroups == 0 then out.extra_cgroups = nil end
   table.sort(out.not_enforced)

@@ -11,7 +11,7 @@
 -- policy for every sandbox (as `moonbox serve --policy` gives) it is
 -- exactly a runtime-wide budget. Unset, it is a quarter of the machine's
 -- memory (MemTotal), at least 64 MiB.
-local util = require "moonbox._util"
+local util = require "moonbox.lib.util"
 
 local M = { used = 0 }
 

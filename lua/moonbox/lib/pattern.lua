@@ -474,7 +474,7 @@ end
 function M.check(pattern, field)
   local cp, msg = M.compile(pattern)
   if not cp then
-    require("moonbox._validate").fail(field or "pattern", ("malformed pattern %q: %s"):format(pattern, msg))
+    require("moonbox.lib.validate").fail(field or "pattern", ("malformed pattern %q: %s"):format(pattern, msg))
   end
   return cp
 end

@@ -2,7 +2,7 @@
 -- status must be 200-399 (or opts.status). Each probe gives up after 2 s.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
-local util = require "moonbox._util"
+local util = require "moonbox.lib.util"
 
 local M = {}
 local PROBE_TIMEOUT_MS = 2000

@@ -9,7 +9,7 @@
 -- EAGAIN, ENOSPC from a limit that is merely reached, ...) is a failure of
 -- this call, never a reason to run a sandbox with less (docs/isolation.md).
 local core = require "moonbox.core"
-local util = require "moonbox._util"
+local util = require "moonbox.lib.util"
 
 local M = {}
 

@@ -10,7 +10,7 @@
 -- The sandbox keeps its network: the proxy connects from inside the
 -- sandbox's network namespace. Nothing listens on the host for a port.
 local errors = require "moonbox.errors"
-local V = require "moonbox._validate"
+local V = require "moonbox.lib.validate"
 local sandbox_mod = require "moonbox.sandbox"
 local Sandbox = sandbox_mod.Sandbox
 

@@ -16,13 +16,13 @@ local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local policy_mod = require "moonbox.policy"
-local fs = require "moonbox._fs"
+local fs = require "moonbox.lib.fs"
 -- the sandbox file API makes its confined calls on the thread pool: a task
 -- making many of them never holds the loop (issue #14)
 local afs = fs.awaited
-local util = require "moonbox._util"
-local V = require "moonbox._validate"
-local pattern_mod = require "moonbox._pattern"
+local util = require "moonbox.lib.util"
+local V = require "moonbox.lib.validate"
+local pattern_mod = require "moonbox.lib.pattern"
 local Session = require("moonbox.session").Session
 
 local M = {}
@@ -1196,7 +1196,7 @@ local watch_options = { recursive = true, include = true, exclude = true }
 function Session:watch(path, opts)
   self:_check_live()
   V.path(path)
-  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").watch, "watch")
+  opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").watch, "watch")
   opts = V.options(opts, watch_options, "watch options")
   local recursive = boolean_option(opts.recursive, "recursive")
   local include = glob_list(opts.include, "include")
@@ -1396,7 +1396,7 @@ function Session:gitCheckout(repo_url, opts)
   self:_check_live()
   if type(repo_url) ~= "string" then V.fail("repoUrl", "expected a string, got " .. type(repo_url)) end
   if not repo_url:find("%S") then V.fail("repoUrl", "repository URL is empty") end
-  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").gitCheckout, "gitCheckout")
+  opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").gitCheckout, "gitCheckout")
   opts = V.options(opts, git_options, "gitCheckout options")
   local branch = V.type(opts.branch, "string", "branch", true)
   if branch and (branch == "" or branch:find("[%c%s]") or branch:sub(1, 1) == "-") then

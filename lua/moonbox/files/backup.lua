@@ -16,9 +16,9 @@
 local cjson = require "cjson.safe"
 local core = require "moonbox.core"
 local errors = require "moonbox.errors"
-local fs = require "moonbox._fs"
-local util = require "moonbox._util"
-local V = require "moonbox._validate"
+local fs = require "moonbox.lib.fs"
+local util = require "moonbox.lib.util"
+local V = require "moonbox.lib.validate"
 local sandbox_mod = require "moonbox.sandbox"
 local Sandbox = sandbox_mod.Sandbox
 

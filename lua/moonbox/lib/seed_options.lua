@@ -7,7 +7,7 @@
 --               = {to = "timeout"}           renamed (both given: refused)
 --               = {drop = true, check = fn}  accepted, checked, then removed
 --               = "message"                  refused with this message
-local V = require "moonbox._validate"
+local V = require "moonbox.lib.validate"
 
 local M = {}
 

@@ -6,12 +6,12 @@ local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local policy_mod = require "moonbox.policy"
-local logbuf = require "moonbox._logbuf"
-local tree = require "moonbox._tree"
-local util = require "moonbox._util"
-local limits = require "moonbox._limits"
-local V = require "moonbox._validate"
-local pattern_mod = require "moonbox._pattern"
+local logbuf = require "moonbox.process.logbuf"
+local tree = require "moonbox.process.tree"
+local util = require "moonbox.lib.util"
+local limits = require "moonbox.sandbox.limits"
+local V = require "moonbox.lib.validate"
+local pattern_mod = require "moonbox.lib.pattern"
 local Session = require("moonbox.session").Session
 
 local M = {}
@@ -423,7 +423,7 @@ function Process:waitForPort(port, opts)
   if opts.status ~= nil and (type(opts.status) ~= "number" or opts.status < 100 or opts.status > 599) then
     V.fail("status", "expected an HTTP status 100-599")
   end
-  local probe = require("moonbox._probe")
+  local probe = require("moonbox.process.probe")
   local host = opts.host or "127.0.0.1"
   interval = interval or 100
   local deadline = opts.timeout and util.now_ms() + opts.timeout
@@ -457,7 +457,8 @@ function Session:startProcess(command, opts)
   self:_check_live()
   local sb = self.sandbox
   V.command(command)
-  opts = require("moonbox._seed_options").adapt(opts, require("moonbox._seed_options").startProcess, "startProcess")
+  local seed_options = require "moonbox.lib.seed_options"
+  opts = seed_options.adapt(opts, seed_options.startProcess, "startProcess")
   opts = V.options(opts, start_options, "startProcess options")
   local env = V.env(opts.env, "env")
   V.timeout(opts.timeout, "timeout")

@@ -3,7 +3,7 @@
 -- process of the sandbox is started by that init, so all of them share one
 -- set of namespaces; the init dies with the runtime and takes them along.
 local core = require "moonbox.core"
-local util = require "moonbox._util"
+local util = require "moonbox.lib.util"
 
 local M = {}
 
