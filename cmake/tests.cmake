@@ -53,9 +53,9 @@ endif()
 # The suites that depend on how a sandbox is isolated run a second time
 # without namespaces (the default, "auto", uses them where the kernel can).
 if(SPEC_FILES)
-foreach(spec spec/session_spec.lua spec/process_spec.lua spec/files_spec.lua spec/code_spec.lua
-        spec/terminal_spec.lua spec/security/containment_spec.lua spec/contract_spec.lua
-        spec/spawn_builtin_spec.lua spec/security/fail_closed_spec.lua spec/security/file_race_spec.lua
+foreach(spec spec/session/session_spec.lua spec/process/process_spec.lua spec/files/files_spec.lua spec/code/code_spec.lua
+        spec/terminal/terminal_spec.lua spec/security/containment_spec.lua spec/contract_spec.lua
+        spec/session/spawn_builtin_spec.lua spec/security/fail_closed_spec.lua spec/security/file_race_spec.lua
         spec/hostile/session_spec.lua spec/security/spawn_spec_spec.lua)
   string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
   string(REPLACE "/" "." name ${name})
@@ -73,8 +73,8 @@ endif()
 find_program(RUNUSER_BIN runuser)
 execute_process(COMMAND id -u OUTPUT_VARIABLE BUILD_UID OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(SPEC_FILES AND RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZE)
-  foreach(spec spec/session_spec.lua spec/process_spec.lua spec/terminal_spec.lua
-          spec/security/containment_spec.lua spec/security/isolation_spec.lua spec/spawn_builtin_spec.lua
+  foreach(spec spec/session/session_spec.lua spec/process/process_spec.lua spec/terminal/terminal_spec.lua
+          spec/security/containment_spec.lua spec/security/isolation_spec.lua spec/session/spawn_builtin_spec.lua
           spec/security/root_identity_spec.lua spec/security/fail_closed_spec.lua spec/core/fs_tree_spec.lua
           spec/security/file_race_spec.lua spec/server/security_spec.lua spec/hostile/session_spec.lua
           spec/security/seccomp_spec.lua spec/security/spawn_spec_spec.lua)
@@ -158,8 +158,9 @@ if(NODE_BIN AND NPM_BIN AND NOT MOONBOX_SANITIZE)
 endif()
 
 # Backups and checkChanges again without namespaces and as nobody.
-foreach(spec spec/backup_spec.lua spec/changes_spec.lua)
+foreach(spec spec/files/backup_spec.lua spec/files/changes_spec.lua)
   string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
+  string(REPLACE "/" "." name ${name})
   add_test(NAME spec.${name}.no-namespaces
     COMMAND ${LUAJIT_BIN} ${BUSTED_BIN} --helper=spec/helper.lua -o utfTerminal ${spec}
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})

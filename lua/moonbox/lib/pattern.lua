@@ -3,7 +3,7 @@
 -- string.find backtracks without limit: ("a*"):rep(8) .. "b" against 40 a's
 -- takes seconds, and a search on the event loop holds every sandbox that long.
 -- This is a matcher of our own for the same language with the same results
--- (the differential spec spec/pattern_spec.lua compares it with string.find
+-- (the differential spec spec/lib/pattern_spec.lua compares it with string.find
 -- and string.match on fixed and random patterns), which
 --   * checks a pattern up front: anything string.find could raise on
 --     ("([", "%", "[a", "(()", "%1" before capture 1 closed) is refused at
