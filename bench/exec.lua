@@ -93,14 +93,13 @@ moonbox.run(function()
     return stats(samples)
   end)()
   -- the same with the shell's spawn builtin off: bash forks for it
-  local shell_mod = require "moonbox.session.shell"
-  shell_mod.spawn_builtin = false
+  moonbox.shellBuiltins { spawn = false }
   local f50, f99 = (function()
     local samples = {}
     for i = 1, N do local t = ms() s:exec("/bin/true") samples[i] = ms() - t end
     return stats(samples)
   end)()
-  shell_mod.spawn_builtin = true
+  moonbox.shellBuiltins { spawn = true }
   local bt50, bt99 = raw_bash_floor("/bin/true")
   row("raw floor: bash over pipes, `/bin/true; echo m`", bt50, bt99)
   row("exec(\"/bin/true\")", e50, e99, ("%.2fx the spawn floor, %.2fx the bash floor at p50"):format(

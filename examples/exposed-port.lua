@@ -4,7 +4,7 @@
 local moonbox = require "moonbox"
 local http = require "moonbox.server.http"
 local cli = require "moonbox.server.cli"
-local ports = require "moonbox.sandbox.ports"
+local ports = require "moonbox.ports"
 
 -- the server of `moonbox serve`, in this script (loopback, no token)
 local server = http.listen({ listen = "127.0.0.1:0" }, cli.app {})

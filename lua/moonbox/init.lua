@@ -24,15 +24,19 @@ local backup = require "moonbox.files.backup" -- adds createBackup/restoreBackup
 require("moonbox._runtime").at_exit(sandbox.shutdown)
 
 -- getSandbox(id, opts) -> Sandbox; the same id returns the same object.
--- With {from = backup} it starts a new sandbox from a backup (backup.lua).
+-- With {from = backup} it starts a new sandbox from a backup (files/backup.lua).
 moonbox.getSandbox = backup.getSandbox
 
 -- prewarm(true | false) (beyond): keep one sandbox with namespaces built
 -- ahead, claimed by the next getSandbox with the default policy.
 moonbox.prewarm = sandbox.prewarm
 
+-- shellBuiltins{spawn = bool, load = bool} (beyond): whether session shells
+-- use their loadable builtins (docs/sessions.md); returns the settings.
+moonbox.shellBuiltins = require("moonbox.session.shell").builtins
+
 -- listBackups(), deleteBackup(id) (beyond the seed's Lua surface): the
--- backups stored under the runtime's home (lua/moonbox/backup.lua)
+-- backups stored under the runtime's home (lua/moonbox/files/backup.lua)
 moonbox.listBackups = backup.listBackups
 moonbox.deleteBackup = backup.deleteBackup
 

@@ -1,6 +1,7 @@
 -- The session shell's spawn builtin (src/bash/spawn_builtin.c): a plain
 -- external command runs without forking the shell, and nothing a user can
 -- observe differs from bash running it itself.
+local moonbox = require "moonbox"
 local shell_mod = require "moonbox.session.shell"
 local simple = require "moonbox.session.simple_command"
 
@@ -10,9 +11,9 @@ local with_sandbox = helper.with_sandbox
 -- off (bash forks and execs as usual); pids differ
 local function both_ways(s, command, opts)
   local function once(on)
-    shell_mod.spawn_builtin = on
+    moonbox.shellBuiltins { spawn = on }
     local ok, r = pcall(s.exec, s, command, opts)
-    shell_mod.spawn_builtin = true
+    moonbox.shellBuiltins { spawn = true }
     assert(ok, r)
     local function norm(text)
       return (text:gsub("line 1: +%d+ ", "line 1: PID "))
@@ -142,7 +143,7 @@ describe("shell error messages", function()
     with_sandbox(function(sb)
       local s = sb:createSession {}
       for _, on in ipairs { true, false } do
-        shell_mod.spawn_builtin = on
+        moonbox.shellBuiltins { spawn = on }
         local ok, err = pcall(function()
           assert.equal("bash: line 1: nosuchcmd: command not found\n", s:exec("nosuchcmd").stderr)
           assert.equal("bash: line 3: nosuch2: command not found\n", s:exec("echo hi\n\nnosuch2 a b").stderr)
@@ -160,7 +161,7 @@ describe("shell error messages", function()
           r = s:exec("sh -c 'kill -KILL $$'; echo after")
           assert.same({ 0, "after\n", "Killed\n" }, { r.exitCode, r.stdout, r.stderr })
         end)
-        shell_mod.spawn_builtin = true
+        moonbox.shellBuiltins { spawn = true }
         assert(ok, err)
       end
     end)
@@ -191,14 +192,29 @@ describe("the report builtin", function()
   end)
 
   it("is not needed: a shell without the builtins reports with export -p", function()
-    shell_mod.load_builtins = false
+    moonbox.shellBuiltins { load = false }
     local ok, err = pcall(with_sandbox, function(sb)
       local s = sb:createSession {}
       assert.equal("", s:exec("enable -a | grep __mb_ || true").stdout)
       restored_after_death(sb)
     end)
-    shell_mod.load_builtins = true
+    moonbox.shellBuiltins { load = true }
     assert(ok, err)
+  end)
+end)
+
+describe("moonbox.shellBuiltins", function()
+  it("sets and reports the two settings, and refuses anything but those booleans", function()
+    assert.same({ spawn = true, load = true }, moonbox.shellBuiltins())
+    assert.same({ spawn = false, load = true }, moonbox.shellBuiltins { spawn = false })
+    assert.same({ spawn = false, load = false }, moonbox.shellBuiltins { load = false })
+    assert.same({ spawn = true, load = true }, moonbox.shellBuiltins { spawn = true, load = true })
+    for _, bad in ipairs { "off", { spawn = 0 }, { fork = false } } do
+      local ok, err = pcall(moonbox.shellBuiltins, bad)
+      assert.is_false(ok)
+      assert.equal("VALIDATION_FAILED", err.code)
+    end
+    assert.same({ spawn = true, load = true }, moonbox.shellBuiltins())
   end)
 end)
 

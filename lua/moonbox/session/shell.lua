@@ -62,12 +62,37 @@ local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 local SLOT_NAMES = {}
 for name, i in pairs(SLOTS) do SLOT_NAMES[i] = name end
 
--- set to false to have every command sourced (and every external command
--- forked by bash), as without the builtin
+-- false: every command is sourced (and every external command forked by
+-- bash), as without the builtin
 M.spawn_builtin = true
--- set to false to start shells without the builtins at all (they report
--- with export -p, and bash names errors after the body's path)
+-- false: shells start without the builtins at all (they report with
+-- export -p, and bash names errors after the body's path)
 M.load_builtins = true
+
+-- moonbox.shellBuiltins([{spawn = bool, load = bool}]) -> {spawn, load}
+-- (beyond, docs/sessions.md): the public knob for the two settings above.
+-- `spawn` applies from the next exec; `load` to shells started after it.
+-- Returns the settings in force after the call.
+function M.builtins(opts)
+  if opts ~= nil then
+    local errors = require "moonbox.errors"
+    if type(opts) ~= "table" then
+      errors.raise("VALIDATION_FAILED", "shellBuiltins: expected a table {spawn = bool, load = bool}, got "
+        .. type(opts))
+    end
+    for k, v in pairs(opts) do
+      if k ~= "spawn" and k ~= "load" then
+        errors.raise("VALIDATION_FAILED", ("shellBuiltins: unknown option %q (spawn, load)"):format(tostring(k)))
+      end
+      if type(v) ~= "boolean" then
+        errors.raise("VALIDATION_FAILED", ("shellBuiltins: %s must be a boolean, got %s"):format(k, type(v)))
+      end
+    end
+    if opts.spawn ~= nil then M.spawn_builtin = opts.spawn end
+    if opts.load ~= nil then M.load_builtins = opts.load end
+  end
+  return { spawn = M.spawn_builtin, load = M.load_builtins }
+end
 
 local rt_pid = core.getpid()
 
