@@ -13,14 +13,10 @@ local moonbox = {
   errors = errors,
 }
 
+-- Sandbox and Session are complete once moonbox.sandbox is loaded: each is
+-- defined in one module that installs its parts (lib/compose.lua).
 local sandbox = require "moonbox.sandbox"
-require "moonbox.process" -- adds the background process calls to sessions
-require "moonbox.code"    -- adds the code-interpreter calls to sessions
-require "moonbox.terminal" -- adds session:terminal()
-require "moonbox.files"   -- adds the file calls (read, write, list, watch, gitCheckout) to sessions
-require "moonbox.files.changes" -- adds checkChanges (a kept watch) to sessions
-require "moonbox.sandbox.ports"   -- adds exposePort/unexposePort/getExposedPorts to sandboxes
-local backup = require "moonbox.files.backup" -- adds createBackup/restoreBackup to sandboxes
+local backup = require "moonbox.files.backup"
 require("moonbox._runtime").at_exit(sandbox.shutdown)
 
 -- getSandbox(id, opts) -> Sandbox; the same id returns the same object.

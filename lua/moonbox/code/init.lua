@@ -10,35 +10,17 @@ local queue_mod = require "moonbox.session.queue"
 local tree = require "moonbox.process.tree"
 local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
-local Session = require("moonbox.session").Session
+local compose = require "moonbox.lib.compose"
+local kernels_mod = require "moonbox.code.kernels"
+
+local Session = {} -- this part's methods, installed by session/init.lua (M.install)
 
 local M = {}
 
 local READY_TIMEOUT_MS = 30000
 local LANGUAGES = { python = true, javascript = true, typescript = true, lua = true }
 
--- The kernels are data, not Lua modules: share/kernels/ in the source tree,
--- installed as <datadir>/moonbox/kernels/, or beside the modules
--- (moonbox/kernels/) when luarocks installs only the Lua module. Found from
--- where the modules are, like the shell's prelude (session/shell.lua) and the
--- page (server/cli.lua); realpath resolves the build tree's symlinked lua/.
-local kernel_dir
-local function kernels()
-  if not kernel_dir then
-    local init = package.searchpath("moonbox", package.path)
-    local mdir = init:match("^(.*)/[^/]*$")
-    local fs = require "moonbox.lib.fs"
-    -- interpreters run in other directories: the path must be absolute
-    for _, dir in ipairs { mdir .. "/kernels", mdir .. "/../../share/kernels", mdir .. "/../../../moonbox/kernels" } do
-      local real = fs.realpath(dir)
-      if real then kernel_dir = real break end
-    end
-    kernel_dir = kernel_dir or mdir .. "/kernels"
-  end
-  return kernel_dir
-end
-
-M.kernel_dir = kernels
+M.kernel_dir = kernels_mod.dir
 
 local function find_in_path(name, env)
   if name:find("/", 1, true) then return name end
@@ -68,7 +50,7 @@ local function interpreter(language, env, sb)
   local argv = { path }
   for _, a in ipairs(spec[3]) do argv[#argv + 1] = a end
   -- inside namespaces the kernels are bound read-only at a fixed place
-  local dir = sb and sb.init and require("moonbox.sandbox.isolation").KERNEL_DIR or kernels()
+  local dir = sb and sb.init and require("moonbox.sandbox.isolation").KERNEL_DIR or kernels_mod.dir()
   argv[#argv + 1] = dir .. "/" .. spec[2]
   for _, a in ipairs(spec[4] or {}) do argv[#argv + 1] = a end
   return argv
@@ -429,6 +411,13 @@ function M.kill_all(sb)
     sb.contexts[id] = nil
     if ctx.kernel then ctx.kernel:kill() end
   end
+end
+
+-- A part of Session (lib/compose.lua): the code calls; a sandbox's
+-- interpreters stop once its sessions are gone.
+function M.install(class, hooks)
+  compose.methods(class, Session, "code")
+  compose.add(hooks, "sandbox_end", M.kill_all)
 end
 
 return M

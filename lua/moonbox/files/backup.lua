@@ -19,8 +19,9 @@ local errors = require "moonbox.errors"
 local fs = require "moonbox.lib.fs"
 local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
-local sandbox_mod = require "moonbox.sandbox"
-local Sandbox = sandbox_mod.Sandbox
+local compose = require "moonbox.lib.compose"
+local Sandbox = {} -- this part's methods, installed by sandbox/init.lua (M.install)
+local sandbox_mod -- moonbox.sandbox, given to M.install
 
 local M = {}
 
@@ -324,6 +325,13 @@ function M.deleteBackup(id)
   end
   remove(id)
   return { success = true, id = id }
+end
+
+-- A part of Sandbox (lib/compose.lua): createBackup, restoreBackup; owner is
+-- moonbox.sandbox (getSandbox, all, mkdir_p).
+function M.install(class, _, owner)
+  compose.methods(class, Sandbox, "backup")
+  sandbox_mod = owner
 end
 
 return M

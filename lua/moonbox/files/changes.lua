@@ -10,8 +10,8 @@ local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
-local Session = require("moonbox.session").Session
-require "moonbox.files" -- Session:watch
+local compose = require "moonbox.lib.compose"
+local Session = {} -- this part's methods, installed by session/init.lua (M.install)
 
 local M = {}
 
@@ -102,6 +102,12 @@ function Session:checkChanges(path, opts)
     r.status = count == st.count and "unchanged" or "changed"
   end
   return r
+end
+
+-- A part of Session (lib/compose.lua): checkChanges, over the files part's
+-- watch.
+function M.install(class)
+  compose.methods(class, Session, "changes")
 end
 
 return M

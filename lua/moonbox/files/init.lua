@@ -4,7 +4,7 @@
 -- Paths are the sandbox's view: "/workspace/..." is the workspace directory,
 -- a relative path starts at the session's current cwd. Every call turns its
 -- path into a path relative to the sandbox root and does its I/O with the
--- openat2-confined helpers of _fs through the sandbox's confinement
+-- openat2-confined helpers of lib/fs.lua through the sandbox's confinement
 -- (sb.fs_conf, see Sandbox:_confine): "..", symlinks and a symlink swapped in
 -- during the call cannot leave the root, and under namespaces every fd must
 -- lie on one of the sandbox's own storage mounts (checked on the fd, after
@@ -23,7 +23,8 @@ local afs = fs.awaited
 local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
 local pattern_mod = require "moonbox.lib.pattern"
-local Session = require("moonbox.session").Session
+local compose = require "moonbox.lib.compose"
+local Session = {} -- this part's methods, installed by session/init.lua (M.install)
 
 local M = {}
 
@@ -1274,12 +1275,10 @@ function Session:watch(path, opts)
 end
 
 -- A deleted session (or destroyed sandbox) takes its watches with it.
-local base_destroy = Session._destroy
-function Session:_destroy(...)
-  if self._watches then
-    for w in pairs(self._watches) do w:_finish() end
+local function end_watches(session)
+  if session._watches then
+    for w in pairs(session._watches) do w:_finish() end
   end
-  return base_destroy(self, ...)
 end
 
 -- ---- gitCheckout ------------------------------------------------------------------
@@ -1505,6 +1504,13 @@ function Session:gitCheckout(repo_url, opts)
     if checked_out == "HEAD" or checked_out == "" then checked_out = branch or "HEAD" end
   end
   return { success = true, repoUrl = repo_url, branch = checked_out, targetDir = t.view, timestamp = timestamp }
+end
+
+-- A part of Session (lib/compose.lua): the file calls, watch and
+-- gitCheckout; a session's watches end with it.
+function M.install(class, hooks)
+  compose.methods(class, Session, "files")
+  compose.add(hooks, "session_end", end_watches)
 end
 
 return M

@@ -1,6 +1,6 @@
 -- Awaited wrappers over the core fs family, so task code reads top to bottom:
 --
---   local fd, err = _fs.open(path, "w")
+--   local fd, err = fs.open(path, "w")
 --   if not fd then return nil, err end
 --
 -- Every function returns its result, or nil, message, CODE; none of them

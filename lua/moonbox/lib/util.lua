@@ -21,7 +21,7 @@ function M.shell_quote(s)
 end
 
 -- Lexically clean an absolute path: "/a/./b/../c" -> "/a/c" (no symlinks
--- are looked at; confinement is the kernel's job, see _fs.lua).
+-- are looked at; confinement is the kernel's job, see lib/fs.lua).
 function M.normalize(path)
   local parts = {}
   for part in path:gmatch("[^/]+") do

@@ -12,7 +12,8 @@ local util = require "moonbox.lib.util"
 local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
 local pattern_mod = require "moonbox.lib.pattern"
-local Session = require("moonbox.session").Session
+local compose = require "moonbox.lib.compose"
+local Session = {} -- this part's methods, installed by session/init.lua (M.install)
 
 local M = {}
 
@@ -114,7 +115,7 @@ end
 -- Whether anything of the process's tree lives: the process itself, or
 -- descendants that outlived it (a daemon, a fork bomb's children). In
 -- cgroup mode the tree is everything in its cgroup; in proc mode see
--- _tree.proc_tree. A tree found empty once stays empty: its cgroup is
+-- tree.proc_tree. A tree found empty once stays empty: its cgroup is
 -- removed, and in proc mode its ids are no longer looked for.
 function Process:_alive(proc_table)
   if self:_running() then return self.pid ~= nil end
@@ -261,7 +262,7 @@ end
 -- chunk boundaries.
 --
 -- The search never holds the loop: it runs in the calling task with the
--- step-counting matcher (moonbox._pattern), yielding to the loop every
+-- step-counting matcher (moonbox.lib.pattern), yielding to the loop every
 -- LOG_SEARCH.sliceMs, and resumes where the last search could still match
 -- instead of searching the whole log again after each chunk. One search of
 -- the log may take LOG_SEARCH.baseSteps plus stepsPerByte per byte it
@@ -500,7 +501,7 @@ function Session:startProcess(command, opts)
   p._timers, p._pipes = {}, {}
   p._oom_before = limits.oom_kills(sb.limits_state)
   sb.processes[id] = p
-  -- proc mode finds what left the tree by this (_tree.proc_tree)
+  -- proc mode finds what left the tree by this (tree.proc_tree)
   sb.process_spawns = (sb.process_spawns or 0) + 1
   p._marker = tree.owner(sb.id, self.id) .. "/p" .. sb.process_spawns
 
@@ -783,6 +784,13 @@ function M.kill_all(sb, session_id)
     p:_close_pipes()
   end
   return #victims
+end
+
+-- A part of Session (lib/compose.lua): the process calls; a session's (or,
+-- at destroy, every session's) processes end, as "killed", before its shell.
+function M.install(class, hooks)
+  compose.methods(class, Session, "process")
+  compose.add(hooks, "session_ending", M.kill_all)
 end
 
 return M

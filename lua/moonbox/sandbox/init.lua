@@ -1,6 +1,6 @@
 -- Sandbox: a directory (root, holding workspace/) with sessions and a
 -- policy; under isolation = "namespaces" also its own namespaces, entered
--- through a sandbox init (_isolation). Its own methods run in the default
+-- through a sandbox init (sandbox/isolation.lua). Its own methods run in the default
 -- session. Same id in one process -> same object.
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
@@ -18,6 +18,8 @@ local prewarm = require "moonbox.sandbox.prewarm"
 local root_mod = require "moonbox.sandbox.root"
 local userns = require "moonbox.sandbox.userns"
 local spawn_rules = require "moonbox.sandbox.spawn"
+local kernels = require "moonbox.code.kernels"
+local compose = require "moonbox.lib.compose"
 
 local M = {}
 
@@ -179,7 +181,7 @@ function M.getSandbox(id, opts)
         network = network,
         hostname = policy.hostname or id,
         tmpBytes = policy.limits.tmpBytes,
-        kernels = require("moonbox.code").kernel_dir(),
+        kernels = kernels.dir(),
         extra = policy.mounts,
         idmap = idmap,
         userns = policy.userns,
@@ -195,7 +197,7 @@ function M.getSandbox(id, opts)
       self.init_pid = init:pid()
       self.fs_root = "/proc/" .. self.init_pid .. "/root"
       -- the shells' run directory, reached only through the sandbox's root
-      -- and on its own tmpfs (_shell.lua, Shell:_open_rundir)
+      -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
       self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
         self:_fs_creds(), "in_root")
       self.home = "/workspace"
@@ -244,7 +246,7 @@ end
 -- The file API's storage inside a namespaced sandbox: its own mounts.
 M.OWN_STORAGE = { "/workspace", "/tmp", "/root" }
 
--- A confinement (_fs.confine) of the file API: under namespaces rooted at
+-- A confinement (lib/fs.lua confine) of the file API: under namespaces rooted at
 -- the sandbox's root, paths resolved as its processes see them (in_root),
 -- every fd on one of the sandbox's own storage mounts (the workspace, /tmp,
 -- /root, the policy's mounts); without namespaces the root directory,
@@ -342,7 +344,7 @@ function Sandbox:_revive()
     network = self.init_network,
     hostname = policy.hostname or self.id,
     tmpBytes = policy.limits.tmpBytes,
-    kernels = require("moonbox.code").kernel_dir(),
+    kernels = kernels.dir(),
     extra = policy.mounts,
     idmap = self.idmap,
     userns = policy.userns,
@@ -375,7 +377,7 @@ function Sandbox:_revive()
   self.run_conf, self.fs_conf = run_conf, conf
 end
 
--- The one spawn spec (_spawn.lua): every process of this sandbox is started
+-- The one spawn spec (sandbox/spawn.lua): every process of this sandbox is started
 -- by core.spawn(sb:_spawn_spec{...}), which adds its namespaces, cgroups,
 -- rlimits, seccomp filter, capabilities and pipe ownership.
 function Sandbox:_spawn_spec(spec)
@@ -483,7 +485,7 @@ function Sandbox:_rundir(inside)
     conf = self.run_conf }
 end
 
--- A session shell (_shell.spawn) started in this sandbox; under namespaces
+-- A session shell (session/shell.lua spawn) started in this sandbox; under namespaces
 -- its per-command pipes are FIFOs in a directory of its own under .run.
 function Sandbox:_spawn_shell(opts)
   if self.init then
@@ -608,7 +610,7 @@ function Sandbox:deleteSession(id)
   self.sessions[id] = nil
   -- its processes first, so they end as "killed" (ours) before the session's
   -- sweep reaches them
-  require("moonbox.process").kill_all(self, id)
+  compose.run(session_mod.hooks, "session_ending", self, id)
   s:_destroy()
   return { success = true, sessionId = id, timestamp = util.timestamp() }
 end
@@ -703,14 +705,13 @@ function Sandbox:destroy(opts)
   -- kernel tears them all down while the steps below wait for each part,
   -- so destroy costs one exit latency, not one per part in turn
   if tree.mode() == "cgroup" then tree.kill_cgroup(tree.base() .. "/" .. self.cgroup_name) end
-  require("moonbox.process").kill_all(self)
+  compose.run(session_mod.hooks, "session_ending", self, nil) -- every session's processes
   self:_drop_spare()
   for id, s in pairs(self.sessions) do
     self.sessions[id] = nil
     if type(s) == "table" then s:_destroy() end
   end
-  require("moonbox.code").kill_all(self)
-  require("moonbox.terminal").close_all(self)
+  compose.run(session_mod.hooks, "sandbox_end", self) -- kernels, terminals
   if tree.mode() ~= "cgroup" then
     tree.kill_marked("MOONBOX_OWNER", tree.owner(self.id, ""), async.sleep, true) -- prefix: every session
   end
@@ -753,20 +754,26 @@ function Sandbox:destroy(opts)
   return { success = true, id = self.id, timestamp = util.timestamp() }
 end
 
--- The sandbox's own methods run in the default session: any public session
--- method the sandbox does not define itself is forwarded (modules such as
--- files and processes add their methods to the Session class).
-setmetatable(Sandbox, {
-  __index = function(_, name)
-    local method = type(name) == "string" and not name:match("^_") and session_mod.Session[name]
-    if type(method) ~= "function" then return nil end
-    return function(self, ...)
-      local session = self:_default()
-      return method(session, ...)
-    end
-  end,
-})
 M.Sandbox = Sandbox
+
+-- Sandbox's parts (lib/compose.lua), installed here and nowhere else; the
+-- hooks are the one table Session's parts register on (session/init.lua).
+for _, part in ipairs {
+  require "moonbox.sandbox.ports", -- exposePort, unexposePort, getExposedPorts
+  require "moonbox.files.backup",  -- createBackup, restoreBackup
+} do
+  part.install(Sandbox, session_mod.hooks, M)
+end
+
+-- The sandbox's own methods run in the default session: every public
+-- Session method (its parts' included) the sandbox does not define itself
+-- gets a forwarder, made here once both classes are complete.
+for name, method in pairs(session_mod.Session) do
+  if type(name) == "string" and not name:match("^_") and type(method) == "function"
+    and rawget(Sandbox, name) == nil then
+    Sandbox[name] = function(self, ...) return method(self:_default(), ...) end
+  end
+end
 
 function M.all() return registry end
 

@@ -180,7 +180,7 @@ end
 -- opts: network ("none" | "host"), hostname, tmpBytes (each writable tmpfs),
 -- kernels, extra (policy mounts), idmap (M.idmap), userns (policy userns),
 -- cgroups (dirs the init joins), on_exit, deferred (build the root without
--- the workspace and stay outside it: _prewarm).
+-- the workspace and stay outside it: sandbox/prewarm.lua).
 function M.start(sb, opts)
   local idmap = opts.idmap
   local uid_map = ("0 %d %d\n"):format(idmap.uid, idmap.count)

@@ -11,8 +11,8 @@
 -- sandbox's network namespace. Nothing listens on the host for a port.
 local errors = require "moonbox.errors"
 local V = require "moonbox.lib.validate"
-local sandbox_mod = require "moonbox.sandbox"
-local Sandbox = sandbox_mod.Sandbox
+local compose = require "moonbox.lib.compose"
+local Sandbox = {} -- this part's methods, installed by sandbox/init.lua (M.install)
 
 local M = {}
 
@@ -89,6 +89,12 @@ function Sandbox:getExposedPorts()
   for _, e in pairs(self._ports or {}) do out[#out + 1] = entry_table(self, e) end
   table.sort(out, function(a, b) return a.port < b.port end)
   return out
+end
+
+-- A part of Sandbox (lib/compose.lua): exposePort, unexposePort,
+-- getExposedPorts.
+function M.install(class)
+  compose.methods(class, Sandbox, "ports")
 end
 
 return M

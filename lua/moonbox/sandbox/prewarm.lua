@@ -10,6 +10,7 @@ local async = require "moonbox.async"
 local policy_mod = require "moonbox.policy"
 local isolation_mod = require "moonbox.sandbox.isolation"
 local shell_mod = require "moonbox.session.shell"
+local kernels = require "moonbox.code.kernels"
 local seccomp = require "moonbox.sandbox.seccomp"
 local spawn_rules = require "moonbox.sandbox.spawn"
 local tree = require "moonbox.process.tree"
@@ -81,7 +82,7 @@ local function make()
   local init, namespaces = isolation_mod.start({}, {
     network = network, hostname = "moonbox", tmpBytes = policy.limits.tmpBytes,
     idmap = s.idmap, userns = policy.userns,
-    kernels = require("moonbox.code").kernel_dir(), extra = policy.mounts, deferred = true,
+    kernels = kernels.dir(), extra = policy.mounts, deferred = true,
     cgroups = cgroups, on_exit = function() if s.owner then s.owner() end end,
   })
   if not init then drop(s) return nil end

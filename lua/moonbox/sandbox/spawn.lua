@@ -11,7 +11,7 @@
 --   * pipe ownership: root inside owns the pipes (a script reopens /dev/stdin),
 --   * cgroups: the v1 limit directories (extra_cgroups); in cgroup mode the
 --     process starts in a cgroup below the sandbox's, never elsewhere,
---   * rlimits and the seccomp filter of the sandbox's policy (_limits.lua).
+--   * rlimits and the seccomp filter of the sandbox's policy (sandbox/limits.lua).
 -- A call site that sets any of these itself is a bug: it is refused, so no
 -- site can weaken (or forget) the sandbox's rules.
 -- The environment stays the call site's: it is the session's (policy env <
@@ -20,7 +20,7 @@
 --
 -- rules: {init (isolation init or nil), cap_keep, idmap = {count, uid, gid},
 --   cgroup_dir (the sandbox's cgroup v2 directory, cgroup mode), limits =
---   {extra_cgroups, rlimits, seccomp} (a _limits.setup result)}
+--   {extra_cgroups, rlimits, seccomp} (a sandbox/limits.lua setup result)}
 local M = {}
 
 local RESERVED = { "sandbox", "no_new_privs", "cap_keep", "pipe_uid", "pipe_gid", "extra_cgroups", "rlimits",

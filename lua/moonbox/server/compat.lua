@@ -317,7 +317,7 @@ function H.watch_check(ctx)
   end)
 end
 
--- backups: squashfs archives at paths in the sandbox (lua/moonbox/backup.lua)
+-- backups: squashfs archives at paths in the sandbox (lua/moonbox/files/backup.lua)
 
 function H.backup_create(ctx)
   return in_session(ctx, false, function(s)

@@ -1,4 +1,4 @@
--- The proxy to exposed ports (issue #16; lua/moonbox/ports.lua): HTTP and
+-- The proxy to exposed ports (issue #16; lua/moonbox/sandbox/ports.lua): HTTP and
 -- WebSocket requests to
 --   /v1/sandboxes/{id}/ports/{port}/...   (the path form), and
 --   http://{port}-{id}.localhost:<serve port>/...   (the host-name form)

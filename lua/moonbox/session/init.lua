@@ -1,4 +1,4 @@
--- ExecutionSession: a persistent shell (see _shell.lua) with its own env and
+-- ExecutionSession: a persistent shell (see session/shell.lua) with its own env and
 -- cwd, a FIFO of calls, timeouts that kill the command's whole tree, and a
 -- fresh shell restored to the last known cwd and exported env whenever the
 -- old one died. Docs: docs/sessions.md.
@@ -14,6 +14,7 @@ local budget = require "moonbox.session.budget"
 local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
 local policy_mod = require "moonbox.policy"
+local compose = require "moonbox.lib.compose"
 
 local M = {}
 
@@ -87,7 +88,7 @@ end
 
 function Session:_start_shell()
   local env = self:current_env()
-  -- proc mode: processes that leave the tree stay attributable (_tree.lua)
+  -- proc mode: processes that leave the tree stay attributable (process/tree.lua)
   env.MOONBOX_OWNER = tree.owner(self.sandbox.id, self.id)
   local sh, err, code = self.sandbox:_spawn_shell {
     env = env,
@@ -433,7 +434,7 @@ end
 
 -- Collects output into a bounded result; every kept byte also goes to
 -- onOutput, in order. Kept bytes also count against the runtime-wide
--- budget (lua/moonbox/_budget.lua, limits.maxBufferedBytes) until c.release().
+-- budget (lua/moonbox/session/budget.lua, limits.maxBufferedBytes) until c.release().
 local function collector(limit, on_output, budget_ceiling)
   local c = { stdout = {}, stderr = {}, size = { stdout = 0, stderr = 0 }, truncated = false,
     dropped = { stdout = 0, stderr = 0 }, held = 0 }
@@ -610,6 +611,7 @@ end
 function Session:_destroy()
   if self.destroyed then return end
   self.destroyed = true
+  compose.run(M.hooks, "session_end", self)
   local sh = self.shell
   if self.cgroup then
     tree.kill_cgroup(self.cgroup)
@@ -633,6 +635,20 @@ function Session:_destroy()
   local waiters = self.queue.waiters
   self.queue.waiters = {}
   for _, w in ipairs(waiters) do w.resume() end
+end
+
+-- Session's parts (lib/compose.lua), installed here and nowhere else: each
+-- adds its methods and registers its hooks, which Session:_destroy and the
+-- sandbox (deleteSession, destroy) run.
+M.hooks = compose.hooks()
+for _, part in ipairs {
+  require "moonbox.process",       -- startProcess, listProcesses, ...
+  require "moonbox.files",         -- readFile, writeFile, listFiles, watch, gitCheckout, ...
+  require "moonbox.files.changes", -- checkChanges (a kept watch)
+  require "moonbox.code",          -- createCodeContext, runCode, ...
+  require "moonbox.terminal",      -- terminal()
+} do
+  part.install(Session, M.hooks, M)
 end
 
 return M

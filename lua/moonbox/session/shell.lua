@@ -35,7 +35,7 @@
 -- hello): a command, which runs in this shell and can write on its fds,
 -- cannot forge one (docs/sessions.md, src/bash/report_builtin.c).
 --
--- A body that is a plain external command line (_simple_command) comes as
+-- A body that is a plain external command line (session/simple_command.lua) comes as
 -- shape 5 or 6: the shell's __mb_run builtin reads the body's words and
 -- posix_spawns the command instead of forking (src/bash/spawn_builtin.c),
 -- or, when the shell's own state says the word is no file command, sources
@@ -325,7 +325,7 @@ function M.spawn(opts)
     local ok, err, code = self:_open_rundir(opts.rundir)
     if not ok then return nil, err, code end
   end
-  -- the sandbox's rules (_spawn.lua): a shell without them is never started
+  -- the sandbox's rules (sandbox/spawn.lua): a shell without them is never started
   local spec_of = assert(opts.spawn_spec, "shell spawn: no spawn_spec")
   local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [CONTROL_FD] = "in", [PRELUDE_FD] = "in" }
   if M.load_builtins then stdio[BUILTIN_FD] = spawn_builtin_fd() end

@@ -7,7 +7,8 @@ local errors = require "moonbox.errors"
 local tree = require "moonbox.process.tree"
 local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
-local Session = require("moonbox.session").Session
+local compose = require "moonbox.lib.compose"
+local Session = {} -- this part's methods, installed by session/init.lua (M.install)
 
 local Terminal = {}
 Terminal.__index = Terminal
@@ -205,6 +206,13 @@ local M = { Terminal = Terminal }
 
 function M.close_all(sb)
   for t in pairs(sb.terminals or {}) do pcall(t.close, t) end
+end
+
+-- A part of Session (lib/compose.lua): session:terminal(); a sandbox's
+-- terminals close once its sessions are gone.
+function M.install(class, hooks)
+  compose.methods(class, Session, "terminal")
+  compose.add(hooks, "sandbox_end", M.close_all)
 end
 
 return M
