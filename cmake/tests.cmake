@@ -94,7 +94,7 @@ else()
 endif()
 
 # The session shell's start-up script is bash in a file of its own
-# (share/shell/prelude.bash, loaded by lua/moonbox/_shell.lua): it must parse,
+# (share/shell/prelude.bash, loaded by lua/moonbox/session/shell.lua): it must parse,
 # and shellcheck must find nothing in it (its few exceptions say why).
 find_program(BASH_BIN bash)
 find_program(SHELLCHECK_BIN shellcheck)

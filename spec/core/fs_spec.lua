@@ -1054,7 +1054,7 @@ describe("fs_*_beneath helpers with a callback (issue #14: on the thread pool)",
     assert.is_true(exists(root .. "/a/kept"))
   end)
 
-  it("are awaited in a task through _fs.awaited, and synchronous outside one", function()
+  it("are awaited in a task through lib/fs.lua's awaited, and synchronous outside one", function()
     local root = make_root()
     assert.are.equal("directory", fs.awaited.stat_beneath(root, "a/b").type)
     ret_fails("PATH_OUTSIDE_SANDBOX", fs.awaited.stat_beneath(root, "../outside"))
@@ -1072,7 +1072,7 @@ describe("fs_*_beneath helpers with a callback (issue #14: on the thread pool)",
   end)
 end)
 
--- ---- moonbox._fs ----------------------------------------------------------
+-- ---- moonbox.lib.fs ----------------------------------------------------------
 
 describe("moonbox.lib.fs", function()
   it("returns nil, message, CODE instead of raising", function()
@@ -1254,7 +1254,7 @@ describe("fs_confine", function()
       ret_fails("EXDEV", core.fs_rename_beneath(conf, rel .. "/victim", rel .. "/moved"))
       ret_fails("EXDEV", core.fs_scandir_beneath(conf, rel))
       ret_fails("EXDEV", core.fs_where_beneath(conf, rel))
-      -- the _fs wrappers name it as the file API does
+      -- the lib/fs.lua wrappers name it as the file API does
       local _, _, code = fs.stat_beneath(conf, rel .. "/victim")
       assert.are.equal("PATH_OUTSIDE_SANDBOX", code)
       local fd = assert(core.fs_open_beneath(conf, "proc/self/status", "r"))

@@ -1,5 +1,5 @@
 -- core.fs_remove_tree and core.fs_lock (src/fs_tree.c) through their
--- moonbox._fs wrappers: a tree of any depth goes without path strings and
+-- moonbox.lib.fs wrappers: a tree of any depth goes without path strings and
 -- without following a symlink; a root's lock is one open file's at a time.
 local core = require "moonbox.core"
 local fs = require "moonbox.lib.fs"

@@ -1,4 +1,4 @@
--- Backups (lua/moonbox/backup.lua): squashfs archives of a sandbox
+-- Backups (lua/moonbox/files/backup.lua): squashfs archives of a sandbox
 -- directory, stored under the runtime's home, restored exactly; expiry,
 -- listing, deletion, and the failure modes.
 local moonbox = require "moonbox"

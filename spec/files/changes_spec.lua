@@ -1,4 +1,4 @@
--- checkChanges (lua/moonbox/changes.lua): a kept watch per path and options,
+-- checkChanges (lua/moonbox/files/changes.lua): a kept watch per path and options,
 -- versions that say whether anything changed since, resync when the state
 -- that made a version is gone.
 local changes = require "moonbox.files.changes"

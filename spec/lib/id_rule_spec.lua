@@ -1,4 +1,4 @@
--- The one id rule (lua/moonbox/_validate.lua, V.id): session, process and
+-- The one id rule (lua/moonbox/lib/validate.lua, V.id): session, process and
 -- code context ids, and ids taken from an HTTP path, are 1-128 characters
 -- [A-Za-z0-9_.-], not "." or "..". The cases below are where the copies had
 -- drifted apart: code contexts took any length, process ids took "." and

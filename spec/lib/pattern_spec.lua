@@ -1,4 +1,4 @@
--- moonbox._pattern: the step-counting Lua pattern matcher. Its results must
+-- moonbox.lib.pattern: the step-counting Lua pattern matcher. Its results must
 -- be string.find's and string.match's, on fixed cases and on random ones.
 local P = require "moonbox.lib.pattern"
 

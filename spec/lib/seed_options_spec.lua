@@ -1,4 +1,4 @@
--- The seed SDK's option names (lua/moonbox/_seed_options.lua): accepted
+-- The seed SDK's option names (lua/moonbox/lib/seed_options.lua): accepted
 -- where they mean something here, refused naming the moonbox equivalent
 -- where they do not.
 local core = require "moonbox.core"

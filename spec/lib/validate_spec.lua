@@ -1,4 +1,4 @@
--- Argument checks (lua/moonbox/_validate.lua): what a caller's mistake reads as.
+-- Argument checks (lua/moonbox/lib/validate.lua): what a caller's mistake reads as.
 local V = require "moonbox.lib.validate"
 
 local function refused(fn, ...)

@@ -1,4 +1,4 @@
--- The one spawn spec (lua/moonbox/_spawn.lua): every kind of process a
+-- The one spawn spec (lua/moonbox/sandbox/spawn.lua): every kind of process a
 -- sandbox runs carries the sandbox's rules. Each is read back from the
 -- outside (/proc/<pid>/status, /proc/<pid>/cgroup, /proc/<pid>/limits of the
 -- runtime's view), and a command's from the inside (/proc/self), which is

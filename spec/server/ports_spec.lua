@@ -1,4 +1,4 @@
--- Exposed ports (lua/moonbox/ports.lua) and the proxy of `moonbox serve`
+-- Exposed ports (lua/moonbox/sandbox/ports.lua) and the proxy of `moonbox serve`
 -- to them (lua/moonbox/server/proxy.lua): a dev server started with
 -- startProcess inside a sandbox (network "none" under isolation) reached
 -- through both URL forms, over HTTP (static files, a request body, a chunked

@@ -1,5 +1,5 @@
 -- The runtime-wide budget for buffered exec output (issue #18,
--- limits.maxBufferedBytes, lua/moonbox/_budget.lua): a call that would pass
+-- limits.maxBufferedBytes, lua/moonbox/session/budget.lua): a call that would pass
 -- it keeps what fits and says truncated = true; the bytes are given back
 -- when the result is handed over.
 local moonbox = require "moonbox"
