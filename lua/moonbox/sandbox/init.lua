@@ -337,7 +337,7 @@ function Sandbox:_revive()
   pcall(old.close, old)
   local spare = self.spare
   self.spare = nil
-  if spare and not spare.dead then spare:kill("SIGKILL") end
+  if spare and spare:alive() then spare:kill("SIGKILL") end
   local policy = self.policy
   local token = {}
   local init, namespaces, code = isolation_mod.start(self, {
@@ -501,7 +501,7 @@ end
 function Sandbox:_drop_spare()
   local spare = self.spare
   self.spare = nil
-  if spare and not spare.dead then
+  if spare and spare:alive() then
     spare:kill("SIGKILL")
     spare:wait_exit()
   end
@@ -512,9 +512,9 @@ function Sandbox._known_pids()
   local known = {}
   for _, sb in pairs(registry) do
     for _, s in pairs(sb.sessions) do
-      if type(s) == "table" and s.shell and not s.shell.dead then known[s.shell.pid] = true end
+      if type(s) == "table" and s.shell and s.shell:alive() then known[s.shell.pid] = true end
     end
-    if sb.spare and not sb.spare.dead then known[sb.spare.pid] = true end
+    if sb.spare and sb.spare:alive() then known[sb.spare.pid] = true end
   end
   return known
 end

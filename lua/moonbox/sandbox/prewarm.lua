@@ -51,7 +51,7 @@ M.key_of = key_of
 
 local function drop(s)
   if not s then return end
-  if s.shell and not s.shell.dead then s.shell:kill("SIGKILL") end
+  if s.shell and s.shell:alive() then s.shell:kill("SIGKILL") end
   if s.init then s.init:close() end
   if s.cgroup_name then
     local dir = tree.base() .. "/" .. s.cgroup_name
@@ -138,7 +138,7 @@ function M.ready() return spare ~= nil end
 -- becomes the sandbox's (cgroup v2 cannot rename one).
 function M.claim(key, hostname, workspace, on_exit)
   local s = spare
-  if not s or s.key ~= key or s.shell.dead then return nil end
+  if not s or s.key ~= key or not s.shell:alive() then return nil end
   spare = nil
   schedule_refill()
   local ok = s.init:finish(hostname, workspace, "/workspace")

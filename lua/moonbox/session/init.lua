@@ -64,18 +64,17 @@ end
 -- costs one command instead of a bash start-up): move it into our cgroup,
 -- then set our cwd and env in it. false if it could not be set up.
 function Session:_adopt(sh)
-  if self.cgroup and sh.cgroup ~= self.cgroup and sh.cgroup ~= self.cmd_cgroup then
-    tree.move(self.cgroup, sh.pid)
-    sh.cgroup = self.cgroup
+  if self.cgroup and not sh:in_cgroup(self.cgroup) and not sh:in_cgroup(self.cmd_cgroup) then
+    sh:move_to(self.cgroup)
   end
   local want = util.copy(self.env)
   want.MOONBOX_OWNER = tree.owner(self.sandbox.id, self.id)
   local lines = { "cd -- " .. util.shell_quote(self.cwd) .. " || exit 1" }
-  for k in pairs(sh.spawn_env) do
+  for _, k in ipairs(sh:spawn_env_names()) do
     if want[k] == nil then lines[#lines + 1] = "unset " .. k end
   end
   for k, v in pairs(want) do
-    if sh.spawn_env[k] ~= v then lines[#lines + 1] = ("export %s=%s"):format(k, util.shell_quote(v)) end
+    if sh:spawn_env_of(k) ~= v then lines[#lines + 1] = ("export %s=%s"):format(k, util.shell_quote(v)) end
   end
   local record = sh:run { body = table.concat(lines, "\n") .. "\n", on_chunk = function() end }
   if record.died or record.exiting or record.status ~= 0 then
@@ -131,7 +130,7 @@ end
 function Session:_cmd_cgroup(sh)
   if not self.cgroup then return nil end
   local cg = self.cmd_cgroup
-  if cg and sh.cgroup == cg then
+  if cg and sh:in_cgroup(cg) then
     local alone = true
     for _, pid in ipairs(tree.cgroup_pids(cg)) do
       if pid ~= sh.pid then alone = false break end
@@ -139,8 +138,7 @@ function Session:_cmd_cgroup(sh)
     if alone then return cg end
   end
   cg = self:_new_cmd_cgroup()
-  tree.move(cg, sh.pid)
-  sh.cgroup = cg
+  sh:move_to(cg)
   return cg
 end
 
@@ -206,7 +204,7 @@ function Session:_finish_kill(sh, deadline)
     tree.kill_cgroup(cg)
     tree.remove_when_empty(cg, async.sleep)
     self.cmd_cgroup = nil
-  elseif not sh.dead then
+  elseif sh:alive() then
     local function leftovers() return self:_proc_command_pids(sh) end
     while #leftovers() > 0 and util.now_ms() < deadline do async.sleep(10) end
     for _ = 1, 50 do
@@ -295,7 +293,7 @@ function Session:_run(command, opts, sink)
     timed_out = true
     local grace = sb.policy.limits.timeoutGraceMs
     grace_deadline = util.now_ms() + grace
-    if sh.dead then return end
+    if not sh:alive() then return end
     local termed = {}
     -- the shell first: its trap is pending before the command it waits
     -- for dies, so it returns from the body instead of going on with the
@@ -307,15 +305,15 @@ function Session:_run(command, opts, sink)
     local again = core.timer()
     timers[4] = again
     again:start(20, 20, function()
-      if not sh.dead then sh:interrupt() self:_signal_command("SIGTERM", termed) end
+      if sh:alive() then sh:interrupt() self:_signal_command("SIGTERM", termed) end
     end)
     timers[2] = after(grace, function()
       again:stop()
-      if sh.dead or sh.waiting == nil then return end
+      if not sh:alive() or not sh:busy() then return end
       self:_signal_command("SIGKILL")
       -- a shell busy in a builtin loop never reports: end it too
       timers[3] = after(grace, function()
-        if not sh.dead and sh.waiting then sh:kill("SIGKILL") end
+        if sh:alive() and sh:busy() then sh:kill("SIGKILL") end
       end)
     end)
   end
@@ -370,7 +368,7 @@ end
 -- descendants and marked orphans); the next command starts a fresh shell.
 function Session:_kill_shell(sh)
   if self.cgroup then tree.kill_cgroup(self.cgroup)
-  elseif not sh.dead then tree.signal_pids(tree.descendants(sh.pid), "SIGKILL") end
+  elseif sh:alive() then tree.signal_pids(tree.descendants(sh.pid), "SIGKILL") end
   sh:kill("SIGKILL")
 end
 
@@ -381,10 +379,9 @@ function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grac
   for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
   local timed_out = grace_deadline and true or false
 
-  if cmd_cg and timed_out and not sh.dead then
+  if cmd_cg and timed_out and sh:alive() then
     -- the shell leaves, what is left of the command is killed with the cgroup
-    tree.move(self.cgroup, sh.pid)
-    sh.cgroup = self.cgroup
+    sh:move_to(self.cgroup)
   end
   if #held_stderr > 0 then
     local text = table.concat(held_stderr):gsub("[^\n]*%d+ ?[%a ]*%f[%a](Terminated)[^\n]*\n", "")
@@ -417,7 +414,7 @@ function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grac
   if record.exiting and not self.destroyed then
     -- the EXIT trap ran; a shell killed by a signal (kill $$) reports 128+N
     sh:wait_exit(2000)
-    if sh.exit_signal and sh.exit_signal > 0 then exit_code = 128 + sh.exit_signal end
+    exit_code = sh:exit_status(exit_code)
   end
   if not info then return end
   local cancelled = info.cancelled
@@ -615,7 +612,7 @@ function Session:_destroy()
   local sh = self.shell
   if self.cgroup then
     tree.kill_cgroup(self.cgroup)
-  elseif sh and not sh.dead then
+  elseif sh and sh:alive() then
     -- the shell's process group first: its background jobs stay in it
     -- (no job control), and one kill(2) reaches a fork bomb's every member
     -- (the live shell pins the group id)
@@ -626,7 +623,7 @@ function Session:_destroy()
     -- also what left the shell's tree (setsid, double fork): it carries our marker
     tree.kill_marked("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
   end
-  if sh and not sh.dead then
+  if sh and sh:alive() then
     sh:kill("SIGKILL")
     sh:wait_exit()
   end

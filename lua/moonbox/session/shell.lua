@@ -52,6 +52,7 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local fs = require "moonbox.lib.fs"
+local tree = require "moonbox.process.tree"
 
 local M = {}
 
@@ -505,6 +506,36 @@ end
 
 function Shell:usable()
   return not self.dead and not self.exiting
+end
+
+-- What a session asks of its shell (Session never reads or writes the
+-- shell's fields; pid is the one read-only field it uses, for signals and
+-- process trees).
+-- alive() -> false once the shell process has exited.
+function Shell:alive() return not self.dead end
+-- busy() -> true while a command sent with start() has not reported.
+function Shell:busy() return self.waiting ~= nil end
+-- in_cgroup(cg) -> whether the shell is (as far as we moved it) in cg.
+function Shell:in_cgroup(cg) return self.cgroup == cg end
+-- move_to(cg): the shell process moves into cgroup cg (a path under
+-- tree.base()); what it starts from now on is born there.
+function Shell:move_to(cg)
+  tree.move(cg, self.pid)
+  self.cgroup = cg
+end
+-- spawn_env_of(k) -> the value of k in the environment the shell started with.
+function Shell:spawn_env_of(k) return self.spawn_env[k] end
+-- spawn_env_names() -> the names of that environment.
+function Shell:spawn_env_names()
+  local names = {}
+  for k in pairs(self.spawn_env) do names[#names + 1] = k end
+  return names
+end
+-- exit_status(status) -> status, or 128+N for a shell that ended by signal N
+-- (kill $$); call after wait_exit.
+function Shell:exit_status(status)
+  if self.exit_signal and self.exit_signal > 0 then return 128 + self.exit_signal end
+  return status
 end
 
 -- A command sent to the shell. wait() (in a task) -> its record; a wait
