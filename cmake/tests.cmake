@@ -56,7 +56,7 @@ if(SPEC_FILES)
 foreach(spec spec/session/session_spec.lua spec/process/process_spec.lua spec/files/files_spec.lua spec/code/code_spec.lua
         spec/terminal/terminal_spec.lua spec/security/containment_spec.lua spec/contract_spec.lua
         spec/session/spawn_builtin_spec.lua spec/security/fail_closed_spec.lua spec/security/file_race_spec.lua
-        spec/hostile/session_spec.lua spec/security/spawn_spec_spec.lua)
+        spec/hostile/session_spec.lua spec/security/spawn_spec_spec.lua spec/sandbox/sandbox_spec.lua)
   string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
   string(REPLACE "/" "." name ${name})
   add_test(NAME spec.${name}.no-namespaces

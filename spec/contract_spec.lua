@@ -1,5 +1,6 @@
 -- Contract details of /work/shared/API.md found to deviate in an audit, one
 -- `it` per fixed deviation, observable results only.
+local core = require "moonbox.core"
 local with_sandbox = helper.with_sandbox
 local error_of = helper.error_of
 
@@ -144,8 +145,17 @@ end)
 describe("contract: files", function()
   it("moves files and directories between /workspace and the private /tmp", function()
     with_sandbox(function(sb)
-      if sb:info().isolation ~= "namespaces" then return end -- /tmp is the host's there
       sb:exec("mkdir -p tree/a && echo 1 > tree/a/f && echo run > script && chmod 755 script")
+      if sb:info().isolation ~= "namespaces" then
+        -- /tmp is the host's there: out of the file API's reach, both ways
+        local name = "/tmp/moonbox-contract-" .. core.getpid()
+        assert.equal("PATH_OUTSIDE_SANDBOX", error_of(sb.moveFile, sb, "/workspace/script", name).code)
+        assert.equal("PATH_OUTSIDE_SANDBOX", error_of(sb.moveFile, sb, "/workspace/tree", "/tmp").code)
+        assert.is_nil(io.open(name))
+        assert.is_true(sb:exists("/workspace/script").exists)
+        assert.equal("1\n", sb:readFile("/workspace/tree/a/f").content)
+        return
+      end
       local r = sb:moveFile("/workspace/script", "/tmp/script")
       assert.equal("/tmp/script", r.newPath)
       assert.equal("run\n", sb:exec("/tmp/script >/dev/null; cat /tmp/script").stdout)
@@ -164,7 +174,12 @@ describe("contract: files", function()
 
   it("names entries under /tmp by their sandbox paths", function()
     with_sandbox(function(sb)
-      if sb:info().isolation ~= "namespaces" then return end
+      if sb:info().isolation ~= "namespaces" then
+        -- /tmp is the host's there: the file API does not list or name it
+        assert.equal("PATH_OUTSIDE_SANDBOX", error_of(sb.listFiles, sb, "/tmp").code)
+        assert.equal("PATH_OUTSIDE_SANDBOX", error_of(sb.mkdir, sb, "/tmp/moonbox-into-" .. core.getpid()).code)
+        return
+      end
       sb:exec("mkdir -p /tmp/lv/sub && touch /tmp/lv/sub/b")
       local r = sb:listFiles("/tmp/lv", { recursive = true })
       assert.equal("/tmp/lv", r.path)
