@@ -1,9 +1,11 @@
--- Files API (lua/moonbox/files.lua): one `it` per behaviour, failure modes
+-- Files API (lua/moonbox/files/init.lua): one `it` per behaviour, failure modes
 -- first. Every test runs as a task in a sandbox with a fresh root, destroyed
 -- at the end; run_task fails a test that leaves a handle or process behind.
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
 local files = require "moonbox.files"
+local watch_mod = require "moonbox.files.watch"
+local git_mod = require "moonbox.files.git"
 
 local seq = 0
 local mkdtemp = helper.mkdtemp
@@ -282,7 +284,15 @@ describe("files: confinement", function()
 
   it("reaches the sandbox's own /tmp and /root under namespaces, not its system directories", function()
     with_sandbox(function(sb)
-      if sb:info().isolation ~= "namespaces" then return end
+      if sb:info().isolation ~= "namespaces" then
+        -- there /tmp and /root are the host's: out of reach, nothing written
+        local name = "/tmp/moonbox-files-" .. core.getpid() .. ".txt"
+        fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, name, "tmp")
+        fails("PATH_OUTSIDE_SANDBOX", sb.mkdir, sb, "/root/moonbox-files-" .. core.getpid())
+        fails("PATH_OUTSIDE_SANDBOX", sb.listFiles, sb, "/tmp")
+        assert.is_nil(io.open(name))
+        return
+      end
       sb:writeFile("/tmp/t.txt", "tmp")
       sb:mkdir("/root/d")
       sb:writeFile("/root/d/r.txt", "home")
@@ -331,7 +341,17 @@ describe("files: confinement", function()
 
   it("follows absolute symlinks as the sandbox's processes do, under namespaces", function()
     with_sandbox(function(sb)
-      if sb:info().isolation ~= "namespaces" then return end -- there an absolute link names a host path
+      if sb:info().isolation ~= "namespaces" then
+        -- there an absolute link names a host path: refused, even one that
+        -- leads back into the workspace by its host path
+        sb:exec("mkdir d && echo hi > d/t.txt && ln -s /workspace/d/t.txt alink && ln -s /etc/passwd pw" ..
+          " && ln -s \"$PWD/d/t.txt\" hostlink")
+        fails("PATH_OUTSIDE_SANDBOX", sb.readFile, sb, "alink")
+        fails("PATH_OUTSIDE_SANDBOX", sb.readFile, sb, "pw")
+        fails("PATH_OUTSIDE_SANDBOX", sb.readFile, sb, "hostlink")
+        assert.equal("hi\n", sb:readFile("d/t.txt").content)
+        return
+      end
       sb:exec("mkdir d && echo hi > d/t.txt && echo tt > /tmp/x && ln -s /workspace/d/t.txt alink" ..
         " && ln -s /workspace/d adir && ln -s /tmp tmpl && ln -s /etc/passwd pw && ln -s /usr/bin ub")
       assert.equal("hi\n", sb:readFile("alink").content)
@@ -894,19 +914,19 @@ describe("files: watch", function()
       { "[ab].md", "b.md", true }, { "[!ab].md", "b.md", false }, { "a.b", "axb", false },
     }
     for _, c in ipairs(cases) do
-      assert.equal(c[3], files.glob_matches(c[1], c[2]), c[1] .. " vs " .. c[2])
+      assert.equal(c[3], watch_mod.glob_matches(c[1], c[2]), c[1] .. " vs " .. c[2])
     end
   end)
 
   it("matches globs without backtracking blow-up, and refuses a malformed one (issue #14)", function()
     -- as Lua patterns these took (length ^ stars) steps on every event
     local t0 = os.clock()
-    assert.is_false(files.glob_matches(("*a"):rep(12) .. "*b", ("a"):rep(250)))
-    assert.is_true(files.glob_matches(("*a"):rep(12) .. "*b", ("a"):rep(250) .. "b"))
+    assert.is_false(watch_mod.glob_matches(("*a"):rep(12) .. "*b", ("a"):rep(250)))
+    assert.is_true(watch_mod.glob_matches(("*a"):rep(12) .. "*b", ("a"):rep(250) .. "b"))
     local deep = ("d/"):rep(200) .. "y"
-    assert.is_false(files.glob_matches(("**/"):rep(12) .. "x", deep))
-    assert.is_true(files.glob_matches(("**/"):rep(12) .. "y", deep))
-    assert.is_true(files.glob_matches("*[%]*", "50%"))
+    assert.is_false(watch_mod.glob_matches(("**/"):rep(12) .. "x", deep))
+    assert.is_true(watch_mod.glob_matches(("**/"):rep(12) .. "y", deep))
+    assert.is_true(watch_mod.glob_matches("*[%]*", "50%"))
     assert.is_true(os.clock() - t0 < 5) -- minutes without the fix
     with_sandbox(function(sb)
       fails("VALIDATION_FAILED", sb.watch, sb, ".", { include = { "[]" } })
@@ -991,7 +1011,7 @@ describe("files: gitCheckout", function()
       { "fatal: unable to access 'https://h/r.git/': Failed to connect to h port 443", "GIT_NETWORK_ERROR" },
       { "fatal: destination path 'r' already exists and is not an empty directory.", "GIT_CLONE_FAILED" },
     }
-    for _, c in ipairs(cases) do assert.equal(c[2], files.git_error_code(c[1]), c[1]) end
+    for _, c in ipairs(cases) do assert.equal(c[2], git_mod.git_error_code(c[1]), c[1]) end
   end)
 
   it("clones the default branch into /workspace/<repo name> and reports the branch checked out", function()

@@ -200,12 +200,12 @@ describe("api request checks", function()
 
   it("gives every error code the Lua layer raises a status, 500 only for runtime failures", function()
     -- every code the Lua layer raises: errors.raise/new/check("CODE", ...),
-    -- the errno table of files.lua and git's mapped codes
+    -- the errno table of files/paths.lua and git's mapped codes (files/git.lua)
     local codes = {}
     local src = os.getenv("MOONBOX_SOURCE_DIR") or "."
     local listing = helper.sh("grep -rhoE '(raise|errors\\.new|errors\\.check)\\(\"[A-Z][A-Z_]+\"' " .. src ..
       "/lua/moonbox --include=*.lua --exclude-dir=server; " ..
-      "grep -hoE 'return \"[A-Z][A-Z_]+\"' " .. src .. "/lua/moonbox/files/init.lua")
+      "grep -hoE 'return \"[A-Z][A-Z_]+\"' " .. src .. "/lua/moonbox/files/git.lua")
     for code in listing:gmatch('"([A-Z_]+)"') do codes[code] = true end
     for _, code in pairs(require("moonbox.files").code_for_errno) do codes[code] = true end
     local runtime_failures = { INTERNAL_ERROR = true, FILESYSTEM_ERROR = true, SHELL_START_FAILED = true,
@@ -259,6 +259,36 @@ describe("api request checks", function()
       if command:match("rm") then return nil, "no rm" end
       return command
     end } } })
+  end)
+
+  it("answers a hook that throws or returns a wrong type with 500 POLICY_ERROR naming the hook", function()
+    local ran = helper.mkdtemp()
+    with_api(function(call)
+      local status, body = call("POST", "/exec", { body = { command = "explode" } })
+      assert_error(500, "POLICY_ERROR", status, body)
+      assert.equal("onExec", body.context.hook)
+      assert.truthy(body.message:find("onExec", 1, true), body.message)
+      assert.truthy(body.message:find("hook exploded", 1, true), body.message)
+      -- a wrong type is the hook's bug, never an allow: the command never runs
+      status, body = call("POST", "/exec", { body = { command = "touch " .. ran .. "/ran" } })
+      assert_error(500, "POLICY_ERROR", status, body)
+      assert.equal("onExec", body.context.hook)
+      assert.truthy(body.message:find("onExec", 1, true), body.message)
+      status, body = call("POST", "/files/write", { body = { path = "f.txt", content = "x" } })
+      assert_error(500, "POLICY_ERROR", status, body)
+      assert.equal("onFile", body.context.hook)
+      assert.truthy(body.message:find("onFile", 1, true), body.message)
+      assert.equal(200, (call("POST", "/exec", { body = { command = "true" } })))
+    end, { home = home, policy = { hooks = {
+      onExec = function(_, command)
+        if command == "explode" then error("hook exploded") end
+        if command:find("touch", 1, true) then return 42 end
+        return true
+      end,
+      onFile = function(_, op, path) if op == "writeFile" then error({ "hook exploded" }) end return path end,
+    } } })
+    assert.equal("", helper.sh("ls -A " .. ran))
+    os.execute("rm -rf " .. ran)
   end)
 end)
 
