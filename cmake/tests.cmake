@@ -227,6 +227,33 @@ elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("deploy.routing deploy.manifests" "needs python3")
 endif()
 
+# The documents' code blocks run against this build and what they print is
+# compared with what the documents show (spec/doc-blocks.lua, with the
+# examples' matcher): docs/tutorial.md, and docs/http-api.md against a live
+# `moonbox serve` the test starts on a free port with a token file.
+find_program(CURL_BIN curl)
+find_program(JQ_BIN jq)
+if(NOT MOONBOX_SANITIZE)
+  if(CURL_BIN AND PYTHON3_BIN)
+    add_test(NAME doc.tutorial
+      COMMAND $<TARGET_FILE:moonbox_cli> spec/doc-blocks.lua docs/tutorial.md
+      WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(doc.tutorial PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 600
+      PASS_REGULAR_EXPRESSION "doc-blocks: docs/tutorial.md: ok")
+  else()
+    moonbox_skip("doc.tutorial" "needs curl and python3")
+  endif()
+  if(CURL_BIN AND JQ_BIN AND PYTHON3_BIN)
+    add_test(NAME doc.http_api
+      COMMAND $<TARGET_FILE:moonbox_cli> spec/doc-blocks.lua docs/http-api.md --serve
+      WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(doc.http_api PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 600
+      PASS_REGULAR_EXPRESSION "doc-blocks: docs/http-api.md: ok")
+  else()
+    moonbox_skip("doc.http_api" "needs curl, jq and python3")
+  endif()
+endif()
+
 if(MOONBOX_SKIPPED_TESTS)
   string(REPLACE ";" "\n  " skipped "${MOONBOX_SKIPPED_TESTS}")
   message(STATUS "moonbox: test groups left out:\n  ${skipped}")
