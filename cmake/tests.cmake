@@ -187,7 +187,10 @@ if(NOT MOONBOX_SANITIZE)
 endif()
 
 # `cpack -G DEB` for /usr (a second build in <build>/package-test), the
-# package's fields, files and Depends, and the quickstart from it unpacked.
+# package's fields, files and Depends, and the quickstart from it unpacked;
+# as root also `apt-get install ./moonbox_*.deb` on this machine, the
+# quickstart from /usr, and `apt-get remove` (not done, with the reason
+# printed, where moonbox or any file of the package is there already).
 find_program(DPKG_DEB_BIN dpkg-deb)
 if(DPKG_DEB_BIN AND NOT MOONBOX_SANITIZE)
   add_test(NAME install.deb
