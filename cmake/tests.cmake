@@ -230,6 +230,26 @@ elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("deploy.routing deploy.manifests" "needs python3")
 endif()
 
+# A fresh machine: the no-namespaces variant of a few suites inside bwrap
+# over a clean minimal tree (system dirs read-only, empty /tmp, /home, /root,
+# /var, /srv, /opt; no /workspace; no MOONBOX_HOME): no spec may need the
+# host's directories, users or leftovers (spec/fresh-root.sh, docs/testing.md).
+find_program(BWRAP_BIN bwrap)
+if(SPEC_FILES AND NOT MOONBOX_SANITIZE)
+  if(BWRAP_BIN)
+    foreach(spec spec/session_spec.lua spec/files_spec.lua spec/process_spec.lua spec/spawn_builtin_spec.lua
+            spec/contract_spec.lua spec/security/fail_closed_spec.lua)
+      string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
+      string(REPLACE "/" "." name ${name})
+      add_test(NAME fresh_root.${name}
+        COMMAND sh ${CMAKE_SOURCE_DIR}/spec/fresh-root.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR} ${spec})
+      set_tests_properties(fresh_root.${name} PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "fresh-root: ok")
+    endforeach()
+  else()
+    moonbox_skip("fresh_root.*" "needs bwrap: apt-get install bubblewrap")
+  endif()
+endif()
+
 # The documents' code blocks run against this build and what they print is
 # compared with what the documents show (spec/doc-blocks.lua, with the
 # examples' matcher): docs/tutorial.md, and docs/http-api.md against a live
