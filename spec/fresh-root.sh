@@ -33,7 +33,7 @@ args="$args --ro-bind $src $src --bind $build $build --chdir $src"
 status=0
 for spec in "$@"; do
   echo "fresh-root: $spec"
-  # shellcheck disable=SC2086
+  # shellcheck disable=SC2086,SC2016
   env -i PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin HOME=/root LANG=C.UTF-8 TERM=dumb \
     MOONBOX_BUILD_DIR="$build" MOONBOX_SOURCE_DIR="$src" MOONBOX_BIN="$build/moonbox" \
     MOONBOX_TEST_ISOLATION=none \
