@@ -196,7 +196,9 @@ if(DPKG_DEB_BIN AND NOT MOONBOX_SANITIZE)
   add_test(NAME install.deb
     COMMAND sh ${CMAKE_SOURCE_DIR}/spec/package-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/package-test
       ${MOONBOX_PAGE_DEPS})
-  set_tests_properties(install.deb PROPERTIES TIMEOUT 1200 PASS_REGULAR_EXPRESSION "package-test: ok")
+  # alone: while the package is installed in /usr, no other test may find it there
+  set_tests_properties(install.deb PROPERTIES TIMEOUT 1200 PASS_REGULAR_EXPRESSION "package-test: ok"
+    RUN_SERIAL TRUE)
 elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("install.deb" "needs dpkg-deb")
 endif()
