@@ -178,152 +178,157 @@ local function cleanup()
   run("rm -rf " .. sh_quote(work))
 end
 
-if serve_mode then
-  token = capture("od -An -tx1 -N16 /dev/urandom | tr -d ' \\n'")
-  write(work .. "/.token", token .. "\n")
-  serve_pid = capture(("%s; (setsid moonbox serve --listen 127.0.0.1:0 --token-file %s --access-log off " ..
-    "</dev/null >%s 2>&1 & echo $!)"):format(env, sh_quote(work .. "/.token"), sh_quote(work .. "/.serve.log")))
-    :gsub("%s+$", "")
-  -- wait until it says where it listens (or has died)
-  for _ = 1, 600 do
-    local log = read(work .. "/.serve.log") or ""
-    port = log:match("moonbox: listening on http://127%.0%.0%.1:(%d+)")
-    if port or not run("kill -0 " .. serve_pid .. " 2>/dev/null") then break end
-    run("sleep 0.1")
+-- everything from here on runs with the work directory (and the server)
+-- made, which cleanup() removes whatever happens
+local function body()
+  if serve_mode then
+    token = capture("od -An -tx1 -N16 /dev/urandom | tr -d ' \\n'")
+    write(work .. "/.token", token .. "\n")
+    serve_pid = capture(("%s; (setsid moonbox serve --listen 127.0.0.1:0 --token-file %s --access-log off " ..
+      "</dev/null >%s 2>&1 & echo $!)"):format(env, sh_quote(work .. "/.token"), sh_quote(work .. "/.serve.log")))
+      :gsub("%s+$", "")
+    -- wait until it says where it listens (or has died)
+    for _ = 1, 600 do
+      local log = read(work .. "/.serve.log") or ""
+      port = log:match("moonbox: listening on http://127%.0%.0%.1:(%d+)")
+      if port or not run("kill -0 " .. serve_pid .. " 2>/dev/null") then break end
+      run("sleep 0.1")
+    end
+    if not port then
+      error("doc-blocks: moonbox serve did not start:\n" .. (read(work .. "/.serve.log") or ""), 0)
+    end
+  else
+    port = capture("python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); " ..
+      "print(s.getsockname()[1])'"):gsub("%s+$", "")
+    assert(port:match("^%d+$"), "no free port")
   end
-  if not port then
-    io.stderr:write("doc-blocks: moonbox serve did not start:\n" .. (read(work .. "/.serve.log") or "") .. "\n")
-    cleanup()
-    os.exit(1)
+
+  local function subst(s) return (s:gsub("8080", port)) end
+
+  -- One bash for every command; each command's output, exit status and the
+  -- HTTP statuses of its curl requests go to files under .out/
+  local script = { env }
+  if serve_mode then
+    table.insert(script, ("B=http://127.0.0.1:%s/v1/sandboxes/demo; MB_TOKEN=%s"):format(port, token))
+    table.insert(script, [[curl() { command curl -H "Authorization: Bearer $MB_TOKEN" ]] ..
+      [[-w '%{stderr}HTTP %{http_code}\n' "$@" 2>>"$MB_STATUS"; }]])
+  else
+    table.insert(script, [[curl() { command curl -w '%{stderr}HTTP %{http_code}\n' "$@" 2>>"$MB_STATUS"; }]])
   end
-else
-  port = capture("python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); " ..
-    "print(s.getsockname()[1])'"):gsub("%s+$", "")
-  assert(port:match("^%d+$"), "no free port")
-end
+  table.insert(script, "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT")
+  for i, c in ipairs(commands) do
+    table.insert(script, ("echo %d >%s/current; MB_STATUS=%s/%d.status; : >\"$MB_STATUS\""):format(i, out, out, i))
+    table.insert(script, ("{ %s\n} >%s/%d 2>&1 </dev/null; echo $? >%s/%d.rc"):format(subst(c.text), out, i, out, i))
+  end
+  write(work .. "/.script.sh", table.concat(script, "\n") .. "\n")
 
-local function subst(s) return (s:gsub("8080", port)) end
+  run("timeout -k 10 900 bash " .. sh_quote(work .. "/.script.sh"))
 
--- One bash for every command; each command's output, exit status and the
--- HTTP statuses of its curl requests go to files under .out/
-local script = { env }
-if serve_mode then
-  table.insert(script, ("B=http://127.0.0.1:%s/v1/sandboxes/demo; MB_TOKEN=%s"):format(port, token))
-  table.insert(script, [[curl() { command curl -H "Authorization: Bearer $MB_TOKEN" ]] ..
-    [[-w '%{stderr}HTTP %{http_code}\n' "$@" 2>>"$MB_STATUS"; }]])
-else
-  table.insert(script, [[curl() { command curl -w '%{stderr}HTTP %{http_code}\n' "$@" 2>>"$MB_STATUS"; }]])
-end
-table.insert(script, "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT")
-for i, c in ipairs(commands) do
-  table.insert(script, ("echo %d >%s/current; MB_STATUS=%s/%d.status; : >\"$MB_STATUS\""):format(i, out, out, i))
-  table.insert(script, ("{ %s\n} >%s/%d 2>&1 </dev/null; echo $? >%s/%d.rc"):format(subst(c.text), out, i, out, i))
-end
-write(work .. "/.script.sh", table.concat(script, "\n") .. "\n")
-
-run("timeout -k 10 900 bash " .. sh_quote(work .. "/.script.sh"))
-
--- Compare
-local lit_pattern = function(s)
-  return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"):gsub("%%%.%%%.%%%.", ".-"))
-end
-local ANY, MORE = "\1ANY", "\1MORE"
--- JSON text with `...` placeholders to plain JSON (placeholders as sentinels)
-local function unellipsis(s)
-  local o, stack, i, in_str, last = {}, {}, 1, false, nil
-  while i <= #s do
-    local ch = s:sub(i, i)
-    if in_str then
-      o[#o + 1] = ch
-      if ch == "\\" then o[#o + 1] = s:sub(i + 1, i + 1); i = i + 1
-      elseif ch == '"' then in_str = false; last = '"' end
-    elseif s:sub(i, i + 2) == "..." then
-      if stack[#stack] == "{" and (last == "{" or last == ",") then
-        o[#o + 1] = '"\\u0001MORE":true'
+  -- Compare
+  local lit_pattern = function(s)
+    return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"):gsub("%%%.%%%.%%%.", ".-"))
+  end
+  local ANY, MORE = "\1ANY", "\1MORE"
+  -- JSON text with `...` placeholders to plain JSON (placeholders as sentinels)
+  local function unellipsis(s)
+    local o, stack, i, in_str, last = {}, {}, 1, false, nil
+    while i <= #s do
+      local ch = s:sub(i, i)
+      if in_str then
+        o[#o + 1] = ch
+        if ch == "\\" then o[#o + 1] = s:sub(i + 1, i + 1); i = i + 1
+        elseif ch == '"' then in_str = false; last = '"' end
+      elseif s:sub(i, i + 2) == "..." then
+        if stack[#stack] == "{" and (last == "{" or last == ",") then
+          o[#o + 1] = '"\\u0001MORE":true'
+        else
+          o[#o + 1] = '"\\u0001ANY"'
+        end
+        last = '"'
+        i = i + 2
       else
-        o[#o + 1] = '"\\u0001ANY"'
+        o[#o + 1] = ch
+        if ch == '"' then in_str = true
+        elseif ch == "{" or ch == "[" then stack[#stack + 1] = ch
+        elseif ch == "}" or ch == "]" then stack[#stack] = nil end
+        if ch:match("%S") then last = ch end
       end
-      last = '"'
-      i = i + 2
-    else
-      o[#o + 1] = ch
-      if ch == '"' then in_str = true
-      elseif ch == "{" or ch == "[" then stack[#stack + 1] = ch
-      elseif ch == "}" or ch == "]" then stack[#stack] = nil end
-      if ch:match("%S") then last = ch end
+      i = i + 1
     end
-    i = i + 1
+    return table.concat(o)
   end
-  return table.concat(o)
-end
-local function jeq(w, g)
-  if w == ANY then return g ~= nil end
-  if type(w) == "string" then
-    if type(g) ~= "string" then return false end
-    if w:find("...", 1, true) then return g:match("^" .. lit_pattern(w) .. "$") ~= nil end
-    return w == g
-  end
-  if type(w) ~= "table" then return w == g end
-  if type(g) ~= "table" then return false end
-  if #w > 0 or next(w) == nil then -- an array (or an empty one)
-    for i = 1, #w do
-      if w[i] == ANY and i == #w then return #g >= i - 1 end
-      if not jeq(w[i], g[i]) then return false end
+  local function jeq(w, g)
+    if w == ANY then return g ~= nil end
+    if type(w) == "string" then
+      if type(g) ~= "string" then return false end
+      if w:find("...", 1, true) then return g:match("^" .. lit_pattern(w) .. "$") ~= nil end
+      return w == g
     end
-    return #g == #w and (#w > 0 or next(g) == nil)
+    if type(w) ~= "table" then return w == g end
+    if type(g) ~= "table" then return false end
+    if #w > 0 or next(w) == nil then -- an array (or an empty one)
+      for i = 1, #w do
+        if w[i] == ANY and i == #w then return #g >= i - 1 end
+        if not jeq(w[i], g[i]) then return false end
+      end
+      return #g == #w and (#w > 0 or next(g) == nil)
+    end
+    for k, v in pairs(w) do
+      if k ~= MORE and not jeq(v, g[k]) then return false end
+    end
+    if w[MORE] == nil then
+      for k in pairs(g) do if w[k] == nil then return false end end
+    end
+    return true
   end
-  for k, v in pairs(w) do
-    if k ~= MORE and not jeq(v, g[k]) then return false end
+  local function line_eq(w, g)
+    if g:match("^" .. lit_pattern(w) .. "$") then return true end
+    local p = w:find("[{%[]")
+    if not p or g:sub(1, p - 1) ~= w:sub(1, p - 1) then return false end
+    local okw, jw = pcall(cjson.decode, unellipsis(w:sub(p)))
+    local okg, jg = pcall(cjson.decode, g:sub(p))
+    return okw and okg and jeq(jw, jg)
   end
-  if w[MORE] == nil then
-    for k in pairs(g) do if w[k] == nil then return false end end
-  end
-  return true
-end
-local function line_eq(w, g)
-  if g:match("^" .. lit_pattern(w) .. "$") then return true end
-  local p = w:find("[{%[]")
-  if not p or g:sub(1, p - 1) ~= w:sub(1, p - 1) then return false end
-  local okw, jw = pcall(cjson.decode, unellipsis(w:sub(p)))
-  local okg, jg = pcall(cjson.decode, g:sub(p))
-  return okw and okg and jeq(jw, jg)
-end
 
-local failures, shown = 0, 0
-local current = tonumber(read(out .. "/current") or "")
-for i, c in ipairs(commands) do
-  local got = read(out .. "/" .. i)
-  local rc = tonumber(read(out .. "/" .. i .. ".rc") or "")
-  local problem
-  if not got or not rc then
-    problem = (i == current) and "did not finish (the test's time ran out)" or "did not run"
-  elseif rc ~= 0 then
-    problem = "exit status " .. rc
-  elseif c.want then
-    local want = {}
-    for k, l in ipairs(c.want) do want[k] = l == "..." and matcher.GAP or subst(l) end
-    local ok, msg = matcher.match(want, split_lines(got), line_eq)
-    if not ok then problem = "output does not match: " .. msg end
-  else
-    for status in (read(out .. "/" .. i .. ".status") or ""):gmatch("HTTP (%d+)") do
-      if tonumber(status) >= 400 or status == "000" then problem = "HTTP status " .. status end
+  local failures, shown = 0, 0
+  local current = tonumber(read(out .. "/current") or "")
+  for i, c in ipairs(commands) do
+    local got = read(out .. "/" .. i)
+    local rc = tonumber(read(out .. "/" .. i .. ".rc") or "")
+    local problem
+    if not got or not rc then
+      problem = (i == current) and "did not finish (the test's time ran out)" or "did not run"
+    elseif rc ~= 0 then
+      problem = "exit status " .. rc
+    elseif c.want then
+      local want = {}
+      for k, l in ipairs(c.want) do want[k] = l == "..." and matcher.GAP or subst(l) end
+      local ok, msg = matcher.match(want, split_lines(got), line_eq)
+      if not ok then problem = "output does not match: " .. msg end
+    else
+      for status in (read(out .. "/" .. i .. ".status") or ""):gmatch("HTTP (%d+)") do
+        if tonumber(status) >= 400 or status == "000" then problem = "HTTP status " .. status end
+      end
+    end
+    if c.want then shown = shown + 1 end
+    local head = c.text:gsub("\n.*", " ...")
+    if problem then
+      failures = failures + 1
+      io.write(("FAIL %s: %s\n  %s\n"):format(c.line, head, problem))
+      io.write("  it printed:\n    " .. (got or ""):gsub("\n$", ""):gsub("\n", "\n    ") .. "\n")
+    else
+      io.write(("ok   %s: %s\n"):format(c.line, head))
     end
   end
-  if c.want then shown = shown + 1 end
-  local head = c.text:gsub("\n.*", " ...")
-  if problem then
-    failures = failures + 1
-    io.write(("FAIL %s: %s\n  %s\n"):format(c.line, head, problem))
-    io.write("  it printed:\n    " .. (got or ""):gsub("\n$", ""):gsub("\n", "\n    ") .. "\n")
-  else
-    io.write(("ok   %s: %s\n"):format(c.line, head))
+  for _, s in ipairs(skipped) do io.write("not run " .. s .. "\n") end
+  if serve_mode and failures > 0 then
+    io.write("moonbox serve's log:\n" .. (read(work .. "/.serve.log") or "") .. "\n")
   end
+  return failures, shown
 end
-for _, s in ipairs(skipped) do io.write("not run " .. s .. "\n") end
-if serve_mode and failures > 0 then
-  io.write("moonbox serve's log:\n" .. (read(work .. "/.serve.log") or "") .. "\n")
-end
+local ok, failures, shown = pcall(body)
 cleanup()
+if not ok then error(failures, 0) end
 local nfiles = 0
 for _ in pairs(files) do nfiles = nfiles + 1 end
 if failures > 0 then
