@@ -188,13 +188,18 @@ if(NOT MOONBOX_SANITIZE)
 endif()
 
 # `cpack -G DEB` for /usr (a second build in <build>/package-test), the
-# package's fields, files and Depends, and the quickstart from it unpacked.
+# package's fields, files and Depends, and the quickstart from it unpacked;
+# as root also `apt-get install ./moonbox_*.deb` on this machine, the
+# quickstart from /usr, and `apt-get remove` (not done, with the reason
+# printed, where moonbox or any file of the package is there already).
 find_program(DPKG_DEB_BIN dpkg-deb)
 if(DPKG_DEB_BIN AND NOT MOONBOX_SANITIZE)
   add_test(NAME install.deb
     COMMAND sh ${CMAKE_SOURCE_DIR}/spec/package-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/package-test
       ${MOONBOX_PAGE_DEPS})
-  set_tests_properties(install.deb PROPERTIES TIMEOUT 1200 PASS_REGULAR_EXPRESSION "package-test: ok")
+  # alone: while the package is installed in /usr, no other test may find it there
+  set_tests_properties(install.deb PROPERTIES TIMEOUT 1200 PASS_REGULAR_EXPRESSION "package-test: ok"
+    RUN_SERIAL TRUE)
 elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("install.deb" "needs dpkg-deb")
 endif()
@@ -226,6 +231,53 @@ if(PYTHON3_BIN AND NOT MOONBOX_SANITIZE)
   set_tests_properties(deploy.manifests PROPERTIES TIMEOUT 60)
 elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("deploy.routing deploy.manifests" "needs python3")
+endif()
+
+# A fresh machine: the no-namespaces variant of a few suites inside bwrap
+# over a clean minimal tree (system dirs read-only, empty /tmp, /home, /root,
+# /var, /srv, /opt; no /workspace; no MOONBOX_HOME): no spec may need the
+# host's directories, users or leftovers (spec/fresh-root.sh, docs/testing.md).
+find_program(BWRAP_BIN bwrap)
+if(SPEC_FILES AND NOT MOONBOX_SANITIZE)
+  if(BWRAP_BIN)
+    foreach(spec spec/session/session_spec.lua spec/files/files_spec.lua spec/process/process_spec.lua
+            spec/session/spawn_builtin_spec.lua spec/contract_spec.lua spec/security/fail_closed_spec.lua)
+      string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
+      string(REPLACE "/" "." name ${name})
+      add_test(NAME fresh_root.${name}
+        COMMAND sh ${CMAKE_SOURCE_DIR}/spec/fresh-root.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR} ${spec})
+      set_tests_properties(fresh_root.${name} PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "fresh-root: ok")
+    endforeach()
+  else()
+    moonbox_skip("fresh_root.*" "needs bwrap: apt-get install bubblewrap")
+  endif()
+endif()
+
+# The documents' code blocks run against this build and what they print is
+# compared with what the documents show (spec/doc-blocks.lua, with the
+# examples' matcher): docs/tutorial.md, and docs/http-api.md against a live
+# `moonbox serve` the test starts on a free port with a token file.
+find_program(CURL_BIN curl)
+find_program(JQ_BIN jq)
+if(NOT MOONBOX_SANITIZE)
+  if(CURL_BIN AND PYTHON3_BIN)
+    add_test(NAME doc.tutorial
+      COMMAND $<TARGET_FILE:moonbox_cli> spec/doc-blocks.lua docs/tutorial.md
+      WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(doc.tutorial PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 600
+      PASS_REGULAR_EXPRESSION "doc-blocks: docs/tutorial.md: ok")
+  else()
+    moonbox_skip("doc.tutorial" "needs curl and python3")
+  endif()
+  if(CURL_BIN AND JQ_BIN AND PYTHON3_BIN)
+    add_test(NAME doc.http_api
+      COMMAND $<TARGET_FILE:moonbox_cli> spec/doc-blocks.lua docs/http-api.md --serve
+      WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(doc.http_api PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 600
+      PASS_REGULAR_EXPRESSION "doc-blocks: docs/http-api.md: ok")
+  else()
+    moonbox_skip("doc.http_api" "needs curl, jq and python3")
+  endif()
 endif()
 
 if(MOONBOX_SKIPPED_TESTS)

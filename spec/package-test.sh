@@ -8,7 +8,10 @@
 # luajit finds the Lua module where it is, and, unpacked with `dpkg -x` into
 # a throwaway root, that the quickstart runs from there (with the source
 # and work trees hidden under bwrap where bwrap can run) and its session
-# shells load the spawn builtin.
+# shells load the spawn builtin. Then, as root, `apt-get install` of the
+# package on this machine, the same run from /usr, and `apt-get remove`
+# (skipped, saying why, when not root or when the package's files or an
+# installed moonbox are there already).
 set -eu
 src=$(cd "$1" && pwd)
 mkdir -p "$2"
@@ -115,4 +118,60 @@ echo "$out"
 printf '%s\n' "$out" | grep -qx "module: $root/fs/usr/share/lua/5.1/moonbox/init.lua" || fail "modules not from the package"
 printf '%s\n' "$out" | grep -qx "builtin: 1" || fail "the session shell did not load the spawn builtin"
 printf '%s\n' "$out" | grep -qx "quickstart: ok" || fail "quickstart"
+
+# Installed for real with apt-get, the quickstart run from /usr, then removed.
+# Only as root, and only where it cannot touch anything of the machine's
+# own: not when moonbox is installed already, nor when a file of the package
+# exists on this machine (owned by another package or by no package, e.g. a
+# `cmake --install` to /usr); then it says why and leaves the machine alone.
+installed_for_real=""
+skip_install() { echo "apt-get install: not run: $*"; }
+if [ "$(id -u)" -ne 0 ]; then
+  skip_install "needs root (this test runs as $(id -un))"
+elif ! command -v apt-get >/dev/null; then
+  skip_install "no apt-get"
+elif dpkg-query -W -f='${Status}' moonbox 2>/dev/null | grep -q "installed"; then
+  skip_install "a moonbox package is installed on this machine already: $(dpkg-query -W -f='${Version}' moonbox)"
+else
+  clash=""
+  for f in $(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {print $6}' | sed 's,^\.,,'); do
+    if [ -e "$f" ] || [ -L "$f" ]; then clash="$clash $f"; fi
+  done
+  if [ -n "$clash" ]; then
+    skip_install "these files of the package exist on this machine:$clash"
+  else
+    installed_for_real=1
+  fi
+fi
+if [ -n "$installed_for_real" ]; then
+  remove_pkg() { apt-get remove -y -qq -o DPkg::Lock::Timeout=300 moonbox >/dev/null 2>&1 || true; }
+  trap 'remove_pkg; cleanup' EXIT
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 "$deb" >"$root/apt.log" 2>&1 ||
+    fail "apt-get install $deb: $(tail -n 5 "$root/apt.log")"
+  [ "$(dpkg-query -W -f='${Status} ${Version}' moonbox)" = "install ok installed $version" ] ||
+    fail "dpkg does not list moonbox $version as installed"
+  [ -x /usr/bin/moonbox ] || fail "no /usr/bin/moonbox after apt-get install"
+  echo "apt-get install: ok"
+  rm -rf "${root:?}/home"; mkdir -p "$root/home"
+  if command -v bwrap >/dev/null && bwrap --dev-bind / / --tmpfs "$src" --tmpfs "$work" -- true 2>/dev/null; then
+    out=$(run bwrap --dev-bind / / --tmpfs "$src" --tmpfs "$work" -- sh "$root/work/run.sh" /usr/bin/moonbox)
+  else
+    out=$(run sh "$root/work/run.sh" /usr/bin/moonbox)
+  fi
+  echo "$out"
+  printf '%s\n' "$out" | grep -qx "module: /usr/share/lua/5.1/moonbox/init.lua" || fail "installed: modules not from /usr"
+  printf '%s\n' "$out" | grep -qx "builtin: 1" || fail "installed: the session shell did not load the spawn builtin"
+  printf '%s\n' "$out" | grep -qx "quickstart: ok" || fail "installed: quickstart"
+  # plain luajit finds the installed module on its standard paths
+  [ "$(cd / && env -u LUA_PATH -u LUA_CPATH luajit -e 'print(package.searchpath("moonbox", package.path))')" = \
+    /usr/share/lua/5.1/moonbox/init.lua ] || fail "installed: luajit does not find moonbox on its standard path"
+  DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq -o DPkg::Lock::Timeout=300 moonbox >"$root/apt.log" 2>&1 ||
+    fail "apt-get remove moonbox: $(tail -n 5 "$root/apt.log")"
+  trap cleanup EXIT
+  ! dpkg-query -W -f='${Status}' moonbox 2>/dev/null | grep -q "ok installed" || fail "moonbox still installed after apt-get remove"
+  for f in $(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {print $6}' | sed 's,^\.,,'); do
+    if [ -e "$f" ] || [ -L "$f" ]; then fail "$f is left after apt-get remove"; fi
+  done
+  echo "apt-get remove: ok, every file of the package gone"
+fi
 echo "package-test: ok"

@@ -1,4 +1,4 @@
--- Code contexts for TypeScript (lua/moonbox/kernels/node_kernel.js
+-- Code contexts for TypeScript (share/kernels/node_kernel.js
 -- --typescript): types removed per cell (node's stripping, else Debian's
 -- node-typescript), then the JavaScript kernel's semantics.
 describe("typescript code contexts", function()

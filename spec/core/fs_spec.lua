@@ -1,5 +1,5 @@
 -- The fs family of moonbox.core (asynchronous uv_fs_* operations and
--- openat2 root confinement) and its awaited wrappers in moonbox._fs.
+-- openat2 root confinement) and its awaited wrappers in moonbox.lib.fs.
 -- Failure modes come first in every block; every test runs as a task so a
 -- leaked handle or child fails it.
 local core = require "moonbox.core"
