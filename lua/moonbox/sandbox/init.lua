@@ -768,10 +768,11 @@ end
 -- The sandbox's own methods run in the default session: every public
 -- Session method (its parts' included) the sandbox does not define itself
 -- gets a forwarder, made here once both classes are complete.
-for name, method in pairs(session_mod.Session) do
+local Session = session_mod.Session
+for name, method in pairs(Session) do
   if type(name) == "string" and not name:match("^_") and type(method) == "function"
     and rawget(Sandbox, name) == nil then
-    Sandbox[name] = function(self, ...) return method(self:_default(), ...) end
+    Sandbox[name] = function(self, ...) return Session[name](self:_default(), ...) end
   end
 end
 
