@@ -124,8 +124,10 @@ end
 -- close(): waits and reports the close's own error (a write can fail there).
 function File:close()
   local fd = self.fd
-  self.fd = nil
-  return self:request(function(cb) return core.fs_close(fd, cb) end)
+  return self:request(function(cb)
+    self.fd = nil -- only once queued: a cancelled task raises before this, and discard still has the fd
+    return core.fs_close(fd, cb)
+  end)
 end
 
 -- discard(): close without waiting, now or once the running request ends.
@@ -139,11 +141,16 @@ function File:discard()
   end
 end
 
--- Run fn(file) and discard the file if it raises.
+-- Run fn(file) and close the file if it raises. The close is waited for
+-- when no request is running (a write that failed with ENOSPC): the error
+-- reaches the caller only once the fd is gone, so an unmount right after
+-- does not find the mount busy. A request still running (the task was
+-- cancelled mid-read) leaves it to discard.
 local function using(file, fn)
   local ok, a, b = pcall(fn, file)
   if not ok then
-    file:discard()
+    if not file.inflight and file.fd then pcall(file.close, file) end
+    file:discard() -- what the close left (a cancelled task cannot wait)
     error(a, 0)
   end
   return a, b
