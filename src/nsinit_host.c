@@ -140,14 +140,64 @@ static void close_fd(int *fd) { if (*fd >= 0) close(*fd); *fd = -1; }
 
 /* ---- the init binary -------------------------------------------------- */
 
-/* moonbox-init, opened (O_PATH) once when the module loads, relative to the
- * object this code is in, as the bash builtin is (src/core.c): an installed
- * tree works wherever it is moved, and a runtime keeps exec'ing the binary
- * of its own version even when a newer one replaces it on disk. */
-static int init_exe_fd = -1;
+/* moonbox-init, found relative to the object this code is in, as the bash
+ * builtin is (src/core.c), so an installed tree works wherever it is moved,
+ * and copied once, when the module loads, into two sealed memfds that the
+ * init is exec'd from:
+ *   - a runtime keeps exec'ing the binary of its own version even when a
+ *     newer one replaces it on disk;
+ *   - /proc/1/exe inside is a sealed memfd, never the host's file, which a
+ *     root inside that maps to its owner could otherwise write to;
+ *   - "private" (mode 0111): the exec cannot read the file, so the kernel
+ *     keeps the init's memory in the host's user namespace and makes it
+ *     non-dumpable (fs/exec.c would_dump): nothing inside, whatever
+ *     capabilities a policy keeps, can read or write the init's memory or
+ *     take its fds through /proc/1/mem, ptrace or pidfd_getfd. Used when
+ *     the init changes ids at setresuid(0) (root inside is another host id
+ *     than the runtime), as the copy-on-write init did: then the runtime
+ *     reaches /proc/<init> with the privilege that mapping took;
+ *   - "readable" (0555) otherwise (root inside is the runtime's own id, an
+ *     unprivileged runtime's "0 <uid> 1"): the init stays dumpable, as it
+ *     was, so that the runtime can write its id maps and reach
+ *     /proc/<init>/root without privilege. */
+static int init_exe_private = -1, init_exe_readable = -1;
 static int init_exe_err = ENOENT;
 static char init_exe_path[PATH_MAX] = "moonbox-init";
 static int cap_last = -1;
+
+#ifndef MFD_EXEC
+#define MFD_EXEC 0x0010U
+#endif
+
+static int exe_memfd(int src, mode_t mode) {
+  int fd = memfd_create("moonbox-init", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC);
+  if (fd < 0 && errno == EINVAL) fd = memfd_create("moonbox-init", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  char buf[65536];
+  off_t off = 0;
+  for (;;) {
+    ssize_t n = pread(src, buf, sizeof buf, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) goto fail;
+    if (n == 0) break;
+    for (ssize_t done = 0; done < n;) {
+      ssize_t w = write(fd, buf + done, (size_t)(n - done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) { if (w == 0) errno = EIO; goto fail; }
+      done += w;
+    }
+    off += n;
+  }
+  if (fchmod(fd, mode) < 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+    goto fail;
+  return fd;
+fail:;
+  int e = errno;
+  close(fd);
+  errno = e;
+  return -1;
+}
 
 static void find_init(void) {
   static const char *const rels[] = {
@@ -158,18 +208,23 @@ static void find_init(void) {
     "lib/moonbox/moonbox-init",  /* from the build tree's libmoonbox.so */
   };
   char dir[PATH_MAX], path[PATH_MAX + 64];
-  if (init_exe_fd >= 0) return;
+  if (init_exe_private >= 0) return;
   if (mb_self_dir(dir, sizeof dir)) {
-    for (size_t i = 0; i < sizeof rels / sizeof *rels && init_exe_fd < 0; i++) {
+    for (size_t i = 0; i < sizeof rels / sizeof *rels && init_exe_private < 0; i++) {
       snprintf(path, sizeof path, "%s/%s", dir, rels[i]);
-      int fd = open(path, O_PATH | O_CLOEXEC);
-      if (fd < 0) continue;
-      struct stat st;
-      if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || access(path, X_OK) < 0) { close(fd); continue; }
       size_t len = strlen(path);
-      if (len >= sizeof init_exe_path) { close(fd); continue; }
-      init_exe_fd = fd;
+      int fd = open(path, O_RDONLY | O_CLOEXEC);
+      if (fd < 0 || len >= sizeof init_exe_path) { if (fd >= 0) close(fd); continue; }
       memcpy(init_exe_path, path, len + 1);
+      struct stat st;
+      if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || access(path, X_OK) < 0) {
+        init_exe_err = errno ? errno : EACCES;
+      } else if ((init_exe_private = exe_memfd(fd, 0111)) < 0 || (init_exe_readable = exe_memfd(fd, 0555)) < 0) {
+        init_exe_err = errno;
+        if (init_exe_private >= 0) close(init_exe_private);
+        init_exe_private = -1;
+      }
+      close(fd);
     }
   }
   /* the capabilities to carry across that exec: 0..cap_last */
@@ -180,6 +235,14 @@ static void find_init(void) {
     close(fd);
   }
   if (cap_last <= 0 || cap_last > 63) cap_last = CAP_LAST_CAP;
+}
+
+/* Whether root inside is another host id than ours (maps: "0 <host> <n>"
+ * first): then the init changes ids and is exec'd private (above). */
+static int changes_ids(const char *uid_map, const char *gid_map) {
+  unsigned in_u, host_u, in_g, host_g;
+  if (sscanf(uid_map, "%u %u", &in_u, &host_u) != 2 || sscanf(gid_map, "%u %u", &in_g, &host_g) != 2) return 1;
+  return in_u != 0 || in_g != 0 || host_u != (unsigned)geteuid() || host_g != (unsigned)getegid();
 }
 
 /* The plan as bytes (nsinit.h: mb_nsinit_wire) in a memfd. */
@@ -247,6 +310,7 @@ typedef struct {
   int nfds;                    /* fds 3 .. nfds - 1 */
   int joined;                  /* set before each clone attempt: born in the first cgroup */
   int report_fd;
+  int exe_fd;                  /* init_exe_private or init_exe_readable */
 } init_exec_args;
 
 static char *const init_argv[] = {"moonbox-init", NULL};
@@ -272,13 +336,14 @@ static int init_exec_child(void *arg) {
   if (pwrite(a->fds[MB_NSINIT_FD_PLAN], &a->joined, sizeof a->joined,
              offsetof(mb_nsinit_wire, first_cgroup_joined)) != (ssize_t)sizeof a->joined)
     exec_fail(report, errno ? errno : EIO);
-  /* above every target first, then into place (dup2 clears close-on-exec) */
-  enum { HIGH = 64 };
+  /* above every target first, then into place (dup2 clears close-on-exec);
+   * the first free fds above the targets, so that a low RLIMIT_NOFILE holds */
+  const int HIGH = a->nfds + 1;
   int high[MB_NSINIT_FD_CGROUP + MB_NSINIT_MAX_CGROUPS + 1];
   for (int k = 3; k < a->nfds; k++)
     if ((high[k] = fcntl(a->fds[k], F_DUPFD_CLOEXEC, HIGH)) < 0) exec_fail(report, errno);
   report = high[MB_NSINIT_FD_REPORT];
-  int exe = fcntl(init_exe_fd, F_DUPFD_CLOEXEC, HIGH);
+  int exe = fcntl(a->exe_fd, F_DUPFD_CLOEXEC, HIGH);
   if (exe < 0) exec_fail(report, errno);
   for (int k = 3; k < a->nfds; k++)
     if (dup2(high[k], k) < 0) exec_fail(report, errno);
@@ -354,8 +419,12 @@ static int nsinit_start(lua_State *L) {
   lua_getfield(L, 1, "on_exit");
   int exit_cb_idx = lua_isfunction(L, -1) ? lua_gettop(L) : 0;
 
-  if (init_exe_fd < 0)
-    return mb_push_errno(L, init_exe_err, "sandbox set-up: moonbox-init not found beside libmoonbox or moonbox/core.so");
+  if (init_exe_private < 0) {
+    char detail[PATH_MAX + 96];
+    snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, beside libmoonbox or moonbox/core.so)",
+             init_exe_path);
+    return mb_push_errno(L, init_exe_err, detail);
+  }
   int ctl[2] = {-1, -1}, ev[2] = {-1, -1}, go[2] = {-1, -1}, rep[2] = {-1, -1}, plan_fd = -1;
   int ncgroups = 0;
   int err = 0;
@@ -394,6 +463,7 @@ static int nsinit_start(lua_State *L) {
     for (int i = 0; i < ncgroups; i++) args.fds[MB_NSINIT_FD_CGROUP + i] = p->cgroup_fds[i];
     args.nfds = MB_NSINIT_FD_CGROUP + ncgroups;
     args.report_fd = rep[1];
+    args.exe_fd = changes_ids(uid_map, gid_map) ? init_exe_private : init_exe_readable;
     /* the child only runs until its exec: a small stack of ours will do */
     static char stack[INIT_STACK] __attribute__((aligned(16)));
     sigset_t all, old;
