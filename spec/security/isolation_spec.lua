@@ -100,7 +100,7 @@ describe("isolation: namespaces", function()
       -- the runtime has no pid in here: it cannot be signalled or traced
       r = sb:exec("kill -0 " .. core.getpid() .. " 2>&1; ls /proc/" .. core.getpid() .. " 2>&1 | head -1")
       assert.matches("No such process", r.stdout)
-      -- pid 1 is the init: a copy of the runtime that reveals nothing of it
+      -- pid 1 is the init (moonbox-init): it reveals nothing of the runtime
       r = sb:exec("ls /proc/1/root/ 2>&1; cat /proc/1/environ 2>&1; tr '\\0' ' ' < /proc/1/cmdline")
       assert.matches("ls: cannot access '/proc/1/root/': Permission denied", r.stdout)
       assert.matches("cat: /proc/1/environ: Permission denied", r.stdout)
