@@ -213,6 +213,7 @@ static void find_init(void) {
     for (size_t i = 0; i < sizeof rels / sizeof *rels && init_exe_private < 0; i++) {
       snprintf(path, sizeof path, "%s/%s", dir, rels[i]);
       size_t len = strlen(path);
+      if (i == 0 && len < sizeof init_exe_path) memcpy(init_exe_path, path, len + 1); /* named if none is found */
       int fd = open(path, O_RDONLY | O_CLOEXEC);
       if (fd < 0 || len >= sizeof init_exe_path) { if (fd >= 0) close(fd); continue; }
       memcpy(init_exe_path, path, len + 1);
@@ -421,7 +422,7 @@ static int nsinit_start(lua_State *L) {
 
   if (init_exe_private < 0) {
     char detail[PATH_MAX + 96];
-    snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, beside libmoonbox or moonbox/core.so)",
+    snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, or beside moonbox/core.so)",
              init_exe_path);
     return mb_push_errno(L, init_exe_err, detail);
   }
