@@ -109,6 +109,33 @@ describe("isolation: namespaces", function()
     end)
   end)
 
+  it("runs pid 1 as moonbox-init, a binary of its own: none of the runtime's memory, environment or fds", function()
+    with_ns(function(sb)
+      local pid = sb:info().initPid
+      local function read(name)
+        local f = assert(io.open(("/proc/%d/%s"):format(pid, name), "rb"))
+        local s = f:read("*a")
+        f:close()
+        return s
+      end
+      -- exec'd (from a sealed memfd copy): no page of the runtime's heap or
+      -- libraries is shared copy-on-write with it
+      local maps = read("maps")
+      assert.truthy(maps:find("/memfd:moonbox-init", 1, true), maps)
+      for _, lib in ipairs { "luajit", "libuv", "moonbox/core.so", "libmoonbox", "libwebsockets", "libseccomp" } do
+        assert.is_nil(maps:find(lib, 1, true), lib .. " in\n" .. maps)
+      end
+      assert.equal("", read("environ"))
+      assert.equal("moonbox-init\0", read("cmdline"))
+      assert.equal("moonbox-init\n", read("comm"))
+      -- stdio, its signalfd, the ctl and event sockets: nothing else of ours
+      local fds = {}
+      for name in helper.sh("ls /proc/" .. pid .. "/fd"):gmatch("%d+") do fds[#fds + 1] = tonumber(name) end
+      table.sort(fds)
+      assert.same({ 0, 1, 2, 3, 4, 5 }, fds)
+    end)
+  end)
+
   it("leaks no fd of the runtime into a command", function()
     with_ns(function(sb)
       -- what an external command has open: its stdio, and ls's own dirfd
