@@ -47,6 +47,7 @@ dpkg-deb -I "$deb" >/dev/null
 files=$(dpkg-deb -c "$deb" | awk '{print $6}')
 for f in ./usr/bin/moonbox "./usr/lib/$triplet/libmoonbox.so.0" "./usr/lib/$triplet/pkgconfig/moonbox.pc" \
          "./usr/lib/$triplet/lua/5.1/moonbox/core.so" "./usr/lib/$triplet/lua/5.1/moonbox/bash_spawn.so" \
+         "./usr/lib/$triplet/lua/5.1/moonbox/moonbox-init" \
          ./usr/share/lua/5.1/moonbox/init.lua ./usr/share/moonbox/kernels/lua_kernel.lua \
          ./usr/share/moonbox/page/index.html ./usr/share/moonbox/shell/prelude.bash ./usr/include/moonbox.h; do
   printf '%s\n' "$files" | grep -qx -- "$f" || fail "the package has no $f"

@@ -1,6 +1,8 @@
-/* The sandbox init (see nsinit.h). Runs in a clone of the runtime: no
- * allocation, no stdio, no Lua; only system calls on static or stack
- * memory. Set-up failures go to the runtime as (stage, errno, index). */
+/* The sandbox init, moonbox-init (see nsinit.h): a binary of its own,
+ * exec'd by the runtime's clone in the sandbox's new namespaces. It links
+ * only libc and src/child/ (to start the sandbox's processes); it never
+ * allocates after start-up. Set-up failures go to the runtime as (stage,
+ * errno, index). */
 #include "nsinit.h"
 #include "child/child.h"
 #include "child/wire.h"
@@ -26,6 +28,7 @@
 #include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/capability.h>
 
 /* The new mount API (Linux 5.2+, mount_setattr 5.12+); glibc 2.36's
  * <sys/mount.h> and <linux/mount.h> clash, so the few constants live here. */
@@ -528,64 +531,96 @@ static void serve(int ctl_fd, int event_fd, int sig_fd) {
   }
 }
 
-/* The init is a copy of the runtime, environment and command line
- * included, and /proc/1/environ and /proc/1/cmdline inside would show them:
- * overwrite both areas (found in /proc/self/stat) in our copy. */
-static void scrub_args_and_env(void) {
-  static char buf[4096];
-  int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return;
-  buf[n] = 0;
-  char *s = strrchr(buf, ')');
-  if (!s) return;
-  /* after ") " comes field 3 (the state letter); arg_start..env_end are
-   * fields 48-51 */
-  unsigned long long v[52] = {0};
-  int field = 4;
-  for (s += 4; *s && field <= 51; field++) {
-    v[field] = strtoull(s, &s, 10);
-    while (*s == ' ') s++;
-  }
-  if (field <= 51) return;
-  const char name[] = "moonbox-init";
-  char *arg = (char *)(uintptr_t)v[48], *env = (char *)(uintptr_t)v[50];
-  size_t arg_len = (size_t)(v[49] - v[48]), env_len = (size_t)(v[51] - v[50]);
-  if (arg && arg_len >= sizeof name) {
-    memset(arg, 0, arg_len);
-    memcpy(arg, name, sizeof name);
-  }
-  if (env && env_len) memset(env, 0, env_len);
+/* The pre-exec child (nsinit_host.c) raised every capability it holds in
+ * the new user namespace into the ambient set, so that they survive the
+ * exec of this binary by a user the namespace does not map yet. Drop the
+ * ambient and inheritable sets again, at once: what this init starts must
+ * not inherit them through its own execs (a child that drops a capability
+ * from its bounding set would get it back from the ambient set). We keep
+ * the permitted and effective sets: those a clone into a new user
+ * namespace gets. */
+static int drop_exec_caps(void) {
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) return -1;
+  struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &hdr, data) < 0) return -1;
+  data[0].inheritable = data[1].inheritable = 0;
+  return (int)syscall(SYS_capset, &hdr, data);
 }
 
-/* Close everything the runtime had open except the fds in keep. */
-static void close_others(const int *keep, int nkeep) {
-  unsigned lo = 0;
-  for (;;) {
-    int next = -1;
-    for (int i = 0; i < nkeep; i++)
-      if (keep[i] >= (int)lo && (next < 0 || keep[i] < next)) next = keep[i];
-    if (next < 0) { syscall(SYS_close_range, lo, ~0U, 0); return; }
-    if ((unsigned)next > lo) syscall(SYS_close_range, lo, (unsigned)next - 1, 0);
-    lo = (unsigned)next + 1;
-  }
+static int wire_string(const char *base, uint64_t size, int64_t off, const char **out) {
+  if (off == -1) { *out = NULL; return 0; }
+  if (off < (int64_t)sizeof(mb_nsinit_wire) || (uint64_t)off >= size || !memchr(base + off, 0, size - (uint64_t)off))
+    return -1;
+  *out = base + off;
+  return 0;
 }
 
-int mb_nsinit_main(void *arg) {
-  mb_nsinit_plan *p = (mb_nsinit_plan *)arg;
-  int keep[16] = {0, 1, 2, p->ctl_fd, p->event_fd, p->go_fd, p->report_fd}, nkeep = 7;
-  for (int i = 0; i < 8 && p->cgroup_fds[i] >= 0; i++) keep[nkeep++] = p->cgroup_fds[i];
-  close_others(keep, nkeep);
+/* The plan from the memfd on MB_NSINIT_FD_PLAN: every offset checked, the
+ * strings used in place in a private mapping (kept for our lifetime). */
+static int read_plan(mb_nsinit_plan *p) {
+  struct stat st;
+  memset(p, 0, sizeof *p);
+  p->ctl_fd = MB_NSINIT_FD_CTL;
+  p->event_fd = MB_NSINIT_FD_EVENT;
+  p->go_fd = MB_NSINIT_FD_GO;
+  p->report_fd = MB_NSINIT_FD_REPORT;
+  for (int i = 0; i < MB_NSINIT_MAX_CGROUPS; i++) p->cgroup_fds[i] = -1;
+  if (fstat(MB_NSINIT_FD_PLAN, &st) < 0) return -1;
+  if (st.st_size < (off_t)sizeof(mb_nsinit_wire)) { errno = EINVAL; return -1; }
+  char *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, MB_NSINIT_FD_PLAN, 0);
+  if (base == MAP_FAILED) return -1;
+  close(MB_NSINIT_FD_PLAN);
+  const mb_nsinit_wire *w = (const mb_nsinit_wire *)base;
+  uint64_t size = (uint64_t)st.st_size;
+  errno = EINVAL;
+  if (w->magic != MB_NSINIT_WIRE_MAGIC || w->header_size != sizeof *w || w->size != size ||
+      w->nmounts < 0 || w->nmounts > MB_NSINIT_MAX_MOUNTS || w->ncgroups < 0 || w->ncgroups > MB_NSINIT_MAX_CGROUPS)
+    return -1;
+  p->clone_flags = w->clone_flags;
+  p->loopback = w->loopback;
+  p->defer_pivot = w->defer_pivot;
+  p->drop_groups = w->drop_groups;
+  p->first_cgroup_joined = w->first_cgroup_joined;
+  for (int i = 0; i < w->ncgroups; i++) p->cgroup_fds[i] = MB_NSINIT_FD_CGROUP + i;
+  if (wire_string(base, size, w->hostname_off, &p->hostname) < 0) return -1;
+  for (int i = 0; i < w->nmounts; i++) {
+    mb_mount *m = &p->mounts[i];
+    m->type = w->mounts[i].type;
+    m->optional = w->mounts[i].optional;
+    m->size = w->mounts[i].size;
+    if (m->type < MB_MOUNT_BIND || m->type > MB_MOUNT_SYSCTL || wire_string(base, size, w->mounts[i].src_off, &m->src) < 0 ||
+        wire_string(base, size, w->mounts[i].dst_off, &m->dst) < 0 || !m->dst ||
+        wire_string(base, size, w->mounts[i].data_off, &m->data) < 0)
+      return -1;
+    m->data_len = w->mounts[i].data_len;
+    if (!m->data) { m->data = ""; m->data_len = 0; }
+    if (m->data_len >= size - (uint64_t)(m->data - base)) return -1; /* NUL-terminated after data_len bytes */
+  }
+  p->nmounts = w->nmounts;
+  /* the fds this plan names: close-on-exec for whatever we exec */
+  for (int fd = MB_NSINIT_FD_CTL; fd < MB_NSINIT_FD_CGROUP + w->ncgroups; fd++)
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) return -1;
+  errno = 0;
+  return 0;
+}
+
+/* moonbox-init: started only by the runtime (nsinit_host.c), in its new
+ * namespaces, with the fds of nsinit.h and an empty environment. */
+int main(int argc, char **argv) {
+  (void)argc; (void)argv;
+  static mb_nsinit_plan plan;
+  mb_nsinit_plan *p = &plan;
+  p->report_fd = MB_NSINIT_FD_REPORT; /* for die() until the plan is read */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) die(p, MB_NSINIT_PDEATHSIG, -1);
+  if (drop_exec_caps() < 0) die(p, MB_NSINIT_EXEC, -1);
   prctl(PR_SET_NAME, "moonbox-init", 0, 0, 0);
-  scrub_args_and_env();
+  if (read_plan(p) < 0) die(p, MB_NSINIT_EXEC, -1);
   detach_sources(p);
   char go;
   if (read(p->go_fd, &go, 1) != 1) _exit(1); /* the runtime gave up (or died) */
   close(p->go_fd);
-  for (int i = 0; i < 8 && p->cgroup_fds[i] >= 0; i++) {
+  for (int i = 0; i < MB_NSINIT_MAX_CGROUPS && p->cgroup_fds[i] >= 0; i++) {
     if ((i > 0 || !p->first_cgroup_joined) && write(p->cgroup_fds[i], "0", 1) != 1) die(p, MB_NSINIT_CGROUP, i);
     close(p->cgroup_fds[i]);
   }

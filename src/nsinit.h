@@ -1,9 +1,12 @@
 /* The sandbox init: pid 1 of a sandbox's namespaces.
  *
- * The runtime clone()s it (no exec: it is a copy of the runtime that only
- * makes system calls, never allocates) with new user, mount, pid, ipc, uts
- * and optionally net namespaces. It assembles the root filesystem from the
- * mount plan, pivots into it, then serves two sockets:
+ * The runtime clone()s it with CLONE_VM|CLONE_VFORK and new user, mount,
+ * pid, ipc, uts and optionally net namespaces; the child at once execs the
+ * small moonbox-init binary (src/nsinit.c), so the runtime never keeps a
+ * copy-on-write twin of its heap (see nsinit_host.c). The plan arrives as
+ * bytes in a memfd (mb_nsinit_wire below) on a fixed fd. The init
+ * assembles the root filesystem from the mount plan, pivots into it, then
+ * serves two sockets:
  *   ctl:    the runtime sends a request, the init answers it (spawn a child
  *           from a packed plan, or create a socket inside the sandbox's
  *           network namespace);
@@ -17,6 +20,18 @@
 #include <sys/types.h>
 
 #define MB_NSINIT_MAX_MOUNTS 128
+#define MB_NSINIT_MAX_CGROUPS 8
+
+/* The fds moonbox-init starts with (besides the runtime's stdio), in this
+ * order; nothing else is open. MB_NSINIT_FD_CGROUP + i: the i-th cgroup.procs. */
+enum {
+  MB_NSINIT_FD_PLAN = 3,   /* memfd: an mb_nsinit_wire, then its strings */
+  MB_NSINIT_FD_CTL,        /* the init's end of the ctl socket */
+  MB_NSINIT_FD_EVENT,      /* the init's end of the event socket */
+  MB_NSINIT_FD_GO,         /* read end: one byte once the id maps are written */
+  MB_NSINIT_FD_REPORT,     /* write end: one mb_nsinit_report */
+  MB_NSINIT_FD_CGROUP,
+};
 
 enum mb_mount_type {
   MB_MOUNT_BIND, MB_MOUNT_RO_BIND, MB_MOUNT_TMPFS, MB_MOUNT_PROC, MB_MOUNT_DEV,
@@ -42,7 +57,7 @@ typedef struct {
   int loopback;               /* bring lo up (new net namespace) */
   mb_mount mounts[MB_NSINIT_MAX_MOUNTS];
   int nmounts;
-  int cgroup_fds[8];          /* cgroup.procs files to join first; -1: none */
+  int cgroup_fds[MB_NSINIT_MAX_CGROUPS]; /* cgroup.procs files to join first; -1: none */
   int first_cgroup_joined;    /* born in the first of them (clone3, src/child/clone_into.c) */
   int ctl_fd, event_fd;       /* the init's ends of the two sockets */
   int go_fd;                  /* read end: the runtime writes one byte once the id maps are set */
@@ -54,7 +69,26 @@ typedef struct {
 enum mb_nsinit_stage {
   MB_NSINIT_READY = 0, MB_NSINIT_GO, MB_NSINIT_PDEATHSIG, MB_NSINIT_CGROUP, MB_NSINIT_HOSTNAME,
   MB_NSINIT_LOOPBACK, MB_NSINIT_MOUNT, MB_NSINIT_PIVOT, MB_NSINIT_SIGNALS, MB_NSINIT_IDS,
+  MB_NSINIT_EXEC,  /* exec of moonbox-init, its capabilities or its plan */
 };
+
+/* The plan as bytes (the memfd on MB_NSINIT_FD_PLAN): this header, then
+ * NUL-terminated strings at the offsets (-1: none) from its start. */
+#define MB_NSINIT_WIRE_MAGIC 0x6d62696eu /* "mbin" */
+typedef struct {
+  uint32_t magic, header_size;
+  uint64_t size;                  /* the whole memfd */
+  int32_t clone_flags, loopback, defer_pivot, drop_groups;
+  int32_t first_cgroup_joined;    /* written by the pre-exec child: born in the first cgroup */
+  int32_t ncgroups;
+  int64_t hostname_off;
+  int32_t nmounts, pad;
+  struct {
+    int32_t type, optional;
+    int64_t src_off, dst_off, data_off;
+    uint64_t data_len, size;
+  } mounts[MB_NSINIT_MAX_MOUNTS];
+} mb_nsinit_wire;
 
 typedef struct { int32_t stage, err, index; } mb_nsinit_report;
 
@@ -73,7 +107,5 @@ typedef struct {
 typedef struct { int32_t stage, err, pid; } mb_nsinit_reply; /* pid inside; SCM_CREDENTIALS carry it outside */
 /* events */
 typedef struct { int32_t pid, status; } mb_nsinit_event;
-
-int mb_nsinit_main(void *plan);
 
 #endif

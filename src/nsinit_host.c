@@ -33,19 +33,26 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <poll.h>
 #include <sched.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define NSINIT "moonbox.nsinit"
-#define INIT_STACK (256 * 1024)
+#define INIT_STACK (64 * 1024)
 
 typedef struct {
   pid_t pid;
@@ -75,6 +82,7 @@ static const char *stage_name(int stage) {
   case MB_NSINIT_PIVOT: return "pivot_root";
   case MB_NSINIT_SIGNALS: return "signal setup";
   case MB_NSINIT_IDS: return "setresuid/setgroups";
+  case MB_NSINIT_EXEC: return "exec moonbox-init";
   default: return "set-up";
   }
 }
@@ -130,13 +138,250 @@ static int write_proc(pid_t pid, const char *file, const char *text) {
 
 static void close_fd(int *fd) { if (*fd >= 0) close(*fd); *fd = -1; }
 
+/* ---- the init binary -------------------------------------------------- */
+
+/* moonbox-init, found relative to the object this code is in, as the bash
+ * builtin is (src/core.c), so an installed tree works wherever it is moved,
+ * and copied once, when the module loads, into two sealed memfds that the
+ * init is exec'd from:
+ *   - a runtime keeps exec'ing the binary of its own version even when a
+ *     newer one replaces it on disk;
+ *   - /proc/1/exe inside is a sealed memfd, never the host's file, which a
+ *     root inside that maps to its owner could otherwise write to;
+ *   - "private" (mode 0111): the exec cannot read the file, so the kernel
+ *     keeps the init's memory in the host's user namespace and makes it
+ *     non-dumpable (fs/exec.c would_dump): nothing inside, whatever
+ *     capabilities a policy keeps, can read or write the init's memory or
+ *     take its fds through /proc/1/mem, ptrace or pidfd_getfd. Used when
+ *     the init changes ids at setresuid(0) (root inside is another host id
+ *     than the runtime), as the copy-on-write init did: then the runtime
+ *     reaches /proc/<init> with the privilege that mapping took;
+ *   - "readable" (0555) otherwise (root inside is the runtime's own id, an
+ *     unprivileged runtime's "0 <uid> 1"): the init stays dumpable, as it
+ *     was, so that the runtime can write its id maps and reach
+ *     /proc/<init>/root without privilege. */
+static int init_exe_private = -1, init_exe_readable = -1;
+static int init_exe_err = ENOENT;
+static char init_exe_path[PATH_MAX] = "moonbox-init";
+static int cap_last = -1;
+
+#ifndef MFD_EXEC
+#define MFD_EXEC 0x0010U
+#endif
+
+static int exe_memfd(int src, mode_t mode) {
+  int fd = memfd_create("moonbox-init", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC);
+  if (fd < 0 && errno == EINVAL) fd = memfd_create("moonbox-init", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  char buf[65536];
+  off_t off = 0;
+  for (;;) {
+    ssize_t n = pread(src, buf, sizeof buf, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) goto fail;
+    if (n == 0) break;
+    for (ssize_t done = 0; done < n;) {
+      ssize_t w = write(fd, buf + done, (size_t)(n - done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) { if (w == 0) errno = EIO; goto fail; }
+      done += w;
+    }
+    off += n;
+  }
+  if (fchmod(fd, mode) < 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+    goto fail;
+  return fd;
+fail:;
+  int e = errno;
+  close(fd);
+  errno = e;
+  return -1;
+}
+
+static void find_init(void) {
+  static const char *const rels[] = {
+#ifdef MOONBOX_INIT_REL
+    MOONBOX_INIT_REL,            /* from an installed libmoonbox.so */
+#endif
+    "moonbox-init",              /* from moonbox/core.so, installed or in the build tree */
+    "lib/moonbox/moonbox-init",  /* from the build tree's libmoonbox.so */
+  };
+  char dir[PATH_MAX], path[PATH_MAX + 64];
+  if (init_exe_private >= 0) return;
+  if (mb_self_dir(dir, sizeof dir)) {
+    for (size_t i = 0; i < sizeof rels / sizeof *rels && init_exe_private < 0; i++) {
+      snprintf(path, sizeof path, "%s/%s", dir, rels[i]);
+      size_t len = strlen(path);
+      if (i == 0 && len < sizeof init_exe_path) memcpy(init_exe_path, path, len + 1); /* named if none is found */
+      int fd = open(path, O_RDONLY | O_CLOEXEC);
+      if (fd < 0 || len >= sizeof init_exe_path) { if (fd >= 0) close(fd); continue; }
+      memcpy(init_exe_path, path, len + 1);
+      struct stat st;
+      if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || access(path, X_OK) < 0) {
+        init_exe_err = errno ? errno : EACCES;
+      } else if ((init_exe_private = exe_memfd(fd, 0111)) < 0 || (init_exe_readable = exe_memfd(fd, 0555)) < 0) {
+        init_exe_err = errno;
+        if (init_exe_private >= 0) close(init_exe_private);
+        init_exe_private = -1;
+      }
+      close(fd);
+    }
+  }
+  /* the capabilities to carry across that exec: 0..cap_last */
+  int fd = open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[16] = {0};
+    if (read(fd, buf, sizeof buf - 1) > 0) cap_last = atoi(buf);
+    close(fd);
+  }
+  if (cap_last <= 0 || cap_last > 63) cap_last = CAP_LAST_CAP;
+}
+
+/* Whether root inside is another host id than ours (maps: "0 <host> <n>"
+ * first): then the init changes ids and is exec'd private (above). */
+static int changes_ids(const char *uid_map, const char *gid_map) {
+  unsigned in_u, host_u, in_g, host_g;
+  if (sscanf(uid_map, "%u %u", &in_u, &host_u) != 2 || sscanf(gid_map, "%u %u", &in_g, &host_g) != 2) return 1;
+  return in_u != 0 || in_g != 0 || host_u != (unsigned)geteuid() || host_g != (unsigned)getegid();
+}
+
+/* The plan as bytes (nsinit.h: mb_nsinit_wire) in a memfd. */
+typedef struct { char *buf; size_t len; } wire_buf;
+
+static int64_t wire_put(wire_buf *b, const char *s, size_t n) {
+  if (!s) return -1;
+  int64_t at = (int64_t)b->len;
+  memcpy(b->buf + b->len, s, n);
+  b->buf[b->len + n] = 0;
+  b->len += n + 1;
+  return at;
+}
+
+static int pack_plan(const mb_nsinit_plan *p, int ncgroups, int *out) {
+  size_t total = sizeof(mb_nsinit_wire);
+  if (p->hostname) total += strlen(p->hostname) + 1;
+  for (int i = 0; i < p->nmounts; i++) {
+    const mb_mount *m = &p->mounts[i];
+    total += (m->src ? strlen(m->src) + 1 : 0) + strlen(m->dst) + 1 + m->data_len + 1;
+  }
+  wire_buf b = {calloc(1, total), sizeof(mb_nsinit_wire)};
+  if (!b.buf) return ENOMEM;
+  mb_nsinit_wire *w = (mb_nsinit_wire *)b.buf;
+  w->magic = MB_NSINIT_WIRE_MAGIC;
+  w->header_size = sizeof *w;
+  w->size = total;
+  w->clone_flags = p->clone_flags;
+  w->loopback = p->loopback;
+  w->defer_pivot = p->defer_pivot;
+  w->drop_groups = p->drop_groups;
+  w->ncgroups = ncgroups;
+  w->hostname_off = p->hostname ? wire_put(&b, p->hostname, strlen(p->hostname)) : -1;
+  w->nmounts = p->nmounts;
+  for (int i = 0; i < p->nmounts; i++) {
+    const mb_mount *m = &p->mounts[i];
+    w->mounts[i].type = m->type;
+    w->mounts[i].optional = m->optional;
+    w->mounts[i].size = m->size;
+    w->mounts[i].src_off = m->src ? wire_put(&b, m->src, strlen(m->src)) : -1;
+    w->mounts[i].dst_off = wire_put(&b, m->dst, strlen(m->dst));
+    w->mounts[i].data_off = wire_put(&b, m->data, m->data_len);
+    w->mounts[i].data_len = m->data_len;
+  }
+  int e = 0;
+  int fd = memfd_create("moonbox-init-plan", MFD_CLOEXEC);
+  if (fd < 0) e = errno;
+  for (size_t done = 0; !e && done < b.len;) {
+    ssize_t n = write(fd, b.buf + done, b.len - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) e = n < 0 ? errno : EIO;
+    else done += (size_t)n;
+  }
+  free(b.buf);
+  if (e) { if (fd >= 0) close(fd); return e; }
+  *out = fd;
+  return 0;
+}
+
+/* What the pre-exec child needs, all prepared before the clone: it shares
+ * our memory (CLONE_VM) while we sleep (CLONE_VFORK), and only makes
+ * system calls. */
+typedef struct {
+  int fds[MB_NSINIT_FD_CGROUP + MB_NSINIT_MAX_CGROUPS]; /* fds[k]: what goes to fd k (k >= 3) */
+  int nfds;                    /* fds 3 .. nfds - 1 */
+  int joined;                  /* set before each clone attempt: born in the first cgroup */
+  int report_fd;
+  int exe_fd;                  /* init_exe_private or init_exe_readable */
+} init_exec_args;
+
+static char *const init_argv[] = {"moonbox-init", NULL};
+static char *const init_envp[] = {NULL};
+
+static void exec_fail(int report_fd, int err) {
+  mb_nsinit_report r = {MB_NSINIT_EXEC, err, -1};
+  ssize_t n;
+  do n = write(report_fd, &r, sizeof r); while (n < 0 && errno == EINTR);
+  _exit(127);
+}
+
+/* Runs in the clone, in the new namespaces: put the plan's fds at 3.., close
+ * every other fd of the runtime (our fd table is a copy: the runtime's is
+ * untouched), carry our capabilities in the new user namespace across the
+ * exec (the namespace maps no id of ours yet, so an exec would drop them:
+ * they go through the ambient set, which moonbox-init clears first thing),
+ * and exec moonbox-init with an empty environment. */
+static int init_exec_child(void *arg) {
+  init_exec_args *a = (init_exec_args *)arg;
+  int report = a->report_fd;
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (pwrite(a->fds[MB_NSINIT_FD_PLAN], &a->joined, sizeof a->joined,
+             offsetof(mb_nsinit_wire, first_cgroup_joined)) != (ssize_t)sizeof a->joined)
+    exec_fail(report, errno ? errno : EIO);
+  /* above every target first, then into place (dup2 clears close-on-exec);
+   * the first free fds above the targets, so that a low RLIMIT_NOFILE holds */
+  const int HIGH = a->nfds + 1;
+  int high[MB_NSINIT_FD_CGROUP + MB_NSINIT_MAX_CGROUPS + 1];
+  for (int k = 3; k < a->nfds; k++)
+    if ((high[k] = fcntl(a->fds[k], F_DUPFD_CLOEXEC, HIGH)) < 0) exec_fail(report, errno);
+  report = high[MB_NSINIT_FD_REPORT];
+  int exe = fcntl(a->exe_fd, F_DUPFD_CLOEXEC, HIGH);
+  if (exe < 0) exec_fail(report, errno);
+  for (int k = 3; k < a->nfds; k++)
+    if (dup2(high[k], k) < 0) exec_fail(report, errno);
+  report = MB_NSINIT_FD_REPORT;
+  if (dup3(exe, a->nfds, O_CLOEXEC) < 0) exec_fail(report, errno);
+  exe = a->nfds;
+  if (syscall(SYS_close_range, (unsigned)a->nfds + 1, ~0U, 0) < 0) exec_fail(report, errno);
+  struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &hdr, data) < 0) exec_fail(report, errno);
+  data[0].inheritable = data[0].permitted;
+  data[1].inheritable = data[1].permitted;
+  if (syscall(SYS_capset, &hdr, data) < 0) exec_fail(report, errno);
+  for (int c = 0; c <= cap_last; c++)
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, c, 0, 0) < 0) exec_fail(report, errno);
+  syscall(SYS_execveat, exe, "", init_argv, init_envp, AT_EMPTY_PATH);
+  exec_fail(report, errno);
+  return 127;
+}
+
+/* A report already waiting (the child failed before or right after its
+ * exec), without blocking; 0 when there is none. */
+static int early_report(int rep_fd, mb_nsinit_report *r) {
+  struct pollfd pf = {rep_fd, POLLIN, 0};
+  if (poll(&pf, 1, 0) <= 0 || !(pf.revents & POLLIN)) return 0;
+  ssize_t n;
+  do n = read(rep_fd, r, sizeof *r); while (n < 0 && errno == EINTR);
+  return n == (ssize_t)sizeof *r && r->stage != MB_NSINIT_READY;
+}
+
 static int nsinit_start(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   mb_core *core = mb_core_get(L);
-  static mb_nsinit_plan plan;  /* the child gets a copy; we only need it until clone returns */
+  static mb_nsinit_plan plan;  /* packed into a memfd before the clone */
   mb_nsinit_plan *p = &plan;
   memset(p, 0, sizeof *p);
-  for (int i = 0; i < 8; i++) p->cgroup_fds[i] = -1;
+  for (int i = 0; i < MB_NSINIT_MAX_CGROUPS; i++) p->cgroup_fds[i] = -1;
   lua_getfield(L, 1, "namespaces");
   luaL_checktype(L, -1, LUA_TTABLE);
   for (int i = 1; i <= (int)lua_objlen(L, -1); i++) {
@@ -175,17 +420,26 @@ static int nsinit_start(lua_State *L) {
   lua_getfield(L, 1, "on_exit");
   int exit_cb_idx = lua_isfunction(L, -1) ? lua_gettop(L) : 0;
 
-  int ctl[2] = {-1, -1}, ev[2] = {-1, -1}, go[2] = {-1, -1}, rep[2] = {-1, -1};
+  if (init_exe_private < 0) {
+    char detail[PATH_MAX + 96];
+    snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, or beside moonbox/core.so)",
+             init_exe_path);
+    return mb_push_errno(L, init_exe_err, detail);
+  }
+  int ctl[2] = {-1, -1}, ev[2] = {-1, -1}, go[2] = {-1, -1}, rep[2] = {-1, -1}, plan_fd = -1;
+  int ncgroups = 0;
   int err = 0;
   const char *what = NULL;
   int cgroup_dir = -1; /* the first cgroup's directory, to clone the init into */
   lua_getfield(L, 1, "cgroups");
   if (lua_istable(L, -1)) {
-    for (int i = 1; i <= (int)lua_objlen(L, -1) && i <= 8 && !err; i++) {
+    if ((int)lua_objlen(L, -1) > MB_NSINIT_MAX_CGROUPS)
+      return luaL_error(L, "sandbox_init: too many cgroups (max %d)", MB_NSINIT_MAX_CGROUPS);
+    for (int i = 1; i <= (int)lua_objlen(L, -1) && !err; i++) {
       lua_rawgeti(L, -1, i);
       lua_pushfstring(L, "%s/cgroup.procs", luaL_checkstring(L, -1));
       p->cgroup_fds[i - 1] = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
-      if (p->cgroup_fds[i - 1] < 0) { err = errno; what = "cgroup"; }
+      if (p->cgroup_fds[i - 1] < 0) { err = errno; what = "cgroup"; } else ncgroups = i;
       if (i == 1) cgroup_dir = open(lua_tostring(L, -2), O_PATH | O_DIRECTORY | O_CLOEXEC);
       lua_pop(L, 2);
     }
@@ -193,35 +447,42 @@ static int nsinit_start(lua_State *L) {
   if (!err && (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0 ||
                socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ev) < 0 ||
                pipe2(go, O_CLOEXEC) < 0 || pipe2(rep, O_CLOEXEC) < 0)) { err = errno; what = "socketpair"; }
+  if (!err && (err = pack_plan(p, ncgroups, &plan_fd)) != 0) what = "sandbox plan";
   pid_t pid = -1;
   if (!err) {
     int one = 1;
     struct timeval tv = {30, 0}; /* a wedged init must not hang the runtime forever */
     setsockopt(ctl[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
     setsockopt(ctl[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    p->ctl_fd = ctl[1];
-    p->event_fd = ev[1];
-    p->go_fd = go[0];
-    p->report_fd = rep[1];
-    char *stack = (char *)malloc(INIT_STACK);
-    if (!stack) return luaL_error(L, "out of memory");
+    static init_exec_args args;
+    memset(&args, 0, sizeof args);
+    args.fds[MB_NSINIT_FD_PLAN] = plan_fd;
+    args.fds[MB_NSINIT_FD_CTL] = ctl[1];
+    args.fds[MB_NSINIT_FD_EVENT] = ev[1];
+    args.fds[MB_NSINIT_FD_GO] = go[0];
+    args.fds[MB_NSINIT_FD_REPORT] = rep[1];
+    for (int i = 0; i < ncgroups; i++) args.fds[MB_NSINIT_FD_CGROUP + i] = p->cgroup_fds[i];
+    args.nfds = MB_NSINIT_FD_CGROUP + ncgroups;
+    args.report_fd = rep[1];
+    args.exe_fd = changes_ids(uid_map, gid_map) ? init_exe_private : init_exe_readable;
+    /* the child only runs until its exec: a small stack of ours will do */
+    static char stack[INIT_STACK] __attribute__((aligned(16)));
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
+    int flags = p->clone_flags | CLONE_VM | CLONE_VFORK;
     /* born in its cgroup where the kernel can: no migration to wait for */
-    p->first_cgroup_joined = cgroup_dir >= 0;
-    pid = p->first_cgroup_joined ? mb_clone_into_cgroup(mb_nsinit_main, p, stack, INIT_STACK, p->clone_flags,
-                                                        cgroup_dir) : -1;
+    args.joined = cgroup_dir >= 0;
+    pid = args.joined ? mb_clone_into_cgroup(init_exec_child, &args, stack, INIT_STACK, flags, cgroup_dir) : -1;
     if (pid < 0) {
-      p->first_cgroup_joined = 0;
-      pid = clone(mb_nsinit_main, stack + INIT_STACK, p->clone_flags | SIGCHLD, p);
+      args.joined = 0;
+      pid = clone(init_exec_child, stack + INIT_STACK, flags | SIGCHLD, &args);
     }
     if (pid < 0) { err = errno; what = "clone"; }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    free(stack);
   }
-  close_fd(&ctl[1]); close_fd(&ev[1]); close_fd(&go[0]); close_fd(&rep[1]);
-  for (int i = 0; i < 8; i++) close_fd(&p->cgroup_fds[i]);
+  close_fd(&ctl[1]); close_fd(&ev[1]); close_fd(&go[0]); close_fd(&rep[1]); close_fd(&plan_fd);
+  for (int i = 0; i < MB_NSINIT_MAX_CGROUPS; i++) close_fd(&p->cgroup_fds[i]);
   close_fd(&cgroup_dir);
   if (!err) {
     if (deny_setgroups) err = write_proc(pid, "setgroups", "deny");
@@ -230,7 +491,10 @@ static int nsinit_start(lua_State *L) {
     if (err) what = "id map";
   }
   mb_nsinit_report r = {MB_NSINIT_GO, EPIPE, -1};
-  if (!err) {
+  /* the exec failed, or moonbox-init could not start: that, not the id map
+   * that then cannot be written, is the error */
+  if (pid > 0 && early_report(rep[0], &r)) err = 0;
+  else if (!err) {
     ssize_t n;
     do n = write(go[1], "g", 1); while (n < 0 && errno == EINTR);
     do n = read(rep[0], &r, sizeof r); while (n < 0 && errno == EINTR);
@@ -251,6 +515,8 @@ static int nsinit_start(lua_State *L) {
       const mb_mount *m = &p->mounts[r.index];
       snprintf(detail, sizeof detail, "sandbox set-up: mount #%d (%s %s -> %s)", r.index + 1,
                mount_types[m->type], m->src ? m->src : "-", m->dst);
+    } else if (r.stage == MB_NSINIT_EXEC) {
+      snprintf(detail, sizeof detail, "sandbox set-up: exec moonbox-init (%.400s)", init_exe_path);
     } else {
       snprintf(detail, sizeof detail, "sandbox set-up: %s", stage_name(r.stage));
     }
@@ -525,6 +791,7 @@ static const luaL_Reg nsinit_methods[] = {
   {"finish", nsinit_finish}, {NULL, NULL}};
 
 void mb_open_nsinit(lua_State *L) {
+  find_init();
   mb_new_class(L, NSINIT, nsinit_methods);
   lua_pushcfunction(L, nsinit_new);
   lua_setfield(L, -2, "sandbox_init");

@@ -100,12 +100,39 @@ describe("isolation: namespaces", function()
       -- the runtime has no pid in here: it cannot be signalled or traced
       r = sb:exec("kill -0 " .. core.getpid() .. " 2>&1; ls /proc/" .. core.getpid() .. " 2>&1 | head -1")
       assert.matches("No such process", r.stdout)
-      -- pid 1 is the init: a copy of the runtime that reveals nothing of it
+      -- pid 1 is the init (moonbox-init): it reveals nothing of the runtime
       r = sb:exec("ls /proc/1/root/ 2>&1; cat /proc/1/environ 2>&1; tr '\\0' ' ' < /proc/1/cmdline")
       assert.matches("ls: cannot access '/proc/1/root/': Permission denied", r.stdout)
       assert.matches("cat: /proc/1/environ: Permission denied", r.stdout)
       assert.matches("moonbox%-init%s*$", r.stdout)
       assert.is_nil(r.stdout:find("busted", 1, true))
+    end)
+  end)
+
+  it("runs pid 1 as moonbox-init, a binary of its own: none of the runtime's memory, environment or fds", function()
+    with_ns(function(sb)
+      local pid = sb:info().initPid
+      local function read(name)
+        local f = assert(io.open(("/proc/%d/%s"):format(pid, name), "rb"))
+        local s = f:read("*a")
+        f:close()
+        return s
+      end
+      -- exec'd (from a sealed memfd copy): no page of the runtime's heap or
+      -- libraries is shared copy-on-write with it
+      local maps = read("maps")
+      assert.truthy(maps:find("/memfd:moonbox-init", 1, true), maps)
+      for _, lib in ipairs { "luajit", "libuv", "moonbox/core.so", "libmoonbox", "libwebsockets", "libseccomp" } do
+        assert.is_nil(maps:find(lib, 1, true), lib .. " in\n" .. maps)
+      end
+      assert.equal("", read("environ"))
+      assert.equal("moonbox-init\0", read("cmdline"))
+      assert.equal("moonbox-init\n", read("comm"))
+      -- stdio, its signalfd, the ctl and event sockets: nothing else of ours
+      local fds = {}
+      for name in helper.sh("ls /proc/" .. pid .. "/fd"):gmatch("%d+") do fds[#fds + 1] = tonumber(name) end
+      table.sort(fds)
+      assert.same({ 0, 1, 2, 3, 4, 5 }, fds)
     end)
   end)
 
