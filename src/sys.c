@@ -11,6 +11,7 @@
 #include <sys/fsuid.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static int sys_getpid(lua_State *L) { lua_pushinteger(L, getpid()); return 1; }
@@ -291,6 +292,7 @@ static int sys_readlink(lua_State *L) {
 typedef struct {
   int pid, ppid, pgid, sid;
   char state;
+  char unsettled;  /* caught in execve or exit: no environment to read yet */
   unsigned long long start;
   char *owner;
 } scan_entry;
@@ -306,6 +308,7 @@ typedef struct {
   int nprefixes;
   scan_entry *e;
   size_t n, cap;
+  int settle_left; /* waits for processes caught mid-exec, for the whole pass */
   int err;
   const char *op;
 } scan_req;
@@ -338,9 +341,10 @@ static ssize_t scan_read(int dirfd, const char *path, char *buf, size_t size) {
 
 /* The value of r->env in pid's environ, streamed in chunks (a fixed
  * buffer, however big the environment); a malloc'd copy or NULL. */
-static char *scan_owner(scan_req *r, int dirfd, const char *pid) {
+static char *scan_owner(scan_req *r, int dirfd, const char *pid, size_t *nread) {
   char path[300];
   snprintf(path, sizeof path, "%s/environ", pid);
+  *nread = 0;
   int fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return NULL;
   char buf[8192], value[SCAN_MAX_OWNER + 1];
@@ -379,6 +383,7 @@ static char *scan_owner(scan_req *r, int dirfd, const char *pid) {
     }
     if (found || total >= SCAN_MAX_ENVIRON) break;
   }
+  *nread = total;
   /* an environment that ends without its last NUL (it was rewritten) */
   if (!found && state == 1 && vlen > 0 && total < SCAN_MAX_ENVIRON) {
     value[vlen] = 0;
@@ -386,8 +391,79 @@ static char *scan_owner(scan_req *r, int dirfd, const char *pid) {
       if (strncmp(value, r->prefixes[p], strlen(r->prefixes[p])) == 0) found = strdup(value);
   }
 done:
+  if (!*nread) *nread = total;
   close(fd);
   return found;
+}
+
+#define PF_KTHREAD_FLAG 0x00200000 /* include/linux/sched.h */
+#define SCAN_SETTLE_ROUNDS 25
+#define SCAN_SETTLE_NS 4000000L    /* 25 x 4 ms: 100 ms at most per pass */
+
+/* Parse <pid>/stat into e (state, ppid, pgid, sid, start) and the task
+ * flags; 0 if the process is gone. After "(comm) ": state ppid pgrp
+ * session tty_nr tpgid flags minflt cminflt majflt cmajflt utime stime
+ * cutime cstime priority nice num_threads itrealvalue starttime (the comm
+ * may hold ")"). */
+static int scan_stat(int dirfd, const char *name, scan_entry *e, unsigned long *flags) {
+  char buf[1024], path[300];
+  snprintf(path, sizeof path, "%s/stat", name);
+  if (scan_read(dirfd, path, buf, sizeof buf) <= 0) return 0;
+  char *p = strrchr(buf, ')');
+  if (!p || p[1] != ' ' || !p[2]) return 0;
+  e->state = p[2];
+  p += 3;
+  long long f[19];
+  int k = 0;
+  while (k < 19) {
+    char *q;
+    errno = 0;
+    f[k] = strtoll(p, &q, 10);
+    if (q == p || errno) break;
+    k++;
+    p = q;
+  }
+  if (k < 19) return 0;
+  e->ppid = (int)f[0];
+  e->pgid = (int)f[1];
+  e->sid = (int)f[2];
+  *flags = (unsigned long)f[5];
+  e->start = (unsigned long long)f[18];
+  return 1;
+}
+
+/* Read e's marker. A process in the middle of execve has no environment
+ * to read (the kernel sets the new one's bounds at the end of the exec),
+ * nor a command line; neither has one that is exiting (its memory gone).
+ * Such a process is read again a few ms later (SCAN_SETTLE_ROUNDS waits
+ * at most for the whole pass), on this (pool) thread: a marked process caught mid-exec would
+ * otherwise look unmarked (on a loaded machine the window spans passes).
+ * Still unreadable after that: e->unsettled. Kernel threads have neither
+ * and are not waited for; a process that cleared its environment still
+ * has a command line. */
+static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e, unsigned long flags) {
+  char path[300], one[2];
+  for (;;) {
+    size_t n;
+    e->owner = scan_owner(r, dirfd, name, &n);
+    e->unsettled = 0;
+    if (e->owner || n > 0 || (flags & PF_KTHREAD_FLAG)) return;
+    snprintf(path, sizeof path, "%s/cmdline", name);
+    if (scan_read(dirfd, path, one, sizeof one) > 0) return;
+    e->unsettled = 1;
+    if (r->settle_left <= 0) return;
+    r->settle_left--;
+    struct timespec ts = {0, SCAN_SETTLE_NS};
+    nanosleep(&ts, NULL);
+    scan_entry again = *e;
+    if (!scan_stat(dirfd, name, &again, &flags) || again.start != e->start) {
+      e->state = 'X'; /* gone (or its pid reused): not reported */
+      e->unsettled = 0;
+      return;
+    }
+    *e = again;
+    if (e->state == 'Z' || e->state == 'X') { e->unsettled = 0; return; }
+  }
 }
 
 static void scan_work(uv_work_t *w) {
@@ -397,39 +473,16 @@ static void scan_work(uv_work_t *w) {
   DIR *d = fdopendir(dirfd);
   if (!d) { r->err = errno; r->op = "opendir"; close(dirfd); return; }
   struct dirent *de;
-  char buf[1024], path[300];
   while ((de = readdir(d)) != NULL) {
     const char *name = de->d_name;
     char *end;
     long pid = strtol(name, &end, 10);
     if (*name < '1' || *name > '9' || *end || pid <= 0 || pid > 0x7fffffff) continue;
-    snprintf(path, sizeof path, "%s/stat", name);
-    if (scan_read(dirfd, path, buf, sizeof buf) <= 0) continue; /* gone */
-    /* after "(comm) ": state ppid pgrp session tty_nr tpgid flags minflt
-     * cminflt majflt cmajflt utime stime cutime cstime priority nice
-     * num_threads itrealvalue starttime (the comm may hold ")") */
-    char *p = strrchr(buf, ')');
-    if (!p || p[1] != ' ') continue;
     scan_entry e = {0};
     e.pid = (int)pid;
-    e.state = p[2];
-    p += 3;
-    long long f[19];
-    int k = 0;
-    while (k < 19) {
-      char *q;
-      errno = 0;
-      f[k] = strtoll(p, &q, 10);
-      if (q == p || errno) break;
-      k++;
-      p = q;
-    }
-    if (k < 19) continue;
-    e.ppid = (int)f[0];
-    e.pgid = (int)f[1];
-    e.sid = (int)f[2];
-    e.start = (unsigned long long)f[18];
-    if (r->env && e.state != 'Z' && e.state != 'X') e.owner = scan_owner(r, dirfd, name);
+    unsigned long flags;
+    if (!scan_stat(dirfd, name, &e, &flags)) continue; /* gone */
+    if (r->env && e.state != 'Z' && e.state != 'X') scan_settle(r, dirfd, name, &e, flags);
     if (r->n == r->cap) {
       size_t cap = r->cap ? r->cap * 2 : 512;
       scan_entry *ne = cap <= SCAN_MAX_ENTRIES ? realloc(r->e, cap * sizeof *ne) : NULL;
@@ -442,6 +495,7 @@ static void scan_work(uv_work_t *w) {
       r->e = ne;
       r->cap = cap;
     }
+    if (e.state == 'X' && !e.owner) continue; /* went while it was read */
     r->e[r->n++] = e;
   }
   closedir(d);
@@ -457,7 +511,7 @@ static int scan_push(lua_State *L, scan_req *r) {
   char st[2] = {0, 0};
   for (size_t i = 0; i < r->n; i++) {
     scan_entry *e = &r->e[i];
-    lua_createtable(L, 0, e->owner ? 7 : 6);
+    lua_createtable(L, 0, 7);
     lua_pushinteger(L, e->pid); lua_setfield(L, -2, "pid");
     lua_pushinteger(L, e->ppid); lua_setfield(L, -2, "ppid");
     lua_pushinteger(L, e->pgid); lua_setfield(L, -2, "pgid");
@@ -466,6 +520,7 @@ static int scan_push(lua_State *L, scan_req *r) {
     lua_pushstring(L, st); lua_setfield(L, -2, "state");
     lua_pushnumber(L, (lua_Number)e->start); lua_setfield(L, -2, "start");
     if (e->owner) { lua_pushstring(L, e->owner); lua_setfield(L, -2, "owner"); }
+    if (e->unsettled) { lua_pushboolean(L, 1); lua_setfield(L, -2, "unsettled"); }
     lua_rawseti(L, -2, (int)i + 1);
   }
   return 1;
@@ -556,6 +611,7 @@ static int sys_proc_scan(lua_State *L) {
     }
     lua_pop(L, 1);
   }
+  r->settle_left = SCAN_SETTLE_ROUNDS;
   r->work.data = r;
   if (!async) {
     scan_work(&r->work);

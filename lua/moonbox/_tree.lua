@@ -241,13 +241,34 @@ function M.pids_with_env(name, value, prefix, scan)
   return out
 end
 
+-- The processes that re-parenting gives to the runtime or a sandbox's init
+-- (pid 1 of its namespace): where an orphan of any tree goes.
+local function adopters()
+  local set = { [core.getpid()] = true }
+  for _, sb in pairs(require("moonbox.sandbox").all()) do
+    if sb.init and not sb.init_dead then set[sb.init:pid()] = true end
+  end
+  return set
+end
+
+-- Whether a pass holds an orphan whose marker could not be read yet (caught
+-- in execve past core.proc_scan's waits: "unsettled"): it may be anyone's.
+local function unsettled_orphan(scan, adopted)
+  for _, e in ipairs(scan) do
+    if e.unsettled and adopted[e.ppid] then return true end
+  end
+  return false
+end
+
 -- Kill (SIGKILL) every process carrying the marker, a pass every 10 ms so
 -- that children forked meanwhile are caught too, until a pass finds none
--- (at most 20 passes); proc mode only, in a task.
+-- and no orphan whose marker is not readable yet (at most 20 passes); proc
+-- mode only, in a task.
 function M.kill_marked(name, value, sleep, prefix)
   for _ = 1, 20 do
-    local pids = M.pids_with_env(name, value, prefix)
-    if #pids == 0 then return end
+    local scan = M.scan()
+    local pids = M.pids_with_env(name, value, prefix, scan)
+    if #pids == 0 and not unsettled_orphan(scan, adopters()) then return end
     M.signal_pids(pids, "SIGKILL")
     sleep(10)
   end
@@ -275,14 +296,19 @@ function M.proc_table()
 end
 
 -- The live pids of the tree of leader (its pid), marked with marker (the
--- value of MOONBOX_OWNER), as a set {pid = true}, and whether one of them
--- is in the leader's process group; running: whether the leader has not
--- been reaped yet. table_: a proc_table() to reuse.
+-- value of MOONBOX_OWNER), as a set {pid = true}; whether one of them is
+-- in the leader's process group; and whether the tree may hold more that
+-- cannot be told yet: a process caught in execve (no marker to read, see
+-- core.proc_scan's "unsettled") in the leader's group or session, under a
+-- member, or adopted as an orphan. running: whether the leader has not been
+-- reaped yet. table_: a proc_table() to reuse.
 function M.proc_tree(leader, marker, running, table_)
   table_ = table_ or M.proc_table()
   local me = core.getpid()
   local set, children, pgid_of = {}, {}, {}
+  local unsettled = {}
   for _, e in ipairs(table_) do
+    if e.unsettled then unsettled[#unsettled + 1] = e end
     pgid_of[e.pid] = e.pgid
     if e.pid ~= me then
       children[e.ppid] = children[e.ppid] or {}
@@ -308,22 +334,29 @@ function M.proc_tree(leader, marker, running, table_)
   end
   local group = false
   for pid in pairs(set) do if pgid_of[pid] == leader then group = true break end end
-  return set, group
+  local maybe = false
+  if #unsettled > 0 then
+    local adopted = adopters()
+    for _, e in ipairs(unsettled) do
+      if adopted[e.ppid] or set[e.ppid] or e.pgid == leader or e.sid == leader then maybe = true break end
+    end
+  end
+  return set, group, maybe
 end
 
 -- Signal a proc-mode tree: the process group first (one kill(2) reaches
 -- every member, also one forking at that instant: the kernel delivers a
 -- group signal to a child being forked), then each pid found. Returns how
--- many pids were found. table_: a proc_table() to reuse.
+-- many pids were found, and whether the tree may hold more (proc_tree). table_: a proc_table() to reuse.
 function M.signal_proc_tree(leader, marker, running, sig, table_)
-  local set, group = M.proc_tree(leader, marker, running, table_)
+  local set, group, maybe = M.proc_tree(leader, marker, running, table_)
   local n = 0
   for _ in pairs(set) do n = n + 1 end
-  if n == 0 then return 0 end
+  if n == 0 then return 0, maybe end
   -- the group outlives its leader while a member lives (that pins the id)
   if group then core.kill(-leader, sig) end
   for pid in pairs(set) do core.kill(pid, sig) end
-  return n
+  return n, maybe
 end
 
 function M.signal_pids(pids, sig)

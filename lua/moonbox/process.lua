@@ -148,8 +148,11 @@ function Process:_alive(proc_table)
     if not self._cgroup_removed and tree.populated(self._cgroup) then return true end
     if not self._cgroup_removed then tree.remove_cgroup(self._cgroup) end
     self._cgroup_removed = true
-  elseif next((tree.proc_tree(self.pid, self._marker, false, proc_table))) then
-    return true
+  else
+    -- (maybe: a process that may be the tree's was caught in execve, its
+    -- marker not readable yet; the tree is not known gone)
+    local set, _, maybe = tree.proc_tree(self.pid, self._marker, false, proc_table)
+    if next(set) or maybe then return true end
   end
   self._tree_gone = true
   return false
@@ -181,8 +184,8 @@ function Process:_signal_tree(sig, scan)
     tree.signal_pids(tree.cgroup_pids(self._cgroup), sig)
     return
   end
-  local found = tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, scan)
-  if sig ~= core.signum("SIGKILL") or found == 0 or self._timers.passes then return end
+  local found, maybe = tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, scan)
+  if sig ~= core.signum("SIGKILL") or (found == 0 and not maybe) or self._timers.passes then return end
   -- the passes: a task, closed like the timers (_close_timers)
   local passes = { closed = false }
   function passes.close() passes.closed = true end
