@@ -139,12 +139,38 @@ end
 local function deliver(pass, entries, msg, code)
   local result = entries and live(entries)
   for _, cb in ipairs(pass.waiters) do
-    if not pass.dropped[cb] then cb(result, msg, code) end
+    if not pass.dropped[cb] then
+      local ok, err = pcall(cb, result, msg, code)
+      if not ok then io.stderr:write("moonbox: /proc scan callback: ", tostring(err), "\n") end
+    end
   end
 end
 
+local inflight -- the pass on the thread pool, if any
+
+local function start_pass(pass)
+  inflight = pass
+  local function done(entries, msg, code)
+    inflight = nil
+    deliver(pass, entries, msg, code)
+    -- the callers that asked meanwhile: their pass starts now
+    if pending and pending.due then
+      local nxt = pending
+      pending = nil
+      start_pass(nxt)
+    end
+  end
+  local ok, msg, code = core.proc_scan(scan_opts(), function(err, entries, ecode)
+    if err then done(nil, err, ecode) else done(entries) end
+  end)
+  if not ok then done(nil, msg, code) end
+end
+
 -- scan_then(cb) -> cancel: cb(entries) after the next pass, or cb(nil,
--- message, CODE) if it failed; cancel() drops the callback.
+-- message, CODE) if it failed; cancel() drops the callback. One pass at a
+-- time is on the pool: callers that ask while one runs share the next,
+-- which starts when it ends (a pass takes 5-250 ms under load; the exec
+-- timeout's 20 ms SIGTERM repeats queued one behind another before).
 function M.scan_then(cb)
   local pass = pending
   if not pass then
@@ -153,11 +179,13 @@ function M.scan_then(cb)
     local t = core.timer()
     t:start(0, 0, function()
       t:close()
-      if pending == pass then pending = nil end
-      local ok, msg, code = core.proc_scan(scan_opts(), function(err, entries, ecode)
-        if err then deliver(pass, nil, err, ecode) else deliver(pass, entries) end
-      end)
-      if not ok then deliver(pass, nil, msg, code) end
+      if pending ~= pass then return end
+      if inflight then
+        pass.due = true -- started by the running pass's end
+      else
+        pending = nil
+        start_pass(pass)
+      end
     end)
   end
   pass.waiters[#pass.waiters + 1] = cb
