@@ -226,6 +226,20 @@ local function needs_scan(p)
   return not p:_running() and p.pid and not p._cgroup and not p._tree_gone
 end
 
+-- A proc-mode process whose tree is not known gone: its kill looks at a pass.
+local function in_proc_tree(p)
+  return p.pid ~= nil and not p._cgroup and not p._tree_gone
+end
+
+-- One pass for every proc-mode process of sb (of session_id), taken before
+-- looking at them (no wait inside a walk of sb.processes); nil if none.
+local function proc_pass(sb, session_id)
+  for _, p in pairs(sb.processes) do
+    if (session_id == nil or p.sessionId == session_id) and in_proc_tree(p) then return tree.proc_table() end
+  end
+  return nil
+end
+
 -- kill(signal); scan: a tree.proc_table() to reuse.
 function Process:_kill(signal, scan)
   if signal ~= nil and type(signal) ~= "string" and type(signal) ~= "number" then
@@ -234,7 +248,7 @@ function Process:_kill(signal, scan)
   local ok, signum = pcall(core.signum, signal or "SIGTERM")
   if not ok then V.fail("signal", ("unknown signal %s"):format(tostring(signal))) end
   -- one /proc pass (proc mode) for the check and the signal
-  if not scan and self.pid and not self._cgroup and not self._tree_gone then scan = tree.proc_table() end
+  if not scan and in_proc_tree(self) then scan = tree.proc_table() end
   if not self:_alive(scan) then return { success = false, processId = self.id, status = self.status } end
   -- (a process that already ended keeps its status; its leftovers die)
   if self:_running() then self._signalled = true end
@@ -735,9 +749,8 @@ end
 function Session:killAllProcesses(signal)
   self:_check_live()
   -- a process whose own pid ended counts while its tree lives
-  local n, scan = 0, nil
+  local n, scan = 0, proc_pass(self.sandbox)
   for _, p in pairs(self.sandbox.processes) do
-    if needs_scan(p) then scan = scan or tree.proc_table() end
     if p:_alive(scan) then
       p:_kill(signal, scan)
       n = n + 1
@@ -824,13 +837,12 @@ end
 -- Kill the processes a session started (deleteSession) or all of a
 -- sandbox's (destroy), and wait until they are gone.
 function M.kill_all(sb, session_id)
-  local victims, scan = {}, nil
+  local victims, scan = {}, proc_pass(sb, session_id)
   for _, p in pairs(sb.processes) do
     local mine = session_id == nil or p.sessionId == session_id
-    if mine and needs_scan(p) then scan = scan or tree.proc_table() end
     if mine and p:_alive(scan) then
       if p:_running() then p._signalled = true end
-      p:_signal_tree(core.signum("SIGKILL"))
+      p:_signal_tree(core.signum("SIGKILL"), scan)
       victims[#victims + 1] = p
     elseif mine and not p:_running() then
       p:_close_timers() -- a grace or timeout kept for leftovers that are gone now
