@@ -282,7 +282,9 @@ static int sys_readlink(lua_State *L) {
  * gives none). A process that vanished during the pass is left out.
  * With cb, the pass runs on the thread pool and cb(nil, entries) or
  * cb(message, nil, CODE) follows on the loop; without, it runs at once on
- * the calling thread (for callers that cannot wait: it holds the loop). */
+ * the calling thread (for callers that cannot wait: it holds the loop, and
+ * does not wait for a process caught mid-exec, see scan_settle). An entry
+ * whose environment could not be read yet has unsettled = true. */
 
 #define SCAN_MAX_PREFIXES 64
 #define SCAN_MAX_OWNER 1024
@@ -611,7 +613,7 @@ static int sys_proc_scan(lua_State *L) {
     }
     lua_pop(L, 1);
   }
-  r->settle_left = SCAN_SETTLE_ROUNDS;
+  r->settle_left = async ? SCAN_SETTLE_ROUNDS : 0; /* inline, the loop waits for nothing */
   r->work.data = r;
   if (!async) {
     scan_work(&r->work);
