@@ -103,8 +103,9 @@ describe("core.proc_scan", function()
 
   it("finds the marker of a process caught in execve (its environment unreadable for that moment)", function()
     -- a script that execs itself over and over: a read of its environ
-    -- comes back empty about once in a hundred (measured), which a pass
-    -- must not take for "no marker"
+    -- comes back empty about once in a hundred (measured), and a pass
+    -- (reading every process) catches it so about once in ten; a pass
+    -- must not take that for "no marker"
     run_task(function()
       local tmp = helper.mkdtemp()
       local script = tmp .. "/again.sh"
@@ -119,14 +120,14 @@ describe("core.proc_scan", function()
         on_exit = function() exit.done = true if exit.resume then exit.resume() end end,
       })
       local missed, seen = 0, 0
-      for _ = 1, 200 do
+      for _ = 1, 60 do -- (without the re-reads: 19 of 200 passes missed it)
         local e = find(assert(scan { env = "MB_EXEC_LOOP", prefixes = { "loop/" } }), proc:pid())
         if e and e.owner == "loop/1" then seen = seen + 1 else missed = missed + 1 end
       end
       core.kill(proc:pid(), "SIGKILL")
       if not exit.done then async.await(function(resume) exit.resume = resume end) end
       helper.sh("rm -rf " .. tmp)
-      assert.same({ 200, 0 }, { seen, missed })
+      assert.same({ 60, 0 }, { seen, missed })
     end)
   end)
 
