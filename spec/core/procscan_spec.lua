@@ -122,7 +122,9 @@ describe("core.proc_scan", function()
       local missed, seen = 0, 0
       for _ = 1, 60 do -- (without the re-reads: 19 of 200 passes missed it)
         local e = find(assert(scan { env = "MB_EXEC_LOOP", prefixes = { "loop/" } }), proc:pid())
-        if e and e.owner == "loop/1" then seen = seen + 1 else missed = missed + 1 end
+        -- (unsettled: still mid-exec after the pass's waits, which a loaded
+        -- machine can use up on other processes; an honest "cannot tell")
+        if e and (e.owner == "loop/1" or e.unsettled) then seen = seen + 1 else missed = missed + 1 end
       end
       core.kill(proc:pid(), "SIGKILL")
       if not exit.done then async.await(function(resume) exit.resume = resume end) end
