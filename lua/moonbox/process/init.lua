@@ -61,6 +61,17 @@ function Process:_output(stream, data)
   notify(self._listeners, stream, data)
 end
 
+-- A callback (a timer's, an exit's) that needs a proc-mode /proc pass runs
+-- fn in a task of its own: the pass is awaited off the loop (_tree.scan).
+local function run_in_task(what, fn)
+  async.spawn(function()
+    local ok, err = pcall(fn)
+    if not ok and not (errors.is_error(err) and err.code == "CANCELLED") then
+      io.stderr:write("moonbox: ", what, ": ", errors.format(err), "\n")
+    end
+  end)
+end
+
 function Process:_exited(code, signal)
   self.exitCode = code
   if code == 137 and limits.oom_kills(self._sandbox.limits_state) > (self._oom_before or 0) then
@@ -71,9 +82,6 @@ function Process:_exited(code, signal)
   elseif code == 0 then self.status = "completed"
   else self.status = "failed" end
   self._term_signal = signal
-  -- descendants that outlive the process are still its tree: a pending
-  -- timeout or kill grace goes on for them
-  if not (next(self._timers) and self:_alive()) then self:_close_timers() end
   -- output written before the exit is in the pipes: take it before reporting
   for stream, s in pairs(self._pipes) do
     local rest = s:try_read()
@@ -81,8 +89,25 @@ function Process:_exited(code, signal)
   end
   -- forgotten before anyone is told, so a waiter that wakes sees it gone
   if self._auto_cleanup and self._sandbox.processes[self.id] == self then self._sandbox.processes[self.id] = nil end
+  -- proc mode: what follows may need a /proc pass (pending timers, the
+  -- records' bounds); it is awaited in a task before anyone is told
+  if not self._cgroup and (next(self._timers) or M.completion_needs_scan(self)) then
+    run_in_task("process exit", function()
+      local ok, scan = pcall(tree.proc_table)
+      -- (a failed pass keeps the timers, and the bounds wait for the next exit)
+      self:_exit_told(code, ok and scan or false)
+    end)
+  else
+    self:_exit_told(code)
+  end
+end
+
+function Process:_exit_told(code, scan)
+  -- descendants that outlive the process are still its tree: a pending
+  -- timeout or kill grace goes on for them
+  if scan ~= false and not (next(self._timers) and self:_alive(scan)) then self:_close_timers() end
   if self._cgroup then self:_alive() end -- an empty cgroup is removed now
-  M.completed(self) -- (before anyone is told: a waiter sees the bounds applied)
+  M.completed(self, scan) -- (before anyone is told: a waiter sees the bounds applied)
   if self._on_exit then
     local ok, err = pcall(self._on_exit, code)
     if not ok then io.stderr:write("moonbox: onExit: ", errors.format(err), "\n") end
@@ -124,8 +149,11 @@ function Process:_alive(proc_table)
     if not self._cgroup_removed and tree.populated(self._cgroup) then return true end
     if not self._cgroup_removed then tree.remove_cgroup(self._cgroup) end
     self._cgroup_removed = true
-  elseif next((tree.proc_tree(self.pid, self._marker, false, proc_table))) then
-    return true
+  else
+    -- (maybe: a process that may be the tree's was caught in execve, its
+    -- marker not readable yet; the tree is not known gone)
+    local set, _, maybe = tree.proc_tree(self.pid, self._marker, false, proc_table)
+    if next(set) or maybe then return true end
   end
   self._tree_gone = true
   return false
@@ -148,7 +176,8 @@ end
 -- kill is found by the next pass.
 local KILL_PASSES, KILL_PASS_MS = 200, 10
 
-function Process:_signal_tree(sig)
+-- scan: a tree.proc_table() to reuse for the first signal.
+function Process:_signal_tree(sig, scan)
   if not self.pid or self._tree_gone then return end
   if self._cgroup then
     if self._cgroup_removed then return end
@@ -156,19 +185,23 @@ function Process:_signal_tree(sig)
     tree.signal_pids(tree.cgroup_pids(self._cgroup), sig)
     return
   end
-  local found = tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig)
-  if sig ~= core.signum("SIGKILL") or found == 0 or self._timers.passes then return end
-  local passes = 0
-  local t = core.timer()
-  self._timers.passes = t
-  t:start(KILL_PASS_MS, KILL_PASS_MS, function()
-    passes = passes + 1
-    if passes >= KILL_PASSES or not self:_alive() then
-      t:close()
-      self._timers.passes = nil
-      return
+  local found, maybe = tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, scan)
+  if sig ~= core.signum("SIGKILL") or (found == 0 and not maybe) or self._timers.passes then return end
+  -- the passes: a task, closed like the timers (_close_timers)
+  local passes = { closed = false }
+  function passes.close() passes.closed = true end
+  function passes.is_closing() return passes.closed end
+  self._timers.passes = passes
+  run_in_task("kill passes", function()
+    for _ = 1, KILL_PASSES do
+      async.sleep(KILL_PASS_MS)
+      if passes.closed then break end
+      local table_ = tree.proc_table()
+      if passes.closed or not self:_alive(table_) then break end
+      tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, table_)
     end
-    tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig)
+    passes.closed = true
+    if self._timers.passes == passes then self._timers.passes = nil end
   end)
 end
 
@@ -194,6 +227,20 @@ local function needs_scan(p)
   return not p:_running() and p.pid and not p._cgroup and not p._tree_gone
 end
 
+-- A proc-mode process whose tree is not known gone: its kill looks at a pass.
+local function in_proc_tree(p)
+  return p.pid ~= nil and not p._cgroup and not p._tree_gone
+end
+
+-- One pass for every proc-mode process of sb (of session_id), taken before
+-- looking at them (no wait inside a walk of sb.processes); nil if none.
+local function proc_pass(sb, session_id)
+  for _, p in pairs(sb.processes) do
+    if (session_id == nil or p.sessionId == session_id) and in_proc_tree(p) then return tree.proc_table() end
+  end
+  return nil
+end
+
 -- kill(signal); scan: a tree.proc_table() to reuse.
 function Process:_kill(signal, scan)
   if signal ~= nil and type(signal) ~= "string" and type(signal) ~= "number" then
@@ -201,15 +248,20 @@ function Process:_kill(signal, scan)
   end
   local ok, signum = pcall(core.signum, signal or "SIGTERM")
   if not ok then V.fail("signal", ("unknown signal %s"):format(tostring(signal))) end
+  -- one /proc pass (proc mode) for the check and the signal
+  if not scan and in_proc_tree(self) then scan = tree.proc_table() end
   if not self:_alive(scan) then return { success = false, processId = self.id, status = self.status } end
   -- (a process that already ended keeps its status; its leftovers die)
   if self:_running() then self._signalled = true end
-  self:_signal_tree(signum)
+  self:_signal_tree(signum, scan)
   if signal == nil and not self._timers.kill then
     local grace = self._sandbox.policy.limits.killGraceMs
     self._timers.kill = after(grace, function()
       self._timers.kill = nil
-      if self:_alive() then self:_signal_tree(core.signum("SIGKILL")) end
+      run_in_task("kill grace", function()
+        local table_ = needs_scan(self) and tree.proc_table() or nil
+        if self:_alive(table_) then self:_signal_tree(core.signum("SIGKILL"), table_) end
+      end)
     end)
   end
   return { success = true, processId = self.id, signal = core.signame(signum) }
@@ -554,7 +606,7 @@ function Session:startProcess(command, opts)
   if opts.timeout and opts.timeout > 0 then
     p._timers.timeout = after(opts.timeout, function()
       p._timers.timeout = nil
-      if p:_alive() then p:kill() end
+      run_in_task("process timeout", function() if p:_alive() then p:kill() end end)
     end)
   end
   if opts.onStart then
@@ -586,7 +638,14 @@ end
 -- Remove the records that are done (ended, and nothing of their tree
 -- lives), oldest first, while pick(count, bytes) (of the records left)
 -- says so; returns how many.
-local function remove_done(sb, pick)
+local function remove_done(sb, pick, scan)
+  -- one /proc pass for every proc-mode record checked, taken first: the
+  -- rest runs without waiting, so records completing meanwhile are kept
+  if not scan then
+    for _, p in ipairs(sandbox_records(sb)) do
+      if sb.processes[p.id] == p and needs_scan(p) then scan = tree.proc_table() break end
+    end
+  end
   local list = sandbox_records(sb)
   local kept, removed, bytes, count = {}, 0, 0, 0
   for _, p in ipairs(list) do
@@ -595,14 +654,10 @@ local function remove_done(sb, pick)
       bytes = bytes + log_bytes(p)
     end
   end
-  local scan -- one /proc pass for every proc-mode record checked
   for _, p in ipairs(list) do
     if sb.processes[p.id] == p then
       local drop = false
-      if pick(count, bytes) then
-        if needs_scan(p) then scan = scan or tree.proc_table() end
-        drop = not p:_alive(scan)
-      end
+      if pick(count, bytes) then drop = not p:_alive(scan) end
       if drop then
         sb.processes[p.id] = nil
         removed, count, bytes = removed + 1, count - 1, bytes - log_bytes(p)
@@ -616,20 +671,44 @@ local function remove_done(sb, pick)
   return removed
 end
 
--- Called when a record completes: remember it, and enforce the bounds.
-function M.completed(p)
-  local sb = p._sandbox
-  if sb.processes[p.id] ~= p then return end -- autoCleanup took it
+-- Whether the completed records of sb are over their bounds (then a pick
+-- for remove_done), with p (just completed) counted in.
+local function over_bounds(sb, p)
   local list = sandbox_records(sb)
-  list[#list + 1] = p
+  local extra = (sb.processes[p.id] == p and list[#list] ~= p) and 1 or 0
   local limits_ = sb.policy.limits
   local max_count, max_bytes = limits_.maxCompletedProcesses, limits_.maxCompletedLogBytes
-  if #list <= max_count then
-    local bytes = 0
-    for _, q in ipairs(list) do bytes = bytes + log_bytes(q) if bytes > max_bytes then break end end
-    if bytes <= max_bytes then return end
+  local function pick(count, bytes) return count > max_count or bytes > max_bytes end
+  if #list + extra > max_count then return pick end
+  local bytes = extra == 1 and log_bytes(p) or 0
+  for _, q in ipairs(list) do bytes = bytes + log_bytes(q) if bytes > max_bytes then return pick end end
+  if bytes > max_bytes then return pick end
+  return nil
+end
+
+-- Whether completing p makes remove_done look at a proc-mode record
+-- (a /proc pass): the exit path takes one before it tells anyone.
+function M.completion_needs_scan(p)
+  local sb = p._sandbox
+  if sb.processes[p.id] ~= p or not over_bounds(sb, p) then return false end
+  if needs_scan(p) then return true end
+  for _, q in ipairs(sandbox_records(sb)) do
+    if sb.processes[q.id] == q and needs_scan(q) then return true end
   end
-  remove_done(sb, function(count, bytes) return count > max_count or bytes > max_bytes end)
+  return false
+end
+
+-- Called when a record completes: remember it, and enforce the bounds.
+-- scan: a tree.proc_table() to reuse (the exit path's; without one,
+-- remove_done takes a pass if it needs one; false: the pass failed, the
+-- bounds wait for the next completion).
+function M.completed(p, scan)
+  local sb = p._sandbox
+  if sb.processes[p.id] ~= p then return end -- autoCleanup took it
+  local pick = over_bounds(sb, p)
+  local list = sandbox_records(sb)
+  list[#list + 1] = p
+  if pick and scan ~= false then remove_done(sb, pick, scan or nil) end
 end
 
 -- cleanupCompletedProcesses() -> number of records removed: every process
@@ -672,9 +751,8 @@ end
 function Session:killAllProcesses(signal)
   self:_check_live()
   -- a process whose own pid ended counts while its tree lives
-  local n, scan = 0, nil
+  local n, scan = 0, proc_pass(self.sandbox)
   for _, p in pairs(self.sandbox.processes) do
-    if needs_scan(p) then scan = scan or tree.proc_table() end
     if p:_alive(scan) then
       p:_kill(signal, scan)
       n = n + 1
@@ -761,13 +839,12 @@ end
 -- Kill the processes a session started (deleteSession) or all of a
 -- sandbox's (destroy), and wait until they are gone.
 function M.kill_all(sb, session_id)
-  local victims, scan = {}, nil
+  local victims, scan = {}, proc_pass(sb, session_id)
   for _, p in pairs(sb.processes) do
     local mine = session_id == nil or p.sessionId == session_id
-    if mine and needs_scan(p) then scan = scan or tree.proc_table() end
     if mine and p:_alive(scan) then
       if p:_running() then p._signalled = true end
-      p:_signal_tree(core.signum("SIGKILL"))
+      p:_signal_tree(core.signum("SIGKILL"), scan)
       victims[#victims + 1] = p
     elseif mine and not p:_running() then
       p:_close_timers() -- a grace or timeout kept for leftovers that are gone now

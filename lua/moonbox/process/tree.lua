@@ -108,38 +108,140 @@ function M.kill_cgroup(dir)
   return util.write_file(dir .. "/cgroup.kill", "1")
 end
 
--- Descendants of pid (not pid itself) from /proc, deepest last.
-function M.descendants(root_pid)
-  local children = {}
-  for _, name in ipairs(core.readdir("/proc") or {}) do
-    local pid = tonumber(name)
-    if pid then
-      local stat = util.read_file("/proc/" .. name .. "/stat")
-      local ppid = stat and tonumber(stat:match("%) %S (%d+)"))
-      if ppid then
-        children[ppid] = children[ppid] or {}
-        table.insert(children[ppid], pid)
-      end
+-- ---- /proc passes (proc mode) --------------------------------------------
+--
+-- Every question proc mode asks (a tree's pids, the marked processes, the
+-- orphans we adopted) is answered from one pass over /proc:
+-- core.proc_scan walks it on the thread pool (stat, and the MOONBOX_OWNER
+-- value of every process whose value starts with this runtime's pid), so
+-- the loop only turns the result into tables (a pass took 5 ms on the loop
+-- on a quiet machine, 50-70 ms on a busy one). Callers that ask in the same
+-- tick share one pass, started after all of them asked: whatever they did
+-- before (a kill) is already in it. A caller outside a task (a timer's
+-- callback) takes the result in a callback (scan_then); M.scan() outside a
+-- task makes the pass at once, holding the loop (rare paths only).
+local OWNER_ENV = "MOONBOX_OWNER"
+local pending -- {waiters = {cb...}}: the pass callers of this tick wait for
+
+local function scan_opts()
+  return { env = OWNER_ENV, prefixes = { core.getpid() .. "/" } }
+end
+
+-- The live entries (zombies and dead tasks left out) of a pass.
+local function live(entries)
+  local out = {}
+  for _, e in ipairs(entries) do
+    if e.state ~= "Z" and e.state ~= "X" then out[#out + 1] = e end
+  end
+  return out
+end
+
+local function deliver(pass, entries, msg, code)
+  local result = entries and live(entries)
+  for _, cb in ipairs(pass.waiters) do
+    if not pass.dropped[cb] then
+      local ok, err = pcall(cb, result, msg, code)
+      if not ok then io.stderr:write("moonbox: /proc scan callback: ", tostring(err), "\n") end
     end
   end
-  local out, queue = {}, { root_pid }
-  while #queue > 0 do
-    local p = table.remove(queue, 1)
+end
+
+local inflight -- the pass on the thread pool, if any
+
+local function start_pass(pass)
+  inflight = pass
+  local function done(entries, msg, code)
+    inflight = nil
+    deliver(pass, entries, msg, code)
+    -- the callers that asked meanwhile: their pass starts now
+    if pending and pending.due then
+      local nxt = pending
+      pending = nil
+      start_pass(nxt)
+    end
+  end
+  local ok, msg, code = core.proc_scan(scan_opts(), function(err, entries, ecode)
+    if err then done(nil, err, ecode) else done(entries) end
+  end)
+  if not ok then done(nil, msg, code) end
+end
+
+-- scan_then(cb) -> cancel: cb(entries) after the next pass, or cb(nil,
+-- message, CODE) if it failed; cancel() drops the callback. One pass at a
+-- time is on the pool: callers that ask while one runs share the next,
+-- which starts when it ends (a pass takes 5-250 ms under load; the exec
+-- timeout's 20 ms SIGTERM repeats queued one behind another before).
+function M.scan_then(cb)
+  local pass = pending
+  if not pass then
+    pass = { waiters = {}, dropped = {} }
+    pending = pass
+    local t = core.timer()
+    t:start(0, 0, function()
+      t:close()
+      if pending ~= pass then return end
+      if inflight then
+        pass.due = true -- started by the running pass's end
+      else
+        pending = nil
+        start_pass(pass)
+      end
+    end)
+  end
+  pass.waiters[#pass.waiters + 1] = cb
+  return function() pass.dropped[cb] = true end
+end
+
+-- scan() -> the live processes, an array of {pid, ppid, pgid, sid, state,
+-- start, owner = MOONBOX_OWNER value or nil}: awaited in a task, at once
+-- outside one. A pass that fails raises INTERNAL_ERROR.
+function M.scan()
+  local async = require "moonbox.async"
+  local entries, msg, code
+  if async.in_task() then
+    entries, msg, code = async.await(function(resume) return M.scan_then(resume) end, "/proc scan")
+  else
+    entries, msg, code = core.proc_scan(scan_opts())
+    entries = entries and live(entries)
+  end
+  if not entries then
+    require("moonbox.errors").raise("INTERNAL_ERROR", "cannot scan /proc: " .. tostring(msg), { errno = code })
+  end
+  return entries
+end
+
+local function children_of(scan)
+  local children = {}
+  for _, e in ipairs(scan) do
+    local list = children[e.ppid]
+    if not list then list = {} children[e.ppid] = list end
+    list[#list + 1] = e.pid
+  end
+  return children
+end
+
+-- Descendants of pid (not pid itself), parents before children; scan: a
+-- M.scan() to reuse.
+function M.descendants(root_pid, scan)
+  local children = children_of(scan or M.scan())
+  local out, queue, head = {}, { root_pid }, 1
+  while queue[head] do
+    local p = queue[head]
+    head = head + 1
     for _, c in ipairs(children[p] or {}) do
       out[#out + 1] = c
       queue[#queue + 1] = c
     end
   end
-  return out, children
+  return out
 end
 
 -- Orphans re-parented to the runtime (we are a subreaper): children of ours
 -- that we did not spawn ourselves.
-function M.adopted(known)
-  local _, children = M.descendants(-1)
-  local out = {}
-  for _, pid in ipairs(children[core.getpid()] or {}) do
-    if not known[pid] then out[#out + 1] = pid end
+function M.adopted(known, scan)
+  local me, out = core.getpid(), {}
+  for _, e in ipairs(scan or M.scan()) do
+    if e.ppid == me and not known[e.pid] then out[#out + 1] = e.pid end
   end
   return out
 end
@@ -153,26 +255,48 @@ function M.owner(sandbox_id, session_id)
   return ("%d/%s/%s"):format(core.getpid(), sandbox_id, session_id or "")
 end
 
--- pids whose environment has name=value (prefix: name=value...)
-function M.pids_with_env(name, value, prefix)
-  local needle = "\0" .. name .. "=" .. value .. (prefix and "" or "\0")
+-- pids whose MOONBOX_OWNER is value (prefix: starts with value); scan: a
+-- M.scan() to reuse.
+function M.pids_with_env(name, value, prefix, scan)
+  assert(name == OWNER_ENV, "only MOONBOX_OWNER is scanned")
   local me, out = core.getpid(), {}
-  for _, entry in ipairs(core.readdir("/proc") or {}) do
-    local pid = tonumber(entry)
-    if pid and pid ~= me then
-      local env = util.read_file("/proc/" .. entry .. "/environ")
-      if env and ("\0" .. env):find(needle, 1, true) then out[#out + 1] = pid end
+  for _, e in ipairs(scan or M.scan()) do
+    local owner = e.owner
+    if owner and e.pid ~= me and (owner == value or (prefix and owner:sub(1, #value) == value)) then
+      out[#out + 1] = e.pid
     end
   end
   return out
 end
 
--- Kill (SIGKILL) every process carrying the marker, a few passes so that
--- children forked meanwhile are caught too; proc mode only.
+-- The processes that re-parenting gives to the runtime or a sandbox's init
+-- (pid 1 of its namespace): where an orphan of any tree goes.
+local function adopters()
+  local set = { [core.getpid()] = true }
+  for _, sb in pairs(require("moonbox.sandbox").all()) do
+    if sb.init and not sb.init_dead then set[sb.init:pid()] = true end
+  end
+  return set
+end
+
+-- Whether a pass holds an orphan whose marker could not be read yet (caught
+-- in execve past core.proc_scan's waits: "unsettled"): it may be anyone's.
+local function unsettled_orphan(scan, adopted)
+  for _, e in ipairs(scan) do
+    if e.unsettled and adopted[e.ppid] then return true end
+  end
+  return false
+end
+
+-- Kill (SIGKILL) every process carrying the marker, a pass every 10 ms so
+-- that children forked meanwhile are caught too, until a pass finds none
+-- and no orphan whose marker is not readable yet (at most 20 passes); proc
+-- mode only, in a task.
 function M.kill_marked(name, value, sleep, prefix)
   for _ = 1, 20 do
-    local pids = M.pids_with_env(name, value, prefix)
-    if #pids == 0 then return end
+    local scan = M.scan()
+    local pids = M.pids_with_env(name, value, prefix, scan)
+    if #pids == 0 and not unsettled_orphan(scan, adopters()) then return end
     M.signal_pids(pids, "SIGKILL")
     sleep(10)
   end
@@ -193,57 +317,26 @@ end
 -- its environment is lost once it has left the group and the leader is
 -- gone (under namespaces it still dies with the sandbox).
 
--- One pass over /proc: array of {pid, ppid, pgid, sid, owner} (zombies
--- left out), reused for every process a call looks at. owner is the value
--- of MOONBOX_OWNER in the environment, read (a costly read) only where a
--- tree can need it: a process that left its parent's tree was re-parented
--- to an adopter (the runtime, a child subreaper; a sandbox init, pid 1 of
--- its pid namespace); a process in a session or group led by a
--- process an adopter started in its own session (as the runtime does); or
--- whose session or group leader is gone.
+-- One pass over /proc (M.scan): the live processes, reused for every
+-- process a call looks at.
 function M.proc_table()
-  local me = core.getpid()
-  local adopters = { [me] = true }
-  for _, sb in pairs(require("moonbox.sandbox").all()) do
-    if sb.init and not sb.init_dead then adopters[sb.init:pid()] = true end
-  end
-  local out = {}
-  for _, name in ipairs(core.readdir("/proc") or {}) do
-    local pid = tonumber(name)
-    if pid then
-      local stat = util.read_file("/proc/" .. name .. "/stat")
-      -- after "(comm) ": state ppid pgrp session
-      local state, ppid, pgid, sid = (stat or ""):match("%) (%S) (%-?%d+) (%-?%d+) (%-?%d+)")
-      if state and state ~= "Z" and state ~= "X" then
-        out[#out + 1] = { pid = pid, ppid = tonumber(ppid), pgid = tonumber(pgid), sid = tonumber(sid) }
-      end
-    end
-  end
-  local leaders = {} -- session leaders an adopter started
-  for _, e in ipairs(out) do if e.sid == e.pid and adopters[e.ppid] then leaders[e.pid] = true end end
-  -- a leader the runtime started that exited is no longer seen: a process
-  -- whose group or session has no live leader is a candidate too
-  local alive = {}
-  for _, e in ipairs(out) do alive[e.pid] = true end
-  for _, e in ipairs(out) do
-    if adopters[e.ppid] or leaders[e.sid] or leaders[e.pgid]
-      or (e.sid > 0 and not alive[e.sid]) or (e.pgid > 0 and not alive[e.pgid]) then
-      local env = util.read_file("/proc/" .. e.pid .. "/environ")
-      e.owner = env and ("\0" .. env):match("%zMOONBOX_OWNER=([^%z]*)")
-    end
-  end
-  return out
+  return M.scan()
 end
 
 -- The live pids of the tree of leader (its pid), marked with marker (the
--- value of MOONBOX_OWNER), as a set {pid = true}, and whether one of them
--- is in the leader's process group; running: whether the leader has not
--- been reaped yet. table_: a proc_table() to reuse.
+-- value of MOONBOX_OWNER), as a set {pid = true}; whether one of them is
+-- in the leader's process group; and whether the tree may hold more that
+-- cannot be told yet: a process caught in execve (no marker to read, see
+-- core.proc_scan's "unsettled") in the leader's group or session, under a
+-- member, or adopted as an orphan. running: whether the leader has not been
+-- reaped yet. table_: a proc_table() to reuse.
 function M.proc_tree(leader, marker, running, table_)
   table_ = table_ or M.proc_table()
   local me = core.getpid()
   local set, children, pgid_of = {}, {}, {}
+  local unsettled = {}
   for _, e in ipairs(table_) do
+    if e.unsettled then unsettled[#unsettled + 1] = e end
     pgid_of[e.pid] = e.pgid
     if e.pid ~= me then
       children[e.ppid] = children[e.ppid] or {}
@@ -269,22 +362,29 @@ function M.proc_tree(leader, marker, running, table_)
   end
   local group = false
   for pid in pairs(set) do if pgid_of[pid] == leader then group = true break end end
-  return set, group
+  local maybe = false
+  if #unsettled > 0 then
+    local adopted = adopters()
+    for _, e in ipairs(unsettled) do
+      if adopted[e.ppid] or set[e.ppid] or e.pgid == leader or e.sid == leader then maybe = true break end
+    end
+  end
+  return set, group, maybe
 end
 
 -- Signal a proc-mode tree: the process group first (one kill(2) reaches
 -- every member, also one forking at that instant: the kernel delivers a
 -- group signal to a child being forked), then each pid found. Returns how
--- many pids were found.
-function M.signal_proc_tree(leader, marker, running, sig)
-  local set, group = M.proc_tree(leader, marker, running)
+-- many pids were found, and whether the tree may hold more (proc_tree). table_: a proc_table() to reuse.
+function M.signal_proc_tree(leader, marker, running, sig, table_)
+  local set, group, maybe = M.proc_tree(leader, marker, running, table_)
   local n = 0
   for _ in pairs(set) do n = n + 1 end
-  if n == 0 then return 0 end
+  if n == 0 then return 0, maybe end
   -- the group outlives its leader while a member lives (that pins the id)
   if group then core.kill(-leader, sig) end
   for pid in pairs(set) do core.kill(pid, sig) end
-  return n
+  return n, maybe
 end
 
 function M.signal_pids(pids, sig)

@@ -148,14 +148,15 @@ function Session:_new_cmd_cgroup()
   return self.cmd_cgroup
 end
 
--- proc mode: orphans the runtime adopted that came from this session
-function Session:_marked_orphans()
+-- proc mode: orphans the runtime adopted that came from this session;
+-- scan: a tree.scan() to use.
+function Session:_marked_orphans(scan)
   local mine = {}
-  for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id))) do
+  for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), false, scan)) do
     mine[pid] = true
   end
   local out = {}
-  for _, pid in ipairs(tree.adopted(self.sandbox._known_pids())) do
+  for _, pid in ipairs(tree.adopted(self.sandbox._known_pids(), scan)) do
     if mine[pid] then out[#out + 1] = pid end
   end
   return out
@@ -163,14 +164,16 @@ end
 
 -- proc mode: the processes of the running command, found as the shell's
 -- descendants and the session's marked orphans, less those that were there
--- before it started (background jobs of earlier commands)
-function Session:_proc_command_pids(sh)
+-- before it started (background jobs of earlier commands); scan: a
+-- tree.scan() to use (else one is awaited).
+function Session:_proc_command_pids(sh, scan)
+  scan = scan or tree.scan()
   local before = self.pids_before_cmd or {}
   local pids = {}
-  for _, pid in ipairs(tree.descendants(sh.pid)) do
+  for _, pid in ipairs(tree.descendants(sh.pid, scan)) do
     if not before[pid] then pids[#pids + 1] = pid end
   end
-  for _, pid in ipairs(self:_marked_orphans()) do
+  for _, pid in ipairs(self:_marked_orphans(scan)) do
     if not before[pid] then pids[#pids + 1] = pid end
   end
   return pids
@@ -180,6 +183,9 @@ end
 -- `seen` (optional) skips pids signalled by an earlier pass. The shell stays
 -- in the command's cgroup until it reports, so a command it forks late (the
 -- timeout fired first) is still born there and caught by the next pass.
+-- Called from timers: in proc mode the /proc pass runs on the thread pool
+-- and the signal follows when it is done, if the command is still the one
+-- it was for (pids_before_cmd is made anew for every command).
 function Session:_signal_command(sig, seen)
   if self.cmd_cgroup then
     local pids = {}
@@ -191,7 +197,11 @@ function Session:_signal_command(sig, seen)
     end
     tree.signal_pids(pids, sig)
   else
-    tree.signal_pids(self:_proc_command_pids(self.shell), sig)
+    local sh, cmd = self.shell, self.pids_before_cmd
+    tree.scan_then(function(scan)
+      if not scan or self.shell ~= sh or sh.dead or self.pids_before_cmd ~= cmd then return end
+      tree.signal_pids(self:_proc_command_pids(sh, scan), sig)
+    end)
   end
 end
 
@@ -366,9 +376,13 @@ end
 
 -- Kill the session's shell and everything it started (its cgroup, or its
 -- descendants and marked orphans); the next command starts a fresh shell.
+-- (Called from a cancelled task, which cannot wait: in proc mode the
+-- shell's process group goes with one kill(2), the live shell pinning its
+-- id; its jobs stay in it (no job control), and what left it carries the
+-- session's marker for the kill_marked that follows.)
 function Session:_kill_shell(sh)
   if self.cgroup then tree.kill_cgroup(self.cgroup)
-  elseif sh:alive() then tree.signal_pids(tree.descendants(sh.pid), "SIGKILL") end
+  elseif sh:alive() then core.kill(-sh.pid, "SIGKILL") end
   sh:kill("SIGKILL")
 end
 
