@@ -5,6 +5,7 @@
 local cjson = require "cjson.safe"
 local core = require "moonbox.core"
 local async = require "moonbox.async"
+local budget = require "moonbox._budget"
 local errors = require "moonbox.errors"
 local queue_mod = require "moonbox._queue"
 local tree = require "moonbox._tree"
@@ -268,17 +269,29 @@ end
 
 -- One run: send the request, collect output/results until "done", the
 -- timeout, or the interpreter's death. `emit(event)` sees every event.
-local function run_in(ctx, code, timeout, limit, emit)
+-- Output chunks are kept as they were read (the result's logs are lists of
+-- them) and count against the runtime-wide budget for buffered output
+-- (lua/moonbox/_budget.lua, budget_ceiling: the policy's maxBufferedBytes)
+-- until the run ends; a stream the budget cut keeps its prefix.
+local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
   local k = ensure_kernel(ctx)
   ctx.lastUsed = util.timestamp()
   local id = ctx.executionCount + 1
   local exec = { code = code, logs = { stdout = {}, stderr = {} }, results = {}, executionCount = id }
   local sizes, truncated = { stdout = 0, stderr = 0 }, false
+  local hold, cut = budget.hold(budget_ceiling), {}
   k.sink = function(stream, data)
+    if cut[stream] then truncated = true return end
     if sizes[stream] + #data > limit then
       truncated = true
       data = data:sub(1, math.max(0, limit - sizes[stream]))
       if #data == 0 then return end
+    end
+    local granted = hold:take(#data)
+    if granted < #data then
+      truncated, cut[stream] = true, true
+      if granted == 0 then return end
+      data = data:sub(1, granted)
     end
     sizes[stream] = sizes[stream] + #data
     table.insert(exec.logs[stream], data)
@@ -343,6 +356,7 @@ local function run_in(ctx, code, timeout, limit, emit)
     emit { type = "error", error = exec.error, timestamp = util.timestamp() }
   end
   k.sink = nil
+  hold:release() -- handed over with the result
   exec.truncated = truncated
   return exec
 end
@@ -377,7 +391,8 @@ function Session:runCode(code, opts)
     elseif ev.type == "result" and opts.onResult then opts.onResult(ev.result)
     elseif ev.type == "error" and opts.onError then opts.onError(ev.error) end
   end
-  return ctx.queue:run(run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit)
+  return ctx.queue:run(run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit,
+    self.sandbox.policy.limits.maxBufferedBytes)
 end
 
 -- runCodeStream(code, opts) -> iterator of stdout/stderr/result/error events
@@ -393,7 +408,8 @@ function Session:runCodeStream(code, opts)
     if waiter then local w = waiter waiter = nil w() end
   end
   local task = async.spawn(function()
-    local ok, exec = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, push)
+    local ok, exec = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, push,
+      self.sandbox.policy.limits.maxBufferedBytes)
     if ok then
       push { type = "complete", executionCount = exec.executionCount, error = exec.error,
         contextRestarted = exec.contextRestarted, timestamp = util.timestamp() }
