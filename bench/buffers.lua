@@ -120,7 +120,7 @@ moonbox.run(function()
     collectgarbage("collect")
     local base = status("VmRSS")
     reset_peak()
-    local _, kept, peak = scenarios[name](sb) -- the results are dropped once counted
+    local kept, peak = select(2, scenarios[name](sb)) -- the results are dropped once counted
     peak = (peak or status("VmHWM")) - base
     if name == "process" then
       sb:getSession("s1"):cleanupCompletedProcesses()
@@ -128,6 +128,7 @@ moonbox.run(function()
     collectgarbage("collect")
     collectgarbage("collect")
     local left = status("VmRSS") - base
+    if os.getenv("BENCH_HEAP") then print("lua heap MB", collectgarbage("count") / 1024) end
     print(("| %s | %.0f MB | %.0f MB | %.2f | %.0f MB |"):format(name, kept / MB, peak / MB, peak / kept, left / MB))
   end
   sb:destroy()

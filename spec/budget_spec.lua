@@ -146,7 +146,7 @@ describe("buffered output budget", function()
     end, { policy = policy(1000) })
   end)
 
-  it("concurrent execs share it and each keeps an exact prefix; all of it comes back", function()
+  it("concurrent execs each keep an exact prefix; all of it comes back", function()
     with_sandbox(function(sb)
       local tasks = {}
       for i = 1, 4 do
@@ -163,9 +163,9 @@ describe("buffered output budget", function()
         assert.equal(#r.stdout < 2000, r.truncated)
         total = total + #r.stdout
       end
-      -- 8000 bytes asked for, 3000 could be held at once: each call kept
-      -- a prefix, and none past what the budget allowed then
-      assert.is_true(total >= 3000 and total < 8000, tostring(total))
+      -- (how much each kept depends on how their runs overlapped; the
+      -- test above pins down the sharing itself)
+      assert.is_true(total >= 3000, tostring(total))
       assert.equal(0, budget.used)
     end, { policy = policy(3000) })
   end)
