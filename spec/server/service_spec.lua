@@ -249,7 +249,8 @@ describe("moonbox serve as a service", function()
           local _, t = s.call("GET", "/metrics")
           return sample(t, "moonbox_buffered_bytes") == 300
         end, 10000))
-        code, body = s.call("POST", "/v1/sandboxes/b1/exec", cjson.encode { command = "head -c 1000 /dev/zero | tr '\\0' b" })
+        code, body = s.call("POST", "/v1/sandboxes/b1/exec",
+          cjson.encode { command = "head -c 1000 /dev/zero | tr '\\0' b" })
         assert.equal(200, code)
         assert.equal(("b"):rep(700), cjson.decode(body).stdout)
       end)
