@@ -269,13 +269,10 @@ end
 
 -- One run: send the request, collect output/results until "done", the
 -- timeout, or the interpreter's death. `emit(event)` sees every event.
--- Output is kept in one C buffer per stream (core.bytes: outside the Lua
--- heap; the chunks read are garbage once emitted) with the chunks' sizes,
--- and the result's logs (lists of the chunks as read) are made from it at
--- the end, once. It counts against the runtime-wide budget for buffered
--- output (lua/moonbox/_budget.lua, budget_ceiling: the policy's
--- maxBufferedBytes) until the run ends; a stream the budget cut keeps its
--- prefix.
+-- Output chunks are kept as they were read (the result's logs are lists of
+-- them) and count against the runtime-wide budget for buffered output
+-- (lua/moonbox/_budget.lua, budget_ceiling: the policy's maxBufferedBytes)
+-- until the run ends; a stream the budget cut keeps its prefix.
 local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
   local k = ensure_kernel(ctx)
   ctx.lastUsed = util.timestamp()
@@ -283,19 +280,6 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
   local exec = { code = code, logs = { stdout = {}, stderr = {} }, results = {}, executionCount = id }
   local sizes, truncated = { stdout = 0, stderr = 0 }, false
   local hold, cut = budget.hold(budget_ceiling), {}
-  local kept, bounds = {}, { stdout = {}, stderr = {} }
-  local function hand_over()
-    for stream, b in pairs(kept) do
-      local list, at = exec.logs[stream], 1
-      for i, n in ipairs(bounds[stream]) do
-        list[i] = b:tostring(at, at + n - 1)
-        at = at + n
-      end
-      b:free()
-      kept[stream] = nil
-    end
-    hold:release()
-  end
   k.sink = function(stream, data)
     if cut[stream] then truncated = true return end
     if sizes[stream] + #data > limit then
@@ -310,10 +294,7 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
       data = data:sub(1, granted)
     end
     sizes[stream] = sizes[stream] + #data
-    local b = kept[stream]
-    if not b then b = core.bytes() kept[stream] = b end
-    b:append(data)
-    table.insert(bounds[stream], #data)
+    table.insert(exec.logs[stream], data)
     emit { type = stream, text = data, timestamp = util.timestamp() }
   end
   local outcome = async.await(function(resume)
@@ -375,7 +356,7 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
     emit { type = "error", error = exec.error, timestamp = util.timestamp() }
   end
   k.sink = nil
-  hand_over()
+  hold:release() -- handed over with the result
   exec.truncated = truncated
   return exec
 end
