@@ -58,18 +58,22 @@ function M.give(n)
   if M.used < 0 then M.used = 0 end
 end
 
--- hold(ceiling) -> h: the bytes one holder (a call, a log) keeps.
+-- hold(ceiling[, guarded]) -> h: the bytes one holder (a call, a log) keeps.
 --   h:take(n) -> granted (0..n)   h:give(n)   h:release() gives back all
--- A holder collected without release() gives its bytes back from a
+-- A guarded holder collected without release() gives its bytes back from a
 -- finalizer (an execStream iterator dropped undrained), and takes no more.
+-- Only for holders whose owner may drop them; exec, runCode and process
+-- logs release theirs on every path (no finalizer per call).
 local Hold = {}
 Hold.__index = Hold
 
-function M.hold(ceiling)
+function M.hold(ceiling, guarded)
   local h = setmetatable({ held = 0, ceiling = ceiling, released = false }, Hold)
-  local guard = newproxy(true)
-  getmetatable(guard).__gc = function() h:release() end
-  h._guard = guard
+  if guarded then
+    local guard = newproxy(true)
+    getmetatable(guard).__gc = function() h:release() end
+    h._guard = guard
+  end
   return h
 end
 

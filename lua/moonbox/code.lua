@@ -297,7 +297,7 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
     table.insert(exec.logs[stream], data)
     emit { type = stream, text = data, timestamp = util.timestamp() }
   end
-  local outcome = async.await(function(resume)
+  local awaited, outcome = pcall(async.await, function(resume)
     local timer
     k.on_message = function(msg)
       if msg.id ~= id and msg.id ~= nil and msg.id ~= cjson.null then return end
@@ -334,6 +334,11 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
     k.requests:write(cjson.encode { id = id, code = code } .. "\n")
     return function() if timer and not timer:is_closing() then timer:close() end end
   end, "runCode")
+  if not awaited then -- the caller's task was cancelled: its output no longer counts
+    k.sink = nil
+    hold:release()
+    error(outcome, 0)
+  end
   k.on_message, k.on_death = nil, nil
   if outcome == "done" then
     k:_drain_output()

@@ -545,7 +545,7 @@ function Session:execStream(command, opts)
   local user_output = o.onOutput
   -- queued chunks count against the runtime-wide budget until the reader
   -- takes them; a stream the budget cut keeps its prefix (nothing after)
-  local hold, cut = budget.hold(self.sandbox.policy.limits.maxBufferedBytes), {}
+  local hold, cut = budget.hold(self.sandbox.policy.limits.maxBufferedBytes, true), {}
   -- (the shell may keep the last command's sink until its next one: once
   -- the command is done, the sink lets go of the queue and the hold)
   local sink_hold, sink_push = hold, push
