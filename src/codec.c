@@ -23,6 +23,8 @@
  *                                          offset (nil: current position): cb(nil, nread)
  *     bytes:write(fd, from, offset, cb)    writes the bytes after the first `from`:
  *                                          cb(nil, nwritten) (may be short)
+ *     bytes:drop(n)                        removes the first n bytes (all if n >= size):
+ *                                          the rest moves to the front (a log's window)
  *     bytes:free()                         release the memory now (also done by gc)
  *   read and write run on libuv's thread pool; they return true once queued,
  *   or nil, message, CODE, and call cb(message, nil, CODE) on failure. While
@@ -472,6 +474,16 @@ static int bytes_append(lua_State *L) {
   return 0;
 }
 
+static int bytes_drop(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  lua_Number n = luaL_checknumber(L, 2);
+  if (n != n || n < 0) return luaL_argerror(L, 2, "must be >= 0");
+  size_t k = n >= (lua_Number)b->len ? b->len : (size_t)n;
+  if (k < b->len) memmove(b->mem.data, b->mem.data + k, b->len - k);
+  b->len -= k;
+  return 0;
+}
+
 static int bytes_tostring(lua_State *L) {
   mb_bytes *b = bytes_check_idle(L, 1);
   lua_Number len = (lua_Number)b->len;
@@ -732,6 +744,7 @@ static const luaL_Reg bytes_methods[] = {
   {"size", bytes_size}, {"append", bytes_append}, {"tostring", bytes_tostring},
   {"base64_encode", bytes_base64_encode}, {"base64_decode", bytes_base64_decode},
   {"utf8_valid", bytes_utf8_valid}, {"text_info", bytes_text_info}, {"read", bytes_read}, {"write", bytes_write}, {"free", bytes_free},
+  {"drop", bytes_drop},
   {NULL, NULL}};
 
 static const luaL_Reg codec_funcs[] = {

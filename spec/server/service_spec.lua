@@ -229,6 +229,40 @@ describe("moonbox serve as a service", function()
     end)
   end)
 
+  it("--max-buffered-bytes sets the runtime-wide ceiling for kept output, reported in /metrics", function()
+    run_task(function()
+      local s = serve { "--max-buffered-bytes", "1000" }
+      local ok, err = pcall(function()
+        local code, body = s.call("POST", "/v1/sandboxes/b1/exec",
+          cjson.encode { command = "head -c 3000 /dev/zero | tr '\\0' a" })
+        assert.equal(200, code)
+        local r = cjson.decode(body)
+        assert.is_true(r.truncated)
+        assert.equal(("a"):rep(1000), r.stdout)
+        local _, text = s.call("GET", "/metrics")
+        assert.equal(1000, sample(text, "moonbox_buffered_bytes_limit"))
+        assert.equal(0, sample(text, "moonbox_buffered_bytes")) -- handed over: all of it back
+        -- an exited process's log holds its bytes while its record lives
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/b1/processes",
+          cjson.encode { command = "head -c 300 /dev/zero | tr '\\0' z" })))
+        assert.is_true(helper.eventually(function()
+          local _, t = s.call("GET", "/metrics")
+          return sample(t, "moonbox_buffered_bytes") == 300
+        end, 10000))
+        code, body = s.call("POST", "/v1/sandboxes/b1/exec",
+          cjson.encode { command = "head -c 1000 /dev/zero | tr '\\0' b" })
+        assert.equal(200, code)
+        assert.equal(("b"):rep(700), cjson.decode(body).stdout)
+      end)
+      s.stop()
+      assert(ok, err)
+      local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+      local _, stderr, code = client.run { bin, "serve", "--max-buffered-bytes", "0" }
+      assert.equal(2, code)
+      assert.matches("%-%-max%-buffered%-bytes needs a positive integer", stderr)
+    end)
+  end)
+
   it("stops an idle sandbox keeping its workspace; it comes back on the next request; a busy one stays", function()
     run_task(function()
       local s = serve { "--idle-timeout-s", "1" }

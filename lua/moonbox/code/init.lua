@@ -5,6 +5,7 @@
 local cjson = require "cjson.safe"
 local core = require "moonbox.core"
 local async = require "moonbox.async"
+local budget = require "moonbox.session.budget"
 local errors = require "moonbox.errors"
 local queue_mod = require "moonbox.session.queue"
 local tree = require "moonbox.process.tree"
@@ -260,23 +261,35 @@ end
 
 -- One run: send the request, collect output/results until "done", the
 -- timeout, or the interpreter's death. `emit(event)` sees every event.
-local function run_in(ctx, code, timeout, limit, emit)
+-- Output chunks are kept as they were read (the result's logs are lists of
+-- them) and count against the runtime-wide budget for buffered output
+-- (lua/moonbox/_budget.lua, budget_ceiling: the policy's maxBufferedBytes)
+-- until the run ends; a stream the budget cut keeps its prefix.
+local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
   local k = ensure_kernel(ctx)
   ctx.lastUsed = util.timestamp()
   local id = ctx.executionCount + 1
   local exec = { code = code, logs = { stdout = {}, stderr = {} }, results = {}, executionCount = id }
   local sizes, truncated = { stdout = 0, stderr = 0 }, false
+  local hold, cut = budget.hold(budget_ceiling), {}
   k.sink = function(stream, data)
+    if cut[stream] then truncated = true return end
     if sizes[stream] + #data > limit then
       truncated = true
       data = data:sub(1, math.max(0, limit - sizes[stream]))
       if #data == 0 then return end
     end
+    local granted = hold:take(#data)
+    if granted < #data then
+      truncated, cut[stream] = true, true
+      if granted == 0 then return end
+      data = data:sub(1, granted)
+    end
     sizes[stream] = sizes[stream] + #data
     table.insert(exec.logs[stream], data)
     emit { type = stream, text = data, timestamp = util.timestamp() }
   end
-  local outcome = async.await(function(resume)
+  local awaited, outcome = pcall(async.await, function(resume)
     local timer
     k.on_message = function(msg)
       if msg.id ~= id and msg.id ~= nil and msg.id ~= cjson.null then return end
@@ -313,6 +326,11 @@ local function run_in(ctx, code, timeout, limit, emit)
     k.requests:write(cjson.encode { id = id, code = code } .. "\n")
     return function() if timer and not timer:is_closing() then timer:close() end end
   end, "runCode")
+  if not awaited then -- the caller's task was cancelled: its output no longer counts
+    k.sink = nil
+    hold:release()
+    error(outcome, 0)
+  end
   k.on_message, k.on_death = nil, nil
   if outcome == "done" then
     k:_drain_output()
@@ -335,6 +353,7 @@ local function run_in(ctx, code, timeout, limit, emit)
     emit { type = "error", error = exec.error, timestamp = util.timestamp() }
   end
   k.sink = nil
+  hold:release() -- handed over with the result
   exec.truncated = truncated
   return exec
 end
@@ -369,7 +388,8 @@ function Session:runCode(code, opts)
     elseif ev.type == "result" and opts.onResult then opts.onResult(ev.result)
     elseif ev.type == "error" and opts.onError then opts.onError(ev.error) end
   end
-  return ctx.queue:run(run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit)
+  return ctx.queue:run(run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit,
+    self.sandbox.policy.limits.maxBufferedBytes)
 end
 
 -- runCodeStream(code, opts) -> iterator of stdout/stderr/result/error events
@@ -385,7 +405,8 @@ function Session:runCodeStream(code, opts)
     if waiter then local w = waiter waiter = nil w() end
   end
   local task = async.spawn(function()
-    local ok, exec = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, push)
+    local ok, exec = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, push,
+      self.sandbox.policy.limits.maxBufferedBytes)
     if ok then
       push { type = "complete", executionCount = exec.executionCount, error = exec.error,
         contextRestarted = exec.contextRestarted, timestamp = util.timestamp() }

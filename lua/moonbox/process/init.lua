@@ -44,11 +44,11 @@ end
 -- Public fields are plain: id, pid, command, status, startTime, endTime,
 -- exitCode, sessionId (and error for status "error").
 local function new_process(sandbox, session, id, command)
-  local limit = sandbox.policy.limits.maxLogBytes
+  local limit, ceiling = sandbox.policy.limits.maxLogBytes, sandbox.policy.limits.maxBufferedBytes
   return setmetatable({
     id = id, pid = nil, command = command, status = "starting", sessionId = session.id,
     startTime = util.timestamp(), endTime = nil, exitCode = nil,
-    _sandbox = sandbox, _logs = { stdout = logbuf.new(limit), stderr = logbuf.new(limit) },
+    _sandbox = sandbox, _logs = { stdout = logbuf.new(limit, ceiling), stderr = logbuf.new(limit, ceiling) },
     _listeners = {}, _exit_waiters = {}, _signalled = false,
   }, Process)
 end
@@ -88,7 +88,10 @@ function Process:_exited(code, signal)
     if rest and #rest > 0 then self:_output(stream, rest) end
   end
   -- forgotten before anyone is told, so a waiter that wakes sees it gone
-  if self._auto_cleanup and self._sandbox.processes[self.id] == self then self._sandbox.processes[self.id] = nil end
+  if self._auto_cleanup and self._sandbox.processes[self.id] == self then
+    self._sandbox.processes[self.id] = nil
+    self:_release_logs()
+  end
   -- proc mode: what follows may need a /proc pass (pending timers, the
   -- records' bounds); it is awaited in a task before anyone is told
   if not self._cgroup and (next(self._timers) or M.completion_needs_scan(self)) then
@@ -124,6 +127,13 @@ function Process:_close_timers()
     if not t:is_closing() then t:close() end
     self._timers[name] = nil
   end
+end
+
+-- The record is gone (dropped, removed, its sandbox destroyed): its logs
+-- no longer count against the runtime-wide budget for buffered output.
+function Process:_release_logs()
+  self._logs.stdout:release()
+  self._logs.stderr:release()
 end
 
 function Process:_close_pipes()
@@ -662,6 +672,7 @@ local function remove_done(sb, pick, scan)
         sb.processes[p.id] = nil
         removed, count, bytes = removed + 1, count - 1, bytes - log_bytes(p)
         p:_close_pipes()
+        p:_release_logs()
       else
         kept[#kept + 1] = p
       end
@@ -859,6 +870,10 @@ function M.kill_all(sb, session_id)
     end
     if not p:_running() then p:_close_timers() end
     p:_close_pipes()
+  end
+  if session_id == nil then
+    -- destroy: no record outlives it, nor its hold on the budget
+    for _, p in pairs(sb.processes) do p:_release_logs() end
   end
   return #victims
 end

@@ -22,6 +22,8 @@ usage: moonbox serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]
                      [--prewarm on|off]   (keep a sandbox built ahead; docs/isolation.md)
                      [--max-sandboxes N] [--idle-timeout-s S] [--shutdown-grace-s S]
                      [--access-log FILE | --access-log off]   (default: stderr)
+                     [--max-buffered-bytes N] (output kept in memory at once, runtime-wide;
+                                           default a quarter of RAM; docs/server.md)
                      [--allow-unisolated] (isolation = "auto" may run without namespaces
                                            where the kernel refuses them; docs/server.md)
 ]]
@@ -31,7 +33,7 @@ local function usage_error(message)
   errors.raise("VALIDATION_FAILED", message, { usage = true })
 end
 
--- parse({...}) -> {listen, policy, handler, tokenFile, maxBody, maxConnections, idleTimeoutMs}
+-- parse({...}) -> {listen, policy, handler, tokenFile, maxBody, maxConnections, idleTimeoutMs, ...}
 function M.parse(argv)
   local opts = { listen = "127.0.0.1:8080" }
   local names = {
@@ -39,9 +41,10 @@ function M.parse(argv)
     ["--max-body"] = "maxBody", ["--max-connections"] = "maxConnections", ["--idle-timeout-ms"] = "idleTimeoutMs",
     ["--prewarm"] = "prewarm", ["--max-sandboxes"] = "maxSandboxes", ["--idle-timeout-s"] = "idleTimeoutS",
     ["--shutdown-grace-s"] = "shutdownGraceS", ["--access-log"] = "accessLog",
+    ["--max-buffered-bytes"] = "maxBufferedBytes",
   }
   local numeric = { maxBody = true, maxConnections = true, idleTimeoutMs = true, maxSandboxes = true,
-    idleTimeoutS = true, shutdownGraceS = true }
+    idleTimeoutS = true, shutdownGraceS = true, maxBufferedBytes = true }
   local zero_ok = { shutdownGraceS = true } -- --shutdown-grace-s 0: no wait
   local switches = { ["--allow-unisolated"] = "allowUnisolated", ["--no-token"] = "noToken" } -- flags without a value
   local i = 1
@@ -345,6 +348,8 @@ function M.start(opts)
     token = opts.tokenFile and read_token(opts.tokenFile) or M.new_token()
   end
   require("moonbox.policy").set_default(policy)
+  -- the runtime-wide ceiling for buffered output: no policy goes past it
+  if opts.maxBufferedBytes then require("moonbox.session.budget").ceiling = opts.maxBufferedBytes end
   -- fail closed: no sandbox of this server runs without namespaces because
   -- the kernel refused them, unless asked (a policy with isolation = "none"
   -- asks for itself)

@@ -11,6 +11,7 @@
 -- JSON response {code = "INTERNAL", message}.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
+local budget = require "moonbox.session.budget"
 local errors = require "moonbox.errors"
 local V = require "moonbox.lib.validate"
 local cjson = require "cjson.safe"
@@ -157,7 +158,13 @@ function Response:_send(status, headers, body)
   end
   if self.closed then return end
   local ok = self._server._core:respond(self._id, status, ctype, h, nil, body)
-  if not ok then set_closed(self) end
+  if not ok then set_closed(self) return end
+  if #body > M.HIGH_WATER then
+    -- a big body (an exec's output in JSON) sits queued whole until the
+    -- client took it: it counts against the runtime-wide budget for
+    -- buffered output (moonbox.session.budget) until the response is done
+    self._buffered = budget.force(#body)
+  end
 end
 
 -- res:start(status, headers): begin a streamed response. Without a
@@ -389,6 +396,7 @@ function Server:_on_event(kind, id, a, b)
   elseif kind == "done" or kind == "closed" then
     local res = self._live[id]
     self._live[id] = nil
+    if res and res._buffered then budget.give(res._buffered) res._buffered = nil end
     if res and not res._logged then
       res._logged = true
       self._inflight = self._inflight - 1
@@ -441,6 +449,9 @@ function Server:close()
   if self.closed then return end
   self.closed = true
   self._core:close()
+  for _, res in pairs(self._live) do
+    if res._buffered then budget.give(res._buffered) res._buffered = nil end
+  end
 end
 
 -- Stop taking connections (they are hung up at accept) and answer any

@@ -180,6 +180,12 @@ function M:metrics(server)
     if q and not res.closed then buffered = buffered + q end
   end
   metric("moonbox_http_buffered_bytes", "gauge", "Response bytes queued for clients.", { { nil, buffered } })
+  local budget = require "moonbox.session.budget"
+  metric("moonbox_buffered_bytes", "gauge", "Output kept in memory now, runtime-wide (exec, streams, process " ..
+    "logs, runCode, response bodies queued whole).", { { nil, budget.used } })
+  metric("moonbox_buffered_bytes_limit", "gauge", "The ceiling for that (--max-buffered-bytes, or the " ..
+    "default policy's limits.maxBufferedBytes, or a quarter of RAM).",
+    { { nil, budget.limit(require("moonbox.policy").resolve(nil).limits.maxBufferedBytes) } })
   local fds = open_fds()
   if fds then metric("moonbox_open_fds", "gauge", "Open file descriptors of the runtime.", { { nil, fds } }) end
   metric("moonbox_http_connections", "gauge", "Open client connections.", { { nil, server:connections() } })

@@ -444,26 +444,40 @@ function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grac
 end
 
 -- Collects output into a bounded result; every kept byte also goes to
--- onOutput, in order. Kept bytes also count against the runtime-wide
--- budget (lua/moonbox/session/budget.lua, limits.maxBufferedBytes) until c.release().
+-- onOutput, in order. Kept bytes live in C buffers (core.bytes: outside the
+-- Lua heap, one growable block per stream; the chunks read are garbage at
+-- once) and count against the runtime-wide budget (lua/moonbox/session/budget.lua,
+-- limits.maxBufferedBytes) until c.text() hands them over or c.release().
+-- A stream the budget cut keeps its prefix: nothing after the cut is kept.
 local function collector(limit, on_output, budget_ceiling)
-  local c = { stdout = {}, stderr = {}, size = { stdout = 0, stderr = 0 }, truncated = false,
-    dropped = { stdout = 0, stderr = 0 }, held = 0 }
-  function c.release() budget.give(c.held) c.held = 0 end
+  local c = { bufs = {}, size = { stdout = 0, stderr = 0 }, truncated = false,
+    dropped = { stdout = 0, stderr = 0 }, hold = budget.hold(budget_ceiling), cut = {} }
+  function c.release()
+    for stream, b in pairs(c.bufs) do b:free() c.bufs[stream] = nil end
+    c.hold:release()
+  end
+  -- the kept bytes of a stream as one string, made once; its buffer is freed
+  function c.text(stream)
+    local b = c.bufs[stream]
+    if not b then return "" end
+    local s = b:tostring()
+    b:free()
+    c.bufs[stream] = nil
+    return s
+  end
   function c.sink(stream, data)
-    local room = math.min(limit - c.size[stream], #data)
-    if room > 0 then
-      room = budget.take(room, budget_ceiling)
-      c.held = c.held + room
-    end
+    local room = c.cut[stream] and 0 or math.min(limit - c.size[stream], #data)
+    if room > 0 then room = c.hold:take(room) end
     if room < #data then
       c.truncated = true
+      c.cut[stream] = true
       c.dropped[stream] = c.dropped[stream] + (#data - math.max(room, 0))
       data = room > 0 and data:sub(1, room) or nil
     end
     if data then
-      local t = c[stream]
-      t[#t + 1] = data
+      local b = c.bufs[stream]
+      if not b then b = core.bytes() c.bufs[stream] = b end
+      b:append(data)
       c.size[stream] = c.size[stream] + #data
       if on_output then on_output(stream, data) end
     end
@@ -505,9 +519,9 @@ function Session:exec(command, opts)
   local out = collector(limit, o.onOutput, self.sandbox.policy.limits.maxBufferedBytes)
   local ok, r = pcall(self.queue.run, self.queue, self._run, self, command, o, out.sink)
   if not ok then out.release() error(r, 0) end
-  r.stdout = table.concat(out.stdout)
-  r.stderr = table.concat(out.stderr)
-  out.release() -- handed over: the chunks are garbage now
+  r.stdout = out.text("stdout")
+  r.stderr = out.text("stderr")
+  out.release() -- handed over: the budget has the bytes back
   r.success = r.exitCode == 0
   r.command = type(command) == "table" and table.concat(command, " ") or command
   r.sessionId = self.id
@@ -541,17 +555,31 @@ function Session:execStream(command, opts)
   push { type = "start", command = type(command) == "table" and table.concat(command, " ") or command,
     timestamp = util.timestamp(), sessionId = self.id }
   local user_output = o.onOutput
+  -- queued chunks count against the runtime-wide budget until the reader
+  -- takes them; a stream the budget cut keeps its prefix (nothing after)
+  local hold, cut = budget.hold(self.sandbox.policy.limits.maxBufferedBytes, true), {}
+  -- (the shell may keep the last command's sink until its next one: once
+  -- the command is done, the sink lets go of the queue and the hold)
+  local sink_hold, sink_push = hold, push
   local function sink(stream, data)
     if user_output then user_output(stream, data) end
-    if queued[stream] + #data > limit then truncated = true return end
+    if not sink_hold then return end
+    if queued[stream] + #data > limit or cut[stream] then truncated = true return end
+    local granted = sink_hold:take(#data)
+    if granted < #data then
+      truncated, cut[stream] = true, true
+      if granted == 0 then return end
+      data = data:sub(1, granted)
+    end
     queued[stream] = queued[stream] + #data
-    push { type = stream, data = data, timestamp = util.timestamp(), _size = #data }
+    sink_push { type = stream, data = data, timestamp = util.timestamp(), _size = #data }
   end
   local task = async.spawn(function()
     local ok, r = pcall(self.queue.run, self.queue, function(...)
       control.started = true
       return self._run(...)
     end, self, command, o, sink)
+    sink_hold, sink_push = nil, nil
     control.finished = true
     if ok then
       push { type = "complete", exitCode = r.exitCode, timedOut = r.timedOut, truncated = truncated,
@@ -579,14 +607,16 @@ function Session:execStream(command, opts)
       local ev = events[head]
       events[head] = nil
       head = head + 1
-      if not ev then return nil end
+      if not ev then hold:release() return nil end
       if ev._size then
         queued[ev.type] = queued[ev.type] - ev._size
+        hold:give(ev._size)
         ev._size = nil
       end
       return ev
     end,
   })
+  iter._hold = hold -- collected undrained: the queued bytes go back to the budget
   return iter
 end
 
