@@ -241,6 +241,8 @@ local function env_prelude(env)
   return table.concat(lines, "\n")
 end
 
+local HELD_STDERR_MAX = 64 * 1024 -- stderr held back after a timeout (bash's job note is filtered)
+
 -- Runs one command holding the queue. Returns the ExecResult table.
 function Session:_run(command, opts, sink)
   local sb = self.sandbox
@@ -258,8 +260,21 @@ function Session:_run(command, opts, sink)
   local held_stderr = {}
   -- After a timeout, bash reports the job it lost ("Terminated", "Killed");
   -- that note is ours, not the command's: it is held back and filtered.
+  -- At most HELD_STDERR_MAX bytes are held: past that, what is held is the
+  -- command's (bash's note is one short line at the end) and goes on.
+  local held_bytes = 0
   local req = { on_chunk = function(stream, data)
-    if timed_out and stream == "stderr" then held_stderr[#held_stderr + 1] = data return end
+    if timed_out and stream == "stderr" then
+      held_stderr[#held_stderr + 1] = data
+      held_bytes = held_bytes + #data
+      if held_bytes > HELD_STDERR_MAX then
+        local text = table.concat(held_stderr)
+        for i = #held_stderr, 1, -1 do held_stderr[i] = nil end
+        held_bytes = 0
+        sink(stream, text)
+      end
+      return
+    end
     sink(stream, data)
   end }
   if type(command) == "table" then
