@@ -280,7 +280,7 @@ describe("timeouts", function()
     end)
   end)
 
-  it("passes on stderr a timed-out command writes in its grace, past what is held back to filter bash's note", function()
+  it("passes on stderr a timed-out command writes in its grace, past what is held to filter bash's note", function()
     with_sandbox(function(sb)
       -- 200000 bytes written on SIGTERM: more than the 64 KiB held back
       -- (bash builtins only: a process started after the timeout is killed by its passes)
