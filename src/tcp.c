@@ -1,6 +1,6 @@
 /* tcp: connect to a host:port and hand the connected socket to Lua as an fd
  * (wrap it with core.stream_open). Used for readiness probes. */
-#include "core.h"
+#include "private.h"
 
 #include <errno.h>
 #include <fcntl.h>
