@@ -22,7 +22,9 @@ cmake --build "$work/build" -j2 >/dev/null
 rm -f "$work"/build/moonbox_*.deb
 (cd "$work/build" && cpack -G DEB >/dev/null)
 
-version=$(sed -n 's/^#define MOONBOX_VERSION "\(.*\)"$/\1/p' "$src/src/moonbox.h")
+# the project version, defined once in CMakeLists.txt
+version=$(sed -n 's/^project(moonbox VERSION \([0-9.]*\) .*/\1/p' "$src/CMakeLists.txt")
+[ -n "$version" ] || { echo "$0: no project version in $src/CMakeLists.txt" >&2; exit 1; }
 arch=$(dpkg --print-architecture)
 triplet=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 deb=$work/build/moonbox_${version}_${arch}.deb
@@ -45,7 +47,8 @@ files=$(dpkg-deb -c "$deb" | awk '{print $6}')
 for f in ./usr/bin/moonbox "./usr/lib/$triplet/libmoonbox.so.0" "./usr/lib/$triplet/pkgconfig/moonbox.pc" \
          "./usr/lib/$triplet/lua/5.1/moonbox/core.so" "./usr/lib/$triplet/lua/5.1/moonbox/bash_spawn.so" \
          ./usr/share/lua/5.1/moonbox/init.lua ./usr/share/lua/5.1/moonbox/kernels/lua_kernel.lua \
-         ./usr/share/moonbox/page/index.html ./usr/share/moonbox/shell/prelude.bash ./usr/include/moonbox.h; do
+         ./usr/share/moonbox/page/index.html ./usr/share/moonbox/shell/prelude.bash ./usr/include/moonbox.h \
+         ./usr/include/moonbox_version.h; do
   printf '%s\n' "$files" | grep -qx -- "$f" || fail "the package has no $f"
 done
 if printf '%s\n' "$files" | grep -q "$src\|$work"; then fail "the package names the build's trees"; fi
