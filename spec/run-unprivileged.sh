@@ -9,7 +9,7 @@ tmp=$(mktemp -d /tmp/moonbox-unpriv.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 mkdir -p "$tmp/build/lib/moonbox" "$tmp/src"
-# the spawn builtin is found beside core.so (src/core.c)
+# the spawn builtin is found beside core.so (src/module.c)
 cp "$build/lib/moonbox/core.so" "$build/lib/moonbox/bash_spawn.so" "$tmp/build/lib/moonbox/"
 cp -r "$src/lua" "$src/spec" "$src/.luacheckrc" "$tmp/src/"
 # the session shell's start-up script, found from the modules (lua/moonbox/_shell.lua)
