@@ -66,6 +66,8 @@ dpkg -x "$deb" "$root/fs"
 
 # every NEEDED library of the package's ELF files comes from itself or from
 # a package in Depends
+# the package's own paths: no blanks in them
+# shellcheck disable=SC2044
 for elf in $(find "$root/fs" -type f -name '*.so*' -o -type f -path '*/bin/*'); do
   for lib in $(readelf -d "$elf" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
     [ -e "$root/fs/usr/lib/$triplet/$lib" ] && continue
