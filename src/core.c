@@ -405,6 +405,8 @@ mb_core *mb_core_open(lua_State *L, void (*teardown)(mb_core *core)) {
   if (!core->loop) {
     core->loop = (uv_loop_t *)malloc(sizeof(uv_loop_t));
     if (!core->loop || uv_loop_init(core->loop) != 0) {
+      free(core->loop);
+      core->loop = NULL; /* core_gc frees the core alone */
       luaL_error(L, "cannot create a uv loop");
       return NULL;
     }
