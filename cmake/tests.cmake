@@ -76,7 +76,7 @@ if(SPEC_FILES AND RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZ
   foreach(spec spec/session/session_spec.lua spec/process/process_spec.lua spec/terminal/terminal_spec.lua
           spec/security/containment_spec.lua spec/security/isolation_spec.lua spec/session/spawn_builtin_spec.lua
           spec/security/root_identity_spec.lua spec/security/fail_closed_spec.lua spec/core/fs_tree_spec.lua
-          spec/core/procscan_spec.lua
+          spec/core/procscan_spec.lua spec/core/sys_spec.lua
           spec/security/file_race_spec.lua spec/server/security_spec.lua spec/hostile/session_spec.lua
           spec/security/seccomp_spec.lua spec/security/spawn_spec_spec.lua)
     string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
@@ -94,6 +94,20 @@ else()
   moonbox_skip("luacheck" "apt-get install lua-check")
 endif()
 
+# The C follows .clang-format: the check fails on any drift (fix with
+# `clang-format -i` on the files it names). Debian 12's clang-format 14 is
+# the reference (scripts/install-deps.sh installs it); another major version
+# may format differently, so it is preferred where both are installed.
+find_program(CLANG_FORMAT_BIN NAMES clang-format-14 clang-format)
+if(CLANG_FORMAT_BIN)
+  file(GLOB_RECURSE FORMAT_FILES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/*.c ${CMAKE_SOURCE_DIR}/src/*.h
+    ${CMAKE_SOURCE_DIR}/examples/*.c)
+  add_test(NAME format-check COMMAND ${CLANG_FORMAT_BIN} --dry-run --Werror ${FORMAT_FILES}
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+else()
+  moonbox_skip("format-check" "apt-get install clang-format")
+endif()
+
 # The session shell's start-up script is bash in a file of its own
 # (share/shell/prelude.bash, loaded by lua/moonbox/session/shell.lua): it must parse,
 # and shellcheck must find nothing in it (its few exceptions say why).
@@ -104,8 +118,12 @@ if(BASH_BIN)
 endif()
 if(SHELLCHECK_BIN)
   add_test(NAME prelude_bash.shellcheck COMMAND ${SHELLCHECK_BIN} ${CMAKE_SOURCE_DIR}/share/shell/prelude.bash)
+  # and the project's own shell scripts (build, tests, deploy, CI)
+  file(GLOB SHELL_SCRIPTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/scripts/*.sh ${CMAKE_SOURCE_DIR}/spec/*.sh
+    ${CMAKE_SOURCE_DIR}/deploy/*/*.sh)
+  add_test(NAME shellcheck COMMAND ${SHELLCHECK_BIN} ${SHELL_SCRIPTS} ${CMAKE_SOURCE_DIR}/.ci/run)
 else()
-  moonbox_skip("prelude_bash.shellcheck" "apt-get install shellcheck")
+  moonbox_skip("prelude_bash.shellcheck shellcheck" "apt-get install shellcheck")
 endif()
 
 # Every example runs and must print what it promises (spec/examples.sh).

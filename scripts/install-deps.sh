@@ -7,7 +7,7 @@ libluajit-5.1-dev luajit libuv1-dev lua-cjson libseccomp-dev libmagic-dev
 libwebsockets-dev libwebsockets-evlib-uv
 lua-busted lua-check python3 python3-yaml nginx-light procps curl jq git
 python3-ipython python3-matplotlib bubblewrap bash-builtins squashfs-tools
-chromium node-typescript shellcheck"
+chromium node-typescript shellcheck clang-format"
 # node and npm (the page's xterm.js, its browser test): Debian's unless present
 command -v npm >/dev/null 2>&1 || PACKAGES="$PACKAGES nodejs npm"
 missing=""

@@ -25,7 +25,9 @@ cmake --build "$work/build" -j2 >/dev/null
 rm -f "$work"/build/moonbox_*.deb
 (cd "$work/build" && cpack -G DEB >/dev/null)
 
-version=$(sed -n 's/^#define MOONBOX_VERSION "\(.*\)"$/\1/p' "$src/src/moonbox.h")
+# the project version, defined once in CMakeLists.txt
+version=$(sed -n 's/^project(moonbox VERSION \([0-9.]*\) .*/\1/p' "$src/CMakeLists.txt")
+[ -n "$version" ] || { echo "$0: no project version in $src/CMakeLists.txt" >&2; exit 1; }
 arch=$(dpkg --print-architecture)
 triplet=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 deb=$work/build/moonbox_${version}_${arch}.deb
@@ -49,7 +51,8 @@ for f in ./usr/bin/moonbox "./usr/lib/$triplet/libmoonbox.so.0" "./usr/lib/$trip
          "./usr/lib/$triplet/lua/5.1/moonbox/core.so" "./usr/lib/$triplet/lua/5.1/moonbox/bash_spawn.so" \
          "./usr/lib/$triplet/lua/5.1/moonbox/moonbox-init" \
          ./usr/share/lua/5.1/moonbox/init.lua ./usr/share/moonbox/kernels/lua_kernel.lua \
-         ./usr/share/moonbox/page/index.html ./usr/share/moonbox/shell/prelude.bash ./usr/include/moonbox.h; do
+         ./usr/share/moonbox/page/index.html ./usr/share/moonbox/shell/prelude.bash ./usr/include/moonbox.h \
+         ./usr/include/moonbox_version.h; do
   printf '%s\n' "$files" | grep -qx -- "$f" || fail "the package has no $f"
 done
 if printf '%s\n' "$files" | grep -q "$src\|$work"; then fail "the package names the build's trees"; fi
@@ -67,6 +70,8 @@ dpkg -x "$deb" "$root/fs"
 
 # every NEEDED library of the package's ELF files comes from itself or from
 # a package in Depends
+# the package's own paths: no blanks in them
+# shellcheck disable=SC2044
 for elf in $(find "$root/fs" -type f -name '*.so*' -o -type f -path '*/bin/*'); do
   for lib in $(readelf -d "$elf" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
     [ -e "$root/fs/usr/lib/$triplet/$lib" ] && continue

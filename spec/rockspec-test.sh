@@ -11,7 +11,9 @@ set -eu
 src=$(cd "$1" && pwd)
 mkdir -p "$2"
 work=$(cd "$2" && pwd)
-version=$(sed -n 's/^#define MOONBOX_VERSION "\(.*\)"$/\1/p' "$src/src/moonbox.h")
+# the project version, defined once in CMakeLists.txt
+version=$(sed -n 's/^project(moonbox VERSION \([0-9.]*\) .*/\1/p' "$src/CMakeLists.txt")
+[ -n "$version" ] || { echo "$0: no project version in $src/CMakeLists.txt" >&2; exit 1; }
 rockspec=$src/moonbox-$version-1.rockspec
 [ -f "$rockspec" ] || { echo "rockspec-test: no $rockspec" >&2; exit 1; }
 tree=$work/tree

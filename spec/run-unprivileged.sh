@@ -9,7 +9,7 @@ tmp=$(mktemp -d /tmp/moonbox-unpriv.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 mkdir -p "$tmp/build/lib/moonbox" "$tmp/src"
-# the spawn builtin (src/core.c) and the sandbox init (src/nsinit_host.c) are found beside core.so
+# the spawn builtin (src/module.c) and the sandbox init (src/nsinit_host.c) are found beside core.so
 cp "$build/lib/moonbox/core.so" "$build/lib/moonbox/bash_spawn.so" "$build/lib/moonbox/moonbox-init" "$tmp/build/lib/moonbox/"
 cp -r "$src/lua" "$src/spec" "$src/.luacheckrc" "$tmp/src/"
 # the session shell's start-up script and the code-interpreter kernels, found

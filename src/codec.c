@@ -33,7 +33,7 @@
  * Why: a fresh 100 MB allocation costs more than copying 100 MB (page
  * faults), so big buffers are mmap'd with MADV_HUGEPAGE, and each byte of a
  * file lands in Lua memory once, in the result string. */
-#include "core.h"
+#include "private.h"
 
 #include <errno.h>
 #include <pthread.h>

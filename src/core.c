@@ -1,6 +1,7 @@
-/* moonbox.core: the module table, the loop it runs on, and the handle and
- * callback plumbing every family shares. */
-#include "core.h"
+/* moonbox.core's plumbing: the core (one per Lua state), the loop it runs
+ * on, and the handle, callback and error helpers every family shares. It
+ * calls no family: module.c creates the module table and registers them. */
+#include "private.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -335,8 +336,11 @@ static int core_versions(lua_State *L) {
 static int core_gc(lua_State *L) {
   mb_core *core = *(mb_core **)lua_touserdata(L, 1);
   core->dead = 1;
-  mb_spawn_teardown(core);
-  mb_http_teardown(core);
+  if (!core->loop) { /* uv_loop_init failed in mb_core_open */
+    free(core);
+    return 0;
+  }
+  if (core->teardown) core->teardown(core);
   for (mb_handle *h = core->handles; h; h = h->next)
     if (!uv_is_closing(&h->uv.handle)) uv_close(&h->uv.handle, on_close);
   while (core->handles) uv_run(core->loop, UV_RUN_NOWAIT);
@@ -351,12 +355,14 @@ static int core_gc(lua_State *L) {
   return 0;
 }
 
-static const luaL_Reg core_funcs[] = {
+static const luaL_Reg loop_funcs[] = {
   {"run", core_run}, {"stop", core_stop}, {"loop_alive", core_loop_alive},
   {"backend_fd", core_backend_fd}, {"backend_timeout", core_backend_timeout},
   {"now", core_now}, {"hrtime", core_hrtime}, {"update_time", core_update_time},
   {"open_handles", core_open_handles}, {"set_error_handler", core_set_error_handler},
   {"versions", core_versions}, {NULL, NULL}};
+
+void mb_open_loop(lua_State *L) { luaL_register(L, NULL, loop_funcs); }
 
 /* The directory of the shared object this code is linked into
  * (libmoonbox.so or moonbox/core.so), resolved through dladdr: what the
@@ -374,74 +380,43 @@ int mb_self_dir(char *out, size_t size) {
   return ok;
 }
 
-LUALIB_API int luaopen_moonbox_core(lua_State *L) {
+mb_core *mb_core_open(lua_State *L, void (*teardown)(mb_core *core)) {
   lua_getfield(L, LUA_REGISTRYINDEX, CORE_KEY);
-  int initialised = !lua_isnil(L, -1);
+  mb_core **found = (mb_core **)lua_touserdata(L, -1);
   lua_pop(L, 1);
-  if (!initialised) {
-    mb_core **ud = (mb_core **)lua_newuserdata(L, sizeof(mb_core *));
-    mb_core *core = *ud = (mb_core *)calloc(1, sizeof(mb_core));
-    if (!core) return luaL_error(L, "out of memory");
-    core->error_handler_ref = LUA_NOREF;
-    lua_newtable(L);
-    lua_pushcfunction(L, core_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_setmetatable(L, -2);
-    lua_setfield(L, LUA_REGISTRYINDEX, CORE_KEY);
-
-    lua_getfield(L, LUA_REGISTRYINDEX, LOOP_KEY);
-    core->loop = (uv_loop_t *)lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    if (!core->loop) {
-      core->loop = (uv_loop_t *)malloc(sizeof(uv_loop_t));
-      if (!core->loop || uv_loop_init(core->loop) != 0) return luaL_error(L, "cannot create a uv loop");
-      core->own_loop = 1;
-    }
-    core->cbL = lua_newthread(L);
-    core->cbL_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    /* A write to a pipe whose reader has gone (a child that exited) must
-     * fail with EPIPE, not kill the runtime. Children get SIG_DFL back. */
-    struct sigaction sa;
-    if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+  if (found && *found) return *found;
+  mb_core **ud = (mb_core **)lua_newuserdata(L, sizeof(mb_core *));
+  mb_core *core = *ud = (mb_core *)calloc(1, sizeof(mb_core));
+  if (!core) {
+    luaL_error(L, "out of memory");
+    return NULL;
   }
+  core->error_handler_ref = LUA_NOREF;
+  core->teardown = teardown;
   lua_newtable(L);
-  luaL_register(L, NULL, core_funcs);
-  mb_open_timer(L);
-  mb_open_signal(L);
-  mb_open_stream(L);
-  mb_open_fs(L);
-  mb_open_userns(L);
-  mb_open_spawn(L);
-  mb_open_pty(L);
-  mb_open_sys(L);
-  mb_open_codec(L);
-  mb_open_magic(L);
-  mb_open_fsevent(L);
-  mb_open_tcp(L);
-  mb_open_seccomp(L);
-  mb_open_nsinit(L);
-  mb_open_http(L);
-#ifdef MOONBOX_BASH_BUILTIN_REL
-  {
-    /* where the session shells' spawn builtin may be: relative to the object
-     * this code is in (libmoonbox.so, or moonbox/core.so), in the install
-     * tree or the build tree, so that an installed tree works wherever it
-     * is moved; no path from the build is baked in */
-    static const char *const rels[] = {
-      MOONBOX_BASH_BUILTIN_REL,    /* from an installed libmoonbox.so */
-      "bash_spawn.so",             /* from moonbox/core.so, installed or in the build tree */
-      "lib/moonbox/bash_spawn.so", /* from the build tree's libmoonbox.so */
-    };
-    char dir[PATH_MAX];
-    lua_createtable(L, (int)(sizeof rels / sizeof *rels), 0);
-    if (mb_self_dir(dir, sizeof dir)) {
-      for (size_t i = 0; i < sizeof rels / sizeof *rels; i++) {
-        lua_pushfstring(L, "%s/%s", dir, rels[i]);
-        lua_rawseti(L, -2, (int)i + 1);
-      }
+  lua_pushcfunction(L, core_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, CORE_KEY);
+
+  lua_getfield(L, LUA_REGISTRYINDEX, LOOP_KEY);
+  core->loop = (uv_loop_t *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (!core->loop) {
+    core->loop = (uv_loop_t *)malloc(sizeof(uv_loop_t));
+    if (!core->loop || uv_loop_init(core->loop) != 0) {
+      free(core->loop);
+      core->loop = NULL; /* core_gc frees the core alone */
+      luaL_error(L, "cannot create a uv loop");
+      return NULL;
     }
-    lua_setfield(L, -2, "bash_builtin_paths");
+    core->own_loop = 1;
   }
-#endif
-  return 1;
+  core->cbL = lua_newthread(L);
+  core->cbL_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  /* A write to a pipe whose reader has gone (a child that exited) must
+   * fail with EPIPE, not kill the runtime. Children get SIG_DFL back. */
+  struct sigaction sa;
+  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+  return core;
 }

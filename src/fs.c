@@ -27,7 +27,7 @@
  *    the kernel's answer must meet: every fd on one of a set of mounts, and
  *    the calls made with given credentials (the sandbox file API's).
  */
-#include "core.h"
+#include "private.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1549,7 +1549,6 @@ static const luaL_Reg fs_funcs[] = {
   {"fs_rmdir_beneath", fs_rmdir_beneath}, {"fs_rename_beneath", fs_rename_beneath},
   {"fs_stat_beneath", fs_stat_beneath}, {"fs_scandir_beneath", fs_scandir_beneath},
   {"fs_where_beneath", fs_where_beneath}, {"fs_confine", fs_confine_new},
-  {"fs_remove_tree", mb_fs_remove_tree}, {"fs_lock", mb_fs_lock}, /* fs_tree.c */
   {NULL, NULL}};
 
 void mb_open_fs(lua_State *L) {

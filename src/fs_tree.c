@@ -42,7 +42,7 @@
  *   A lock file removed or replaced between open and flock is retried, so two
  *   callers never both hold "the" lock of one path. Synchronous.
  */
-#include "core.h"
+#include "private.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -407,7 +407,7 @@ static void tree_after(uv_work_t *w, int status) {
 static const char *const resolve_names[] = {"beneath", "in_root", NULL};
 
 /* core.fs_remove_tree(root, relpath, resolve, cb) -> true | nil, message, CODE */
-int mb_fs_remove_tree(lua_State *L) {
+static int fs_remove_tree(lua_State *L) {
   if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING && lua_type(L, 1) != LUA_TUSERDATA)
     return luaL_argerror(L, 1, "root must be a directory fd, path or confinement");
   const char *rel = luaL_checkstring(L, 2);
@@ -489,7 +489,7 @@ int mb_fs_remove_tree(lua_State *L) {
 }
 
 /* core.fs_lock(path, content) -> fd | nil, message, CODE[, holder] */
-int mb_fs_lock(lua_State *L) {
+static int fs_lock(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   size_t clen;
   const char *content = luaL_optlstring(L, 2, "", &clen);
@@ -534,4 +534,11 @@ int mb_fs_lock(lua_State *L) {
   }
   lua_pushfstring(L, "lock '%s' (it keeps being replaced)", path);
   return mb_push_errno(L, EAGAIN, lua_tostring(L, -1));
+}
+
+void mb_open_fs_tree(lua_State *L) {
+  lua_pushcfunction(L, fs_remove_tree);
+  lua_setfield(L, -2, "fs_remove_tree");
+  lua_pushcfunction(L, fs_lock);
+  lua_setfield(L, -2, "fs_lock");
 }

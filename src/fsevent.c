@@ -31,7 +31,7 @@
  * dirfd a confinement (core.fs_confine, src/fs.c) may be given: the target
  * is then opened under its rules (its resolve mode, its credentials, only
  * on its allowed mounts). */
-#include "core.h"
+#include "private.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -18,7 +18,7 @@
  * A server is one handle for core.open_handles(); close() destroys the lws
  * context (its own uv handles close asynchronously) and the handle closes
  * once lws reports the context gone. */
-#include "core.h"
+#include "private.h"
 
 #include <libwebsockets.h>
 #include <dlfcn.h>

@@ -9,7 +9,7 @@
  * The cookie (with the compiled magic database loaded) is opened once per
  * Lua state, lazily on first use, and closed when the state closes. A cookie
  * is not thread safe; it is only used from the state's own thread. */
-#include "core.h"
+#include "private.h"
 
 #include <magic.h>
 #include <string.h>

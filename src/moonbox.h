@@ -14,35 +14,45 @@
 
 #include <uv.h>
 
+/* MOONBOX_VERSION, "major.minor.patch": generated from the project version
+ * (CMakeLists.txt), installed beside this header */
+#include "moonbox_version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define MOONBOX_VERSION "0.1.0"
+/* libmoonbox is built with -fvisibility=hidden: these functions are all it
+ * exports */
+#if defined(__GNUC__)
+#define MOONBOX_API __attribute__((visibility("default")))
+#else
+#define MOONBOX_API
+#endif
 
 typedef struct moonbox moonbox;
 struct lua_State;
 
-moonbox *moonbox_new(uv_loop_t *loop);
+MOONBOX_API moonbox *moonbox_new(uv_loop_t *loop);
 /* Run a Lua file with argv as its `arg` table; 0 on success, 1 on error. */
-int moonbox_run_file(moonbox *mb, const char *path, int argc, char **argv);
+MOONBOX_API int moonbox_run_file(moonbox *mb, const char *path, int argc, char **argv);
 /* Run Lua source text; chunkname names it in tracebacks. */
-int moonbox_run_string(moonbox *mb, const char *code, const char *chunkname);
+MOONBOX_API int moonbox_run_string(moonbox *mb, const char *code, const char *chunkname);
 /* Run Lua source text with arguments: `arg` is {[0] = arg0, argv...} and the
  * chunk gets argv as `...` (what `moonbox -e CODE args` and `moonbox -` do). */
-int moonbox_run_string_args(moonbox *mb, const char *code, const char *chunkname, const char *arg0, int argc,
-                            char **argv);
+MOONBOX_API int moonbox_run_string_args(moonbox *mb, const char *code, const char *chunkname, const char *arg0,
+                                        int argc, char **argv);
 /* Use the policy in this Lua file (or module name) for every sandbox that
  * is not given one; 0 on success, 1 on error (see moonbox_error). */
-int moonbox_set_policy(moonbox *mb, const char *policy);
+MOONBOX_API int moonbox_set_policy(moonbox *mb, const char *policy);
 /* Number of tasks still running (useful with a caller-owned loop). */
-int moonbox_pending(moonbox *mb);
+MOONBOX_API int moonbox_pending(moonbox *mb);
 /* The last error message with its traceback, or NULL. */
-const char *moonbox_error(moonbox *mb);
-uv_loop_t *moonbox_loop(moonbox *mb);
-struct lua_State *moonbox_lua(moonbox *mb);
-void moonbox_close(moonbox *mb);
-const char *moonbox_version(void);
+MOONBOX_API const char *moonbox_error(moonbox *mb);
+MOONBOX_API uv_loop_t *moonbox_loop(moonbox *mb);
+MOONBOX_API struct lua_State *moonbox_lua(moonbox *mb);
+MOONBOX_API void moonbox_close(moonbox *mb);
+MOONBOX_API const char *moonbox_version(void);
 
 #ifdef __cplusplus
 }

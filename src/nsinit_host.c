@@ -20,7 +20,7 @@
  *                        an init started with spec.defer_pivot (a spare, built
  *                        before it is known whose it is): set the hostname,
  *                        bind src (host) at dst, and enter the new root */
-#include "core.h"
+#include "private.h"
 #include "nsinit.h"
 #include "child/wire.h"
 
@@ -60,9 +60,6 @@ typedef struct {
   int pids_ref;   /* Lua table: pid inside -> host pid, for children still running */
   int gone;       /* the event socket reported EOF */
 } nsinit_state;
-
-int mb_spawn_track(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx);
-int mb_spawn_deliver(mb_core *core, pid_t pid, int status);
 
 static const struct { const char *name; int flag; } ns_names[] = {
   {"user", CLONE_NEWUSER}, {"mnt", CLONE_NEWNS}, {"pid", CLONE_NEWPID}, {"ipc", CLONE_NEWIPC},

@@ -2,7 +2,7 @@
  * (as its controlling terminal) is done by core.spawn with setsid and the
  * slave placed on fds 0-2; the child's first open tty becomes controlling
  * thanks to TIOCSCTTY in the plan (ctty = fd). */
-#include "core.h"
+#include "private.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,7 +2,7 @@
  * the caller's), and the Lua modules found relative to the library itself
  * (install tree or build tree), or in $MOONBOX_LUA_DIR. */
 #include "moonbox.h"
-#include "core.h"
+#include "private.h"
 
 #include <lua.h>
 #include <lauxlib.h>
@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-LUALIB_API int luaopen_moonbox_core(lua_State *L);
 
 struct moonbox {
   lua_State *L;

@@ -7,7 +7,7 @@
  *   -> filter | nil, message, code
  * Denied calls fail with EPERM; ioctl requests match on their low 32 bits
  * (CVE-2019-10063); syscalls of a foreign ABI (i386, x32) kill the process. */
-#include "core.h"
+#include "private.h"
 #include "child/child.h"
 
 #include <errno.h>

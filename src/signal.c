@@ -1,5 +1,5 @@
 /* Signal watchers on the loop (SIGINT, SIGTERM, SIGCHLD, ...). */
-#include "core.h"
+#include "private.h"
 
 #include <signal.h>
 #include <string.h>

@@ -7,7 +7,7 @@
  * with the child already reaped. Exits are collected by one SIGCHLD watcher
  * (waitpid(-1)), which also reaps orphans the runtime adopts as a child
  * subreaper. */
-#include "core.h"
+#include "private.h"
 #include "child/child.h"
 
 #include <errno.h>
@@ -357,8 +357,6 @@ int mb_spawn_track(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx) {
   if (ss->running++ == 0) uv_ref((uv_handle_t *)&ss->sigchld);
   return 1;
 }
-
-int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *host_pid, mb_child_report *fail);
 
 /* core.spawn(spec) -> process, streams | nil, message, CODE
  * spec: args (array, required), file, env (array "K=V" or map; nothing is

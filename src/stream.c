@@ -1,6 +1,6 @@
 /* Streams over pipes and pty masters: read start/stop, write with completion
  * and backpressure, a non-blocking drain, shutdown, close. */
-#include "core.h"
+#include "private.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* Process-wide facts and switches: pid, ids, child subreaper. */
-#include "core.h"
+#include "private.h"
 
 #include <dirent.h>
 #include <errno.h>

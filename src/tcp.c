@@ -1,6 +1,6 @@
 /* tcp: connect to a host:port and hand the connected socket to Lua as an fd
  * (wrap it with core.stream_open). Used for readiness probes. */
-#include "core.h"
+#include "private.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -66,13 +66,18 @@ static void on_connect(uv_connect_t *req, int status) {
 }
 
 /* core.tcp_connect(host, port, callback(err, fd, code)[, socket_fd]) -> true | nil, msg, code
- * socket_fd: an unconnected socket to use (and own), e.g. one made inside a
- * sandbox's network namespace by its init. */
+ * socket_fd: an unconnected socket to use, e.g. one made inside a sandbox's
+ * network namespace by its init. When the call returns true the connect
+ * owns it (it is closed by then; the callback gets a new fd); when it
+ * returns nil it is still the caller's, to close. */
 static int tcp_connect_start(lua_State *L) {
   const char *host = luaL_checkstring(L, 1);
   int port = (int)luaL_checkinteger(L, 2);
   luaL_checktype(L, 3, LUA_TFUNCTION);
   if (port < 1 || port > 65535) return luaL_argerror(L, 2, "port must be 1-65535");
+  /* checked before anything is allocated: a raise below would leak the request */
+  int has_sock = !lua_isnoneornil(L, 4);
+  int sock = has_sock ? (int)luaL_checkinteger(L, 4) : -1;
   struct sockaddr_storage addr;
   int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
   if (rc < 0) rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
@@ -82,23 +87,27 @@ static int tcp_connect_start(lua_State *L) {
   if (!c) return luaL_error(L, "out of memory");
   c->core = core;
   c->fd = -1;
+  c->cb_ref = LUA_NOREF;
   c->tcp.data = c;
   c->req.data = c;
   uv_tcp_init(core->loop, &c->tcp);
-  if (!lua_isnoneornil(L, 4)) {
-    rc = uv_tcp_open(&c->tcp, (uv_os_sock_t)luaL_checkinteger(L, 4));
+  if (has_sock) {
+    /* the handle gets a copy: on failure below, closing the handle leaves
+     * the caller's socket open */
+    int copy = sock >= 0 ? fcntl(sock, F_DUPFD_CLOEXEC, 3) : -1;
+    rc = copy < 0 ? (sock < 0 ? UV_EBADF : uv_translate_sys_error(errno)) : uv_tcp_open(&c->tcp, (uv_os_sock_t)copy);
     if (rc < 0) {
-      c->cb_ref = LUA_NOREF;
+      if (copy >= 0) close(copy); /* uv_tcp_open failed: not the handle's */
       uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
       return mb_push_error(L, rc, "socket");
     }
   }
   rc = uv_tcp_connect(&c->req, &c->tcp, (const struct sockaddr *)&addr, on_connect);
   if (rc < 0) {
-    c->cb_ref = LUA_NOREF;
     uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
     return mb_push_error(L, rc, "connect");
   }
+  if (has_sock) close(sock); /* under way on the copy */
   lua_pushvalue(L, 3);
   c->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushboolean(L, 1);

@@ -1,5 +1,5 @@
 /* Timers: one-shot and repeating. */
-#include "core.h"
+#include "private.h"
 
 #define TIMER "moonbox.timer"
 

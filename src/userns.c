@@ -10,7 +10,7 @@
  *   The Lua side (sandbox.lua) decides which of these are a refusal.
  *   Synchronous; the child does nothing but _exit.
  */
-#include "core.h"
+#include "private.h"
 
 #include <errno.h>
 #include <sched.h>

@@ -4,7 +4,7 @@ local core = require "moonbox.core"
 local errors = require "moonbox.errors"
 
 local moonbox = {
-  VERSION = "0.1.0",
+  VERSION = core.version, -- the project version (CMakeLists.txt), compiled into the core
   run = async.run,
   spawn = async.spawn,
   all = async.all,

@@ -57,12 +57,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "mb_builtins.h"
 #include "version.h"
 
-/* bash internals the installed headers do not declare */
-extern int sourcelevel;  /* > 0 while a file is sourced (unwound on errors) */
-extern int running_trap; /* signal + 1 while a trap runs; 1 for EXIT */
-extern int default_buffered_input; /* the fd bash reads its commands from */
 
 #define NONCE_HEX 32
 

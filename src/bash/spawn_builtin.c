@@ -45,17 +45,8 @@
 #include <unistd.h>
 
 #include "alias.h"
+#include "mb_builtins.h"
 #include "version.h"
-
-/* bash internals the installed headers do not declare */
-extern char *search_for_command(const char *, int);
-extern int find_reserved_word(char *);
-extern int source_builtin(WORD_LIST *);
-extern int signal_is_trapped(int);
-extern int job_control;
-extern int expand_aliases;
-extern int restricted;
-extern int echo_command_at_execute, verbose_flag, read_but_dont_execute; /* set -x, -v, -n */
 
 #define CMDSRCH_HASH 0x01
 /* bash's pseudo-signals for its DEBUG, ERR and RETURN traps (trap.h) */
@@ -64,8 +55,6 @@ extern int echo_command_at_execute, verbose_flag, read_but_dont_execute; /* set 
 #define RETURN_TRAP (NSIG + 2)
 #define MAX_BODY_BYTES 4096
 #define MAX_WORDS 256
-
-extern char **environ;
 
 /* The body's words (split at blanks, in buf), or -1 if it is too long to
  * be one the runtime would send this way. */
@@ -204,9 +193,6 @@ static int source_body(char *body) {
   return rc;
 }
 
-/* report_builtin.c's __mb_rep, reached as `__mb_run -r ARGS` too */
-extern int mb_rep_builtin(WORD_LIST *);
-
 static int mb_run_builtin(WORD_LIST *list) {
   if (list && strcmp(list->word->word, "-r") == 0) return mb_rep_builtin(list->next);
   int source_only = list && list->next && strcmp(list->word->word, "-s") == 0;
@@ -275,8 +261,6 @@ static SHELL_VAR *bash_source(SHELL_VAR *var) {
   }
   return var;
 }
-
-extern void ignore_signal(int);
 
 /* Only into the bash version these headers describe. */
 int __mb_run_builtin_load(char *name) {

@@ -1,0 +1,27 @@
+/* The contract of the bash loadable (src/bash/, built into bash_spawn.so,
+ * loaded by the session shells, apart from the core and src/private.h):
+ * what its two files share, and the bash internals they use that the
+ * installed headers (bash-builtins) do not declare. */
+#ifndef MOONBOX_BASH_BUILTINS_H
+#define MOONBOX_BASH_BUILTINS_H
+
+#include <loadables.h>
+
+/* report_builtin.c: __mb_rep, reached as `__mb_run -r ARGS` too (spawn_builtin.c) */
+int mb_rep_builtin(WORD_LIST *list);
+
+/* bash internals (defined in bash itself) */
+extern char *search_for_command(const char *, int);
+extern int find_reserved_word(char *);
+extern int source_builtin(WORD_LIST *);
+extern int signal_is_trapped(int);
+extern void ignore_signal(int);
+extern int job_control;
+extern int expand_aliases;
+extern int restricted;
+extern int echo_command_at_execute, verbose_flag, read_but_dont_execute; /* set -x, -v, -n */
+extern int sourcelevel;            /* > 0 while a file is sourced (unwound on errors) */
+extern int running_trap;           /* signal + 1 while a trap runs; 1 for EXIT */
+extern int default_buffered_input; /* the fd bash reads its commands from */
+
+#endif
