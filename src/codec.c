@@ -71,7 +71,8 @@ static int mem_alloc(mem_block *m, size_t cap) {
 
 static void mem_free(mem_block *m) {
   if (!m->data) return;
-  if (m->mapped) munmap(m->data, m->cap); else free(m->data);
+  if (m->mapped) munmap(m->data, m->cap);
+  else free(m->data);
   m->data = NULL;
   m->cap = 0;
 }
@@ -212,7 +213,10 @@ static int base64_decode(lua_State *L) {
   size_t len;
   const unsigned char *in = (const unsigned char *)luaL_checklstring(L, 1, &len);
   long long out_len = b64_decoded_len(in, len);
-  if (out_len < 0) { lua_pushnil(L); return 1; }
+  if (out_len < 0) {
+    lua_pushnil(L);
+    return 1;
+  }
   mem_block m;
   if (mem_alloc(&m, (size_t)out_len) < 0) return luaL_error(L, "base64_decode: out of memory");
   if (b64_decode(in, len, (unsigned char *)m.data) < 0) lua_pushnil(L);
@@ -252,11 +256,9 @@ static size_t utf8_seq(const unsigned char *p, size_t n) {
  * has_nul and has_control then only describe what came before it. */
 #define ONES 0x0101010101010101ull
 #define HIGHS 0x8080808080808080ull
-#define HAS_LESS(x, n) (((x) - ONES * (n)) & ~(x) & HIGHS)
+#define HAS_LESS(x, n) (((x)-ONES * (n)) & ~(x)&HIGHS)
 
-static int is_odd_control(unsigned char c) {
-  return (c < 0x20 && !(c >= 0x08 && c <= 0x0D) && c != 0x1B) || c == 0x7F;
-}
+static int is_odd_control(unsigned char c) { return (c < 0x20 && !(c >= 0x08 && c <= 0x0D) && c != 0x1B) || c == 0x7F; }
 
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -274,8 +276,7 @@ static size_t ascii_blocks(const unsigned char *s, size_t i, size_t len, int *nu
     __m128i is_nul = _mm_cmpeq_epi8(v, zero);
     __m128i allowed = _mm_or_si128(_mm_and_si128(_mm_cmpgt_epi8(v, bs_minus1), _mm_cmplt_epi8(v, cr_plus1)),
                                    _mm_or_si128(_mm_cmpeq_epi8(v, esc), is_nul));
-    odd = _mm_or_si128(odd, _mm_or_si128(_mm_andnot_si128(allowed, _mm_cmplt_epi8(v, space)),
-                                         _mm_cmpeq_epi8(v, del)));
+    odd = _mm_or_si128(odd, _mm_or_si128(_mm_andnot_si128(allowed, _mm_cmplt_epi8(v, space)), _mm_cmpeq_epi8(v, del)));
     nuls = _mm_or_si128(nuls, is_nul);
     i += 16;
   }
@@ -334,7 +335,8 @@ static int push_text_info_result(lua_State *L, int nul, int control, size_t bad)
   lua_pushboolean(L, bad == 0);
   lua_pushboolean(L, nul);
   lua_pushboolean(L, control);
-  if (bad) lua_pushinteger(L, (lua_Integer)bad); else lua_pushnil(L);
+  if (bad) lua_pushinteger(L, (lua_Integer)bad);
+  else lua_pushnil(L);
   return 4;
 }
 
@@ -396,8 +398,8 @@ static void *bytes_test(lua_State *L, int idx) {
 typedef struct {
   mem_block mem;
   size_t len;
-  int busy;    /* a read or write on the thread pool uses mem */
-  int orphan;  /* collected while busy (the state is closing): the request frees it */
+  int busy;   /* a read or write on the thread pool uses mem */
+  int orphan; /* collected while busy (the state is closing): the request frees it */
 } mb_bytes;
 
 /* For other families (magic.c): the content of a bytes buffer at idx, or 0
@@ -447,7 +449,8 @@ static int bytes_new(lua_State *L) {
 static int bytes_gc(lua_State *L) {
   mb_bytes **ud = (mb_bytes **)lua_touserdata(L, 1);
   if (ud && *ud) {
-    if ((*ud)->busy) (*ud)->orphan = 1; else bytes_destroy(*ud);
+    if ((*ud)->busy) (*ud)->orphan = 1;
+    else bytes_destroy(*ud);
     *ud = NULL;
   }
   return 0;
@@ -602,7 +605,10 @@ static int bytes_base64_decode(lua_State *L) {
   size_t len;
   const unsigned char *in = (const unsigned char *)luaL_checklstring(L, 2, &len);
   long long out_len = b64_decoded_len(in, len);
-  if (out_len < 0) { lua_pushnil(L); return 1; }
+  if (out_len < 0) {
+    lua_pushnil(L);
+    return 1;
+  }
   mem_block m;
   if (mem_alloc(&m, (size_t)out_len) < 0) return luaL_error(L, "bytes: out of memory");
   if (b64_decode(in, len, (unsigned char *)m.data) < 0) {
@@ -670,8 +676,8 @@ static void on_bytes_fs(uv_fs_t *req) {
   mb_call(core, cbL, nargs);
 }
 
-static int bytes_submit(lua_State *L, mb_bytes *b, int is_read, int fd, char *base, size_t len,
-                        int64_t offset, int cb_idx) {
+static int bytes_submit(lua_State *L, mb_bytes *b, int is_read, int fd, char *base, size_t len, int64_t offset,
+                        int cb_idx) {
   luaL_checktype(L, cb_idx, LUA_TFUNCTION);
   if (len > 0x7ffff000) len = 0x7ffff000; /* what one read/write moves at most */
   bytes_req *br = (bytes_req *)calloc(1, sizeof(bytes_req));
@@ -740,16 +746,25 @@ static int bytes_tostring_meta(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg bytes_methods[] = {
-  {"size", bytes_size}, {"append", bytes_append}, {"tostring", bytes_tostring},
-  {"base64_encode", bytes_base64_encode}, {"base64_decode", bytes_base64_decode},
-  {"utf8_valid", bytes_utf8_valid}, {"text_info", bytes_text_info}, {"read", bytes_read}, {"write", bytes_write}, {"free", bytes_free},
-  {"drop", bytes_drop},
-  {NULL, NULL}};
+static const luaL_Reg bytes_methods[] = {{"size", bytes_size},
+                                         {"append", bytes_append},
+                                         {"tostring", bytes_tostring},
+                                         {"base64_encode", bytes_base64_encode},
+                                         {"base64_decode", bytes_base64_decode},
+                                         {"utf8_valid", bytes_utf8_valid},
+                                         {"text_info", bytes_text_info},
+                                         {"read", bytes_read},
+                                         {"write", bytes_write},
+                                         {"free", bytes_free},
+                                         {"drop", bytes_drop},
+                                         {NULL, NULL}};
 
-static const luaL_Reg codec_funcs[] = {
-  {"base64_encode", base64_encode}, {"base64_decode", base64_decode}, {"utf8_valid", utf8_valid},
-  {"text_info", text_info}, {"bytes", bytes_new}, {NULL, NULL}};
+static const luaL_Reg codec_funcs[] = {{"base64_encode", base64_encode},
+                                       {"base64_decode", base64_decode},
+                                       {"utf8_valid", utf8_valid},
+                                       {"text_info", text_info},
+                                       {"bytes", bytes_new},
+                                       {NULL, NULL}};
 
 void mb_open_codec(lua_State *L) {
   luaL_newmetatable(L, BYTES);

@@ -26,10 +26,8 @@ mb_core *mb_core_get(lua_State *L) {
 int mb_push_error(lua_State *L, int uv_err, const char *detail) {
   const char *name = uv_err_name(uv_err);
   lua_pushnil(L);
-  if (detail)
-    lua_pushfstring(L, "%s: %s (%s)", name, uv_strerror(uv_err), detail);
-  else
-    lua_pushfstring(L, "%s: %s", name, uv_strerror(uv_err));
+  if (detail) lua_pushfstring(L, "%s: %s (%s)", name, uv_strerror(uv_err), detail);
+  else lua_pushfstring(L, "%s: %s", name, uv_strerror(uv_err));
   lua_pushstring(L, name);
   return 3;
 }
@@ -139,7 +137,8 @@ lua_State *mb_handle_push_cb(mb_handle *h, int slot) {
 
 static void unlink_handle(mb_handle *h) {
   mb_core *core = h->core;
-  if (h->prev) h->prev->next = h->next; else core->handles = h->next;
+  if (h->prev) h->prev->next = h->next;
+  else core->handles = h->next;
   if (h->next) h->next->prev = h->prev;
   core->open_handles--;
 }
@@ -148,7 +147,11 @@ static void on_close(uv_handle_t *uvh) {
   mb_handle *h = (mb_handle *)uvh->data;
   mb_core *core = h->core;
   lua_State *cbL = core->cbL;
-  if (core->dead) { unlink_handle(h); free(h); return; }
+  if (core->dead) {
+    unlink_handle(h);
+    free(h);
+    return;
+  }
   /* slot 0 is reused for the close callback, see mb_handle_close */
   int close_ref = h->cb_ref[0];
   for (int i = 1; i < MB_MAX_CALLBACKS; i++) luaL_unref(cbL, LUA_REGISTRYINDEX, h->cb_ref[i]);
@@ -229,9 +232,13 @@ static int handle_tostring(lua_State *L) {
 }
 
 void mb_new_class(lua_State *L, const char *type_name, const luaL_Reg *methods) {
-  static const luaL_Reg common[] = {
-    {"close", handle_close}, {"is_closing", handle_is_closing}, {"is_active", handle_is_active},
-    {"ref", handle_ref}, {"unref", handle_unref}, {"fileno", handle_fileno}, {NULL, NULL}};
+  static const luaL_Reg common[] = {{"close", handle_close},
+                                    {"is_closing", handle_is_closing},
+                                    {"is_active", handle_is_active},
+                                    {"ref", handle_ref},
+                                    {"unref", handle_unref},
+                                    {"fileno", handle_fileno},
+                                    {NULL, NULL}};
   luaL_newmetatable(L, type_name);
   lua_pushstring(L, type_name);
   lua_setfield(L, -2, "__name");
@@ -355,12 +362,18 @@ static int core_gc(lua_State *L) {
   return 0;
 }
 
-static const luaL_Reg loop_funcs[] = {
-  {"run", core_run}, {"stop", core_stop}, {"loop_alive", core_loop_alive},
-  {"backend_fd", core_backend_fd}, {"backend_timeout", core_backend_timeout},
-  {"now", core_now}, {"hrtime", core_hrtime}, {"update_time", core_update_time},
-  {"open_handles", core_open_handles}, {"set_error_handler", core_set_error_handler},
-  {"versions", core_versions}, {NULL, NULL}};
+static const luaL_Reg loop_funcs[] = {{"run", core_run},
+                                      {"stop", core_stop},
+                                      {"loop_alive", core_loop_alive},
+                                      {"backend_fd", core_backend_fd},
+                                      {"backend_timeout", core_backend_timeout},
+                                      {"now", core_now},
+                                      {"hrtime", core_hrtime},
+                                      {"update_time", core_update_time},
+                                      {"open_handles", core_open_handles},
+                                      {"set_error_handler", core_set_error_handler},
+                                      {"versions", core_versions},
+                                      {NULL, NULL}};
 
 void mb_open_loop(lua_State *L) { luaL_register(L, NULL, loop_funcs); }
 

@@ -65,10 +65,10 @@ static int check_flags(lua_State *L, int idx) {
   const char *s = luaL_checkstring(L, idx);
   int flags;
   switch (s[0]) {
-    case 'r': flags = O_RDONLY; break;
-    case 'w': flags = O_WRONLY | O_CREAT | O_TRUNC; break;
-    case 'a': flags = O_WRONLY | O_CREAT | O_APPEND; break;
-    default: return luaL_argerror(L, idx, "flags must be r, r+, w, w+, a, a+ (optionally with x) or an integer");
+  case 'r': flags = O_RDONLY; break;
+  case 'w': flags = O_WRONLY | O_CREAT | O_TRUNC; break;
+  case 'a': flags = O_WRONLY | O_CREAT | O_APPEND; break;
+  default: return luaL_argerror(L, idx, "flags must be r, r+, w, w+, a, a+ (optionally with x) or an integer");
   }
   int plus = 0, excl = 0;
   for (const char *p = s + 1; *p; p++) {
@@ -96,10 +96,10 @@ static int check_fd(lua_State *L, int idx) {
 
 static const char *type_name(unsigned long mode) {
   switch (mode & S_IFMT) {
-    case S_IFREG: return "file";
-    case S_IFDIR: return "directory";
-    case S_IFLNK: return "symlink";
-    default: return "other";
+  case S_IFREG: return "file";
+  case S_IFDIR: return "directory";
+  case S_IFLNK: return "symlink";
+  default: return "other";
   }
 }
 
@@ -156,41 +156,33 @@ struct fs_req {
   uv_fs_t req;
   mb_core *core;
   int cb_ref;
-  int data_ref;   /* the string being written, alive until completion */
-  char *buf;      /* read buffer */
-  push_fn push;   /* pushes the one result value on success */
+  int data_ref; /* the string being written, alive until completion */
+  char *buf;    /* read buffer */
+  push_fn push; /* pushes the one result value on success */
   const char *op;
-  int fd;         /* for error messages of fd operations, -1 otherwise */
+  int fd; /* for error messages of fd operations, -1 otherwise */
 };
 
-static void push_result_int(lua_State *L, fs_req *fr) {
-  lua_pushinteger(L, (lua_Integer)fr->req.result);
-}
+static void push_result_int(lua_State *L, fs_req *fr) { lua_pushinteger(L, (lua_Integer)fr->req.result); }
 
 static void push_result_true(lua_State *L, fs_req *fr) {
   (void)fr;
   lua_pushboolean(L, 1);
 }
 
-static void push_result_read(lua_State *L, fs_req *fr) {
-  lua_pushlstring(L, fr->buf, (size_t)fr->req.result);
-}
+static void push_result_read(lua_State *L, fs_req *fr) { lua_pushlstring(L, fr->buf, (size_t)fr->req.result); }
 
-static void push_result_stat(lua_State *L, fs_req *fr) {
-  push_uv_stat(L, &fr->req.statbuf);
-}
+static void push_result_stat(lua_State *L, fs_req *fr) { push_uv_stat(L, &fr->req.statbuf); }
 
-static void push_result_ptr(lua_State *L, fs_req *fr) {
-  lua_pushstring(L, (const char *)fr->req.ptr);
-}
+static void push_result_ptr(lua_State *L, fs_req *fr) { lua_pushstring(L, (const char *)fr->req.ptr); }
 
 static const char *dirent_type(uv_dirent_type_t t) {
   switch (t) {
-    case UV_DIRENT_FILE: return "file";
-    case UV_DIRENT_DIR: return "directory";
-    case UV_DIRENT_LINK: return "symlink";
-    case UV_DIRENT_UNKNOWN: return "unknown";
-    default: return "other";
+  case UV_DIRENT_FILE: return "file";
+  case UV_DIRENT_DIR: return "directory";
+  case UV_DIRENT_LINK: return "symlink";
+  case UV_DIRENT_UNKNOWN: return "unknown";
+  default: return "other";
   }
 }
 
@@ -205,12 +197,9 @@ static void push_result_scandir(lua_State *L, fs_req *fr) {
 static void push_req_errmsg(lua_State *L, fs_req *fr, int err) {
   const char *name = uv_err_name(err), *msg = uv_strerror(err);
   const char *path = fr->req.path, *new_path = fr->req.new_path;
-  if (path && new_path)
-    lua_pushfstring(L, "%s: %s (%s '%s' -> '%s')", name, msg, fr->op, path, new_path);
-  else if (path)
-    lua_pushfstring(L, "%s: %s (%s '%s')", name, msg, fr->op, path);
-  else
-    lua_pushfstring(L, "%s: %s (%s fd %d)", name, msg, fr->op, fr->fd);
+  if (path && new_path) lua_pushfstring(L, "%s: %s (%s '%s' -> '%s')", name, msg, fr->op, path, new_path);
+  else if (path) lua_pushfstring(L, "%s: %s (%s '%s')", name, msg, fr->op, path);
+  else lua_pushfstring(L, "%s: %s (%s fd %d)", name, msg, fr->op, fr->fd);
 }
 
 static void fs_req_free(fs_req *fr) {
@@ -253,7 +242,10 @@ static fs_req *req_new(lua_State *L, int cb_idx, const char *op, push_fn push) {
   mb_core *core = mb_core_get(L);
   luaL_checktype(L, cb_idx, LUA_TFUNCTION);
   fs_req *fr = (fs_req *)calloc(1, sizeof(fs_req));
-  if (!fr) { luaL_error(L, "out of memory"); return NULL; }
+  if (!fr) {
+    luaL_error(L, "out of memory");
+    return NULL;
+  }
   fr->core = core;
   fr->req.data = fr;
   fr->push = push;
@@ -537,8 +529,8 @@ static int openat2_fd(int dirfd, const char *path, unsigned long long flags, uns
 #define CONFINE_MAX 256
 
 typedef struct {
-  int root;                        /* O_PATH fd of the root; -1 once closed */
-  unsigned mnt_mask;               /* STATX_MNT_ID(_UNIQUE); 0: no mount check */
+  int root;          /* O_PATH fd of the root; -1 once closed */
+  unsigned mnt_mask; /* STATX_MNT_ID(_UNIQUE); 0: no mount check */
   int nallowed;
   int allowed_fd[CONFINE_MAX];
   unsigned long long mnt[CONFINE_MAX];
@@ -831,10 +823,8 @@ static int fs_confine_new(lua_State *L) {
   c->gid = (gid_t)gid;
   c->resolve = resolve_bits(which);
   c->resolve_name = resolve_names[which];
-  if (lua_type(L, 1) == LUA_TNUMBER)
-    c->root = fcntl(check_fd(L, 1), F_DUPFD_CLOEXEC, 0);
-  else
-    c->root = open(lua_tostring(L, 1), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (lua_type(L, 1) == LUA_TNUMBER) c->root = fcntl(check_fd(L, 1), F_DUPFD_CLOEXEC, 0);
+  else c->root = open(lua_tostring(L, 1), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (c->root < 0) return return_root_error(L, errno, 1);
   if (nallow < 0) return 1;
 
@@ -906,9 +896,7 @@ void *mb_fs_confine_rules(lua_State *L, int idx, int *root, unsigned long long *
 
 /* For fs_tree.c: 0 when fd lies on one of the rules' mounts, else -1 with
  * errno (EXDEV). */
-int mb_fs_rules_check(const void *rules, int fd) {
-  return rules_check((const confine_rules *)rules, fd);
-}
+int mb_fs_rules_check(const void *rules, int fd) { return rules_check((const confine_rules *)rules, fd); }
 
 /* For fs_event (fsevent.c): open rel O_PATH under the root at idx, a
  * confinement (its rules apply, resolved its way) or a plain directory fd
@@ -931,19 +919,15 @@ int mb_fs_root_open_path(lua_State *L, int idx, const char *rel) {
 
 /* The error message for a failed openat2 of path (errno value err). */
 static void push_openat2_errmsg(lua_State *L, int err, const char *path, const char *resolve) {
-  if (err == ENOSYS)
-    lua_pushliteral(L, OPENAT2_ENOSYS_MSG);
-  else if (err == EXDEV)
-    lua_pushfstring(L, "EXDEV: path resolves outside the root ('%s', resolve=%s)", path, resolve);
+  if (err == ENOSYS) lua_pushliteral(L, OPENAT2_ENOSYS_MSG);
+  else if (err == EXDEV) lua_pushfstring(L, "EXDEV: path resolves outside the root ('%s', resolve=%s)", path, resolve);
   else {
     int uverr = uv_translate_sys_error(err);
     lua_pushfstring(L, "%s: %s (openat2 '%s', resolve=%s)", uv_err_name(uverr), uv_strerror(uverr), path, resolve);
   }
 }
 
-static const char *errno_code(int err) {
-  return uv_err_name(uv_translate_sys_error(err));
-}
+static const char *errno_code(int err) { return uv_err_name(uv_translate_sys_error(err)); }
 
 static int return_openat2_error(lua_State *L, int err, const char *path, const char *resolve) {
   lua_pushnil(L);
@@ -1010,7 +994,10 @@ static void beneath_after(uv_work_t *w, int status) {
   beneath_req *br = (beneath_req *)w->data;
   mb_core *core = br->core;
   if (br->own_root) close(br->root);
-  if (status == UV_ECANCELED) { br->fd = -1; br->err = ECANCELED; }
+  if (status == UV_ECANCELED) {
+    br->fd = -1;
+    br->err = ECANCELED;
+  }
   if (core->dead) {
     if (br->fd >= 0) close(br->fd);
     free(br->path);
@@ -1135,9 +1122,9 @@ typedef struct {
   confine_rules rules;
   unsigned long long resolve;
   const char *resolve_name;
-  char *a, *b;   /* relpath (rename: old, new) */
-  int mode;      /* mkdir */
-  int follow;    /* stat */
+  char *a, *b; /* relpath (rename: old, new) */
+  int mode;    /* mkdir */
+  int follow;  /* stat */
   /* outcome */
   int kind, err;
   const char *err_path; /* a or b */
@@ -1190,12 +1177,15 @@ static int at_open_parent(at_req *q, const char *rel, char *name, size_t name_si
 }
 
 /* An *at call on a verified directory fd, with the confinement's credentials. */
-#define AT_WITH_CREDS(q, expr)                                   \
-  do {                                                           \
-    saved_creds sc_;                                             \
-    if (creds_enter(&(q)->rules, &sc_) < 0) { r = -1; break; }   \
-    r = (expr);                                                  \
-    creds_leave(&sc_);                                           \
+#define AT_WITH_CREDS(q, expr)                                                                                         \
+  do {                                                                                                                 \
+    saved_creds sc_;                                                                                                   \
+    if (creds_enter(&(q)->rules, &sc_) < 0) {                                                                          \
+      r = -1;                                                                                                          \
+      break;                                                                                                           \
+    }                                                                                                                  \
+    r = (expr);                                                                                                        \
+    creds_leave(&sc_);                                                                                                 \
   } while (0)
 
 static void at_run(at_req *q) {
@@ -1203,69 +1193,69 @@ static void at_run(at_req *q) {
   int r;
   q->kind = AT_OK;
   switch (q->op) {
-    case AT_MKDIR:
-    case AT_UNLINK:
-    case AT_RMDIR: {
-      int pfd = at_open_parent(q, q->a, name, sizeof name);
-      if (pfd < 0) return;
-      if (q->op == AT_MKDIR) {
-        AT_WITH_CREDS(q, mkdirat(pfd, name, (mode_t)q->mode));
-        q->at_op = "mkdir";
-      } else {
-        AT_WITH_CREDS(q, unlinkat(pfd, name, q->op == AT_RMDIR ? AT_REMOVEDIR : 0));
-        q->at_op = q->op == AT_RMDIR ? "rmdir" : "unlink";
-      }
-      q->err = errno;
-      close(pfd);
-      if (r < 0) {
-        q->kind = AT_EAT;
-        q->err_path = q->a;
-      }
-      return;
+  case AT_MKDIR:
+  case AT_UNLINK:
+  case AT_RMDIR: {
+    int pfd = at_open_parent(q, q->a, name, sizeof name);
+    if (pfd < 0) return;
+    if (q->op == AT_MKDIR) {
+      AT_WITH_CREDS(q, mkdirat(pfd, name, (mode_t)q->mode));
+      q->at_op = "mkdir";
+    } else {
+      AT_WITH_CREDS(q, unlinkat(pfd, name, q->op == AT_RMDIR ? AT_REMOVEDIR : 0));
+      q->at_op = q->op == AT_RMDIR ? "rmdir" : "unlink";
     }
-    case AT_RENAME: {
-      int from_fd = at_open_parent(q, q->a, name, sizeof name);
-      if (from_fd < 0) return;
-      int to_fd = at_open_parent(q, q->b, name2, sizeof name2);
-      if (to_fd < 0) {
-        close(from_fd);
-        return;
-      }
-      AT_WITH_CREDS(q, renameat(from_fd, name, to_fd, name2));
-      q->err = errno;
-      close(from_fd);
-      close(to_fd);
-      if (r < 0) q->kind = AT_ERENAME;
-      return;
-    }
-    case AT_STAT:
-    case AT_WHERE: {
-      int fd = rules_openat2(&q->rules, q->root, q->a,
-                             O_PATH | O_CLOEXEC | (q->op == AT_STAT && !q->follow ? O_NOFOLLOW : 0), 0, q->resolve);
-      if (fd < 0) {
-        q->kind = AT_EOPENAT2;
-        q->err = errno;
-        q->err_path = q->a;
-        return;
-      }
+    q->err = errno;
+    close(pfd);
+    if (r < 0) {
+      q->kind = AT_EAT;
       q->err_path = q->a;
-      if (q->op == AT_STAT) {
-        r = fstat(fd, &q->st);
-        q->err = errno;
-        q->at_op = "fstat";
-      } else {
-        char link[64];
-        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        ssize_t len = readlink(link, q->where, sizeof q->where);
-        q->err = len < 0 ? errno : ENAMETOOLONG;
-        r = len < 0 || (size_t)len >= sizeof q->where ? -1 : 0;
-        q->where_len = r < 0 ? 0 : (size_t)len;
-        q->at_op = "readlink";
-      }
-      close(fd);
-      if (r < 0) q->kind = AT_EAT;
+    }
+    return;
+  }
+  case AT_RENAME: {
+    int from_fd = at_open_parent(q, q->a, name, sizeof name);
+    if (from_fd < 0) return;
+    int to_fd = at_open_parent(q, q->b, name2, sizeof name2);
+    if (to_fd < 0) {
+      close(from_fd);
       return;
     }
+    AT_WITH_CREDS(q, renameat(from_fd, name, to_fd, name2));
+    q->err = errno;
+    close(from_fd);
+    close(to_fd);
+    if (r < 0) q->kind = AT_ERENAME;
+    return;
+  }
+  case AT_STAT:
+  case AT_WHERE: {
+    int fd = rules_openat2(&q->rules, q->root, q->a,
+                           O_PATH | O_CLOEXEC | (q->op == AT_STAT && !q->follow ? O_NOFOLLOW : 0), 0, q->resolve);
+    if (fd < 0) {
+      q->kind = AT_EOPENAT2;
+      q->err = errno;
+      q->err_path = q->a;
+      return;
+    }
+    q->err_path = q->a;
+    if (q->op == AT_STAT) {
+      r = fstat(fd, &q->st);
+      q->err = errno;
+      q->at_op = "fstat";
+    } else {
+      char link[64];
+      snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+      ssize_t len = readlink(link, q->where, sizeof q->where);
+      q->err = len < 0 ? errno : ENAMETOOLONG;
+      r = len < 0 || (size_t)len >= sizeof q->where ? -1 : 0;
+      q->where_len = r < 0 ? 0 : (size_t)len;
+      q->at_op = "readlink";
+    }
+    close(fd);
+    if (r < 0) q->kind = AT_EAT;
+    return;
+  }
   }
 }
 
@@ -1273,30 +1263,29 @@ static void at_run(at_req *q) {
 static int at_push(lua_State *L, at_req *q) {
   char detail[2 * PATH_MAX + 32];
   switch (q->kind) {
-    case AT_OK:
-      if (q->op == AT_STAT) push_sys_stat(L, &q->st);
-      else if (q->op == AT_WHERE) lua_pushlstring(L, q->where, q->where_len);
-      else lua_pushboolean(L, 1);
-      return 1;
-    case AT_ESPLIT:
-      lua_pushnil(L);
-      if (q->err == EINVAL)
-        lua_pushfstring(L, "EINVAL: invalid argument (path '%s' has no usable final component)", q->err_path);
-      else if (q->err == ENOENT)
-        lua_pushfstring(L, "%s: %s (empty path)", errno_code(q->err), uv_strerror(uv_translate_sys_error(q->err)));
-      else
-        lua_pushfstring(L, "%s: %s (path '%s')", errno_code(q->err), uv_strerror(uv_translate_sys_error(q->err)),
-                        q->err_path);
-      lua_pushstring(L, errno_code(q->err));
-      return 3;
-    case AT_EOPENAT2:
-      return return_openat2_error(L, q->err, q->err_path, q->resolve_name);
-    case AT_EAT:
-      snprintf(detail, sizeof detail, "%s '%s'", q->at_op, q->err_path);
-      return mb_push_errno(L, q->err, detail);
-    default: /* AT_ERENAME */
-      snprintf(detail, sizeof detail, "rename '%s' -> '%s'", q->a, q->b);
-      return mb_push_errno(L, q->err, detail);
+  case AT_OK:
+    if (q->op == AT_STAT) push_sys_stat(L, &q->st);
+    else if (q->op == AT_WHERE) lua_pushlstring(L, q->where, q->where_len);
+    else lua_pushboolean(L, 1);
+    return 1;
+  case AT_ESPLIT:
+    lua_pushnil(L);
+    if (q->err == EINVAL)
+      lua_pushfstring(L, "EINVAL: invalid argument (path '%s' has no usable final component)", q->err_path);
+    else if (q->err == ENOENT)
+      lua_pushfstring(L, "%s: %s (empty path)", errno_code(q->err), uv_strerror(uv_translate_sys_error(q->err)));
+    else
+      lua_pushfstring(L, "%s: %s (path '%s')", errno_code(q->err), uv_strerror(uv_translate_sys_error(q->err)),
+                      q->err_path);
+    lua_pushstring(L, errno_code(q->err));
+    return 3;
+  case AT_EOPENAT2: return return_openat2_error(L, q->err, q->err_path, q->resolve_name);
+  case AT_EAT:
+    snprintf(detail, sizeof detail, "%s '%s'", q->at_op, q->err_path);
+    return mb_push_errno(L, q->err, detail);
+  default: /* AT_ERENAME */
+    snprintf(detail, sizeof detail, "rename '%s' -> '%s'", q->a, q->b);
+    return mb_push_errno(L, q->err, detail);
   }
 }
 
@@ -1351,7 +1340,7 @@ static int at_call(lua_State *L, int op, const char *a, const char *b, int mode,
   if (async) luaL_checktype(L, cb_idx, LUA_TFUNCTION);
   const char *resolve_name;
   unsigned long long resolve = check_resolve(L, resolve_idx, &resolve_name); /* may raise: before any allocation */
-  if (lua_type(L, 1) == LUA_TNUMBER) check_fd(L, 1);                          /* likewise */
+  if (lua_type(L, 1) == LUA_TNUMBER) check_fd(L, 1);                         /* likewise */
   at_req *q = (at_req *)calloc(1, sizeof(at_req));
   if (!q) return luaL_error(L, "out of memory");
   q->op = op;
@@ -1420,14 +1409,10 @@ static int fs_mkdir_beneath(lua_State *L) {
 
 /* core.fs_unlink_beneath(root, relpath, resolve[, cb]) -> true; a final
  * symlink is removed itself, never followed. */
-static int fs_unlink_beneath(lua_State *L) {
-  return at_call(L, AT_UNLINK, luaL_checkstring(L, 2), NULL, 0, 0, 3, 4);
-}
+static int fs_unlink_beneath(lua_State *L) { return at_call(L, AT_UNLINK, luaL_checkstring(L, 2), NULL, 0, 0, 3, 4); }
 
 /* core.fs_rmdir_beneath(root, relpath, resolve[, cb]) -> true */
-static int fs_rmdir_beneath(lua_State *L) {
-  return at_call(L, AT_RMDIR, luaL_checkstring(L, 2), NULL, 0, 0, 3, 4);
-}
+static int fs_rmdir_beneath(lua_State *L) { return at_call(L, AT_RMDIR, luaL_checkstring(L, 2), NULL, 0, 0, 3, 4); }
 
 /* core.fs_rename_beneath(root, old, new, resolve[, cb]) -> true; both paths
  * are confined to the same root. */
@@ -1451,9 +1436,7 @@ static int fs_stat_beneath(lua_State *L) {
  * CODE: where relpath leads, every symlink followed (a final one too), as
  * the kernel names the object it reached (readlink of /proc/self/fd/<n>):
  * for a root seen through /proc/<pid>/root, the path inside that process's view. */
-static int fs_where_beneath(lua_State *L) {
-  return at_call(L, AT_WHERE, luaL_checkstring(L, 2), NULL, 0, 0, 3, 4);
-}
+static int fs_where_beneath(lua_State *L) { return at_call(L, AT_WHERE, luaL_checkstring(L, 2), NULL, 0, 0, 3, 4); }
 
 /* Common prologue of fs_scandir_beneath. */
 typedef struct {
@@ -1517,15 +1500,15 @@ static int fs_scandir_beneath(lua_State *L) {
     if (nm[0] == '.' && (nm[1] == 0 || (nm[1] == '.' && nm[2] == 0))) continue;
     const char *type;
     switch (ent->d_type) {
-      case DT_REG: type = "file"; break;
-      case DT_DIR: type = "directory"; break;
-      case DT_LNK: type = "symlink"; break;
-      case DT_UNKNOWN: {
-        struct stat st;
-        type = fstatat(dirfd(d), nm, &st, AT_SYMLINK_NOFOLLOW) == 0 ? type_name(st.st_mode) : "unknown";
-        break;
-      }
-      default: type = "other";
+    case DT_REG: type = "file"; break;
+    case DT_DIR: type = "directory"; break;
+    case DT_LNK: type = "symlink"; break;
+    case DT_UNKNOWN: {
+      struct stat st;
+      type = fstatat(dirfd(d), nm, &st, AT_SYMLINK_NOFOLLOW) == 0 ? type_name(st.st_mode) : "unknown";
+      break;
+    }
+    default: type = "other";
     }
     push_entry(L, ++i, nm, type);
   }
@@ -1538,18 +1521,34 @@ static int fs_scandir_beneath(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg fs_funcs[] = {
-  {"fs_open", fs_open}, {"fs_read", fs_read}, {"fs_write", fs_write}, {"fs_close", fs_close},
-  {"fs_stat", fs_stat}, {"fs_lstat", fs_lstat}, {"fs_fstat", fs_fstat},
-  {"fs_mkdir", fs_mkdir}, {"fs_rmdir", fs_rmdir}, {"fs_unlink", fs_unlink}, {"fs_rename", fs_rename},
-  {"fs_scandir", fs_scandir}, {"fs_scandir_batched", fs_scandir_batched}, {"fs_readlink", fs_readlink}, {"fs_realpath", fs_realpath},
-  {"fs_chmod", fs_chmod}, {"fs_utime", fs_utime},
-  {"fs_open_dir", fs_open_dir}, {"fs_open_beneath", fs_open_beneath},
-  {"fs_mkdir_beneath", fs_mkdir_beneath}, {"fs_unlink_beneath", fs_unlink_beneath},
-  {"fs_rmdir_beneath", fs_rmdir_beneath}, {"fs_rename_beneath", fs_rename_beneath},
-  {"fs_stat_beneath", fs_stat_beneath}, {"fs_scandir_beneath", fs_scandir_beneath},
-  {"fs_where_beneath", fs_where_beneath}, {"fs_confine", fs_confine_new},
-  {NULL, NULL}};
+static const luaL_Reg fs_funcs[] = {{"fs_open", fs_open},
+                                    {"fs_read", fs_read},
+                                    {"fs_write", fs_write},
+                                    {"fs_close", fs_close},
+                                    {"fs_stat", fs_stat},
+                                    {"fs_lstat", fs_lstat},
+                                    {"fs_fstat", fs_fstat},
+                                    {"fs_mkdir", fs_mkdir},
+                                    {"fs_rmdir", fs_rmdir},
+                                    {"fs_unlink", fs_unlink},
+                                    {"fs_rename", fs_rename},
+                                    {"fs_scandir", fs_scandir},
+                                    {"fs_scandir_batched", fs_scandir_batched},
+                                    {"fs_readlink", fs_readlink},
+                                    {"fs_realpath", fs_realpath},
+                                    {"fs_chmod", fs_chmod},
+                                    {"fs_utime", fs_utime},
+                                    {"fs_open_dir", fs_open_dir},
+                                    {"fs_open_beneath", fs_open_beneath},
+                                    {"fs_mkdir_beneath", fs_mkdir_beneath},
+                                    {"fs_unlink_beneath", fs_unlink_beneath},
+                                    {"fs_rmdir_beneath", fs_rmdir_beneath},
+                                    {"fs_rename_beneath", fs_rename_beneath},
+                                    {"fs_stat_beneath", fs_stat_beneath},
+                                    {"fs_scandir_beneath", fs_scandir_beneath},
+                                    {"fs_where_beneath", fs_where_beneath},
+                                    {"fs_confine", fs_confine_new},
+                                    {NULL, NULL}};
 
 void mb_open_fs(lua_State *L) {
   luaL_newmetatable(L, FS_CONFINE);

@@ -65,10 +65,10 @@
 #define MAX_RESTARTS 10000 /* rescans of directories that filled up again */
 
 typedef struct {
-  DIR *dir;     /* NULL while closed (deep walks) */
+  DIR *dir; /* NULL while closed (deep walks) */
   dev_t dev;
   ino_t ino;
-  char *name;   /* its name in the level above */
+  char *name; /* its name in the level above */
 } level;
 
 typedef struct {
@@ -82,7 +82,7 @@ typedef struct {
   int with_creds;
   uid_t uid;
   gid_t gid;
-  void *rules;  /* a confinement's (fs.c), or NULL */
+  void *rules; /* a confinement's (fs.c), or NULL */
   /* result */
   long long removed;
   int err;
@@ -132,13 +132,23 @@ static int reopen_up(level *up, level *below) {
   int d = openat(dirfd(below->dir), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (d < 0) return -1;
   struct stat st;
-  if (fstat(d, &st) < 0) { int e = errno; close(d); errno = e; return -1; }
+  if (fstat(d, &st) < 0) {
+    int e = errno;
+    close(d);
+    errno = e;
+    return -1;
+  }
   if (st.st_dev != up->dev || st.st_ino != up->ino) {
     close(d);
     errno = EAGAIN; /* the tree was moved while we walked it */
     return -1;
   }
-  if (!(up->dir = fdopendir(d))) { int e = errno; close(d); errno = e; return -1; }
+  if (!(up->dir = fdopendir(d))) {
+    int e = errno;
+    close(d);
+    errno = e;
+    return -1;
+  }
   return 0;
 }
 
@@ -192,7 +202,10 @@ static int is_dot(const char *n) { return n[0] == '.' && (n[1] == 0 || (n[1] == 
 static int remove_walk(tree_req *tr, int parent, const char *top, level *first) {
   size_t cap = 64, depth = 1, open_from = 0; /* levels [open_from, depth) are open */
   level *lv = (level *)calloc(cap, sizeof(level));
-  if (!lv) { closedir(first->dir); return fail(tr, ENOMEM, "walk", top, 0); }
+  if (!lv) {
+    closedir(first->dir);
+    return fail(tr, ENOMEM, "walk", top, 0);
+  }
   lv[0] = *first;
   long restarts = 0;
   int rc = 0;
@@ -201,16 +214,30 @@ static int remove_walk(tree_req *tr, int parent, const char *top, level *first) 
     errno = 0;
     struct dirent *ent = readdir(cur->dir);
     if (!ent) {
-      if (errno) { rc = fail(tr, errno, "readdir", cur->name ? cur->name : top, depth - 1); break; }
+      if (errno) {
+        rc = fail(tr, errno, "readdir", cur->name ? cur->name : top, depth - 1);
+        break;
+      }
       /* scanned to the end: remove it from the level above */
       if (depth == 1) {
         closedir(cur->dir);
         cur->dir = NULL;
-        if (unlinkat(parent, top, AT_REMOVEDIR) == 0) { tr->removed++; depth = 0; break; }
-        if (errno == ENOENT) { depth = 0; break; }
+        if (unlinkat(parent, top, AT_REMOVEDIR) == 0) {
+          tr->removed++;
+          depth = 0;
+          break;
+        }
+        if (errno == ENOENT) {
+          depth = 0;
+          break;
+        }
         if (errno == ENOTEMPTY && ++restarts < MAX_RESTARTS) {
           /* something was created meanwhile: scan again */
-          if (open_level(tr->rules, parent, top, cur) < 0) { rc = fail(tr, errno, "open", top, 0); depth = 0; break; }
+          if (open_level(tr->rules, parent, top, cur) < 0) {
+            rc = fail(tr, errno, "open", top, 0);
+            depth = 0;
+            break;
+          }
           continue;
         }
         rc = fail(tr, errno, "rmdir", top, 0);
@@ -219,7 +246,10 @@ static int remove_walk(tree_req *tr, int parent, const char *top, level *first) 
       }
       level *up = &lv[depth - 2];
       if (!up->dir) {
-        if (reopen_up(up, cur) < 0) { rc = fail(tr, errno, "reopen ..", cur->name, depth - 1); break; }
+        if (reopen_up(up, cur) < 0) {
+          rc = fail(tr, errno, "reopen ..", cur->name, depth - 1);
+          break;
+        }
         open_from = depth - 2;
       }
       closedir(cur->dir);
@@ -253,31 +283,52 @@ static int remove_walk(tree_req *tr, int parent, const char *top, level *first) 
       isdir = S_ISDIR(st.st_mode);
     }
     if (!isdir) {
-      if (unlink_in(fd, name, 0) == 0) { tr->removed++; continue; }
+      if (unlink_in(fd, name, 0) == 0) {
+        tr->removed++;
+        continue;
+      }
       if (errno == ENOENT) continue;
-      if (errno != EISDIR) { rc = fail(tr, errno, "unlink", name, depth); break; }
+      if (errno != EISDIR) {
+        rc = fail(tr, errno, "unlink", name, depth);
+        break;
+      }
       /* replaced by a directory meanwhile: take it as one */
     }
     /* an empty directory goes at once; a full one is walked */
-    if (unlink_in(fd, name, AT_REMOVEDIR) == 0) { tr->removed++; continue; }
+    if (unlink_in(fd, name, AT_REMOVEDIR) == 0) {
+      tr->removed++;
+      continue;
+    }
     if (errno == ENOENT) continue;
     if (errno == ENOTDIR) { /* replaced by a file meanwhile */
-      if (unlink_in(fd, name, 0) == 0) { tr->removed++; continue; }
+      if (unlink_in(fd, name, 0) == 0) {
+        tr->removed++;
+        continue;
+      }
       if (errno == ENOENT) continue;
       rc = fail(tr, errno, "unlink", name, depth);
       break;
     }
-    if (errno != ENOTEMPTY && errno != EEXIST) { rc = fail(tr, errno, "rmdir", name, depth); break; }
+    if (errno != ENOTEMPTY && errno != EEXIST) {
+      rc = fail(tr, errno, "rmdir", name, depth);
+      break;
+    }
     if (depth == cap) {
       level *grown = (level *)realloc(lv, cap * 2 * sizeof(level));
-      if (!grown) { rc = fail(tr, ENOMEM, "walk", name, depth); break; }
+      if (!grown) {
+        rc = fail(tr, ENOMEM, "walk", name, depth);
+        break;
+      }
       memset(grown + cap, 0, cap * sizeof(level));
       lv = grown;
       cap *= 2;
       cur = &lv[depth - 1];
     }
     level *next = &lv[depth];
-    if (!(next->name = strdup(name))) { rc = fail(tr, ENOMEM, "walk", name, depth); break; }
+    if (!(next->name = strdup(name))) {
+      rc = fail(tr, ENOMEM, "walk", name, depth);
+      break;
+    }
     if (open_level(tr->rules, fd, name, next) < 0) {
       int e = errno;
       free(next->name);
@@ -341,7 +392,10 @@ static void tree_walk(tree_req *tr) {
     *slash = 0;
     parent_path = slash == rel ? "/" : rel;
   }
-  if (!*name || is_dot(name)) { fail(tr, EINVAL, "remove", tr->path, 0); return; }
+  if (!*name || is_dot(name)) {
+    fail(tr, EINVAL, "remove", tr->path, 0);
+    return;
+  }
   int parent = openat2_path(tr->root, parent_path, O_PATH | O_DIRECTORY | O_CLOEXEC, tr->resolve);
   if (parent >= 0 && tr->rules && mb_fs_rules_check(tr->rules, parent) < 0) {
     int e = errno;
@@ -373,7 +427,10 @@ static void tree_after(uv_work_t *w, int status) {
   if (tr->own_root) close(tr->root);
   free(tr->rules);
   tr->rules = NULL;
-  if (status == UV_ECANCELED) { tr->err = ECANCELED; tr->op = "remove"; }
+  if (status == UV_ECANCELED) {
+    tr->err = ECANCELED;
+    tr->op = "remove";
+  }
   if (core->dead) {
     free(tr->path);
     free(tr);
@@ -390,11 +447,8 @@ static void tree_after(uv_work_t *w, int status) {
   } else {
     int uverr = uv_translate_sys_error(tr->err);
     if (tr->err == EXDEV && strcmp(tr->op, "resolve") == 0)
-      lua_pushfstring(cbL, "EXDEV: path resolves outside the root ('%s', resolve=%s)", tr->where,
-                      tr->resolve_name);
-    else
-      lua_pushfstring(cbL, "%s: %s (remove_tree: %s %s)", uv_err_name(uverr), uv_strerror(uverr), tr->op,
-                      tr->where);
+      lua_pushfstring(cbL, "EXDEV: path resolves outside the root ('%s', resolve=%s)", tr->where, tr->resolve_name);
+    else lua_pushfstring(cbL, "%s: %s (remove_tree: %s %s)", uv_err_name(uverr), uv_strerror(uverr), tr->op, tr->where);
     lua_pushnil(cbL);
     lua_pushstring(cbL, uv_err_name(uverr));
     nargs = 3;
@@ -500,7 +554,8 @@ static int fs_lock(lua_State *L) {
       return mb_push_errno(L, errno, lua_tostring(L, -1));
     }
     int r;
-    do r = flock(fd, LOCK_EX | LOCK_NB); while (r < 0 && errno == EINTR);
+    do r = flock(fd, LOCK_EX | LOCK_NB);
+    while (r < 0 && errno == EINTR);
     if (r < 0) {
       int err = errno;
       char holder[128];
@@ -518,8 +573,7 @@ static int fs_lock(lua_State *L) {
     }
     /* the file we locked must still be the one at path */
     struct stat a, b;
-    if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino &&
-        a.st_nlink > 0) {
+    if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_nlink > 0) {
       errno = EIO; /* a short write sets nothing */
       if (ftruncate(fd, 0) < 0 || (clen && pwrite(fd, content, clen, 0) != (ssize_t)clen)) {
         int err = errno;

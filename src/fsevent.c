@@ -49,13 +49,14 @@
 #define FS_EVENT "moonbox.fs_event"
 #define EVENT_BUF 65536
 
-#define WATCH_MASK (IN_CREATE | IN_DELETE | IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | \
-                    IN_DELETE_SELF | IN_MOVE_SELF | IN_EXCL_UNLINK)
+#define WATCH_MASK                                                                                                     \
+  (IN_CREATE | IN_DELETE | IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF |       \
+   IN_EXCL_UNLINK)
 
 enum { CB_CLOSE = 0, CB_EVENT = 1 };
 
 typedef struct {
-  int ifd;       /* the inotify fd once created (owned by the pipe), else -1 */
+  int ifd; /* the inotify fd once created (owned by the pipe), else -1 */
   char buf[EVENT_BUF] __attribute__((aligned(8)));
 } fsev_state;
 
@@ -69,7 +70,8 @@ static void on_alloc(uv_handle_t *uvh, size_t suggested, uv_buf_t *buf) {
 #define FLAG(L, name, cond) ((cond) ? (lua_pushboolean(L, 1), lua_setfield(L, -2, name)) : (void)0)
 
 static void push_event(lua_State *L, const struct inotify_event *ev) {
-  if (ev->len > 0) lua_pushstring(L, ev->name); else lua_pushnil(L);
+  if (ev->len > 0) lua_pushstring(L, ev->name);
+  else lua_pushnil(L);
   lua_createtable(L, 0, 4);
   lua_pushinteger(L, ev->wd);
   lua_setfield(L, -2, "wd");
@@ -156,8 +158,7 @@ static int add_watch(lua_State *L, mb_handle *h, int idx, int *used) {
     if (fd < 0) {
       err = errno;
       lua_pushnil(L);
-      if (err == EXDEV)
-        lua_pushfstring(L, "EXDEV: path resolves outside the root ('%s', resolve=beneath)", rel);
+      if (err == EXDEV) lua_pushfstring(L, "EXDEV: path resolves outside the root ('%s', resolve=beneath)", rel);
       else
         lua_pushfstring(L, "%s: %s (openat2 '%s')", uv_err_name(uv_translate_sys_error(err)),
                         uv_strerror(uv_translate_sys_error(err)), rel);
@@ -227,8 +228,7 @@ static int fs_event_stop(lua_State *L) {
 }
 
 static const luaL_Reg fs_event_methods[] = {
-  {"start", fs_event_start}, {"add", fs_event_add}, {"remove", fs_event_remove}, {"stop", fs_event_stop},
-  {NULL, NULL}};
+  {"start", fs_event_start}, {"add", fs_event_add}, {"remove", fs_event_remove}, {"stop", fs_event_stop}, {NULL, NULL}};
 
 void mb_open_fsevent(lua_State *L) {
   mb_new_class(L, FS_EVENT, fs_event_methods);

@@ -57,40 +57,40 @@ typedef struct conn {
   struct conn *next, *prev;
   server *srv;
   struct lws *wsi;
-  lua_Integer id;          /* the current request, 0 between requests */
-  int req_ref;             /* request table while its body arrives */
-  char *body;              /* request body or WebSocket message being assembled */
+  lua_Integer id; /* the current request, 0 between requests */
+  int req_ref;    /* request table while its body arrives */
+  char *body;     /* request body or WebSocket message being assembled */
   size_t body_len, body_cap;
-  int too_large;           /* body over the limit: answered without reading it */
-  int over;                /* accepted past max_connections: answered 503, then closed */
+  int too_large; /* body over the limit: answered without reading it */
+  int over;      /* accepted past max_connections: answered 503, then closed */
   int msg_binary;
   int is_ws, established;
-  int responding;          /* headers queued */
-  int finishing;           /* no more data after the queue */
-  int close_after;         /* close the connection once the response is out */
+  int responding;  /* headers queued */
+  int finishing;   /* no more data after the queue */
+  int close_after; /* close the connection once the response is out */
   int ws_closing, ws_close_code;
   char ws_reason[124];
   size_t ws_reason_len;
-  int reject_status;       /* WebSocket upgrade refused synchronously by Lua */
-  uint64_t deadline;       /* loop time (ms) the client must act by, 0: none */
-  int kill;                /* the deadline passed: hang up at the next chance */
+  int reject_status; /* WebSocket upgrade refused synchronously by Lua */
+  uint64_t deadline; /* loop time (ms) the client must act by, 0: none */
+  int kill;          /* the deadline passed: hang up at the next chance */
   char *reject_body, *reject_type;
   out_chunk *head, *tail;
   size_t queued;
-  uv_poll_t *poll;         /* lws's uv poll handle for the socket (see raw heads) */
-  int poll_walked;         /* looked for it */
-  int head_refused;        /* answered 431 or 400 straight on the socket */
+  uv_poll_t *poll;  /* lws's uv poll handle for the socket (see raw heads) */
+  int poll_walked;  /* looked for it */
+  int head_refused; /* answered 431 or 400 straight on the socket */
   /* the request stream as lws reads it (see raw heads) */
-  int scan_state;          /* SCAN_* */
-  char *scan_line;         /* the line being assembled */
+  int scan_state;  /* SCAN_* */
+  char *scan_line; /* the line being assembled */
   size_t scan_len;
   unsigned long long scan_body; /* body bytes still to skip */
   int scan_cl, scan_te, scan_upgrade, scan_bad;
-  char *scan_target;       /* the request line of the head being scanned */
+  char *scan_target;               /* the request line of the head being scanned */
   struct head *heads, *heads_tail; /* scanned heads lws has not reported yet, in order */
-  char *stash;             /* bytes read past the end of a request, held back from lws */
+  char *stash;                     /* bytes read past the end of a request, held back from lws */
   size_t stash_len, stash_off;
-  int stash_wake;          /* lws should read the stash: wake it once (on_wake) */
+  int stash_wake; /* lws should read the stash: wake it once (on_wake) */
   int stash_tries;
 } conn;
 
@@ -103,10 +103,10 @@ typedef struct head {
 } head;
 
 struct server {
-  mb_handle *h;            /* anchor (a uv timer that also drives teardown) */
-  uv_prepare_t rehook;     /* before each poll: put the wrappers back (raw heads) */
+  mb_handle *h;        /* anchor (a uv timer that also drives teardown) */
+  uv_prepare_t rehook; /* before each poll: put the wrappers back (raw heads) */
   int rehook_on;
-  uv_idle_t wake;          /* hands held-back requests to lws (raw heads) */
+  uv_idle_t wake; /* hands held-back requests to lws (raw heads) */
   int wake_on;
   struct lws_context *ctx; /* lws writes NULL here once destruction is done */
   struct lws_vhost *vh;
@@ -119,11 +119,11 @@ struct server {
   int max_conns;
   int idle_secs;
   int64_t idle_ms;
-  int close_requested;     /* close() was called */
-  int draining;            /* drain() was called: new connections are refused at accept */
-  int overflow;            /* connections past max_conns still accepted, to be answered 503 */
-  lua_Integer refused;     /* connections hung up at accept (past max_conns + overflow, draining) */
-  int destroying;          /* lws_context_destroy was called */
+  int close_requested; /* close() was called */
+  int draining;        /* drain() was called: new connections are refused at accept */
+  int overflow;        /* connections past max_conns still accepted, to be answered 503 */
+  lua_Integer refused; /* connections hung up at accept (past max_conns + overflow, draining) */
+  int destroying;      /* lws_context_destroy was called */
   char unix_path[108];
   struct server *next_server; /* the core's live servers, for teardown */
 };
@@ -164,8 +164,8 @@ static server *live_servers; /* one core per process in practice; see teardown *
  * (uv_poll_start) whenever it changes the events it waits for, which puts
  * its own callback back; the wrapper is put back after every lws callback
  * for the connection and after every poll event. */
-static uv_poll_cb lws_poll_cb; /* lws's callback: one function for every socket */
-static struct conn *servicing; /* the connection whose socket event lws handles now */
+static uv_poll_cb lws_poll_cb;                        /* lws's callback: one function for every socket */
+static struct conn *servicing;                        /* the connection whose socket event lws handles now */
 static ssize_t (*lws_recv)(int, void *, size_t, int); /* what lws's recv slot held */
 static size_t scan(conn *c, char *buf, size_t n, size_t *used);
 static void want_wake(conn *c);
@@ -187,7 +187,8 @@ static out_chunk *chunk_new(int kind, const void *data, size_t len) {
 }
 
 static void queue_push(conn *c, out_chunk *ch) {
-  if (c->tail) c->tail->next = ch; else c->head = ch;
+  if (c->tail) c->tail->next = ch;
+  else c->head = ch;
   c->tail = ch;
   c->queued += ch->len;
 }
@@ -273,7 +274,8 @@ static void conn_gone(server *s, struct lws *wsi) {
   free(c->scan_line);
   free(c->scan_target);
   free(c->stash);
-  if (c->prev) c->prev->next = c->next; else s->conns = c->next;
+  if (c->prev) c->prev->next = c->next;
+  else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   s->nconns--;
   free(c);
@@ -281,9 +283,7 @@ static void conn_gone(server *s, struct lws *wsi) {
 }
 
 /* The client must send (or read) something within the idle timeout. */
-static void arm(conn *c) {
-  c->deadline = uv_now(srv_core(c->srv)->loop) + (uint64_t)c->srv->idle_ms;
-}
+static void arm(conn *c) { c->deadline = uv_now(srv_core(c->srv)->loop) + (uint64_t)c->srv->idle_ms; }
 
 static conn *conn_by_id(server *s, lua_Integer id) {
   if (id <= 0) return NULL;
@@ -370,10 +370,15 @@ static const char *header_value(const char *line, size_t len, const char *name, 
 
 static void head_push(conn *c, char *line, const char *bad) {
   head *h = (head *)calloc(1, sizeof *h);
-  if (!h) { free(line); c->scan_state = SCAN_OPAQUE; return; }
+  if (!h) {
+    free(line);
+    c->scan_state = SCAN_OPAQUE;
+    return;
+  }
   h->line = line;
   h->bad = bad;
-  if (c->heads_tail) c->heads_tail->next = h; else c->heads = h;
+  if (c->heads_tail) c->heads_tail->next = h;
+  else c->heads = h;
   c->heads_tail = h;
 }
 
@@ -382,7 +387,10 @@ static void scan_line_done(conn *c, const char *line, size_t len) {
   if (c->scan_state == SCAN_LINE) {
     if (len == 0) return; /* empty lines before a request line are allowed (RFC 9112 2.2) */
     c->scan_target = (char *)malloc(len + 1);
-    if (!c->scan_target) { c->scan_state = SCAN_OPAQUE; return; }
+    if (!c->scan_target) {
+      c->scan_state = SCAN_OPAQUE;
+      return;
+    }
     memcpy(c->scan_target, line, len);
     c->scan_target[len] = 0;
     c->scan_cl = c->scan_te = c->scan_upgrade = 0;
@@ -415,7 +423,10 @@ static void scan_line_done(conn *c, const char *line, size_t len) {
     }
     return;
   }
-  if (line[0] == ' ' || line[0] == '\t') { if (!c->scan_bad) c->scan_bad = 3; return; }
+  if (line[0] == ' ' || line[0] == '\t') {
+    if (!c->scan_bad) c->scan_bad = 3;
+    return;
+  }
   const char *colon = memchr(line, ':', len);
   if (colon && colon > line && (colon[-1] == ' ' || colon[-1] == '\t')) {
     if (!c->scan_bad) c->scan_bad = 5;
@@ -424,11 +435,20 @@ static void scan_line_done(conn *c, const char *line, size_t len) {
   size_t vlen;
   const char *v;
   if ((v = header_value(line, len, "content-length", &vlen))) {
-    if (c->scan_cl++) { if (!c->scan_bad) c->scan_bad = 1; return; }
+    if (c->scan_cl++) {
+      if (!c->scan_bad) c->scan_bad = 1;
+      return;
+    }
     unsigned long long n = 0;
-    if (vlen == 0 || vlen > 18) { if (!c->scan_bad) c->scan_bad = 4; return; }
+    if (vlen == 0 || vlen > 18) {
+      if (!c->scan_bad) c->scan_bad = 4;
+      return;
+    }
     for (size_t i = 0; i < vlen; i++) {
-      if (v[i] < '0' || v[i] > '9') { if (!c->scan_bad) c->scan_bad = 4; return; }
+      if (v[i] < '0' || v[i] > '9') {
+        if (!c->scan_bad) c->scan_bad = 4;
+        return;
+      }
       n = n * 10 + (unsigned long long)(v[i] - '0');
     }
     c->scan_body = n;
@@ -464,7 +484,10 @@ static size_t scan(conn *c, char *buf, size_t n, size_t *used) {
       c->scan_body -= k;
       p += k;
       n -= k;
-      if (!c->scan_body) { c->scan_state = SCAN_LINE; ended = 1; }
+      if (!c->scan_body) {
+        c->scan_state = SCAN_LINE;
+        ended = 1;
+      }
       continue;
     }
     if (c->scan_state == SCAN_LINE && c->scan_len == 0 && (*p == '\r' || *p == '\n')) {
@@ -519,13 +542,19 @@ static ssize_t recv_hook(int fd, void *buf, size_t len, int flags) {
   int saved = errno;
   size_t used = 0;
   size_t out = scan(c, (char *)buf, (size_t)n, &used);
-  if (c->head_refused) { errno = ECONNRESET; return -1; } /* answered: lws drops it unread */
+  if (c->head_refused) {
+    errno = ECONNRESET;
+    return -1;
+  }                       /* answered: lws drops it unread */
   if (used < (size_t)n) { /* hold back the rest */
     if (from_stash) {
       c->stash_off -= (size_t)n - used;
     } else {
       char *st = (char *)malloc((size_t)n - used);
-      if (!st) { errno = ENOMEM; return -1; }
+      if (!st) {
+        errno = ENOMEM;
+        return -1;
+      }
       memcpy(st, (char *)buf + used, (size_t)n - used);
       free(c->stash);
       c->stash = st;
@@ -541,11 +570,17 @@ static ssize_t recv_hook(int fd, void *buf, size_t len, int flags) {
     want_wake(c); /* lws reads on for this request's head or body: from the stash */
   }
   errno = saved;
-  if (out == 0) { errno = EAGAIN; return -1; } /* only empty lines: nothing yet */
+  if (out == 0) {
+    errno = EAGAIN;
+    return -1;
+  } /* only empty lines: nothing yet */
   return (ssize_t)out;
 }
 
-typedef struct { const char *lib; int found, patched; } got_search;
+typedef struct {
+  const char *lib;
+  int found, patched;
+} got_search;
 
 static int patch_recv_slot(struct dl_phdr_info *info, size_t size, void *arg) {
   (void)size;
@@ -586,7 +621,10 @@ static int patch_recv_slot(struct dl_phdr_info *info, size_t size, void *arg) {
   if (!symtab || !strtab) return 1;
   const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
   const char *strs = (const char *)strtab;
-  struct { ElfW(Addr) at; size_t sz; } tables[2] = {{jmprel, jmprel_sz}, {rela, rela_sz}};
+  struct {
+    ElfW(Addr) at;
+    size_t sz;
+  } tables[2] = {{jmprel, jmprel_sz}, {rela, rela_sz}};
   for (int t = 0; t < 2; t++) {
     if (!tables[t].at) continue;
     const ElfW(Rela) *r = (const ElfW(Rela) *)tables[t].at;
@@ -594,11 +632,14 @@ static int patch_recv_slot(struct dl_phdr_info *info, size_t size, void *arg) {
       size_t sym = ELF64_R_SYM(r[i].r_info);
       if (!sym || strcmp(strs + syms[sym].st_name, "recv") != 0) continue;
       void **slot = (void **)(base + r[i].r_offset);
-      if (*slot == (void *)recv_hook) { g->patched = 1; continue; }
+      if (*slot == (void *)recv_hook) {
+        g->patched = 1;
+        continue;
+      }
       ElfW(Addr) pg = (ElfW(Addr))slot & ~(ElfW(Addr))(page - 1);
       int ro = pg >= relro_start && pg < relro_end;
       if (ro && mprotect((void *)pg, (size_t)page, PROT_READ | PROT_WRITE) != 0) continue;
-      if (!lws_recv) lws_recv = (ssize_t (*)(int, void *, size_t, int))*slot;
+      if (!lws_recv) lws_recv = (ssize_t(*)(int, void *, size_t, int)) * slot;
       *slot = (void *)recv_hook;
       if (ro) mprotect((void *)pg, (size_t)page, PROT_READ);
       g->patched = 1;
@@ -699,7 +740,8 @@ static void on_conn_poll(uv_poll_t *p, int status, int events) {
  * the head is read and dropped first, so the close is not a reset that
  * could destroy the response before the client reads it. */
 static void refuse_head(conn *c) {
-  static const char body[] = "{\"code\":\"REQUEST_HEADER_FIELDS_TOO_LARGE\",\"httpStatus\":431,"
+  static const char body[] =
+    "{\"code\":\"REQUEST_HEADER_FIELDS_TOO_LARGE\",\"httpStatus\":431,"
     "\"message\":\"the request head is larger than 8192 bytes\",\"context\":{\"limit\":8192}}\n";
   char resp[512];
   int fd = lws_get_socket_fd(c->wsi);
@@ -707,9 +749,10 @@ static void refuse_head(conn *c) {
   c->head_refused = 1;
   char sink[16384];
   for (int i = 0; i < 64 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
-  int n = snprintf(resp, sizeof resp, "HTTP/1.1 431 Request Header Fields Too Large\r\n"
-    "content-type: application/json\r\ncontent-length: %zu\r\nconnection: close\r\n\r\n%s",
-    sizeof body - 1, body);
+  int n = snprintf(resp, sizeof resp,
+                   "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                   "content-type: application/json\r\ncontent-length: %zu\r\nconnection: close\r\n\r\n%s",
+                   sizeof body - 1, body);
   if (n > 0 && send(fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) == n) shutdown(fd, SHUT_WR);
 }
 
@@ -723,11 +766,15 @@ static void refuse_bad(conn *c, const char *why) {
   c->head_refused = 1;
   char sink[16384];
   for (int i = 0; i < 64 && lws_recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
-  int bn = snprintf(body, sizeof body, "{\"code\":\"BAD_REQUEST\",\"httpStatus\":400,"
-    "\"message\":\"refused request head: %s\",\"context\":{}}\n", why);
+  int bn = snprintf(body, sizeof body,
+                    "{\"code\":\"BAD_REQUEST\",\"httpStatus\":400,"
+                    "\"message\":\"refused request head: %s\",\"context\":{}}\n",
+                    why);
   if (bn < 0 || (size_t)bn >= sizeof body) return;
-  int n = snprintf(resp, sizeof resp, "HTTP/1.1 400 Bad Request\r\n"
-    "content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s", bn, body);
+  int n = snprintf(resp, sizeof resp,
+                   "HTTP/1.1 400 Bad Request\r\n"
+                   "content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s",
+                   bn, body);
   if (n > 0 && (size_t)n < sizeof resp && send(fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) == n)
     shutdown(fd, SHUT_WR);
 }
@@ -762,7 +809,8 @@ static int append_body(conn *c, const void *in, size_t len) {
 
 /* ---- the request table ------------------------------------------------------ */
 
-static const char *const method_names[] = {"GET", "POST", "OPTIONS", "PUT", "PATCH", "DELETE", "CONNECT", "HEAD", ":path"};
+static const char *const method_names[] = {"GET",    "POST",    "OPTIONS", "PUT",  "PATCH",
+                                           "DELETE", "CONNECT", "HEAD",    ":path"};
 
 static void push_header_value(lua_State *L, struct lws *wsi, int token) {
   int n = lws_hdr_total_length(wsi, (enum lws_token_indexes)token);
@@ -783,7 +831,8 @@ static void push_request(lua_State *L, struct lws *wsi, int websocket) {
   int m = lws_http_get_uri_and_method(wsi, &uri, &uri_len);
   lua_pushstring(L, m >= 0 && m < (int)(sizeof method_names / sizeof *method_names) ? method_names[m] : "UNKNOWN");
   lua_setfield(L, -2, "method");
-  if (uri) lua_pushlstring(L, uri, (size_t)uri_len); else lua_pushliteral(L, "/");
+  if (uri) lua_pushlstring(L, uri, (size_t)uri_len);
+  else lua_pushliteral(L, "/");
   lua_setfield(L, -2, "path");
   lua_newtable(L);
   char frag[8192];
@@ -795,9 +844,8 @@ static void push_request(lua_State *L, struct lws *wsi, int websocket) {
   lua_newtable(L);
   for (int t = WSI_TOKEN_HOST; t < WSI_TOKEN_COUNT; t++) {
     if (t == WSI_TOKEN_HTTP_URI_ARGS || t == WSI_TOKEN_GET_URI || t == WSI_TOKEN_POST_URI ||
-        t == WSI_TOKEN_OPTIONS_URI || t == WSI_TOKEN_PATCH_URI || t == WSI_TOKEN_PUT_URI ||
-        t == WSI_TOKEN_DELETE_URI || t == WSI_TOKEN_HEAD_URI || t == WSI_TOKEN_CONNECT ||
-        t == WSI_TOKEN_HTTP || t == WSI_TOKEN_HTTP1_0)
+        t == WSI_TOKEN_OPTIONS_URI || t == WSI_TOKEN_PATCH_URI || t == WSI_TOKEN_PUT_URI || t == WSI_TOKEN_DELETE_URI ||
+        t == WSI_TOKEN_HEAD_URI || t == WSI_TOKEN_CONNECT || t == WSI_TOKEN_HTTP || t == WSI_TOKEN_HTTP1_0)
       continue;
     if (lws_hdr_total_length(wsi, (enum lws_token_indexes)t) <= 0) continue;
     const char *name = (const char *)lws_token_to_string((enum lws_token_indexes)t);
@@ -931,7 +979,10 @@ static int write_ws(conn *c) {
   }
   /* the close frame goes in a callback of its own: after a write in the
    * same callback lws drops the connection without sending it */
-  if (c->head || (ch && c->ws_closing)) { lws_callback_on_writable(wsi); return 0; }
+  if (c->head || (ch && c->ws_closing)) {
+    lws_callback_on_writable(wsi);
+    return 0;
+  }
   if (c->ws_closing == 1) {
     /* lws_close_reason() followed by -1 drops the connection here without
      * a close frame (lws 4.1); send it as lws itself does (opcode 4, the
@@ -955,8 +1006,8 @@ static int write_reject(conn *c) {
   struct lws *wsi = c->wsi;
   size_t blen = c->reject_body ? strlen(c->reject_body) : 0;
   unsigned char buf[LWS_PRE + 1024], *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
-  if (lws_add_http_common_headers(wsi, (unsigned int)c->reject_status,
-        c->reject_type ? c->reject_type : "text/plain", blen, &p, end) ||
+  if (lws_add_http_common_headers(wsi, (unsigned int)c->reject_status, c->reject_type ? c->reject_type : "text/plain",
+                                  blen, &p, end) ||
       lws_finalize_write_http_header(wsi, start, &p, end))
     return -1;
   if (blen) {
@@ -1105,11 +1156,8 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
     if ((c = conn_of(NULL, wsi)) && c->kill) return -1;
     if (!c || !c->id) return 0;
     return write_ws(c);
-  case LWS_CALLBACK_WSI_DESTROY:
-    conn_gone(s, wsi);
-    return 0;
-  default:
-    break;
+  case LWS_CALLBACK_WSI_DESTROY: conn_gone(s, wsi); return 0;
+  default: break;
   }
   return lws_callback_http_dummy(wsi, reason, user, in, len);
 }
@@ -1118,7 +1166,10 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
 
 static void unlink_server(server *s) {
   for (server **p = &live_servers; *p; p = &(*p)->next_server)
-    if (*p == s) { *p = s->next_server; break; }
+    if (*p == s) {
+      *p = s->next_server;
+      break;
+    }
 }
 
 /* The socket file goes when close() is asked for: a process that exits
@@ -1182,8 +1233,14 @@ static void on_service_tick(uv_timer_t *t) {
 static void on_anchor_tick(uv_timer_t *t) {
   mb_handle *h = (mb_handle *)t->data;
   server *s = (server *)h->extra;
-  if (!s->destroying) { destroy_context(s); return; }
-  if (s->ctx) { finish_context(s, t->loop); if (s->ctx) return; }
+  if (!s->destroying) {
+    destroy_context(s);
+    return;
+  }
+  if (s->ctx) {
+    finish_context(s, t->loop);
+    if (s->ctx) return;
+  }
   uv_timer_stop(t);
   unlink_server(s);
   mb_core *core = h->core;
@@ -1208,7 +1265,8 @@ void mb_http_teardown(mb_core *core) {
     }
   }
   for (server **p = &live_servers; *p;) {
-    if ((*p)->h->core == core) *p = (*p)->next_server; else p = &(*p)->next_server;
+    if ((*p)->h->core == core) *p = (*p)->next_server;
+    else p = &(*p)->next_server;
   }
 }
 
@@ -1239,7 +1297,8 @@ static int probe_bind(const char *host, int port, const char *unix_path) {
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", unix_path);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) rc = -errno; else unlink(unix_path);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) rc = -errno;
+    else unlink(unix_path);
   } else {
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
@@ -1394,14 +1453,23 @@ static int server_port(lua_State *L) {
 
 static void add_header(lua_State *L, struct lws *wsi, unsigned char **p, unsigned char *end, int *err) {
   /* key at -2, value at -1 */
-  if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING) { *err = 1; return; }
+  if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING) {
+    *err = 1;
+    return;
+  }
   size_t klen, vlen;
   const char *k = lua_tolstring(L, -2, &klen);
   const char *v = lua_tolstring(L, -1, &vlen);
   char name[256];
-  if (klen == 0 || klen + 2 > sizeof name || memchr(v, '\n', vlen) || memchr(v, '\r', vlen)) { *err = 1; return; }
+  if (klen == 0 || klen + 2 > sizeof name || memchr(v, '\n', vlen) || memchr(v, '\r', vlen)) {
+    *err = 1;
+    return;
+  }
   for (size_t i = 0; i < klen; i++)
-    if (k[i] == ':' || k[i] == '\r' || k[i] == '\n' || k[i] == ' ') { *err = 1; return; }
+    if (k[i] == ':' || k[i] == '\r' || k[i] == '\n' || k[i] == ' ') {
+      *err = 1;
+      return;
+    }
   memcpy(name, k, klen);
   name[klen] = ':';
   name[klen + 1] = 0;
@@ -1441,7 +1509,7 @@ static int server_respond(lua_State *L) {
   unsigned char *start = hc->data, *p = start, *end = start + hsize - 1;
   int err = 0;
   if (lws_add_http_common_headers(c->wsi, (unsigned int)status, ctype,
-        length < 0 ? LWS_ILLEGAL_HTTP_CONTENT_LEN : (lws_filepos_t)length, &p, end))
+                                  length < 0 ? LWS_ILLEGAL_HTTP_CONTENT_LEN : (lws_filepos_t)length, &p, end))
     err = 2;
   if (!err && !lua_isnoneornil(L, 5)) {
     lua_pushnil(L);
@@ -1485,7 +1553,10 @@ static int server_write(lua_State *L) {
   conn *c = s ? conn_by_id(s, id) : NULL;
   if (!c || c->finishing || c->ws_closing) return push_closed(L);
   if (!c->is_ws && !c->responding) return luaL_error(L, "write before respond");
-  if (!c->is_ws && len == 0) { lua_pushnumber(L, (lua_Number)c->queued); return 1; }
+  if (!c->is_ws && len == 0) {
+    lua_pushnumber(L, (lua_Number)c->queued);
+    return 1;
+  }
   out_chunk *ch = chunk_new(c->is_ws ? (binary ? OUT_BINARY : OUT_TEXT) : OUT_BODY, data, len);
   if (!ch) return luaL_error(L, "out of memory");
   queue_push(c, ch);
@@ -1517,7 +1588,10 @@ static int server_ws_close(lua_State *L) {
   if (code < 1000 || code > 4999) return luaL_argerror(L, 3, "close code must be 1000-4999");
   conn *c = s ? conn_by_id(s, id) : NULL;
   if (!c || !c->is_ws) return push_closed(L);
-  if (c->ws_closing) { lua_pushboolean(L, 1); return 1; }
+  if (c->ws_closing) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
   if (rlen > sizeof c->ws_reason) rlen = sizeof c->ws_reason;
   memcpy(c->ws_reason, reason, rlen);
   c->ws_reason_len = rlen;
@@ -1539,7 +1613,10 @@ static int server_ws_reject(lua_State *L) {
   const char *body = luaL_optstring(L, 5, "");
   if (status < 100 || status > 999) return luaL_argerror(L, 3, "status must be 100-999");
   conn *c = s ? conn_by_id(s, id) : NULL;
-  if (!c || !c->is_ws || c->established) { lua_pushboolean(L, 0); return 1; }
+  if (!c || !c->is_ws || c->established) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
   free(c->reject_body);
   free(c->reject_type);
   c->reject_body = strdup(body);
@@ -1566,7 +1643,10 @@ static int server_header(lua_State *L) {
   if (n < 0) return 0;
   char *buf = (char *)malloc((size_t)n + 1);
   if (!buf) return luaL_error(L, "out of memory");
-  if (lws_hdr_custom_copy(c->wsi, buf, n + 1, key, (int)nlen + 1) < 0) { free(buf); return 0; }
+  if (lws_hdr_custom_copy(c->wsi, buf, n + 1, key, (int)nlen + 1) < 0) {
+    free(buf);
+    return 0;
+  }
   lua_pushlstring(L, buf, (size_t)n);
   free(buf);
   return 1;
@@ -1628,16 +1708,16 @@ static int server_close(lua_State *L) {
   return 0;
 }
 
-static const luaL_Reg server_methods[] = {
-  {"port", server_port}, {"respond", server_respond}, {"write", server_write},
-  {"finish", server_finish}, {"ws_close", server_ws_close}, {"ws_reject", server_ws_reject},
-  {"header", server_header}, {"hangup", server_hangup}, {"queued", server_queued}, {"connections", server_connections},
-  {"drain", server_drain}, {"refused", server_refused},
-  {"close", server_close}, {NULL, NULL}};
+static const luaL_Reg server_methods[] = {{"port", server_port},         {"respond", server_respond},
+                                          {"write", server_write},       {"finish", server_finish},
+                                          {"ws_close", server_ws_close}, {"ws_reject", server_ws_reject},
+                                          {"header", server_header},     {"hangup", server_hangup},
+                                          {"queued", server_queued},     {"connections", server_connections},
+                                          {"drain", server_drain},       {"refused", server_refused},
+                                          {"close", server_close},       {NULL, NULL}};
 
 void mb_open_http(lua_State *L) {
   mb_new_class(L, SERVER, server_methods);
   lua_pushcfunction(L, http_listen);
   lua_setfield(L, -2, "http_listen");
 }
-

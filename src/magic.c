@@ -77,7 +77,8 @@ static int magic_buffer_l(lua_State *L) {
   }
   lua_pushlstring(L, r, (size_t)(semi - r));
   const char *cs = strstr(semi, "charset=");
-  if (cs) lua_pushstring(L, cs + 8); else lua_pushnil(L);
+  if (cs) lua_pushstring(L, cs + 8);
+  else lua_pushnil(L);
   return 2;
 }
 

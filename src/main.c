@@ -26,7 +26,10 @@ static const char usage[] =
  * sandboxes, so take the hard limit the administrator allowed. */
 static void raise_fd_limit(struct rlimit *out) {
   struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) { out->rlim_cur = out->rlim_max = 0; return; }
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    out->rlim_cur = out->rlim_max = 0;
+    return;
+  }
   if (rl.rlim_cur < rl.rlim_max) {
     struct rlimit want = {rl.rlim_max, rl.rlim_max};
     if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl.rlim_cur = rl.rlim_max;
@@ -44,12 +47,18 @@ static char *read_stdin(void) {
     if (n == 0) break;
     if (cap - len - 1 == 0) {
       char *bigger = realloc(buf, cap * 2);
-      if (!bigger) { free(buf); return NULL; }
+      if (!bigger) {
+        free(buf);
+        return NULL;
+      }
       buf = bigger;
       cap *= 2;
     }
   }
-  if (!buf || ferror(stdin)) { free(buf); return NULL; }
+  if (!buf || ferror(stdin)) {
+    free(buf);
+    return NULL;
+  }
   buf[len] = 0;
   return buf;
 }
@@ -65,12 +74,18 @@ int main(int argc, char **argv) {
   /* no script: on a terminal a prompt, as luajit gives one */
   static char *repl_argv[] = {"moonbox", "-i", NULL};
   if (argc < 2) {
-    if (!isatty(0)) { fputs(usage, stderr); return 2; }
+    if (!isatty(0)) {
+      fputs(usage, stderr);
+      return 2;
+    }
     repl_argv[0] = argv[0];
     argc = 2;
     argv = repl_argv;
   }
-  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) { fputs(usage, stdout); return 0; }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    fputs(usage, stdout);
+    return 0;
+  }
   if (strcmp(argv[1], "--version") == 0) {
     printf("moonbox %s\n%s\nlibuv %s\nopen files: soft %llu, hard %llu\n", moonbox_version(), LUAJIT_VERSION,
            uv_version_string(), (unsigned long long)fds.rlim_cur, (unsigned long long)fds.rlim_max);
@@ -80,10 +95,17 @@ int main(int argc, char **argv) {
       strcmp(argv[1], "-i") != 0)
     return unknown_option(argv[1]);
   moonbox *mb = moonbox_new(NULL);
-  if (!mb) { fputs("moonbox: cannot create the runtime\n", stderr); return 1; }
+  if (!mb) {
+    fputs("moonbox: cannot create the runtime\n", stderr);
+    return 1;
+  }
   if (strcmp(argv[1], "--policy") == 0) {
     if (argc < 4 && isatty(0)) argc = 4, argv[3] = "-i"; /* argv[argc] is NULL: room for one */
-    if (argc < 4) { fputs(usage, stderr); moonbox_close(mb); return 2; }
+    if (argc < 4) {
+      fputs(usage, stderr);
+      moonbox_close(mb);
+      return 2;
+    }
     if (strcmp(argv[3], "--help") == 0 || strcmp(argv[3], "-h") == 0) {
       fputs(usage, stdout);
       moonbox_close(mb);
@@ -106,18 +128,33 @@ int main(int argc, char **argv) {
     /* the server is Lua (lua/moonbox/server/cli.lua); it gets the rest of argv */
     lua_State *L = moonbox_lua(mb);
     lua_createtable(L, argc - 2, 0);
-    for (int i = 2; i < argc; i++) { lua_pushstring(L, argv[i]); lua_rawseti(L, -2, i - 1); }
+    for (int i = 2; i < argc; i++) {
+      lua_pushstring(L, argv[i]);
+      lua_rawseti(L, -2, i - 1);
+    }
     lua_setglobal(L, "arg");
     rc = moonbox_run_string(mb, "return require('moonbox.server.cli').main(arg)", "=(moonbox serve)");
   } else if (strcmp(argv[1], "-i") == 0) {
-    if (argc > 2) { fputs(usage, stderr); moonbox_close(mb); return 2; }
+    if (argc > 2) {
+      fputs(usage, stderr);
+      moonbox_close(mb);
+      return 2;
+    }
     rc = moonbox_run_string(mb, "return require('moonbox.repl').main()", "=(prompt)");
   } else if (strcmp(argv[1], "-e") == 0) {
-    if (argc < 3) { fputs(usage, stderr); moonbox_close(mb); return 2; }
+    if (argc < 3) {
+      fputs(usage, stderr);
+      moonbox_close(mb);
+      return 2;
+    }
     rc = moonbox_run_string_args(mb, argv[2], "=(command line)", "-e", argc - 3, argv + 3);
   } else if (strcmp(argv[1], "-") == 0) {
     char *code = read_stdin();
-    if (!code) { fputs("moonbox: cannot read the script from standard input\n", stderr); moonbox_close(mb); return 1; }
+    if (!code) {
+      fputs("moonbox: cannot read the script from standard input\n", stderr);
+      moonbox_close(mb);
+      return 1;
+    }
     rc = moonbox_run_string_args(mb, code, "=stdin", "-", argc - 2, argv + 2);
     free(code);
   } else {

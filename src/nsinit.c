@@ -49,7 +49,9 @@
 #ifndef MOUNT_ATTR_NOEXEC
 #define MOUNT_ATTR_NOEXEC 0x00000008
 #endif
-struct mb_mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+struct mb_mount_attr {
+  uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
 
 static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
 #define NDEV (sizeof dev_nodes / sizeof dev_nodes[0])
@@ -57,7 +59,8 @@ static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urand
 static void report(const mb_nsinit_plan *p, int stage, int err, int index) {
   mb_nsinit_report r = {stage, err, index};
   ssize_t n;
-  do n = write(p->report_fd, &r, sizeof r); while (n < 0 && errno == EINTR);
+  do n = write(p->report_fd, &r, sizeof r);
+  while (n < 0 && errno == EINTR);
 }
 
 static void die(const mb_nsinit_plan *p, int stage, int index) {
@@ -76,7 +79,10 @@ static const char *rel(const char *dst) {
 static int mkdirs(const char *path, int last_too) {
   char buf[PATH_MAX];
   size_t n = strlen(path);
-  if (n >= sizeof buf) { errno = ENAMETOOLONG; return -1; }
+  if (n >= sizeof buf) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
   memcpy(buf, path, n + 1);
   for (char *s = buf + 1; *s; s++) {
     if (*s != '/') continue;
@@ -110,8 +116,8 @@ static int detach(const char *src, int readonly, int devices) {
   }
   int fd = (int)syscall(SYS_open_tree, dirfd, src, flags);
   if (fd < 0) return -1;
-  struct mb_mount_attr attr = {MOUNT_ATTR_NOSUID | (devices ? 0 : MOUNT_ATTR_NODEV) | (readonly ? MOUNT_ATTR_RDONLY : 0),
-                               0, 0, 0};
+  struct mb_mount_attr attr = {
+    MOUNT_ATTR_NOSUID | (devices ? 0 : MOUNT_ATTR_NODEV) | (readonly ? MOUNT_ATTR_RDONLY : 0), 0, 0, 0};
   if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
     int e = errno;
     close(fd);
@@ -145,7 +151,10 @@ static int write_file(const char *dst, const char *data, size_t len) {
   while (len > 0) {
     ssize_t n = write(fd, data, len);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) { close(fd); return -1; }
+    if (n <= 0) {
+      close(fd);
+      return -1;
+    }
     data += n;
     len -= (size_t)n;
   }
@@ -157,8 +166,7 @@ static int write_file(const char *dst, const char *data, size_t len) {
  * usual symlinks. */
 static int make_dev(const char *dst, const int *devfds, uint64_t shm_size) {
   char path[PATH_MAX];
-  if (mkdirs(dst, 1) < 0 || mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536") < 0)
-    return -1;
+  if (mkdirs(dst, 1) < 0 || mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536") < 0) return -1;
   for (size_t i = 0; i < NDEV; i++) {
     if (devfds[i] < 0) continue;
     snprintf(path, sizeof path, "%s/%s", dst, dev_nodes[i]);
@@ -170,9 +178,11 @@ static int make_dev(const char *dst, const int *devfds, uint64_t shm_size) {
     return -1;
   snprintf(path, sizeof path, "%s/shm", dst);
   if (mount_tmpfs(path, shm_size, 1) < 0) return -1;
-  static const char *const links[][2] = {
-    {"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
-    {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}};
+  static const char *const links[][2] = {{"pts/ptmx", "ptmx"},
+                                         {"/proc/self/fd", "fd"},
+                                         {"/proc/self/fd/0", "stdin"},
+                                         {"/proc/self/fd/1", "stdout"},
+                                         {"/proc/self/fd/2", "stderr"}};
   for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
     snprintf(path, sizeof path, "%s/%s", dst, links[i][1]);
     if (symlink(links[i][0], path) < 0) return -1;
@@ -219,7 +229,8 @@ static int write_existing(const char *dst, const char *data, size_t len) {
   int fd = open(dst, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return -1;
   ssize_t n;
-  do n = write(fd, data, len); while (n < 0 && errno == EINTR);
+  do n = write(fd, data, len);
+  while (n < 0 && errno == EINTR);
   int e = n == (ssize_t)len ? 0 : (n < 0 ? errno : EIO);
   close(fd);
   errno = e;
@@ -228,7 +239,7 @@ static int write_existing(const char *dst, const char *data, size_t len) {
 
 static int srcfd[MB_NSINIT_MAX_MOUNTS];
 static int devfd[NDEV];
-static int pre_err, pre_index = -1;  /* the first failure of detach_sources, reported after "go" */
+static int pre_err, pre_index = -1; /* the first failure of detach_sources, reported after "go" */
 
 /* Before the id maps are written (our credentials are still the runtime's,
  * so the runtime's path permissions apply): detach every bind source, since
@@ -238,13 +249,20 @@ static void detach_sources(const mb_nsinit_plan *p) {
   int need_dev = 0;
   for (int i = 0; i < p->nmounts; i++) srcfd[i] = -1;
   for (size_t i = 0; i < NDEV; i++) devfd[i] = -1;
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) { pre_err = errno; return; }
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+    pre_err = errno;
+    return;
+  }
   for (int i = 0; i < p->nmounts; i++) {
     const mb_mount *m = &p->mounts[i];
     if (m->type == MB_MOUNT_DEV) need_dev = 1;
     if (m->type != MB_MOUNT_BIND && m->type != MB_MOUNT_RO_BIND) continue;
     srcfd[i] = detach(m->src, m->type == MB_MOUNT_RO_BIND, 0);
-    if (srcfd[i] < 0 && !(m->optional && errno == ENOENT)) { pre_err = errno; pre_index = i; return; }
+    if (srcfd[i] < 0 && !(m->optional && errno == ENOENT)) {
+      pre_err = errno;
+      pre_index = i;
+      return;
+    }
   }
   for (size_t i = 0; i < NDEV; i++) {
     char path[32];
@@ -255,7 +273,10 @@ static void detach_sources(const mb_nsinit_plan *p) {
 }
 
 static void setup_root(const mb_nsinit_plan *p) {
-  if (pre_err) { errno = pre_err; die(p, MB_NSINIT_MOUNT, pre_index); }
+  if (pre_err) {
+    errno = pre_err;
+    die(p, MB_NSINIT_MOUNT, pre_index);
+  }
   /* The new root is a small tmpfs over /tmp of this (private) mount tree. */
   if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1048576") < 0 || chdir("/tmp") < 0)
     die(p, MB_NSINIT_MOUNT, -1);
@@ -264,8 +285,12 @@ static void setup_root(const mb_nsinit_plan *p) {
     const char *dst = rel(m->dst);
     int rc = 0;
     switch (m->type) {
-    case MB_MOUNT_BIND: case MB_MOUNT_RO_BIND:
-      if (srcfd[i] >= 0) { rc = attach(srcfd[i], dst); close(srcfd[i]); }
+    case MB_MOUNT_BIND:
+    case MB_MOUNT_RO_BIND:
+      if (srcfd[i] >= 0) {
+        rc = attach(srcfd[i], dst);
+        close(srcfd[i]);
+      }
       break;
     case MB_MOUNT_TMPFS: {
       size_t n = strlen(dst);
@@ -286,10 +311,12 @@ static void setup_root(const mb_nsinit_plan *p) {
     default: errno = EINVAL; rc = -1;
     }
     if (rc < 0 && m->optional && errno == ENOENT &&
-        (m->type == MB_MOUNT_READONLY || m->type == MB_MOUNT_MASK || m->type == MB_MOUNT_SYSCTL)) rc = 0;
+        (m->type == MB_MOUNT_READONLY || m->type == MB_MOUNT_MASK || m->type == MB_MOUNT_SYSCTL))
+      rc = 0;
     if (rc < 0) die(p, MB_NSINIT_MOUNT, i);
   }
-  for (size_t i = 0; i < NDEV; i++) if (devfd[i] >= 0) close(devfd[i]);
+  for (size_t i = 0; i < NDEV; i++)
+    if (devfd[i] >= 0) close(devfd[i]);
   if (mask_dir_ready && (umount2(MASK_DIR, MNT_DETACH) < 0 || rmdir(MASK_DIR) < 0)) die(p, MB_NSINIT_MOUNT, -1);
 }
 
@@ -322,7 +349,7 @@ static int loopback_up(void) {
 /* ---- serving ------------------------------------------------------------ */
 
 #define MAX_PID (1 << 22)
-static unsigned char tracked[MAX_PID / 8];   /* pids we started: their exits are reported */
+static unsigned char tracked[MAX_PID / 8]; /* pids we started: their exits are reported */
 #define EVENT_QUEUE 4096
 static mb_nsinit_event queue[EVENT_QUEUE];
 static int queue_head, queue_len;
@@ -333,9 +360,7 @@ static void track(pid_t pid, int on) {
   if (on) tracked[pid / 8] |= (unsigned char)(1u << (pid % 8));
   else tracked[pid / 8] &= (unsigned char)~(1u << (pid % 8));
 }
-static int is_tracked(pid_t pid) {
-  return pid > 0 && pid < MAX_PID && (tracked[pid / 8] & (1u << (pid % 8)));
-}
+static int is_tracked(pid_t pid) { return pid > 0 && pid < MAX_PID && (tracked[pid / 8] & (1u << (pid % 8))); }
 
 static void reap(void) {
   int status;
@@ -360,7 +385,10 @@ static void flush_events(int event_fd) {
 }
 
 static void reply(int ctl_fd, mb_nsinit_reply r, pid_t cred_pid, int pass_fd) {
-  union { char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } u;
   struct iovec iov = {&r, sizeof r};
   struct msghdr msg;
   memset(&msg, 0, sizeof msg);
@@ -390,7 +418,8 @@ static void reply(int ctl_fd, mb_nsinit_reply r, pid_t cred_pid, int pass_fd) {
   msg.msg_controllen = clen;
   if (!clen) msg.msg_control = NULL;
   ssize_t n;
-  do n = sendmsg(ctl_fd, &msg, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+  do n = sendmsg(ctl_fd, &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
   if (n < 0) _exit(0);
 }
 
@@ -402,27 +431,42 @@ static void do_spawn(int ctl_fd, const int *fds, int nfds) {
   struct sock_fprog prog;
   int report[2] = {-1, -1};
   pid_t pid = -1;
-  if (nfds < 1 || fstat(fds[0], &st) < 0 || st.st_size <= 0) { r.stage = MB_STAGE_NONE; r.err = EINVAL; goto out; }
+  if (nfds < 1 || fstat(fds[0], &st) < 0 || st.st_size <= 0) {
+    r.stage = MB_STAGE_NONE;
+    r.err = EINVAL;
+    goto out;
+  }
   map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fds[0], 0);
-  if (map == MAP_FAILED) { r.err = errno; goto out; }
+  if (map == MAP_FAILED) {
+    r.err = errno;
+    goto out;
+  }
   if ((r.err = mb_wire_unpack(map, (size_t)st.st_size, fds, nfds, &plan, &prog)) != 0) goto out;
-  if (pipe2(report, O_CLOEXEC) < 0) { r.err = errno; goto out; }
+  if (pipe2(report, O_CLOEXEC) < 0) {
+    r.err = errno;
+    goto out;
+  }
   plan.report_fd = report[1];
   plan.parent_pid = getpid();
   /* born in its cgroup where the kernel can (src/child/clone_into.c) */
   plan.cgroup_joined = plan.cgroup_dir_fd >= 0;
   pid = plan.cgroup_joined ? mb_clone_into_cgroup(mb_child_main, &plan, child_stack, sizeof child_stack,
-                                                  CLONE_VM | CLONE_VFORK, plan.cgroup_dir_fd) : -1;
+                                                  CLONE_VM | CLONE_VFORK, plan.cgroup_dir_fd)
+                           : -1;
   if (pid < 0) {
     plan.cgroup_joined = 0;
     pid = clone(mb_child_main, child_stack + sizeof child_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &plan);
   }
-  if (pid < 0) { r.err = errno; goto out; }
+  if (pid < 0) {
+    r.err = errno;
+    goto out;
+  }
   close(report[1]);
   report[1] = -1;
   mb_child_report cr;
   ssize_t n;
-  do n = read(report[0], &cr, sizeof cr); while (n < 0 && errno == EINTR);
+  do n = read(report[0], &cr, sizeof cr);
+  while (n < 0 && errno == EINTR);
   if (n == (ssize_t)sizeof cr) {
     int status;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
@@ -479,15 +523,24 @@ static void do_finish(int ctl_fd, const mb_nsinit_finish *f, int passed) {
 static void do_socket(int ctl_fd, int domain, int type) {
   mb_nsinit_reply r = {0, 0, 0};
   int fd = socket(domain, type | SOCK_CLOEXEC, 0);
-  if (fd < 0) { r.stage = 1; r.err = errno; }
+  if (fd < 0) {
+    r.stage = 1;
+    r.err = errno;
+  }
   reply(ctl_fd, r, 0, fd);
   if (fd >= 0) close(fd);
 }
 
 static void handle_request(int ctl_fd) {
-  static union { mb_nsinit_request req; mb_nsinit_finish finish; } in;
+  static union {
+    mb_nsinit_request req;
+    mb_nsinit_finish finish;
+  } in;
   mb_nsinit_request req;
-  union { char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)]; struct cmsghdr align; } u;
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
   struct iovec iov = {&in, sizeof in};
   struct msghdr msg;
   memset(&msg, 0, sizeof msg);
@@ -496,30 +549,41 @@ static void handle_request(int ctl_fd) {
   msg.msg_control = u.buf;
   msg.msg_controllen = sizeof u.buf;
   ssize_t n;
-  do n = recvmsg(ctl_fd, &msg, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+  do n = recvmsg(ctl_fd, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
   if (n <= 0) _exit(0); /* the runtime closed the sandbox (or died) */
   memcpy(&req, &in.req, sizeof req);
   int fds[MB_WIRE_MAX_FDS], nfds = 0;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-    for (int i = 0; i < k && nfds < MB_WIRE_MAX_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    for (int i = 0; i < k && nfds < MB_WIRE_MAX_FDS; i++)
+      memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
   }
-  if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SPAWN) { do_spawn(ctl_fd, fds, nfds); return; }
+  if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SPAWN) {
+    do_spawn(ctl_fd, fds, nfds);
+    return;
+  }
   if (n == (ssize_t)sizeof in.finish && req.type == MB_NSINIT_FINISH) {
     for (int i = 1; i < nfds; i++) close(fds[i]);
     do_finish(ctl_fd, &in.finish, nfds > 0 ? fds[0] : -1);
     return;
   }
   for (int i = 0; i < nfds; i++) close(fds[i]);
-  if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SOCKET) { do_socket(ctl_fd, req.arg1, req.arg2); return; }
+  if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SOCKET) {
+    do_socket(ctl_fd, req.arg1, req.arg2);
+    return;
+  }
   reply(ctl_fd, (mb_nsinit_reply){MB_STAGE_NONE, EINVAL, 0}, 0, -1);
 }
 
 static void serve(int ctl_fd, int event_fd, int sig_fd) {
   for (;;) {
     struct pollfd pf[3] = {{ctl_fd, POLLIN, 0}, {sig_fd, POLLIN, 0}, {event_fd, queue_len ? POLLOUT : 0, 0}};
-    if (poll(pf, 3, -1) < 0) { if (errno == EINTR) continue; _exit(1); }
+    if (poll(pf, 3, -1) < 0) {
+      if (errno == EINTR) continue;
+      _exit(1);
+    }
     if (pf[1].revents & POLLIN) {
       struct signalfd_siginfo si;
       while (read(sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {}
@@ -549,7 +613,10 @@ static int drop_exec_caps(void) {
 }
 
 static int wire_string(const char *base, uint64_t size, int64_t off, const char **out) {
-  if (off == -1) { *out = NULL; return 0; }
+  if (off == -1) {
+    *out = NULL;
+    return 0;
+  }
   if (off < (int64_t)sizeof(mb_nsinit_wire) || (uint64_t)off >= size || !memchr(base + off, 0, size - (uint64_t)off))
     return -1;
   *out = base + off;
@@ -567,15 +634,18 @@ static int read_plan(mb_nsinit_plan *p) {
   p->report_fd = MB_NSINIT_FD_REPORT;
   for (int i = 0; i < MB_NSINIT_MAX_CGROUPS; i++) p->cgroup_fds[i] = -1;
   if (fstat(MB_NSINIT_FD_PLAN, &st) < 0) return -1;
-  if (st.st_size < (off_t)sizeof(mb_nsinit_wire)) { errno = EINVAL; return -1; }
+  if (st.st_size < (off_t)sizeof(mb_nsinit_wire)) {
+    errno = EINVAL;
+    return -1;
+  }
   char *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, MB_NSINIT_FD_PLAN, 0);
   if (base == MAP_FAILED) return -1;
   close(MB_NSINIT_FD_PLAN);
   const mb_nsinit_wire *w = (const mb_nsinit_wire *)base;
   uint64_t size = (uint64_t)st.st_size;
   errno = EINVAL;
-  if (w->magic != MB_NSINIT_WIRE_MAGIC || w->header_size != sizeof *w || w->size != size ||
-      w->nmounts < 0 || w->nmounts > MB_NSINIT_MAX_MOUNTS || w->ncgroups < 0 || w->ncgroups > MB_NSINIT_MAX_CGROUPS)
+  if (w->magic != MB_NSINIT_WIRE_MAGIC || w->header_size != sizeof *w || w->size != size || w->nmounts < 0 ||
+      w->nmounts > MB_NSINIT_MAX_MOUNTS || w->ncgroups < 0 || w->ncgroups > MB_NSINIT_MAX_CGROUPS)
     return -1;
   p->clone_flags = w->clone_flags;
   p->loopback = w->loopback;
@@ -589,12 +659,16 @@ static int read_plan(mb_nsinit_plan *p) {
     m->type = w->mounts[i].type;
     m->optional = w->mounts[i].optional;
     m->size = w->mounts[i].size;
-    if (m->type < MB_MOUNT_BIND || m->type > MB_MOUNT_SYSCTL || wire_string(base, size, w->mounts[i].src_off, &m->src) < 0 ||
+    if (m->type < MB_MOUNT_BIND || m->type > MB_MOUNT_SYSCTL ||
+        wire_string(base, size, w->mounts[i].src_off, &m->src) < 0 ||
         wire_string(base, size, w->mounts[i].dst_off, &m->dst) < 0 || !m->dst ||
         wire_string(base, size, w->mounts[i].data_off, &m->data) < 0)
       return -1;
     m->data_len = w->mounts[i].data_len;
-    if (!m->data) { m->data = ""; m->data_len = 0; }
+    if (!m->data) {
+      m->data = "";
+      m->data_len = 0;
+    }
     if (m->data_len >= size - (uint64_t)(m->data - base)) return -1; /* NUL-terminated after data_len bytes */
   }
   p->nmounts = w->nmounts;
@@ -608,7 +682,8 @@ static int read_plan(mb_nsinit_plan *p) {
 /* moonbox-init: started only by the runtime (nsinit_host.c), in its new
  * namespaces, with the fds of nsinit.h and an empty environment. */
 int main(int argc, char **argv) {
-  (void)argc; (void)argv;
+  (void)argc;
+  (void)argv;
   static mb_nsinit_plan plan;
   mb_nsinit_plan *p = &plan;
   p->report_fd = MB_NSINIT_FD_REPORT; /* for die() until the plan is read */
@@ -641,7 +716,12 @@ int main(int argc, char **argv) {
   setsid();
   /* stdio of pid 1 is /dev/null from here on */
   int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (null >= 0) { dup2(null, 0); dup2(null, 1); dup2(null, 2); close(null); }
+  if (null >= 0) {
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+    close(null);
+  }
   sigset_t all, chld;
   sigfillset(&all);
   sigemptyset(&chld);

@@ -25,51 +25,65 @@
 /* The fds moonbox-init starts with (besides the runtime's stdio), in this
  * order; nothing else is open. MB_NSINIT_FD_CGROUP + i: the i-th cgroup.procs. */
 enum {
-  MB_NSINIT_FD_PLAN = 3,   /* memfd: an mb_nsinit_wire, then its strings */
-  MB_NSINIT_FD_CTL,        /* the init's end of the ctl socket */
-  MB_NSINIT_FD_EVENT,      /* the init's end of the event socket */
-  MB_NSINIT_FD_GO,         /* read end: one byte once the id maps are written */
-  MB_NSINIT_FD_REPORT,     /* write end: one mb_nsinit_report */
+  MB_NSINIT_FD_PLAN = 3, /* memfd: an mb_nsinit_wire, then its strings */
+  MB_NSINIT_FD_CTL,      /* the init's end of the ctl socket */
+  MB_NSINIT_FD_EVENT,    /* the init's end of the event socket */
+  MB_NSINIT_FD_GO,       /* read end: one byte once the id maps are written */
+  MB_NSINIT_FD_REPORT,   /* write end: one mb_nsinit_report */
   MB_NSINIT_FD_CGROUP,
 };
 
 enum mb_mount_type {
-  MB_MOUNT_BIND, MB_MOUNT_RO_BIND, MB_MOUNT_TMPFS, MB_MOUNT_PROC, MB_MOUNT_DEV,
-  MB_MOUNT_SYMLINK, MB_MOUNT_FILE, MB_MOUNT_DIR,
-  MB_MOUNT_READONLY,  /* an existing path (of an earlier mount) bound over itself read-only */
-  MB_MOUNT_MASK,      /* an existing path hidden: an empty read-only dir or file over it */
-  MB_MOUNT_SYSCTL,    /* data written into an existing file (a /proc/sys entry of our namespaces) */
+  MB_MOUNT_BIND,
+  MB_MOUNT_RO_BIND,
+  MB_MOUNT_TMPFS,
+  MB_MOUNT_PROC,
+  MB_MOUNT_DEV,
+  MB_MOUNT_SYMLINK,
+  MB_MOUNT_FILE,
+  MB_MOUNT_DIR,
+  MB_MOUNT_READONLY, /* an existing path (of an earlier mount) bound over itself read-only */
+  MB_MOUNT_MASK,     /* an existing path hidden: an empty read-only dir or file over it */
+  MB_MOUNT_SYSCTL,   /* data written into an existing file (a /proc/sys entry of our namespaces) */
 };
 
 typedef struct {
   int type;
-  const char *src;   /* host path (binds), link target (symlink) */
-  const char *dst;   /* absolute path inside the sandbox */
-  const char *data;  /* file contents (file) */
+  const char *src;  /* host path (binds), link target (symlink) */
+  const char *dst;  /* absolute path inside the sandbox */
+  const char *data; /* file contents (file) */
   size_t data_len;
-  uint64_t size;     /* tmpfs size in bytes (dev: its /dev/shm); 0: the kernel default */
-  int optional;      /* a bind whose source (readonly, mask, sysctl: whose dst) is missing is skipped */
+  uint64_t size; /* tmpfs size in bytes (dev: its /dev/shm); 0: the kernel default */
+  int optional;  /* a bind whose source (readonly, mask, sysctl: whose dst) is missing is skipped */
 } mb_mount;
 
 typedef struct {
   int clone_flags;
-  const char *hostname;       /* NULL: keep */
-  int loopback;               /* bring lo up (new net namespace) */
+  const char *hostname; /* NULL: keep */
+  int loopback;         /* bring lo up (new net namespace) */
   mb_mount mounts[MB_NSINIT_MAX_MOUNTS];
   int nmounts;
   int cgroup_fds[MB_NSINIT_MAX_CGROUPS]; /* cgroup.procs files to join first; -1: none */
-  int first_cgroup_joined;    /* born in the first of them (clone3, src/child/clone_into.c) */
-  int ctl_fd, event_fd;       /* the init's ends of the two sockets */
-  int go_fd;                  /* read end: the runtime writes one byte once the id maps are set */
-  int report_fd;              /* write end: one mb_nsinit_report, then closed */
-  int defer_pivot;            /* build the root but stay outside it until MB_NSINIT_FINISH */
-  int drop_groups;            /* setgroups(0, NULL) once the maps are written (setgroups allowed) */
+  int first_cgroup_joined;               /* born in the first of them (clone3, src/child/clone_into.c) */
+  int ctl_fd, event_fd;                  /* the init's ends of the two sockets */
+  int go_fd;                             /* read end: the runtime writes one byte once the id maps are set */
+  int report_fd;                         /* write end: one mb_nsinit_report, then closed */
+  int defer_pivot;                       /* build the root but stay outside it until MB_NSINIT_FINISH */
+  int drop_groups;                       /* setgroups(0, NULL) once the maps are written (setgroups allowed) */
 } mb_nsinit_plan;
 
 enum mb_nsinit_stage {
-  MB_NSINIT_READY = 0, MB_NSINIT_GO, MB_NSINIT_PDEATHSIG, MB_NSINIT_CGROUP, MB_NSINIT_HOSTNAME,
-  MB_NSINIT_LOOPBACK, MB_NSINIT_MOUNT, MB_NSINIT_PIVOT, MB_NSINIT_SIGNALS, MB_NSINIT_IDS,
-  MB_NSINIT_EXEC,  /* exec of moonbox-init, its capabilities or its plan */
+  MB_NSINIT_READY = 0,
+  MB_NSINIT_GO,
+  MB_NSINIT_PDEATHSIG,
+  MB_NSINIT_CGROUP,
+  MB_NSINIT_HOSTNAME,
+  MB_NSINIT_LOOPBACK,
+  MB_NSINIT_MOUNT,
+  MB_NSINIT_PIVOT,
+  MB_NSINIT_SIGNALS,
+  MB_NSINIT_IDS,
+  MB_NSINIT_EXEC, /* exec of moonbox-init, its capabilities or its plan */
 };
 
 /* The plan as bytes (the memfd on MB_NSINIT_FD_PLAN): this header, then
@@ -77,9 +91,9 @@ enum mb_nsinit_stage {
 #define MB_NSINIT_WIRE_MAGIC 0x6d62696eu /* "mbin" */
 typedef struct {
   uint32_t magic, header_size;
-  uint64_t size;                  /* the whole memfd */
+  uint64_t size; /* the whole memfd */
   int32_t clone_flags, loopback, defer_pivot, drop_groups;
-  int32_t first_cgroup_joined;    /* written by the pre-exec child: born in the first cgroup */
+  int32_t first_cgroup_joined; /* written by the pre-exec child: born in the first cgroup */
   int32_t ncgroups;
   int64_t hostname_off;
   int32_t nmounts, pad;
@@ -90,11 +104,15 @@ typedef struct {
   } mounts[MB_NSINIT_MAX_MOUNTS];
 } mb_nsinit_wire;
 
-typedef struct { int32_t stage, err, index; } mb_nsinit_report;
+typedef struct {
+  int32_t stage, err, index;
+} mb_nsinit_report;
 
 /* ctl requests and replies */
 enum { MB_NSINIT_SPAWN = 1, MB_NSINIT_SOCKET = 2, MB_NSINIT_FINISH = 3 };
-typedef struct { int32_t type, arg1, arg2; } mb_nsinit_request;
+typedef struct {
+  int32_t type, arg1, arg2;
+} mb_nsinit_request;
 /* A pre-built init (defer_pivot) becomes a sandbox's: its hostname, one more
  * bind (the workspace: a detached tree passed as SCM_RIGHTS when the runtime
  * could make one, else src opened by the init), then pivot_root. */
@@ -104,8 +122,12 @@ typedef struct {
   char src[4096];
   char dst[256];
 } mb_nsinit_finish;
-typedef struct { int32_t stage, err, pid; } mb_nsinit_reply; /* pid inside; SCM_CREDENTIALS carry it outside */
+typedef struct {
+  int32_t stage, err, pid;
+} mb_nsinit_reply; /* pid inside; SCM_CREDENTIALS carry it outside */
 /* events */
-typedef struct { int32_t pid, status; } mb_nsinit_event;
+typedef struct {
+  int32_t pid, status;
+} mb_nsinit_event;
 
 #endif

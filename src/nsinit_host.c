@@ -57,16 +57,18 @@
 typedef struct {
   pid_t pid;
   int ctl_fd, event_fd;
-  int pids_ref;   /* Lua table: pid inside -> host pid, for children still running */
-  int gone;       /* the event socket reported EOF */
+  int pids_ref; /* Lua table: pid inside -> host pid, for children still running */
+  int gone;     /* the event socket reported EOF */
 } nsinit_state;
 
-static const struct { const char *name; int flag; } ns_names[] = {
-  {"user", CLONE_NEWUSER}, {"mnt", CLONE_NEWNS}, {"pid", CLONE_NEWPID}, {"ipc", CLONE_NEWIPC},
-  {"uts", CLONE_NEWUTS}, {"net", CLONE_NEWNET}, {"cgroup", CLONE_NEWCGROUP}, {NULL, 0}};
+static const struct {
+  const char *name;
+  int flag;
+} ns_names[] = {{"user", CLONE_NEWUSER}, {"mnt", CLONE_NEWNS},  {"pid", CLONE_NEWPID},       {"ipc", CLONE_NEWIPC},
+                {"uts", CLONE_NEWUTS},   {"net", CLONE_NEWNET}, {"cgroup", CLONE_NEWCGROUP}, {NULL, 0}};
 
-static const char *const mount_types[] = {"bind", "ro_bind", "tmpfs", "proc", "dev", "symlink", "file", "dir",
-                                          "readonly", "mask", "sysctl", NULL};
+static const char *const mount_types[] = {"bind", "ro_bind", "tmpfs",    "proc", "dev",    "symlink",
+                                          "file", "dir",     "readonly", "mask", "sysctl", NULL};
 
 static const char *stage_name(int stage) {
   switch (stage) {
@@ -86,7 +88,10 @@ static const char *stage_name(int stage) {
 
 static void parse_mounts(lua_State *L, int idx, mb_nsinit_plan *p) {
   lua_getfield(L, idx, "mounts");
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); return; }
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
   luaL_checktype(L, -1, LUA_TTABLE);
   int t = lua_gettop(L);
   int n = (int)lua_objlen(L, t);
@@ -99,7 +104,8 @@ static void parse_mounts(lua_State *L, int idx, mb_nsinit_plan *p) {
     lua_getfield(L, m, "type");
     const char *type = lua_tostring(L, -1);
     mt->type = -1;
-    for (int k = 0; type && mount_types[k]; k++) if (strcmp(type, mount_types[k]) == 0) mt->type = k;
+    for (int k = 0; type && mount_types[k]; k++)
+      if (strcmp(type, mount_types[k]) == 0) mt->type = k;
     if (mt->type < 0) luaL_error(L, "sandbox_init: mounts[%d]: unknown type '%s'", i + 1, type ? type : "nil");
     lua_getfield(L, m, "dst");
     mt->dst = lua_tostring(L, -1);
@@ -133,7 +139,10 @@ static int write_proc(pid_t pid, const char *file, const char *text) {
   return e;
 }
 
-static void close_fd(int *fd) { if (*fd >= 0) close(*fd); *fd = -1; }
+static void close_fd(int *fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
 
 /* ---- the init binary -------------------------------------------------- */
 
@@ -180,13 +189,15 @@ static int exe_memfd(int src, mode_t mode) {
     for (ssize_t done = 0; done < n;) {
       ssize_t w = write(fd, buf + done, (size_t)(n - done));
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) { if (w == 0) errno = EIO; goto fail; }
+      if (w <= 0) {
+        if (w == 0) errno = EIO;
+        goto fail;
+      }
       done += w;
     }
     off += n;
   }
-  if (fchmod(fd, mode) < 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+  if (fchmod(fd, mode) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
     goto fail;
   return fd;
 fail:;
@@ -199,10 +210,10 @@ fail:;
 static void find_init(void) {
   static const char *const rels[] = {
 #ifdef MOONBOX_INIT_REL
-    MOONBOX_INIT_REL,            /* from an installed libmoonbox.so */
+    MOONBOX_INIT_REL, /* from an installed libmoonbox.so */
 #endif
-    "moonbox-init",              /* from moonbox/core.so, installed or in the build tree */
-    "lib/moonbox/moonbox-init",  /* from the build tree's libmoonbox.so */
+    "moonbox-init",             /* from moonbox/core.so, installed or in the build tree */
+    "lib/moonbox/moonbox-init", /* from the build tree's libmoonbox.so */
   };
   char dir[PATH_MAX], path[PATH_MAX + 64];
   if (init_exe_private >= 0) return;
@@ -212,7 +223,10 @@ static void find_init(void) {
       size_t len = strlen(path);
       if (i == 0 && len < sizeof init_exe_path) memcpy(init_exe_path, path, len + 1); /* named if none is found */
       int fd = open(path, O_RDONLY | O_CLOEXEC);
-      if (fd < 0 || len >= sizeof init_exe_path) { if (fd >= 0) close(fd); continue; }
+      if (fd < 0 || len >= sizeof init_exe_path) {
+        if (fd >= 0) close(fd);
+        continue;
+      }
       memcpy(init_exe_path, path, len + 1);
       struct stat st;
       if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || access(path, X_OK) < 0) {
@@ -244,7 +258,10 @@ static int changes_ids(const char *uid_map, const char *gid_map) {
 }
 
 /* The plan as bytes (nsinit.h: mb_nsinit_wire) in a memfd. */
-typedef struct { char *buf; size_t len; } wire_buf;
+typedef struct {
+  char *buf;
+  size_t len;
+} wire_buf;
 
 static int64_t wire_put(wire_buf *b, const char *s, size_t n) {
   if (!s) return -1;
@@ -295,7 +312,10 @@ static int pack_plan(const mb_nsinit_plan *p, int ncgroups, int *out) {
     else done += (size_t)n;
   }
   free(b.buf);
-  if (e) { if (fd >= 0) close(fd); return e; }
+  if (e) {
+    if (fd >= 0) close(fd);
+    return e;
+  }
   *out = fd;
   return 0;
 }
@@ -305,10 +325,10 @@ static int pack_plan(const mb_nsinit_plan *p, int ncgroups, int *out) {
  * system calls. */
 typedef struct {
   int fds[MB_NSINIT_FD_CGROUP + MB_NSINIT_MAX_CGROUPS]; /* fds[k]: what goes to fd k (k >= 3) */
-  int nfds;                    /* fds 3 .. nfds - 1 */
-  int joined;                  /* set before each clone attempt: born in the first cgroup */
+  int nfds;                                             /* fds 3 .. nfds - 1 */
+  int joined;                                           /* set before each clone attempt: born in the first cgroup */
   int report_fd;
-  int exe_fd;                  /* init_exe_private or init_exe_readable */
+  int exe_fd; /* init_exe_private or init_exe_readable */
 } init_exec_args;
 
 static char *const init_argv[] = {"moonbox-init", NULL};
@@ -317,7 +337,8 @@ static char *const init_envp[] = {NULL};
 static void exec_fail(int report_fd, int err) {
   mb_nsinit_report r = {MB_NSINIT_EXEC, err, -1};
   ssize_t n;
-  do n = write(report_fd, &r, sizeof r); while (n < 0 && errno == EINTR);
+  do n = write(report_fd, &r, sizeof r);
+  while (n < 0 && errno == EINTR);
   _exit(127);
 }
 
@@ -331,8 +352,8 @@ static int init_exec_child(void *arg) {
   init_exec_args *a = (init_exec_args *)arg;
   int report = a->report_fd;
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-  if (pwrite(a->fds[MB_NSINIT_FD_PLAN], &a->joined, sizeof a->joined,
-             offsetof(mb_nsinit_wire, first_cgroup_joined)) != (ssize_t)sizeof a->joined)
+  if (pwrite(a->fds[MB_NSINIT_FD_PLAN], &a->joined, sizeof a->joined, offsetof(mb_nsinit_wire, first_cgroup_joined)) !=
+      (ssize_t)sizeof a->joined)
     exec_fail(report, errno ? errno : EIO);
   /* above every target first, then into place (dup2 clears close-on-exec);
    * the first free fds above the targets, so that a low RLIMIT_NOFILE holds */
@@ -368,14 +389,15 @@ static int early_report(int rep_fd, mb_nsinit_report *r) {
   struct pollfd pf = {rep_fd, POLLIN, 0};
   if (poll(&pf, 1, 0) <= 0 || !(pf.revents & POLLIN)) return 0;
   ssize_t n;
-  do n = read(rep_fd, r, sizeof *r); while (n < 0 && errno == EINTR);
+  do n = read(rep_fd, r, sizeof *r);
+  while (n < 0 && errno == EINTR);
   return n == (ssize_t)sizeof *r && r->stage != MB_NSINIT_READY;
 }
 
 static int nsinit_start(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   mb_core *core = mb_core_get(L);
-  static mb_nsinit_plan plan;  /* packed into a memfd before the clone */
+  static mb_nsinit_plan plan; /* packed into a memfd before the clone */
   mb_nsinit_plan *p = &plan;
   memset(p, 0, sizeof *p);
   for (int i = 0; i < MB_NSINIT_MAX_CGROUPS; i++) p->cgroup_fds[i] = -1;
@@ -385,7 +407,8 @@ static int nsinit_start(lua_State *L) {
     lua_rawgeti(L, -1, i);
     const char *name = lua_tostring(L, -1);
     int flag = 0;
-    for (int k = 0; name && ns_names[k].name; k++) if (strcmp(name, ns_names[k].name) == 0) flag = ns_names[k].flag;
+    for (int k = 0; name && ns_names[k].name; k++)
+      if (strcmp(name, ns_names[k].name) == 0) flag = ns_names[k].flag;
     if (!flag) return luaL_error(L, "sandbox_init: unknown namespace '%s'", name ? name : "?");
     p->clone_flags |= flag;
     lua_pop(L, 1);
@@ -419,8 +442,7 @@ static int nsinit_start(lua_State *L) {
 
   if (init_exe_private < 0) {
     char detail[PATH_MAX + 96];
-    snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, or beside moonbox/core.so)",
-             init_exe_path);
+    snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, or beside moonbox/core.so)", init_exe_path);
     return mb_push_errno(L, init_exe_err, detail);
   }
   int ctl[2] = {-1, -1}, ev[2] = {-1, -1}, go[2] = {-1, -1}, rep[2] = {-1, -1}, plan_fd = -1;
@@ -436,14 +458,20 @@ static int nsinit_start(lua_State *L) {
       lua_rawgeti(L, -1, i);
       lua_pushfstring(L, "%s/cgroup.procs", luaL_checkstring(L, -1));
       p->cgroup_fds[i - 1] = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
-      if (p->cgroup_fds[i - 1] < 0) { err = errno; what = "cgroup"; } else ncgroups = i;
+      if (p->cgroup_fds[i - 1] < 0) {
+        err = errno;
+        what = "cgroup";
+      } else ncgroups = i;
       if (i == 1) cgroup_dir = open(lua_tostring(L, -2), O_PATH | O_DIRECTORY | O_CLOEXEC);
       lua_pop(L, 2);
     }
   }
   if (!err && (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0 ||
-               socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ev) < 0 ||
-               pipe2(go, O_CLOEXEC) < 0 || pipe2(rep, O_CLOEXEC) < 0)) { err = errno; what = "socketpair"; }
+               socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ev) < 0 || pipe2(go, O_CLOEXEC) < 0 ||
+               pipe2(rep, O_CLOEXEC) < 0)) {
+    err = errno;
+    what = "socketpair";
+  }
   if (!err && (err = pack_plan(p, ncgroups, &plan_fd)) != 0) what = "sandbox plan";
   pid_t pid = -1;
   if (!err) {
@@ -475,10 +503,17 @@ static int nsinit_start(lua_State *L) {
       args.joined = 0;
       pid = clone(init_exec_child, stack + INIT_STACK, flags | SIGCHLD, &args);
     }
-    if (pid < 0) { err = errno; what = "clone"; }
+    if (pid < 0) {
+      err = errno;
+      what = "clone";
+    }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
   }
-  close_fd(&ctl[1]); close_fd(&ev[1]); close_fd(&go[0]); close_fd(&rep[1]); close_fd(&plan_fd);
+  close_fd(&ctl[1]);
+  close_fd(&ev[1]);
+  close_fd(&go[0]);
+  close_fd(&rep[1]);
+  close_fd(&plan_fd);
   for (int i = 0; i < MB_NSINIT_MAX_CGROUPS; i++) close_fd(&p->cgroup_fds[i]);
   close_fd(&cgroup_dir);
   if (!err) {
@@ -493,8 +528,10 @@ static int nsinit_start(lua_State *L) {
   if (pid > 0 && early_report(rep[0], &r)) err = 0;
   else if (!err) {
     ssize_t n;
-    do n = write(go[1], "g", 1); while (n < 0 && errno == EINTR);
-    do n = read(rep[0], &r, sizeof r); while (n < 0 && errno == EINTR);
+    do n = write(go[1], "g", 1);
+    while (n < 0 && errno == EINTR);
+    do n = read(rep[0], &r, sizeof r);
+    while (n < 0 && errno == EINTR);
     if (n != (ssize_t)sizeof r) r = (mb_nsinit_report){MB_NSINIT_GO, EPIPE, -1};
   }
   close_fd(&go[1]);
@@ -510,8 +547,8 @@ static int nsinit_start(lua_State *L) {
     char detail[512];
     if (r.stage == MB_NSINIT_MOUNT && r.index >= 0 && r.index < p->nmounts) {
       const mb_mount *m = &p->mounts[r.index];
-      snprintf(detail, sizeof detail, "sandbox set-up: mount #%d (%s %s -> %s)", r.index + 1,
-               mount_types[m->type], m->src ? m->src : "-", m->dst);
+      snprintf(detail, sizeof detail, "sandbox set-up: mount #%d (%s %s -> %s)", r.index + 1, mount_types[m->type],
+               m->src ? m->src : "-", m->dst);
     } else if (r.stage == MB_NSINIT_EXEC) {
       snprintf(detail, sizeof detail, "sandbox set-up: exec moonbox-init (%.400s)", init_exe_path);
     } else {
@@ -554,7 +591,8 @@ static void release(lua_State *L, nsinit_state *st) {
 /* Deliver every exit the init reported; EOF means the init is gone, and with
  * it every process of its pid namespace. */
 static void on_event(uv_poll_t *poll, int status, int events) {
-  (void)status; (void)events;
+  (void)status;
+  (void)events;
   mb_handle *h = (mb_handle *)poll->data;
   nsinit_state *st = (nsinit_state *)h->extra;
   lua_State *cbL = h->core->cbL;
@@ -581,7 +619,10 @@ static void on_event(uv_poll_t *poll, int status, int events) {
     lua_rawgeti(cbL, LUA_REGISTRYINDEX, st->pids_ref);
     int t = lua_gettop(cbL), count = 0, cap = 0;
     lua_pushnil(cbL);
-    while (lua_next(cbL, t)) { cap++; lua_pop(cbL, 1); }
+    while (lua_next(cbL, t)) {
+      cap++;
+      lua_pop(cbL, 1);
+    }
     pid_t *hosts = (pid_t *)malloc(sizeof(pid_t) * (size_t)(cap + 1));
     lua_pushnil(cbL);
     while (lua_next(cbL, t)) {
@@ -591,14 +632,18 @@ static void on_event(uv_poll_t *poll, int status, int events) {
     lua_settop(cbL, t - 1);
     release(cbL, st);
     mb_handle_close(cbL, h, 0);
-    for (int i = 0; i < count; i++) if (hosts[i] > 0) mb_spawn_deliver(h->core, hosts[i], SIGKILL);
+    for (int i = 0; i < count; i++)
+      if (hosts[i] > 0) mb_spawn_deliver(h->core, hosts[i], SIGKILL);
     free(hosts);
     return;
   }
 }
 
 static int recv_reply(nsinit_state *st, mb_nsinit_reply *r, pid_t *cred_pid, int *fd) {
-  union { char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * 4)]; struct cmsghdr align; } u;
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * 4)];
+    struct cmsghdr align;
+  } u;
   struct iovec iov = {r, sizeof *r};
   struct msghdr msg;
   memset(&msg, 0, sizeof msg);
@@ -607,7 +652,8 @@ static int recv_reply(nsinit_state *st, mb_nsinit_reply *r, pid_t *cred_pid, int
   msg.msg_control = u.buf;
   msg.msg_controllen = sizeof u.buf;
   ssize_t n;
-  do n = recvmsg(st->ctl_fd, &msg, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+  do n = recvmsg(st->ctl_fd, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
   if (n < 0) return errno == EAGAIN ? ETIMEDOUT : errno;
   if (n != (ssize_t)sizeof *r) return EPIPE;
   if (cred_pid) *cred_pid = 0;
@@ -623,7 +669,8 @@ static int recv_reply(nsinit_state *st, mb_nsinit_reply *r, pid_t *cred_pid, int
       for (int i = 0; i < k; i++) {
         int got;
         memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
-        if (fd && *fd < 0) *fd = got; else close(got);
+        if (fd && *fd < 0) *fd = got;
+        else close(got);
       }
     }
   }
@@ -631,7 +678,10 @@ static int recv_reply(nsinit_state *st, mb_nsinit_reply *r, pid_t *cred_pid, int
 }
 
 static int send_msg(nsinit_state *st, void *buf, size_t len, const int *fds, int nfds) {
-  union { char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)]; struct cmsghdr align; } u;
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
   struct iovec iov = {buf, len};
   struct msghdr msg;
   memset(&msg, 0, sizeof msg);
@@ -648,7 +698,8 @@ static int send_msg(nsinit_state *st, void *buf, size_t len, const int *fds, int
     memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
   }
   ssize_t n;
-  do n = sendmsg(st->ctl_fd, &msg, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+  do n = sendmsg(st->ctl_fd, &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
   return n < 0 ? errno : 0;
 }
 
@@ -695,14 +746,18 @@ static int nsinit_socket(lua_State *L) {
   nsinit_state *st = check_live(L, 1, &h);
   const char *kind = luaL_optstring(L, 2, "tcp4");
   int domain = strcmp(kind, "tcp6") == 0 ? AF_INET6 : AF_INET;
-  if (strcmp(kind, "tcp4") != 0 && strcmp(kind, "tcp6") != 0) return luaL_argerror(L, 2, "expected \"tcp4\" or \"tcp6\"");
+  if (strcmp(kind, "tcp4") != 0 && strcmp(kind, "tcp6") != 0)
+    return luaL_argerror(L, 2, "expected \"tcp4\" or \"tcp6\"");
   if (h->closing || st->gone || st->ctl_fd < 0) return mb_push_errno(L, ESRCH, "sandbox init is gone");
   int e = send_request(st, (mb_nsinit_request){MB_NSINIT_SOCKET, domain, SOCK_STREAM}, NULL, 0);
   mb_nsinit_reply r;
   int fd = -1;
   if (!e) e = recv_reply(st, &r, NULL, &fd);
   if (!e && (r.stage || r.err)) e = r.err ? r.err : EIO;
-  if (e) { if (fd >= 0) close(fd); return mb_push_errno(L, e, "socket in sandbox"); }
+  if (e) {
+    if (fd >= 0) close(fd);
+    return mb_push_errno(L, e, "socket in sandbox");
+  }
   if (fd < 0) return mb_push_errno(L, EPROTO, "socket in sandbox");
   lua_pushinteger(L, fd);
   return 1;
@@ -716,7 +771,8 @@ static int nsinit_finish(lua_State *L) {
   const char *src = luaL_checklstring(L, 3, &sl);
   const char *dst = luaL_checklstring(L, 4, &dl);
   static mb_nsinit_finish f;
-  if (hl >= sizeof f.hostname || sl >= sizeof f.src || dl >= sizeof f.dst) return luaL_error(L, "finish: name too long");
+  if (hl >= sizeof f.hostname || sl >= sizeof f.src || dl >= sizeof f.dst)
+    return luaL_error(L, "finish: name too long");
   if (h->closing || st->gone || st->ctl_fd < 0) return mb_push_errno(L, ESRCH, "sandbox init is gone");
   memset(&f, 0, sizeof f);
   f.type = MB_NSINIT_FINISH;
@@ -727,7 +783,9 @@ static int nsinit_finish(lua_State *L) {
    * sandbox's ids'); an unprivileged runtime cannot, and the init opens it. */
   int tree = sl ? (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE) : -1;
   if (tree >= 0) {
-    struct { uint64_t attr_set, attr_clr, propagation, userns_fd; } attr = {0x2 | 0x4, 0, 0, 0}; /* nosuid, nodev */
+    struct {
+      uint64_t attr_set, attr_clr, propagation, userns_fd;
+    } attr = {0x2 | 0x4, 0, 0, 0}; /* nosuid, nodev */
     if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
       int e = errno;
       close(tree);
@@ -758,7 +816,6 @@ static int nsinit_kill(lua_State *L) {
   return 1;
 }
 
-
 /* Closing the ctl socket makes the init exit, which ends its pid namespace;
  * the handle goes away once the event socket reports that (on_event). */
 static int nsinit_close(lua_State *L) {
@@ -783,9 +840,8 @@ static int nsinit_new(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg nsinit_methods[] = {
-  {"pid", nsinit_pid}, {"socket", nsinit_socket}, {"kill", nsinit_kill}, {"close", nsinit_close},
-  {"finish", nsinit_finish}, {NULL, NULL}};
+static const luaL_Reg nsinit_methods[] = {{"pid", nsinit_pid},     {"socket", nsinit_socket}, {"kill", nsinit_kill},
+                                          {"close", nsinit_close}, {"finish", nsinit_finish}, {NULL, NULL}};
 
 void mb_open_nsinit(lua_State *L) {
   find_init();

@@ -46,25 +46,25 @@ typedef struct mb_handle {
     uv_fs_event_t fs_event;
   } uv;
   mb_core *core;
-  const char *type_name;       /* metatable name, for error messages */
-  int self_ref;                /* registry anchor while open */
+  const char *type_name; /* metatable name, for error messages */
+  int self_ref;          /* registry anchor while open */
   int cb_ref[MB_MAX_CALLBACKS];
   int closing;
-  void *extra;                 /* family-specific state */
+  void *extra;                   /* family-specific state */
   struct mb_handle *next, *prev; /* the core's list of open handles */
 } mb_handle;
 
 struct mb_core {
   uv_loop_t *loop;
   int own_loop;
-  lua_State *cbL;              /* thread all callbacks run on */
+  lua_State *cbL; /* thread all callbacks run on */
   int cbL_ref;
   int error_handler_ref;
-  int open_handles;            /* handles created by us and not yet closed */
-  mb_handle *handles;          /* list of those handles, for teardown */
-  int dead;                    /* the Lua state is being closed */
-  void *spawn_state;           /* owned by spawn.c */
-  char *read_buf;              /* shared by every stream's reads (stream.c) */
+  int open_handles;                /* handles created by us and not yet closed */
+  mb_handle *handles;              /* list of those handles, for teardown */
+  int dead;                        /* the Lua state is being closed */
+  void *spawn_state;               /* owned by spawn.c */
+  char *read_buf;                  /* shared by every stream's reads (stream.c) */
   void (*teardown)(mb_core *core); /* the families' teardown (module.c), before the handles close */
 };
 
@@ -117,22 +117,22 @@ int luaopen_moonbox_core(lua_State *L);
 /* ---- the families: registration (called by module.c only) --------------- */
 /* Each adds its functions to the module table on top of the stack. */
 
-void mb_open_timer(lua_State *L);    /* timer.c */
-void mb_open_signal(lua_State *L);   /* signal.c */
-void mb_open_stream(lua_State *L);   /* stream.c */
-void mb_open_fs(lua_State *L);       /* fs.c */
-void mb_open_fs_tree(lua_State *L);  /* fs_tree.c: fs_remove_tree, fs_lock */
-void mb_open_userns(lua_State *L);   /* userns.c: userns_probe */
-void mb_open_spawn(lua_State *L);    /* spawn.c */
-void mb_open_pty(lua_State *L);      /* pty.c */
-void mb_open_sys(lua_State *L);      /* sys.c */
-void mb_open_codec(lua_State *L);    /* codec.c */
-void mb_open_magic(lua_State *L);    /* magic.c */
-void mb_open_fsevent(lua_State *L);  /* fsevent.c */
-void mb_open_tcp(lua_State *L);      /* tcp.c */
-void mb_open_seccomp(lua_State *L);  /* seccomp.c */
-void mb_open_nsinit(lua_State *L);   /* nsinit_host.c */
-void mb_open_http(lua_State *L);     /* http.c */
+void mb_open_timer(lua_State *L);   /* timer.c */
+void mb_open_signal(lua_State *L);  /* signal.c */
+void mb_open_stream(lua_State *L);  /* stream.c */
+void mb_open_fs(lua_State *L);      /* fs.c */
+void mb_open_fs_tree(lua_State *L); /* fs_tree.c: fs_remove_tree, fs_lock */
+void mb_open_userns(lua_State *L);  /* userns.c: userns_probe */
+void mb_open_spawn(lua_State *L);   /* spawn.c */
+void mb_open_pty(lua_State *L);     /* pty.c */
+void mb_open_sys(lua_State *L);     /* sys.c */
+void mb_open_codec(lua_State *L);   /* codec.c */
+void mb_open_magic(lua_State *L);   /* magic.c */
+void mb_open_fsevent(lua_State *L); /* fsevent.c */
+void mb_open_tcp(lua_State *L);     /* tcp.c */
+void mb_open_seccomp(lua_State *L); /* seccomp.c */
+void mb_open_nsinit(lua_State *L);  /* nsinit_host.c */
+void mb_open_http(lua_State *L);    /* http.c */
 
 /* Teardown at core teardown (module.c's list). */
 void mb_spawn_teardown(mb_core *core); /* spawn.c: SIGCHLD watcher, tracked children */

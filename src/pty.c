@@ -22,9 +22,17 @@ static int pty_open_at(lua_State *L, const char *ptmx, int cols, int rows) {
   int master = open(ptmx, O_RDWR | O_NOCTTY | O_CLOEXEC);
   if (master < 0) return mb_push_errno(L, errno, ptmx);
   int unlock = 0;
-  if (ioctl(master, TIOCSPTLCK, &unlock) < 0) { int e = errno; close(master); return mb_push_errno(L, e, "TIOCSPTLCK"); }
+  if (ioctl(master, TIOCSPTLCK, &unlock) < 0) {
+    int e = errno;
+    close(master);
+    return mb_push_errno(L, e, "TIOCSPTLCK");
+  }
   int slave = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
-  if (slave < 0) { int e = errno; close(master); return mb_push_errno(L, e, "TIOCGPTPEER"); }
+  if (slave < 0) {
+    int e = errno;
+    close(master);
+    return mb_push_errno(L, e, "TIOCGPTPEER");
+  }
   unsigned int n = 0;
   ioctl(master, TIOCGPTN, &n);
   struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
@@ -49,7 +57,11 @@ static int pty_open(lua_State *L) {
     return mb_push_errno(L, e, "ptsname");
   }
   int slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
-  if (slave < 0) { int e = errno; close(master); return mb_push_errno(L, e, name); }
+  if (slave < 0) {
+    int e = errno;
+    close(master);
+    return mb_push_errno(L, e, name);
+  }
   struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
   ioctl(master, TIOCSWINSZ, &ws);
   lua_pushinteger(L, master);

@@ -30,11 +30,14 @@ static int is_file(const char *path) { return access(path, R_OK) == 0; }
  * the build tree. Empty when none holds moonbox/init.lua: then only the
  * default package.path is searched. */
 static void lua_dir(char *out, size_t size) {
-  static const char *const rels[] = { MOONBOX_LUA_REL_DIR, "lua" };
+  static const char *const rels[] = {MOONBOX_LUA_REL_DIR, "lua"};
   char self[PATH_MAX], probe[PATH_MAX + 64], real[PATH_MAX];
   out[0] = 0;
   const char *env = getenv("MOONBOX_LUA_DIR");
-  if (env && env[0]) { snprintf(out, size, "%s", env); return; }
+  if (env && env[0]) {
+    snprintf(out, size, "%s", env);
+    return;
+  }
   if (!mb_self_dir(self, sizeof self)) return;
   for (size_t i = 0; i < sizeof rels / sizeof *rels; i++) {
     snprintf(probe, sizeof probe, "%s/%s/moonbox/init.lua", self, rels[i]);
@@ -60,12 +63,19 @@ moonbox *moonbox_new(uv_loop_t *loop) {
   if (!mb) return NULL;
   if (!loop) {
     loop = (uv_loop_t *)malloc(sizeof *loop);
-    if (!loop || uv_loop_init(loop) != 0) { free(loop); free(mb); return NULL; }
+    if (!loop || uv_loop_init(loop) != 0) {
+      free(loop);
+      free(mb);
+      return NULL;
+    }
     mb->own_loop = 1;
   }
   mb->loop = loop;
   lua_State *L = mb->L = luaL_newstate();
-  if (!L) { moonbox_close(mb); return NULL; }
+  if (!L) {
+    moonbox_close(mb);
+    return NULL;
+  }
   luaL_openlibs(L);
   lua_pushlightuserdata(L, loop);
   lua_setfield(L, LUA_REGISTRYINDEX, "moonbox.loop");
@@ -124,7 +134,10 @@ int moonbox_run_file(moonbox *mb, const char *path, int argc, char **argv) {
   lua_createtable(L, argc, 1);
   lua_pushstring(L, path);
   lua_rawseti(L, -2, 0);
-  for (int i = 0; i < argc; i++) { lua_pushstring(L, argv[i]); lua_rawseti(L, -2, i + 1); }
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
   lua_setglobal(L, "arg");
   return start(mb, luaL_loadfile(L, path), argc, argv);
 }
@@ -139,7 +152,10 @@ int moonbox_run_string_args(moonbox *mb, const char *code, const char *chunkname
   lua_createtable(L, argc, 1);
   lua_pushstring(L, arg0 ? arg0 : "");
   lua_rawseti(L, -2, 0);
-  for (int i = 0; i < argc; i++) { lua_pushstring(L, argv[i]); lua_rawseti(L, -2, i + 1); }
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
   lua_setglobal(L, "arg");
   return start(mb, luaL_loadbuffer(L, code, strlen(code), chunkname ? chunkname : "=(string)"), argc, argv);
 }
@@ -148,7 +164,11 @@ int moonbox_set_policy(moonbox *mb, const char *policy) {
   lua_State *L = mb->L;
   lua_getglobal(L, "require");
   lua_pushstring(L, "moonbox.policy");
-  if (lua_pcall(L, 1, 1, 0) != 0) { set_error(mb, lua_tostring(L, -1)); lua_pop(L, 1); return 1; }
+  if (lua_pcall(L, 1, 1, 0) != 0) {
+    set_error(mb, lua_tostring(L, -1));
+    lua_pop(L, 1);
+    return 1;
+  }
   lua_getfield(L, -1, "set_default");
   lua_pushstring(L, policy);
   if (lua_pcall(L, 1, 0, 0) != 0) {
@@ -168,7 +188,10 @@ int moonbox_pending(moonbox *mb) {
   lua_State *L = mb->L;
   lua_getglobal(L, "require");
   lua_pushstring(L, "moonbox.async");
-  if (lua_pcall(L, 1, 1, 0) != 0) { lua_pop(L, 1); return 0; }
+  if (lua_pcall(L, 1, 1, 0) != 0) {
+    lua_pop(L, 1);
+    return 0;
+  }
   lua_getfield(L, -1, "pending");
   int n = 0;
   if (lua_pcall(L, 0, 1, 0) == 0) n = (int)lua_tointeger(L, -1);
@@ -182,7 +205,10 @@ const char *moonbox_error(moonbox *mb) {
   lua_State *L = mb->L;
   lua_getglobal(L, "require");
   lua_pushstring(L, "moonbox._runtime");
-  if (lua_pcall(L, 1, 1, 0) != 0) { lua_pop(L, 1); return NULL; }
+  if (lua_pcall(L, 1, 1, 0) != 0) {
+    lua_pop(L, 1);
+    return NULL;
+  }
   lua_getfield(L, -1, "last_error");
   if (lua_isstring(L, -1)) set_error(mb, lua_tostring(L, -1));
   lua_pop(L, 2);
@@ -190,7 +216,9 @@ const char *moonbox_error(moonbox *mb) {
 }
 
 uv_loop_t *moonbox_loop(moonbox *mb) { return mb->loop; }
-struct lua_State *moonbox_lua(moonbox *mb) { return mb->L; }
+struct lua_State *moonbox_lua(moonbox *mb) {
+  return mb->L;
+}
 
 void moonbox_close(moonbox *mb) {
   if (!mb) return;

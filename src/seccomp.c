@@ -32,26 +32,38 @@ static int fail(lua_State *L, scmp_filter_ctx ctx, int rc, const char *what) {
 
 static int add_names(lua_State *L, scmp_filter_ctx ctx, const char *field, uint32_t action) {
   lua_getfield(L, 1, field);
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); return 0; }
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return 0;
+  }
   luaL_checktype(L, -1, LUA_TTABLE);
   for (int i = 1; i <= (int)lua_objlen(L, -1); i++) {
     lua_rawgeti(L, -1, i);
     const char *name = luaL_checkstring(L, -1);
     int nr = seccomp_syscall_resolve_name(name);
-    if (nr == __NR_SCMP_ERROR) { lua_pop(L, 2); return luaL_error(L, "seccomp: unknown syscall '%s'", name); }
+    if (nr == __NR_SCMP_ERROR) {
+      lua_pop(L, 2);
+      return luaL_error(L, "seccomp: unknown syscall '%s'", name);
+    }
     int rc = seccomp_rule_add(ctx, action, nr, 0);
     lua_pop(L, 1);
-    if (rc < 0) { lua_pop(L, 1); return rc; }
+    if (rc < 0) {
+      lua_pop(L, 1);
+      return rc;
+    }
   }
   lua_pop(L, 1);
   return 0;
 }
 
 /* One masked rule per value: (arg & mask) == value -> action */
-static int add_masked(lua_State *L, scmp_filter_ctx ctx, const char *field, int nr, unsigned arg,
-                      uint64_t mask_all, int mask_is_value) {
+static int add_masked(lua_State *L, scmp_filter_ctx ctx, const char *field, int nr, unsigned arg, uint64_t mask_all,
+                      int mask_is_value) {
   lua_getfield(L, 1, field);
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); return 0; }
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return 0;
+  }
   luaL_checktype(L, -1, LUA_TTABLE);
   for (int i = 1; i <= (int)lua_objlen(L, -1); i++) {
     lua_rawgeti(L, -1, i);
@@ -60,7 +72,10 @@ static int add_masked(lua_State *L, scmp_filter_ctx ctx, const char *field, int 
     uint64_t mask = mask_is_value ? v : mask_all;
     struct scmp_arg_cmp cmp = {arg, SCMP_CMP_MASKED_EQ, mask, v};
     int rc = seccomp_rule_add_array(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1, &cmp);
-    if (rc < 0) { lua_pop(L, 1); return rc; }
+    if (rc < 0) {
+      lua_pop(L, 1);
+      return rc;
+    }
   }
   lua_pop(L, 1);
   return 0;
@@ -85,14 +100,21 @@ static int seccomp_compile(lua_State *L) {
   if (fd < 0) return fail(L, ctx, errno, "memfd_create");
   rc = seccomp_export_bpf(ctx, fd);
   seccomp_release(ctx);
-  if (rc < 0) { close(fd); return mb_push_errno(L, -rc, "seccomp_export_bpf"); }
+  if (rc < 0) {
+    close(fd);
+    return mb_push_errno(L, -rc, "seccomp_export_bpf");
+  }
   off_t size = lseek(fd, 0, SEEK_END);
   if (size <= 0 || size % (off_t)sizeof(struct sock_filter) != 0 || size > 65535 * (off_t)sizeof(struct sock_filter)) {
     close(fd);
     return mb_push_errno(L, EINVAL, "seccomp program size");
   }
   mb_filter *f = (mb_filter *)lua_newuserdata(L, sizeof(mb_filter) + (size_t)size);
-  if (pread(fd, f->insns, (size_t)size, 0) != size) { int e = errno; close(fd); return mb_push_errno(L, e, "pread"); }
+  if (pread(fd, f->insns, (size_t)size, 0) != size) {
+    int e = errno;
+    close(fd);
+    return mb_push_errno(L, e, "pread");
+  }
   close(fd);
   f->prog.len = (unsigned short)(size / (off_t)sizeof(struct sock_filter));
   f->prog.filter = f->insns;

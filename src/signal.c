@@ -6,15 +6,40 @@
 
 #define SIGNAL "moonbox.signal"
 
-static const struct { const char *name; int num; } signal_names[] = {
-  {"SIGHUP", SIGHUP}, {"SIGINT", SIGINT}, {"SIGQUIT", SIGQUIT}, {"SIGILL", SIGILL},
-  {"SIGTRAP", SIGTRAP}, {"SIGABRT", SIGABRT}, {"SIGBUS", SIGBUS}, {"SIGFPE", SIGFPE},
-  {"SIGKILL", SIGKILL}, {"SIGUSR1", SIGUSR1}, {"SIGSEGV", SIGSEGV}, {"SIGUSR2", SIGUSR2},
-  {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM}, {"SIGTERM", SIGTERM}, {"SIGCHLD", SIGCHLD},
-  {"SIGCONT", SIGCONT}, {"SIGSTOP", SIGSTOP}, {"SIGTSTP", SIGTSTP}, {"SIGTTIN", SIGTTIN},
-  {"SIGTTOU", SIGTTOU}, {"SIGURG", SIGURG}, {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ},
-  {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH}, {"SIGIO", SIGIO},
-  {"SIGPWR", SIGPWR}, {"SIGSYS", SIGSYS}, {NULL, 0}};
+static const struct {
+  const char *name;
+  int num;
+} signal_names[] = {{"SIGHUP", SIGHUP},
+                    {"SIGINT", SIGINT},
+                    {"SIGQUIT", SIGQUIT},
+                    {"SIGILL", SIGILL},
+                    {"SIGTRAP", SIGTRAP},
+                    {"SIGABRT", SIGABRT},
+                    {"SIGBUS", SIGBUS},
+                    {"SIGFPE", SIGFPE},
+                    {"SIGKILL", SIGKILL},
+                    {"SIGUSR1", SIGUSR1},
+                    {"SIGSEGV", SIGSEGV},
+                    {"SIGUSR2", SIGUSR2},
+                    {"SIGPIPE", SIGPIPE},
+                    {"SIGALRM", SIGALRM},
+                    {"SIGTERM", SIGTERM},
+                    {"SIGCHLD", SIGCHLD},
+                    {"SIGCONT", SIGCONT},
+                    {"SIGSTOP", SIGSTOP},
+                    {"SIGTSTP", SIGTSTP},
+                    {"SIGTTIN", SIGTTIN},
+                    {"SIGTTOU", SIGTTOU},
+                    {"SIGURG", SIGURG},
+                    {"SIGXCPU", SIGXCPU},
+                    {"SIGXFSZ", SIGXFSZ},
+                    {"SIGVTALRM", SIGVTALRM},
+                    {"SIGPROF", SIGPROF},
+                    {"SIGWINCH", SIGWINCH},
+                    {"SIGIO", SIGIO},
+                    {"SIGPWR", SIGPWR},
+                    {"SIGSYS", SIGSYS},
+                    {NULL, 0}};
 
 /* Accepts a number or a name with or without the SIG prefix; raises on junk. */
 int mb_check_signal(lua_State *L, int idx) {
@@ -71,7 +96,10 @@ static int signum(lua_State *L) {
 static int signame(lua_State *L) {
   int n = (int)luaL_checkinteger(L, 1);
   for (int i = 0; signal_names[i].name; i++)
-    if (signal_names[i].num == n) { lua_pushstring(L, signal_names[i].name); return 1; }
+    if (signal_names[i].num == n) {
+      lua_pushstring(L, signal_names[i].name);
+      return 1;
+    }
   lua_pushnil(L);
   return 1;
 }

@@ -27,14 +27,14 @@ typedef struct {
   int exited;
   int exit_code;
   int term_signal;
-  int exit_ref;   /* on_exit callback */
-  int self_ref;   /* anchor while running */
+  int exit_ref; /* on_exit callback */
+  int self_ref; /* anchor while running */
   mb_core *core;
 } mb_process;
 
 typedef struct {
   uv_signal_t sigchld;
-  int procs_ref;      /* table pid -> process userdata, for running children */
+  int procs_ref; /* table pid -> process userdata, for running children */
   int running;
   lua_Number orphans_reaped;
 } spawn_state;
@@ -42,9 +42,16 @@ typedef struct {
 static spawn_state *state_of(lua_State *L, mb_core *core);
 
 static void exit_status(int status, int *code, int *sig) {
-  if (WIFEXITED(status)) { *code = WEXITSTATUS(status); *sig = 0; }
-  else if (WIFSIGNALED(status)) { *sig = WTERMSIG(status); *code = 128 + *sig; }
-  else { *code = -1; *sig = 0; }
+  if (WIFEXITED(status)) {
+    *code = WEXITSTATUS(status);
+    *sig = 0;
+  } else if (WIFSIGNALED(status)) {
+    *sig = WTERMSIG(status);
+    *code = 128 + *sig;
+  } else {
+    *code = -1;
+    *sig = 0;
+  }
 }
 
 /* Hand one exit to its process object (on_exit runs here). Returns 0 for a
@@ -57,7 +64,10 @@ int mb_spawn_deliver(mb_core *core, pid_t pid, int status) {
   lua_rawgeti(cbL, -1, pid);
   mb_process *p = (mb_process *)lua_touserdata(cbL, -1);
   lua_pop(cbL, 1);
-  if (!p) { lua_pop(cbL, 1); return 0; }
+  if (!p) {
+    lua_pop(cbL, 1);
+    return 0;
+  }
   lua_pushnil(cbL);
   lua_rawseti(cbL, -2, pid);
   lua_pop(cbL, 1);
@@ -121,8 +131,8 @@ typedef struct {
   mb_child_plan plan;
   int pipe_parent_end[MB_MAX_FDS]; /* -1 when the entry is not a new pipe */
   int pipe_child_end[MB_MAX_FDS];
-  char *path_buf;                  /* candidate paths, NUL separated */
-  int own_pipes;                   /* give new pipes to pipe_uid/pipe_gid */
+  char *path_buf; /* candidate paths, NUL separated */
+  int own_pipes;  /* give new pipes to pipe_uid/pipe_gid */
   uid_t pipe_uid;
   gid_t pipe_gid;
 } spawn_job;
@@ -162,7 +172,10 @@ static char **string_array(lua_State *L, int idx, int is_env, const char *what) 
   }
   /* map form: count, then build "K=V" strings kept in a table */
   lua_pushnil(L);
-  while (lua_next(L, idx)) { n++; lua_pop(L, 1); }
+  while (lua_next(L, idx)) {
+    n++;
+    lua_pop(L, 1);
+  }
   lua_newtable(L);
   int keep = lua_gettop(L);
   char **arr = (char **)lua_newuserdata(L, sizeof(char *) * (size_t)(n + 1));
@@ -190,7 +203,11 @@ static const char *env_lookup(char *const *envp, const char *name) {
 /* execvp-style search, resolved in the parent so the child needs no malloc. */
 static void plan_candidates(lua_State *L, spawn_job *job, const char *file) {
   mb_child_plan *p = &job->plan;
-  if (strchr(file, '/')) { p->candidates[0] = file; p->ncandidates = 1; return; }
+  if (strchr(file, '/')) {
+    p->candidates[0] = file;
+    p->ncandidates = 1;
+    return;
+  }
   const char *path = env_lookup(p->envp, "PATH");
   if (!path) path = "/usr/local/bin:/usr/bin:/bin";
   /* each segment becomes "<dir or .>/<file>\0": at most strlen(path) + 1
@@ -203,7 +220,10 @@ static void plan_candidates(lua_State *L, spawn_job *job, const char *file) {
   while (p->ncandidates < MB_MAX_CANDIDATES) {
     const char *end = strchr(seg, ':');
     size_t slen = end ? (size_t)(end - seg) : strlen(seg);
-    if (slen == 0) { memcpy(out, ".", 1); slen = 1; } else memcpy(out, seg, slen);
+    if (slen == 0) {
+      memcpy(out, ".", 1);
+      slen = 1;
+    } else memcpy(out, seg, slen);
     out[slen] = '/';
     memcpy(out + slen + 1, file, flen + 1);
     p->candidates[p->ncandidates++] = out;
@@ -213,14 +233,19 @@ static void plan_candidates(lua_State *L, spawn_job *job, const char *file) {
   }
 }
 
-static const struct { const char *name; int resource; } rlimit_names[] = {
-  {"nofile", RLIMIT_NOFILE}, {"nproc", RLIMIT_NPROC}, {"as", RLIMIT_AS}, {"cpu", RLIMIT_CPU},
-  {"fsize", RLIMIT_FSIZE}, {"core", RLIMIT_CORE}, {"stack", RLIMIT_STACK}, {"data", RLIMIT_DATA},
-  {NULL, 0}};
+static const struct {
+  const char *name;
+  int resource;
+} rlimit_names[] = {{"nofile", RLIMIT_NOFILE}, {"nproc", RLIMIT_NPROC}, {"as", RLIMIT_AS},
+                    {"cpu", RLIMIT_CPU},       {"fsize", RLIMIT_FSIZE}, {"core", RLIMIT_CORE},
+                    {"stack", RLIMIT_STACK},   {"data", RLIMIT_DATA},   {NULL, 0}};
 
 static void plan_rlimits(lua_State *L, mb_child_plan *p, int idx) {
   lua_getfield(L, idx, "rlimits");
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); return; }
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
   luaL_checktype(L, -1, LUA_TTABLE);
   for (int i = 0; rlimit_names[i].name; i++) {
     lua_getfield(L, -1, rlimit_names[i].name);
@@ -244,7 +269,10 @@ static void plan_rlimits(lua_State *L, mb_child_plan *p, int idx) {
  * (the caller releases what the job holds, then raises). */
 static int plan_fd(lua_State *L, spawn_job *job, int target, int vidx) {
   mb_child_plan *p = &job->plan;
-  if (p->nfds >= MB_MAX_FDS) { lua_pushfstring(L, "too many stdio entries (max %d)", MB_MAX_FDS); return 1; }
+  if (p->nfds >= MB_MAX_FDS) {
+    lua_pushfstring(L, "too many stdio entries (max %d)", MB_MAX_FDS);
+    return 1;
+  }
   int slot = p->nfds++;
   mb_fd_plan *f = &p->fds[slot];
   f->target = target;
@@ -265,7 +293,10 @@ static int plan_fd(lua_State *L, spawn_job *job, int target, int vidx) {
   } else if (strcmp(v, "inherit") == 0) {
     f->kind = MB_FD_SOURCE;
     f->source = target;
-    if (fcntl(target, F_GETFD) < 0) { f->kind = MB_FD_NULL; f->null_flags = O_RDWR; }
+    if (fcntl(target, F_GETFD) < 0) {
+      f->kind = MB_FD_NULL;
+      f->null_flags = O_RDWR;
+    }
   } else if (strcmp(v, "pipe") == 0 || strcmp(v, "in") == 0 || strcmp(v, "out") == 0) {
     int child_reads = strcmp(v, "in") == 0 || (strcmp(v, "pipe") == 0 && target == 0);
     int fds[2];
@@ -314,15 +345,20 @@ static int clone_child(spawn_job *job, pid_t *pid_out, mb_child_report *r, int *
   if (pipe2(report, O_CLOEXEC) < 0) return errno;
   p->report_fd = report[1];
   char *stack = (char *)malloc(CHILD_STACK);
-  if (!stack) { close(report[0]); close(report[1]); return ENOMEM; }
+  if (!stack) {
+    close(report[0]);
+    close(report[1]);
+    return ENOMEM;
+  }
   /* No signal handler may run in the child while it shares our memory. */
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   /* born in its cgroup where the kernel can, else cgroup.procs in the child */
   p->cgroup_joined = p->cgroup_dir_fd >= 0;
-  pid_t pid = p->cgroup_joined ?
-    mb_clone_into_cgroup(mb_child_main, p, stack, CHILD_STACK, CLONE_VM | CLONE_VFORK, p->cgroup_dir_fd) : -1;
+  pid_t pid = p->cgroup_joined
+                ? mb_clone_into_cgroup(mb_child_main, p, stack, CHILD_STACK, CLONE_VM | CLONE_VFORK, p->cgroup_dir_fd)
+                : -1;
   if (pid < 0) {
     p->cgroup_joined = 0;
     pid = clone(mb_child_main, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, p);
@@ -332,9 +368,13 @@ static int clone_child(spawn_job *job, pid_t *pid_out, mb_child_report *r, int *
   free(stack);
   close(report[1]);
   p->report_fd = -1;
-  if (pid < 0) { close(report[0]); return clone_errno; }
+  if (pid < 0) {
+    close(report[0]);
+    return clone_errno;
+  }
   ssize_t n;
-  do n = read(report[0], r, sizeof *r); while (n < 0 && errno == EINTR);
+  do n = read(report[0], r, sizeof *r);
+  while (n < 0 && errno == EINTR);
   close(report[0]);
   *failed = n == (ssize_t)sizeof *r;
   if (*failed) {
@@ -386,7 +426,10 @@ static int spawn(lua_State *L) {
   int args_idx = lua_gettop(L);
   p->argv = string_array(L, args_idx, 0, "args");
   lua_getfield(L, 1, "env");
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); lua_newtable(L); }
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+  }
   luaL_checktype(L, -1, LUA_TTABLE);
   p->envp = string_array(L, lua_gettop(L), 1, "env");
   lua_getfield(L, 1, "file");
@@ -427,7 +470,10 @@ static int spawn(lua_State *L) {
   int sandbox_idx = lua_isnil(L, -1) ? 0 : lua_gettop(L);
   lua_getfield(L, 1, "on_exit");
   int exit_cb_idx = 0;
-  if (!lua_isnil(L, -1)) { luaL_checktype(L, -1, LUA_TFUNCTION); exit_cb_idx = lua_gettop(L); }
+  if (!lua_isnil(L, -1)) {
+    luaL_checktype(L, -1, LUA_TFUNCTION);
+    exit_cb_idx = lua_gettop(L);
+  }
   plan_rlimits(L, p, 1);
 
   int rc = 0;
@@ -437,7 +483,10 @@ static int spawn(lua_State *L) {
     const char *dir = luaL_checkstring(L, -1);
     lua_pushfstring(L, "%s/cgroup.procs", dir);
     p->cgroup_procs_fd = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
-    if (p->cgroup_procs_fd < 0) { rc = uv_translate_sys_error(errno); fail_detail = "cgroup"; }
+    if (p->cgroup_procs_fd < 0) {
+      rc = uv_translate_sys_error(errno);
+      fail_detail = "cgroup";
+    }
     p->cgroup_dir_fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC); /* -1: join by cgroup.procs */
   }
   /* extra_cgroups: directories in other (v1) hierarchies, e.g. memory, pids */
@@ -445,14 +494,23 @@ static int spawn(lua_State *L) {
   if (!rc && !lua_isnil(L, -1)) {
     luaL_checktype(L, -1, LUA_TTABLE);
     int n = (int)lua_objlen(L, -1);
-    if (n > MB_MAX_EXTRA_CGROUPS) { job_cleanup(&job); return luaL_error(L, "too many extra_cgroups"); }
+    if (n > MB_MAX_EXTRA_CGROUPS) {
+      job_cleanup(&job);
+      return luaL_error(L, "too many extra_cgroups");
+    }
     for (int i = 0; i < n && !rc; i++) {
       lua_rawgeti(L, -1, i + 1);
       const char *dir = lua_tostring(L, -1);
-      if (!dir) { job_cleanup(&job); return luaL_error(L, "extra_cgroups[%d] must be a string", i + 1); }
+      if (!dir) {
+        job_cleanup(&job);
+        return luaL_error(L, "extra_cgroups[%d] must be a string", i + 1);
+      }
       lua_pushfstring(L, "%s/cgroup.procs", dir);
       p->extra_cgroup_fds[i] = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
-      if (p->extra_cgroup_fds[i] < 0) { rc = uv_translate_sys_error(errno); fail_detail = "cgroup"; }
+      if (p->extra_cgroup_fds[i] < 0) {
+        rc = uv_translate_sys_error(errno);
+        fail_detail = "cgroup";
+      }
       lua_pop(L, 2);
     }
   }
@@ -467,12 +525,21 @@ static int spawn(lua_State *L) {
   lua_getfield(L, 1, "stdio");
   int stdio_idx = lua_gettop(L);
   if (!rc && !lua_isnil(L, stdio_idx)) {
-    if (!lua_istable(L, stdio_idx)) { job_cleanup(&job); return luaL_error(L, "spawn: stdio must be a table"); }
+    if (!lua_istable(L, stdio_idx)) {
+      job_cleanup(&job);
+      return luaL_error(L, "spawn: stdio must be a table");
+    }
     for (int fd = 0; fd < 256 && !rc; fd++) {
       lua_rawgeti(L, stdio_idx, fd);
       if (!lua_isnil(L, -1)) {
         rc = plan_fd(L, &job, fd, lua_gettop(L));
-        if (rc > 0) { job_cleanup(&job); luaL_where(L, 1); lua_insert(L, -2); lua_concat(L, 2); return lua_error(L); }
+        if (rc > 0) {
+          job_cleanup(&job);
+          luaL_where(L, 1);
+          lua_insert(L, -2);
+          lua_concat(L, 2);
+          return lua_error(L);
+        }
         if (rc) fail_detail = "stdio";
       }
       lua_pop(L, 1);
@@ -484,7 +551,10 @@ static int spawn(lua_State *L) {
     int placed = 0;
     for (int i = 0; i < p->nfds; i++) placed |= (p->fds[i].target == fd);
     if (placed) continue;
-    if (p->nfds >= MB_MAX_FDS) { job_cleanup(&job); return luaL_error(L, "too many stdio entries (max %d)", MB_MAX_FDS); }
+    if (p->nfds >= MB_MAX_FDS) {
+      job_cleanup(&job);
+      return luaL_error(L, "too many stdio entries (max %d)", MB_MAX_FDS);
+    }
     mb_fd_plan *f = &p->fds[p->nfds++];
     f->target = fd;
     f->kind = MB_FD_NULL;
@@ -500,11 +570,17 @@ static int spawn(lua_State *L) {
   int failed = 0;
   if (sandbox_idx) {
     int e = mb_nsinit_spawn(L, sandbox_idx, p, &pid, &r);
-    if (e) { job_cleanup(&job); return mb_push_errno(L, e, "spawn in sandbox"); }
+    if (e) {
+      job_cleanup(&job);
+      return mb_push_errno(L, e, "spawn in sandbox");
+    }
     failed = r.stage != 0 || r.err != 0;
   } else {
     int e = clone_child(&job, &pid, &r, &failed);
-    if (e) { job_cleanup(&job); return mb_push_errno(L, e, e == ENOMEM ? "out of memory" : "clone"); }
+    if (e) {
+      job_cleanup(&job);
+      return mb_push_errno(L, e, e == ENOMEM ? "out of memory" : "clone");
+    }
   }
   for (int i = 0; i < MB_MAX_FDS; i++) {
     if (job.pipe_child_end[i] >= 0) close(job.pipe_child_end[i]);
@@ -516,10 +592,8 @@ static int spawn(lua_State *L) {
     int uverr = uv_translate_sys_error(r.err);
     job_cleanup(&job);
     lua_pushnil(L);
-    if (what)
-      lua_pushfstring(L, "%s: %s failed (%s): '%s'", uv_err_name(uverr), mb_stage_name(r.stage), what, arg);
-    else
-      lua_pushfstring(L, "%s: %s failed: %s", uv_err_name(uverr), mb_stage_name(r.stage), uv_strerror(uverr));
+    if (what) lua_pushfstring(L, "%s: %s failed (%s): '%s'", uv_err_name(uverr), mb_stage_name(r.stage), what, arg);
+    else lua_pushfstring(L, "%s: %s failed: %s", uv_err_name(uverr), mb_stage_name(r.stage), uv_strerror(uverr));
     lua_pushstring(L, uv_err_name(uverr));
     return 3;
   }
@@ -531,16 +605,18 @@ static int spawn(lua_State *L) {
     int fd = job.pipe_parent_end[i];
     if (fd < 0) continue;
     job.pipe_parent_end[i] = -1;
-    if (mb_stream_push_fd(L, fd, 0) != 1) { lua_pop(L, 3); close(fd); continue; }
+    if (mb_stream_push_fd(L, fd, 0) != 1) {
+      lua_pop(L, 3);
+      close(fd);
+      continue;
+    }
     lua_rawseti(L, -2, p->fds[i].target);
   }
   job_cleanup(&job);
   return 2;
 }
 
-static mb_process *check_process(lua_State *L) {
-  return (mb_process *)luaL_checkudata(L, 1, PROCESS);
-}
+static mb_process *check_process(lua_State *L) { return (mb_process *)luaL_checkudata(L, 1, PROCESS); }
 
 static int process_pid(lua_State *L) {
   lua_pushinteger(L, check_process(L)->pid);
@@ -560,7 +636,10 @@ static int process_kill(lua_State *L) {
 /* process:status() -> "running" | "exited", exit_code, term_signal */
 static int process_status(lua_State *L) {
   mb_process *pr = check_process(L);
-  if (!pr->exited) { lua_pushstring(L, "running"); return 1; }
+  if (!pr->exited) {
+    lua_pushstring(L, "running");
+    return 1;
+  }
   lua_pushstring(L, "exited");
   lua_pushinteger(L, pr->exit_code);
   lua_pushinteger(L, pr->term_signal);

@@ -13,9 +13,9 @@
 #define READ_BUF 65536
 
 typedef struct {
-  int is_pty;   /* a pty master reports EIO when the slave side closes: that is EOF */
+  int is_pty; /* a pty master reports EIO when the slave side closes: that is EOF */
   int eof;
-  char *buf;    /* the core's shared read buffer: reads are handled one at a time */
+  char *buf; /* the core's shared read buffer: reads are handled one at a time */
 } stream_state;
 
 enum { CB_CLOSE = 0, CB_READ = 1 };
@@ -118,7 +118,10 @@ static int stream_try_read(lua_State *L) {
   lua_Number max = luaL_optnumber(L, 2, 1 << 20);
   if (!(max >= 0)) return luaL_argerror(L, 2, "limit must be >= 0");
   size_t limit = max > 1e15 ? (size_t)1e15 : (size_t)max;
-  if (st->eof) { lua_pushnil(L); return 1; }
+  if (st->eof) {
+    lua_pushnil(L);
+    return 1;
+  }
   uv_os_fd_t fd;
   if (uv_fileno(&h->uv.handle, &fd) < 0) return mb_push_error(L, UV_EBADF, NULL);
   luaL_Buffer b;
@@ -127,8 +130,15 @@ static int stream_try_read(lua_State *L) {
   while (total < limit) {
     size_t want = limit - total < READ_BUF ? limit - total : READ_BUF;
     ssize_t n = read(fd, st->buf, want);
-    if (n > 0) { luaL_addlstring(&b, st->buf, (size_t)n); total += (size_t)n; continue; }
-    if (n == 0 || (n < 0 && st->is_pty && errno == EIO)) { st->eof = 1; break; }
+    if (n > 0) {
+      luaL_addlstring(&b, st->buf, (size_t)n);
+      total += (size_t)n;
+      continue;
+    }
+    if (n == 0 || (n < 0 && st->is_pty && errno == EIO)) {
+      st->eof = 1;
+      break;
+    }
     if (errno == EINTR) continue;
     if (errno == EAGAIN) break;
     int e = errno;
@@ -136,7 +146,10 @@ static int stream_try_read(lua_State *L) {
     return mb_push_errno(L, e, "read");
   }
   luaL_pushresult(&b);
-  if (total == 0 && st->eof) { lua_pop(L, 1); lua_pushnil(L); }
+  if (total == 0 && st->eof) {
+    lua_pop(L, 1);
+    lua_pushnil(L);
+  }
   return 1;
 }
 
@@ -152,13 +165,17 @@ static void on_write(uv_write_t *req, int status) {
   mb_core *core = wr->core;
   int cb_ref = wr->cb_ref;
   lua_State *cbL = core->cbL;
-  if (core->dead) { free(wr); return; } /* cancelled while the Lua state closes */
+  if (core->dead) {
+    free(wr);
+    return;
+  } /* cancelled while the Lua state closes */
   luaL_unref(cbL, LUA_REGISTRYINDEX, wr->data_ref);
   free(wr);
   if (cb_ref == LUA_NOREF) return;
   lua_rawgeti(cbL, LUA_REGISTRYINDEX, cb_ref);
   luaL_unref(cbL, LUA_REGISTRYINDEX, cb_ref);
-  if (status < 0) lua_pushstring(cbL, uv_err_name(status)); else lua_pushnil(cbL);
+  if (status < 0) lua_pushstring(cbL, uv_err_name(status));
+  else lua_pushnil(cbL);
   mb_call(core, cbL, 1);
 }
 
@@ -228,7 +245,8 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
   lua_State *cbL = core->cbL;
   lua_rawgeti(cbL, LUA_REGISTRYINDEX, ref);
   luaL_unref(cbL, LUA_REGISTRYINDEX, ref);
-  if (status < 0) lua_pushstring(cbL, uv_err_name(status)); else lua_pushnil(cbL);
+  if (status < 0) lua_pushstring(cbL, uv_err_name(status));
+  else lua_pushnil(cbL);
   mb_call(core, cbL, 1);
 }
 
@@ -265,11 +283,14 @@ static int stream_set_pipe_size(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg stream_methods[] = {
-  {"read_start", stream_read_start}, {"read_stop", stream_read_stop},
-  {"try_read", stream_try_read}, {"write", stream_write},
-  {"write_queue_size", stream_write_queue_size}, {"shutdown", stream_shutdown},
-  {"set_pipe_size", stream_set_pipe_size}, {NULL, NULL}};
+static const luaL_Reg stream_methods[] = {{"read_start", stream_read_start},
+                                          {"read_stop", stream_read_stop},
+                                          {"try_read", stream_try_read},
+                                          {"write", stream_write},
+                                          {"write_queue_size", stream_write_queue_size},
+                                          {"shutdown", stream_shutdown},
+                                          {"set_pipe_size", stream_set_pipe_size},
+                                          {NULL, NULL}};
 
 void mb_open_stream(lua_State *L) {
   mb_new_class(L, STREAM, stream_methods);

@@ -14,9 +14,18 @@
 #include <time.h>
 #include <unistd.h>
 
-static int sys_getpid(lua_State *L) { lua_pushinteger(L, getpid()); return 1; }
-static int sys_getuid(lua_State *L) { lua_pushinteger(L, getuid()); return 1; }
-static int sys_getgid(lua_State *L) { lua_pushinteger(L, getgid()); return 1; }
+static int sys_getpid(lua_State *L) {
+  lua_pushinteger(L, getpid());
+  return 1;
+}
+static int sys_getuid(lua_State *L) {
+  lua_pushinteger(L, getuid());
+  return 1;
+}
+static int sys_getgid(lua_State *L) {
+  lua_pushinteger(L, getgid());
+  return 1;
+}
 
 /* core.set_child_subreaper(on): orphaned descendants are re-parented to us,
  * so a double-forked daemon is still ours to find, kill and reap. */
@@ -72,7 +81,10 @@ static int sys_rmdir(lua_State *L) {
  * Sessions keep fixed fd slots whose /proc paths never change. */
 static int sys_dup_to(lua_State *L) {
   int fd = (int)luaL_checkinteger(L, 1), target = (int)luaL_checkinteger(L, 2);
-  if (fd == target) { lua_pushboolean(L, 1); return 1; }
+  if (fd == target) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
   if (dup3(fd, target, O_CLOEXEC) < 0) return mb_push_errno(L, errno, "dup3");
   lua_pushboolean(L, 1);
   return 1;
@@ -93,7 +105,8 @@ static int sys_write_fd(lua_State *L) {
   size_t len;
   const char *data = luaL_checklstring(L, 2, &len);
   ssize_t n;
-  do n = write(fd, data, len); while (n < 0 && errno == EINTR);
+  do n = write(fd, data, len);
+  while (n < 0 && errno == EINTR);
   if (n < 0) return mb_push_errno(L, errno, "write");
   lua_pushinteger(L, (lua_Integer)n);
   return 1;
@@ -120,7 +133,8 @@ static int sys_pread_all(lua_State *L) {
     char *p = luaL_prepbuffer(&b);
     size_t want = (size_t)(max - off) < LUAL_BUFFERSIZE ? (size_t)(max - off) : LUAL_BUFFERSIZE;
     ssize_t n;
-    do n = pread(fd, p, want, off); while (n < 0 && errno == EINTR);
+    do n = pread(fd, p, want, off);
+    while (n < 0 && errno == EINTR);
     if (n < 0) return mb_push_errno(L, errno, "pread");
     if (n == 0) break;
     luaL_addsize(&b, (size_t)n);
@@ -245,7 +259,10 @@ static int sys_setfsids(lua_State *L) {
 }
 
 /* core.geteuid() -> the effective uid (0: we may map other ids) */
-static int sys_geteuid(lua_State *L) { lua_pushinteger(L, geteuid()); return 1; }
+static int sys_geteuid(lua_State *L) {
+  lua_pushinteger(L, geteuid());
+  return 1;
+}
 
 /* core.unlink(path[, dirfd]) -> true | nil, msg, code */
 static int sys_unlink(lua_State *L) {
@@ -294,7 +311,7 @@ static int sys_readlink(lua_State *L) {
 typedef struct {
   int pid, ppid, pgid, sid;
   char state;
-  char unsettled;  /* caught in execve or exit: no environment to read yet */
+  char unsettled; /* caught in execve or exit: no environment to read yet */
   unsigned long long start;
   char *owner;
 } scan_entry;
@@ -304,7 +321,7 @@ typedef struct {
   mb_core *core;
   int cb_ref;
   char *proc;
-  char *env;      /* "NAME=", or NULL */
+  char *env; /* "NAME=", or NULL */
   size_t env_len;
   char *prefixes[SCAN_MAX_PREFIXES];
   int nprefixes;
@@ -362,7 +379,10 @@ static char *scan_owner(scan_req *r, int dirfd, const char *pid, size_t *nread) 
       char c = buf[i];
       if (state == 0) {
         if (c == r->env[matched]) {
-          if (++matched == r->env_len) { state = 1; vlen = 0; }
+          if (++matched == r->env_len) {
+            state = 1;
+            vlen = 0;
+          }
         } else {
           state = c == 0 ? 0 : 2;
           matched = 0;
@@ -400,7 +420,7 @@ done:
 
 #define PF_KTHREAD_FLAG 0x00200000 /* include/linux/sched.h */
 #define SCAN_SETTLE_ROUNDS 25
-#define SCAN_SETTLE_NS 4000000L    /* 25 x 4 ms: 100 ms at most per pass */
+#define SCAN_SETTLE_NS 4000000L /* 25 x 4 ms: 100 ms at most per pass */
 
 /* Parse <pid>/stat into e (state, ppid, pgid, sid, start) and the task
  * flags; 0 if the process is gone. After "(comm) ": state ppid pgrp
@@ -464,16 +484,28 @@ static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e,
       return;
     }
     *e = again;
-    if (e->state == 'Z' || e->state == 'X') { e->unsettled = 0; return; }
+    if (e->state == 'Z' || e->state == 'X') {
+      e->unsettled = 0;
+      return;
+    }
   }
 }
 
 static void scan_work(uv_work_t *w) {
   scan_req *r = (scan_req *)w->data;
   int dirfd = open(r->proc, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dirfd < 0) { r->err = errno; r->op = "open"; return; }
+  if (dirfd < 0) {
+    r->err = errno;
+    r->op = "open";
+    return;
+  }
   DIR *d = fdopendir(dirfd);
-  if (!d) { r->err = errno; r->op = "opendir"; close(dirfd); return; }
+  if (!d) {
+    r->err = errno;
+    r->op = "opendir";
+    close(dirfd);
+    return;
+  }
   struct dirent *de;
   while ((de = readdir(d)) != NULL) {
     const char *name = de->d_name;
@@ -514,15 +546,27 @@ static int scan_push(lua_State *L, scan_req *r) {
   for (size_t i = 0; i < r->n; i++) {
     scan_entry *e = &r->e[i];
     lua_createtable(L, 0, 7);
-    lua_pushinteger(L, e->pid); lua_setfield(L, -2, "pid");
-    lua_pushinteger(L, e->ppid); lua_setfield(L, -2, "ppid");
-    lua_pushinteger(L, e->pgid); lua_setfield(L, -2, "pgid");
-    lua_pushinteger(L, e->sid); lua_setfield(L, -2, "sid");
+    lua_pushinteger(L, e->pid);
+    lua_setfield(L, -2, "pid");
+    lua_pushinteger(L, e->ppid);
+    lua_setfield(L, -2, "ppid");
+    lua_pushinteger(L, e->pgid);
+    lua_setfield(L, -2, "pgid");
+    lua_pushinteger(L, e->sid);
+    lua_setfield(L, -2, "sid");
     st[0] = e->state;
-    lua_pushstring(L, st); lua_setfield(L, -2, "state");
-    lua_pushnumber(L, (lua_Number)e->start); lua_setfield(L, -2, "start");
-    if (e->owner) { lua_pushstring(L, e->owner); lua_setfield(L, -2, "owner"); }
-    if (e->unsettled) { lua_pushboolean(L, 1); lua_setfield(L, -2, "unsettled"); }
+    lua_pushstring(L, st);
+    lua_setfield(L, -2, "state");
+    lua_pushnumber(L, (lua_Number)e->start);
+    lua_setfield(L, -2, "start");
+    if (e->owner) {
+      lua_pushstring(L, e->owner);
+      lua_setfield(L, -2, "owner");
+    }
+    if (e->unsettled) {
+      lua_pushboolean(L, 1);
+      lua_setfield(L, -2, "unsettled");
+    }
     lua_rawseti(L, -2, (int)i + 1);
   }
   return 1;
@@ -531,8 +575,14 @@ static int scan_push(lua_State *L, scan_req *r) {
 static void scan_after(uv_work_t *w, int status) {
   scan_req *r = (scan_req *)w->data;
   mb_core *core = r->core;
-  if (status == UV_ECANCELED) { r->err = ECANCELED; r->op = "scan"; }
-  if (core->dead) { scan_free(r); return; }
+  if (status == UV_ECANCELED) {
+    r->err = ECANCELED;
+    r->op = "scan";
+  }
+  if (core->dead) {
+    scan_free(r);
+    return;
+  }
   lua_State *cbL = core->cbL;
   lua_rawgeti(cbL, LUA_REGISTRYINDEX, r->cb_ref);
   luaL_unref(cbL, LUA_REGISTRYINDEX, r->cb_ref);
@@ -563,13 +613,19 @@ static int sys_proc_scan(lua_State *L) {
   if (has_opts) {
     lua_getfield(L, 1, "proc");
     if (!lua_isnil(L, -1)) {
-      if (lua_type(L, -1) != LUA_TSTRING) { free(r); return luaL_argerror(L, 1, "proc must be a string"); }
+      if (lua_type(L, -1) != LUA_TSTRING) {
+        free(r);
+        return luaL_argerror(L, 1, "proc must be a string");
+      }
       proc = lua_tostring(L, -1);
     }
     lua_pop(L, 1);
   }
   r->proc = strdup(proc);
-  if (!r->proc) { scan_free(r); return luaL_error(L, "out of memory"); }
+  if (!r->proc) {
+    scan_free(r);
+    return luaL_error(L, "out of memory");
+  }
   if (has_opts) {
     lua_getfield(L, 1, "env");
     if (!lua_isnil(L, -1)) {
@@ -580,7 +636,10 @@ static int sys_proc_scan(lua_State *L) {
         return luaL_argerror(L, 1, "env must be a variable name");
       }
       r->env = (char *)malloc(len + 2);
-      if (!r->env) { scan_free(r); return luaL_error(L, "out of memory"); }
+      if (!r->env) {
+        scan_free(r);
+        return luaL_error(L, "out of memory");
+      }
       memcpy(r->env, env, len);
       r->env[len] = '=';
       r->env[len + 1] = 0;
@@ -594,7 +653,10 @@ static int sys_proc_scan(lua_State *L) {
         return luaL_argerror(L, 1, "prefixes must be an array of strings, with env");
       }
       int n = (int)lua_objlen(L, -1);
-      if (n > SCAN_MAX_PREFIXES) { scan_free(r); return luaL_argerror(L, 1, "too many prefixes"); }
+      if (n > SCAN_MAX_PREFIXES) {
+        scan_free(r);
+        return luaL_argerror(L, 1, "too many prefixes");
+      }
       for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, -1, i);
         if (lua_type(L, -1) != LUA_TSTRING || lua_objlen(L, -1) > SCAN_MAX_OWNER) {
@@ -602,13 +664,19 @@ static int sys_proc_scan(lua_State *L) {
           return luaL_argerror(L, 1, "prefixes must be an array of strings");
         }
         r->prefixes[r->nprefixes] = strdup(lua_tostring(L, -1));
-        if (!r->prefixes[r->nprefixes]) { scan_free(r); return luaL_error(L, "out of memory"); }
+        if (!r->prefixes[r->nprefixes]) {
+          scan_free(r);
+          return luaL_error(L, "out of memory");
+        }
         r->nprefixes++;
         lua_pop(L, 1);
       }
     } else if (r->env) {
       r->prefixes[0] = strdup(""); /* every value */
-      if (!r->prefixes[0]) { scan_free(r); return luaL_error(L, "out of memory"); }
+      if (!r->prefixes[0]) {
+        scan_free(r);
+        return luaL_error(L, "out of memory");
+      }
       r->nprefixes = 1;
     }
     lua_pop(L, 1);
@@ -635,18 +703,30 @@ static int sys_proc_scan(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg sys_funcs[] = {
-  {"proc_scan", sys_proc_scan},
-  {"mkfifo", sys_mkfifo}, {"open_fd", sys_open_fd}, {"readlink", sys_readlink},
-  {"dir_fd", sys_dir_fd}, {"unlink", sys_unlink}, {"chown", sys_chown}, {"geteuid", sys_geteuid},
-  {"setfsids", sys_setfsids},
-  {"write_fd", sys_write_fd}, {"memfd", sys_memfd}, {"pread_all", sys_pread_all},
-  {"rewrite_fd", sys_rewrite_fd},
-  {"dup_to", sys_dup_to}, {"devnull", sys_devnull},
-  {"readdir", sys_readdir}, {"mkdir", sys_mkdir}, {"rmdir", sys_rmdir},
-  {"time", sys_time},
-  {"getpid", sys_getpid}, {"getuid", sys_getuid}, {"getgid", sys_getgid},
-  {"set_child_subreaper", sys_set_child_subreaper}, {NULL, NULL}};
+static const luaL_Reg sys_funcs[] = {{"proc_scan", sys_proc_scan},
+                                     {"mkfifo", sys_mkfifo},
+                                     {"open_fd", sys_open_fd},
+                                     {"readlink", sys_readlink},
+                                     {"dir_fd", sys_dir_fd},
+                                     {"unlink", sys_unlink},
+                                     {"chown", sys_chown},
+                                     {"geteuid", sys_geteuid},
+                                     {"setfsids", sys_setfsids},
+                                     {"write_fd", sys_write_fd},
+                                     {"memfd", sys_memfd},
+                                     {"pread_all", sys_pread_all},
+                                     {"rewrite_fd", sys_rewrite_fd},
+                                     {"dup_to", sys_dup_to},
+                                     {"devnull", sys_devnull},
+                                     {"readdir", sys_readdir},
+                                     {"mkdir", sys_mkdir},
+                                     {"rmdir", sys_rmdir},
+                                     {"time", sys_time},
+                                     {"getpid", sys_getpid},
+                                     {"getuid", sys_getuid},
+                                     {"getgid", sys_getgid},
+                                     {"set_child_subreaper", sys_set_child_subreaper},
+                                     {NULL, NULL}};
 
 void mb_open_sys(lua_State *L) {
   for (const luaL_Reg *f = sys_funcs; f->name; f++) {

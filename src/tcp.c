@@ -13,7 +13,7 @@ typedef struct {
   uv_connect_t req;
   mb_core *core;
   int cb_ref;
-  int fd;       /* dup of the connected socket, or -1 */
+  int fd; /* dup of the connected socket, or -1 */
   int status;
 } tcp_connect;
 
@@ -22,7 +22,10 @@ static void on_closed(uv_handle_t *h) {
   mb_core *core = c->core;
   int ref = c->cb_ref, fd = c->fd, status = c->status;
   free(c);
-  if (core->dead) { if (fd >= 0) close(fd); return; }
+  if (core->dead) {
+    if (fd >= 0) close(fd);
+    return;
+  }
   lua_State *cbL = core->cbL;
   lua_rawgeti(cbL, LUA_REGISTRYINDEX, ref);
   luaL_unref(cbL, LUA_REGISTRYINDEX, ref);

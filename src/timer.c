@@ -59,8 +59,7 @@ static int timer_get_due_in(lua_State *L) {
 }
 
 static const luaL_Reg timer_methods[] = {
-  {"start", timer_start}, {"stop", timer_stop}, {"again", timer_again},
-  {"get_due_in", timer_get_due_in}, {NULL, NULL}};
+  {"start", timer_start}, {"stop", timer_stop}, {"again", timer_again}, {"get_due_in", timer_get_due_in}, {NULL, NULL}};
 
 void mb_open_timer(lua_State *L) {
   mb_new_class(L, TIMER, timer_methods);

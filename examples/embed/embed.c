@@ -8,10 +8,10 @@ int main(void) {
   moonbox *mb = moonbox_new(&loop);
   if (!mb) return 1;
   int rc = moonbox_run_string(mb,
-    "local moonbox = require 'moonbox'\n"
-    "moonbox.sleep(10)\n"
-    "print('hello from a task on the host loop')\n",
-    "=embedded");
+                              "local moonbox = require 'moonbox'\n"
+                              "moonbox.sleep(10)\n"
+                              "print('hello from a task on the host loop')\n",
+                              "=embedded");
   if (rc == 0) uv_run(&loop, UV_RUN_DEFAULT);
   const char *err = moonbox_error(mb);
   if (rc || err) fprintf(stderr, "embed: %s\n", err ? err : "failed");

@@ -60,10 +60,9 @@
 #include "mb_builtins.h"
 #include "version.h"
 
-
 #define NONCE_HEX 32
 
-static int status_fd = -1;   /* the status pipe, private to this process */
+static int status_fd = -1;        /* the status pipe, private to this process */
 static char nonce[NONCE_HEX + 1]; /* what the next record must carry */
 static int said_hello, exiting_reported;
 
@@ -151,10 +150,16 @@ static int report_env(const char *path) {
     return 0;
   }
   int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
-  if (fd < 0) { free(env); return -1; }
+  if (fd < 0) {
+    free(env);
+    return -1;
+  }
   int rc = write_all(fd, env, len);
   close(fd);
-  if (rc < 0) { free(env); return -1; }
+  if (rc < 0) {
+    free(env);
+    return -1;
+  }
   free(last_env);
   last_env = env;
   last_len = len;
@@ -182,7 +187,10 @@ int mb_rep_builtin(WORD_LIST *list) {
   if (list && !list->next && strcmp(list->word->word, "-h") == 0) return hello();
   char *args[4];
   for (int i = 0; i < 4; i++) {
-    if (!list) { builtin_usage(); return EX_USAGE; }
+    if (!list) {
+      builtin_usage();
+      return EX_USAGE;
+    }
     args[i] = list->word->word;
     list = list->next;
   }
@@ -197,8 +205,8 @@ int mb_rep_builtin(WORD_LIST *list) {
    * where a report is allowed. They are dropped, and no record is written:
    * the session waits, as for a shell that died, until its timeout. */
   int pending = 0;
-  if (!exiting && default_buffered_input >= 0 &&
-      ioctl(default_buffered_input, FIONREAD, &pending) == 0 && pending > 0) {
+  if (!exiting && default_buffered_input >= 0 && ioctl(default_buffered_input, FIONREAD, &pending) == 0 &&
+      pending > 0) {
     char junk[4096];
     while (pending > 0) {
       ssize_t n = read(default_buffered_input, junk, (size_t)pending < sizeof junk ? (size_t)pending : sizeof junk);

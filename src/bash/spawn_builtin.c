@@ -65,10 +65,16 @@ static int read_words(const char *path, char *buf, char **argv) {
   for (;;) {
     ssize_t n = read(fd, buf + len, MAX_BODY_BYTES - len);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) { close(fd); return -1; }
+    if (n < 0) {
+      close(fd);
+      return -1;
+    }
     if (n == 0) break;
     len += (size_t)n;
-    if (len == MAX_BODY_BYTES) { close(fd); return -1; }
+    if (len == MAX_BODY_BYTES) {
+      close(fd);
+      return -1;
+    }
   }
   close(fd);
   buf[len] = 0;
@@ -118,7 +124,10 @@ static char **command_env(const char *path, char **underscore) {
   for (size_t i = 0; i < n; i++)
     if (strncmp(src[i], "_=", 2) != 0) env[k++] = src[i];
   size_t len = strlen(path) + 3;
-  if (!(*underscore = malloc(len))) { free(env); return NULL; }
+  if (!(*underscore = malloc(len))) {
+    free(env);
+    return NULL;
+  }
   snprintf(*underscore, len, "_=%s", path);
   env[k++] = *underscore;
   env[k] = NULL;

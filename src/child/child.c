@@ -20,11 +20,22 @@
 #endif
 
 static const char *const stage_names[] = {
-  [MB_STAGE_NONE] = "none", [MB_STAGE_SETSID] = "setsid", [MB_STAGE_SETPGID] = "setpgid",
-  [MB_STAGE_PDEATHSIG] = "pdeathsig", [MB_STAGE_CGROUP] = "cgroup", [MB_STAGE_FDS] = "fd setup", [MB_STAGE_CTTY] = "controlling tty",
-  [MB_STAGE_RLIMIT] = "setrlimit", [MB_STAGE_CHDIR] = "chdir", [MB_STAGE_SETGID] = "setgid",
-  [MB_STAGE_SETUID] = "setuid", [MB_STAGE_SIGNALS] = "signal reset",
-  [MB_STAGE_CLOSE_FDS] = "close fds", [MB_STAGE_CAPS] = "capabilities", [MB_STAGE_SECCOMP] = "seccomp", [MB_STAGE_EXEC] = "exec",
+  [MB_STAGE_NONE] = "none",
+  [MB_STAGE_SETSID] = "setsid",
+  [MB_STAGE_SETPGID] = "setpgid",
+  [MB_STAGE_PDEATHSIG] = "pdeathsig",
+  [MB_STAGE_CGROUP] = "cgroup",
+  [MB_STAGE_FDS] = "fd setup",
+  [MB_STAGE_CTTY] = "controlling tty",
+  [MB_STAGE_RLIMIT] = "setrlimit",
+  [MB_STAGE_CHDIR] = "chdir",
+  [MB_STAGE_SETGID] = "setgid",
+  [MB_STAGE_SETUID] = "setuid",
+  [MB_STAGE_SIGNALS] = "signal reset",
+  [MB_STAGE_CLOSE_FDS] = "close fds",
+  [MB_STAGE_CAPS] = "capabilities",
+  [MB_STAGE_SECCOMP] = "seccomp",
+  [MB_STAGE_EXEC] = "exec",
 };
 
 const char *mb_stage_name(int stage) {
@@ -35,7 +46,8 @@ const char *mb_stage_name(int stage) {
 static void fail(const mb_child_plan *p, int stage, int err) {
   mb_child_report r = {stage, err};
   ssize_t n;
-  do n = write(p->report_fd, &r, sizeof r); while (n < 0 && errno == EINTR);
+  do n = write(p->report_fd, &r, sizeof r);
+  while (n < 0 && errno == EINTR);
   _exit(127);
 }
 
@@ -49,7 +61,10 @@ static int step_pdeathsig(const mb_child_plan *p) {
   if (!p->pdeathsig) return 0;
   if (prctl(PR_SET_PDEATHSIG, p->pdeathsig) < 0) return MB_STAGE_PDEATHSIG;
   /* the parent may have died before prctl took effect */
-  if (getppid() != p->parent_pid) { errno = ESRCH; return MB_STAGE_PDEATHSIG; }
+  if (getppid() != p->parent_pid) {
+    errno = ESRCH;
+    return MB_STAGE_PDEATHSIG;
+  }
   return 0;
 }
 
@@ -200,18 +215,9 @@ static int step_exec(const mb_child_plan *p) {
 int mb_child_main(void *arg) {
   mb_child_plan *p = (mb_child_plan *)arg;
   int stage;
-  if ((stage = step_session(p)) ||
-      (stage = step_pdeathsig(p)) ||
-      (stage = step_cgroup(p)) ||
-      (stage = step_fds(p)) ||
-      (stage = step_ctty(p)) ||
-      (stage = step_rlimits(p)) ||
-      (stage = step_chdir(p)) ||
-      (stage = step_ids(p)) ||
-      (stage = step_signals()) ||
-      (stage = step_close_fds(p)) ||
-      (stage = step_caps(p)) ||
-      (stage = step_seccomp(p)) ||
+  if ((stage = step_session(p)) || (stage = step_pdeathsig(p)) || (stage = step_cgroup(p)) || (stage = step_fds(p)) ||
+      (stage = step_ctty(p)) || (stage = step_rlimits(p)) || (stage = step_chdir(p)) || (stage = step_ids(p)) ||
+      (stage = step_signals()) || (stage = step_close_fds(p)) || (stage = step_caps(p)) || (stage = step_seccomp(p)) ||
       (stage = step_exec(p)))
     fail(p, stage, errno);
   return 127;

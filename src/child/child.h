@@ -19,10 +19,10 @@
 enum mb_fd_kind { MB_FD_NONE = 0, MB_FD_NULL, MB_FD_SOURCE };
 
 typedef struct {
-  int target;          /* fd number in the child */
+  int target; /* fd number in the child */
   enum mb_fd_kind kind;
-  int source;          /* parent's fd to dup into place (MB_FD_SOURCE) */
-  int null_flags;      /* O_RDONLY / O_WRONLY for MB_FD_NULL */
+  int source;     /* parent's fd to dup into place (MB_FD_SOURCE) */
+  int null_flags; /* O_RDONLY / O_WRONLY for MB_FD_NULL */
 } mb_fd_plan;
 
 typedef enum {
@@ -54,28 +54,31 @@ typedef struct {
   int ncandidates;
   char *const *argv;
   char *const *envp;
-  const char *cwd;               /* NULL: inherit */
+  const char *cwd; /* NULL: inherit */
   int setsid;
   int setpgid;
-  int ctty;                      /* child fd to make the controlling tty; -1: none */
-  int pdeathsig;                 /* 0: none */
+  int ctty;      /* child fd to make the controlling tty; -1: none */
+  int pdeathsig; /* 0: none */
   pid_t parent_pid;
-  int cgroup_procs_fd;           /* -1: none; else an open cgroup.procs to join */
-  int cgroup_dir_fd;             /* that cgroup's directory, to be born in it (clone_into.c); -1: none */
-  int cgroup_joined;             /* born in it: cgroup_procs_fd is not written */
+  int cgroup_procs_fd;                        /* -1: none; else an open cgroup.procs to join */
+  int cgroup_dir_fd;                          /* that cgroup's directory, to be born in it (clone_into.c); -1: none */
+  int cgroup_joined;                          /* born in it: cgroup_procs_fd is not written */
   int extra_cgroup_fds[MB_MAX_EXTRA_CGROUPS]; /* v1 controllers (memory, pids) to join; -1: none */
   mb_fd_plan fds[MB_MAX_FDS];
   int nfds;
-  struct { int resource; struct rlimit limit; } rlimits[MB_MAX_RLIMITS];
+  struct {
+    int resource;
+    struct rlimit limit;
+  } rlimits[MB_MAX_RLIMITS];
   int nrlimits;
   int set_ids;
   uid_t uid;
   gid_t gid;
-  int report_fd;                 /* write end of the close-on-exec error pipe */
+  int report_fd;                    /* write end of the close-on-exec error pipe */
   const struct sock_fprog *seccomp; /* installed last, with no_new_privs; NULL: none */
-  int no_new_privs;              /* set no_new_privs even without a filter */
-  int drop_caps;                 /* drop every capability not in cap_keep from the bounding set */
-  unsigned long long cap_keep;   /* bit n keeps capability n */
+  int no_new_privs;                 /* set no_new_privs even without a filter */
+  int drop_caps;                    /* drop every capability not in cap_keep from the bounding set */
+  unsigned long long cap_keep;      /* bit n keeps capability n */
 } mb_child_plan;
 
 /* Entry point for clone(); never returns on success. */
@@ -84,8 +87,7 @@ int mb_child_main(void *plan);
 /* clone3 with CLONE_INTO_CGROUP: fn(arg) runs in the child on [stack,
  * stack + stack_size), exit_signal SIGCHLD. -1 with errno when it cannot be
  * done (no clone3, an older kernel, not x86_64): use clone() then. */
-pid_t mb_clone_into_cgroup(int (*fn)(void *), void *arg, void *stack, size_t stack_size, int flags,
-                           int cgroup_dir_fd);
+pid_t mb_clone_into_cgroup(int (*fn)(void *), void *arg, void *stack, size_t stack_size, int flags, int cgroup_dir_fd);
 
 const char *mb_stage_name(int stage);
 

@@ -29,10 +29,12 @@ struct mb_clone_args {
   uint64_t set_tid, set_tid_size, cgroup;
 };
 
-pid_t mb_clone_into_cgroup(int (*fn)(void *), void *arg, void *stack, size_t stack_size, int flags,
-                           int cgroup_dir_fd) {
+pid_t mb_clone_into_cgroup(int (*fn)(void *), void *arg, void *stack, size_t stack_size, int flags, int cgroup_dir_fd) {
 #if defined(__x86_64__) && defined(SYS_clone3)
-  if (cgroup_dir_fd < 0) { errno = EINVAL; return -1; }
+  if (cgroup_dir_fd < 0) {
+    errno = EINVAL;
+    return -1;
+  }
   struct mb_clone_args args;
   memset(&args, 0, sizeof args);
   args.flags = (uint64_t)(unsigned)flags | CLONE_INTO_CGROUP;
@@ -46,26 +48,33 @@ pid_t mb_clone_into_cgroup(int (*fn)(void *), void *arg, void *stack, size_t sta
   /* r12 and r13 survive the syscall; the child starts at the next
    * instruction on its own stack, calls fn(arg) and exits (SYS_exit: this
    * thread only, as after a clone() that returns) */
-  __asm__ volatile(
-      "syscall\n\t"
-      "testq %%rax, %%rax\n\t"
-      "jnz 1f\n\t"
-      "xorl %%ebp, %%ebp\n\t"
-      "movq %%r13, %%rdi\n\t"
-      "callq *%%r12\n\t"
-      "movl %%eax, %%edi\n\t"
-      "movl %[sys_exit], %%eax\n\t"
-      "syscall\n\t"
-      "hlt\n\t"
-      "1:\n\t"
-      : "=a"(ret)
-      : "0"((long)SYS_clone3), "D"(&args), "S"(sizeof args), "r"(fn_reg), "r"(arg_reg),
-        [sys_exit] "i"(SYS_exit)
-      : "rcx", "r11", "memory");
-  if (ret < 0) { errno = (int)-ret; return -1; }
+  __asm__ volatile("syscall\n\t"
+                   "testq %%rax, %%rax\n\t"
+                   "jnz 1f\n\t"
+                   "xorl %%ebp, %%ebp\n\t"
+                   "movq %%r13, %%rdi\n\t"
+                   "callq *%%r12\n\t"
+                   "movl %%eax, %%edi\n\t"
+                   "movl %[sys_exit], %%eax\n\t"
+                   "syscall\n\t"
+                   "hlt\n\t"
+                   "1:\n\t"
+                   : "=a"(ret)
+                   : "0"((long)SYS_clone3), "D"(&args), "S"(sizeof args), "r"(fn_reg),
+                     "r"(arg_reg), [sys_exit] "i"(SYS_exit)
+                   : "rcx", "r11", "memory");
+  if (ret < 0) {
+    errno = (int)-ret;
+    return -1;
+  }
   return (pid_t)ret;
 #else
-  (void)fn; (void)arg; (void)stack; (void)stack_size; (void)flags; (void)cgroup_dir_fd;
+  (void)fn;
+  (void)arg;
+  (void)stack;
+  (void)stack_size;
+  (void)flags;
+  (void)cgroup_dir_fd;
   errno = ENOSYS;
   return -1;
 #endif

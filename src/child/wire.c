@@ -20,9 +20,14 @@ typedef struct {
   int32_t setsid, setpgid, ctty, pdeathsig;
   int32_t cgroup_idx, cgroup_dir_idx, extra_idx[MB_MAX_EXTRA_CGROUPS];
   int32_t nfds;
-  struct { int32_t target, kind, source_idx, null_flags; } fds[MB_MAX_FDS];
+  struct {
+    int32_t target, kind, source_idx, null_flags;
+  } fds[MB_MAX_FDS];
   int32_t nrlimits;
-  struct { int32_t resource; uint64_t cur, max; } rlimits[MB_MAX_RLIMITS];
+  struct {
+    int32_t resource;
+    uint64_t cur, max;
+  } rlimits[MB_MAX_RLIMITS];
   int32_t set_ids;
   uint32_t uid, gid;
   int32_t no_new_privs, drop_caps;
@@ -32,7 +37,11 @@ typedef struct {
 
 _Static_assert(sizeof(char *) == sizeof(uint64_t), "offsets are rewritten into pointers in place");
 
-typedef struct { char *buf; size_t len, cap; int failed; } growbuf;
+typedef struct {
+  char *buf;
+  size_t len, cap;
+  int failed;
+} growbuf;
 
 static size_t put(growbuf *b, const void *data, size_t len, size_t align) {
   size_t at = (b->len + align - 1) & ~(align - 1);
@@ -40,22 +49,25 @@ static size_t put(growbuf *b, const void *data, size_t len, size_t align) {
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < at + len) cap *= 2;
     char *nb = realloc(b->buf, cap);
-    if (!nb) { b->failed = 1; return 0; }
+    if (!nb) {
+      b->failed = 1;
+      return 0;
+    }
     b->buf = nb;
     b->cap = cap;
   }
   memset(b->buf + b->len, 0, at - b->len);
-  if (data) memcpy(b->buf + at, data, len); else memset(b->buf + at, 0, len);
+  if (data) memcpy(b->buf + at, data, len);
+  else memset(b->buf + at, 0, len);
   b->len = at + len;
   return at;
 }
 
-static int32_t put_string(growbuf *b, const char *s) {
-  return s ? (int32_t)put(b, s, strlen(s) + 1, 1) : -1;
-}
+static int32_t put_string(growbuf *b, const char *s) { return s ? (int32_t)put(b, s, strlen(s) + 1, 1) : -1; }
 
 static int32_t put_array(growbuf *b, const char *const *v, int n) {
-  if (n < 0) for (n = 0; v && v[n]; n++) {}
+  if (n < 0)
+    for (n = 0; v && v[n]; n++) {}
   size_t at = put(b, NULL, (size_t)(n + 1) * 8, 8);
   for (int i = 0; i < n; i++) {
     uint64_t off = (uint64_t)put_string(b, v[i]);
@@ -66,7 +78,8 @@ static int32_t put_array(growbuf *b, const char *const *v, int n) {
 
 static int fd_index(int *fds, int *nfds, int fd) {
   if (fd < 0) return -1;
-  for (int i = 1; i < *nfds; i++) if (fds[i] == fd) return i;
+  for (int i = 1; i < *nfds; i++)
+    if (fds[i] == fd) return i;
   fds[(*nfds)++] = fd;
   return *nfds - 1;
 }
@@ -114,16 +127,28 @@ int mb_wire_pack(const mb_child_plan *p, int *fds, int *nfds) {
     h.seccomp_len = p->seccomp->len;
     h.seccomp_off = (int32_t)put(&b, p->seccomp->filter, p->seccomp->len * sizeof(struct sock_filter), 8);
   }
-  if (b.failed) { free(b.buf); return ENOMEM; }
+  if (b.failed) {
+    free(b.buf);
+    return ENOMEM;
+  }
   h.size = (uint32_t)b.len;
   memcpy(b.buf, &h, sizeof h);
   int memfd = memfd_create("moonbox-plan", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (memfd < 0) { int e = errno; free(b.buf); return e; }
+  if (memfd < 0) {
+    int e = errno;
+    free(b.buf);
+    return e;
+  }
   size_t done = 0;
   while (done < b.len) {
     ssize_t n = write(memfd, b.buf + done, b.len - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) { int e = n < 0 ? errno : EIO; free(b.buf); close(memfd); return e; }
+    if (n <= 0) {
+      int e = n < 0 ? errno : EIO;
+      free(b.buf);
+      close(memfd);
+      return e;
+    }
     done += (size_t)n;
   }
   free(b.buf);
@@ -153,18 +178,15 @@ static char **fix_array(char *base, size_t len, int32_t off, int *count) {
   return (char **)slots;
 }
 
-static int fd_at(const int *fds, int nfds, int32_t idx) {
-  return idx > 0 && idx < nfds ? fds[idx] : -1;
-}
+static int fd_at(const int *fds, int nfds, int32_t idx) { return idx > 0 && idx < nfds ? fds[idx] : -1; }
 
-int mb_wire_unpack(void *map, size_t len, const int *fds, int nfds, mb_child_plan *p,
-                   struct sock_fprog *prog) {
+int mb_wire_unpack(void *map, size_t len, const int *fds, int nfds, mb_child_plan *p, struct sock_fprog *prog) {
   char *base = (char *)map;
   wire_header h;
   if (len < sizeof h) return EINVAL;
   memcpy(&h, base, sizeof h);
-  if (h.magic != WIRE_MAGIC || h.size != len || h.ncand < 0 || h.ncand > MB_MAX_CANDIDATES ||
-      h.nfds < 0 || h.nfds > MB_MAX_FDS || h.nrlimits < 0 || h.nrlimits > MB_MAX_RLIMITS)
+  if (h.magic != WIRE_MAGIC || h.size != len || h.ncand < 0 || h.ncand > MB_MAX_CANDIDATES || h.nfds < 0 ||
+      h.nfds > MB_MAX_FDS || h.nrlimits < 0 || h.nrlimits > MB_MAX_RLIMITS)
     return EINVAL;
   memset(p, 0, sizeof *p);
   int n = 0;

@@ -21,7 +21,6 @@ int mb_wire_pack(const mb_child_plan *p, int *fds, int *nfds);
 
 /* Rebuild a plan from a mapped, writable copy of the memfd and the fds that
  * arrived with it (fds[0] is the memfd itself). Returns 0 or an errno. */
-int mb_wire_unpack(void *map, size_t len, const int *fds, int nfds, mb_child_plan *p,
-                   struct sock_fprog *prog);
+int mb_wire_unpack(void *map, size_t len, const int *fds, int nfds, mb_child_plan *p, struct sock_fprog *prog);
 
 #endif
