@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <linux/seccomp.h>
@@ -133,11 +134,14 @@ static int step_chdir(const mb_child_plan *p) {
   return 0;
 }
 
+/* Raw syscalls: glibc's setgroups/setgid/setuid in a process it believes
+ * threaded run __nptl_setxid over the thread list, which this CLONE_VM child
+ * shares with the runtime (its threads are not ours to signal or wait on). */
 static int step_ids(const mb_child_plan *p) {
   if (!p->set_ids) return 0;
-  if (setgroups(0, NULL) < 0 && errno != EPERM) return MB_STAGE_SETGID;
-  if (setgid(p->gid) < 0) return MB_STAGE_SETGID;
-  if (setuid(p->uid) < 0) return MB_STAGE_SETUID;
+  if (syscall(SYS_setgroups, 0, NULL) < 0 && errno != EPERM) return MB_STAGE_SETGID;
+  if (syscall(SYS_setgid, p->gid) < 0) return MB_STAGE_SETGID;
+  if (syscall(SYS_setuid, p->uid) < 0) return MB_STAGE_SETUID;
   return 0;
 }
 
@@ -151,9 +155,10 @@ static int step_signals(void) {
     if (s == SIGKILL || s == SIGSTOP) continue;
     sigaction(s, &sa, NULL); /* fails harmlessly for signals glibc reserves */
   }
-  sigset_t none;
-  sigemptyset(&none);
-  if (sigprocmask(SIG_SETMASK, &none, NULL) < 0) return MB_STAGE_SIGNALS;
+  /* the raw call: glibc's sigprocmask leaves its own signals (32, 33) as they
+   * were, and the runtime's thread may have had them blocked when it cloned */
+  uint64_t none = 0;
+  if (syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, sizeof none) < 0) return MB_STAGE_SIGNALS;
   return 0;
 }
 
