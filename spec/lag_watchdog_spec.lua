@@ -11,7 +11,7 @@ local function busy(ms)
   while (os.clock() - t0) * 1000 < ms do end -- luacheck: ignore 563
 end
 
-local BOUND = tonumber(os.getenv("MOONBOX_SPEC_LAG_BOUND_MS")) or 500
+local BOUND = helper.LAG_BOUND_MS
 
 describe("loop-lag watchdog", function()
   it("fails a run that holds the loop past the bound, naming how long", function()
