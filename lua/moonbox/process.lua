@@ -758,17 +758,26 @@ end
 
 -- Kill the processes a session started (deleteSession) or all of a
 -- sandbox's (destroy), and wait until they are gone.
-function M.kill_all(sb, session_id)
+-- gone: the caller (Sandbox:destroy) already saw every process of the
+-- sandbox dead (its cgroup empty, or its init and pid namespace reaped):
+-- no signal and no scan, only the exit reports and the cgroups' removal.
+function M.kill_all(sb, session_id, gone)
   local victims, scan = {}, nil
   for _, p in pairs(sb.processes) do
     local mine = session_id == nil or p.sessionId == session_id
-    if mine and needs_scan(p) then scan = scan or tree.proc_table() end
-    if mine and p:_alive(scan) then
+    if mine and gone then
       if p:_running() then p._signalled = true end
-      p:_signal_tree(core.signum("SIGKILL"))
+      if not p._cgroup then p._tree_gone = true end -- (an empty cgroup is found so and removed below)
       victims[#victims + 1] = p
-    elseif mine and not p:_running() then
-      p:_close_timers() -- a grace or timeout kept for leftovers that are gone now
+    elseif mine then
+      if needs_scan(p) then scan = scan or tree.proc_table() end
+      if p:_alive(scan) then
+        if p:_running() then p._signalled = true end
+        p:_signal_tree(core.signum("SIGKILL"))
+        victims[#victims + 1] = p
+      elseif not p:_running() then
+        p:_close_timers() -- a grace or timeout kept for leftovers that are gone now
+      end
     end
   end
   for _, p in ipairs(victims) do
