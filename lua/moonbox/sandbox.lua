@@ -690,6 +690,32 @@ function Sandbox:info()
   }
 end
 
+-- Removal, on the thread pool, of relpath under the sandbox's root
+-- directory (files the sandbox no longer sees: restoreBackup's old
+-- workspace content), not waited for by the caller; destroy waits for every
+-- such removal before the root is removed or released.
+function Sandbox:_remove_later(relpath)
+  local job = { done = false, waiters = {} }
+  local function finish()
+    job.done = true
+    self.removals[job] = nil
+    for _, w in ipairs(job.waiters) do w() end
+  end
+  self.removals = self.removals or {}
+  self.removals[job] = true
+  if not core.fs_remove_tree(self.root_canon, relpath, "beneath", finish) then finish() end
+end
+
+function Sandbox:_await_removals()
+  local jobs = {}
+  for job in pairs(self.removals or {}) do jobs[#jobs + 1] = job end
+  for _, job in ipairs(jobs) do
+    if not job.done then
+      async.await(function(resume) job.waiters[#job.waiters + 1] = resume end, "file removal")
+    end
+  end
+end
+
 -- destroy{keepFiles}: kill every process of the sandbox, forget its sessions.
 --
 -- One kill reaches every process of the sandbox at once (sessions,
@@ -749,6 +775,7 @@ function Sandbox:destroy(opts)
   if init then init:close() end
   if self.fs_conf then self.fs_conf:close() end
   if self.run_conf then self.run_conf:close() end
+  self:_await_removals()
   local function remove_cgroups() if cgroup then tree.remove_cgroup(cgroup) end end
   -- the whole tree, at any depth, on the thread pool (the cgroups go
   -- meanwhile); then the root is free
