@@ -133,14 +133,22 @@ moonbox.run(function()
     rows.restore[run] = ms() - t
     moonbox.deleteBackup(b.id)
   end
+  -- ratio of the medians, and the median of each run's own ratio (the two
+  -- sides of a run ran back to back: steadier when the host's load drifts)
   local function row(name, key, against)
     local m = median(rows[key])
-    local ratio = against and ("%.2fx"):format(m / median(rows[against])) or "-"
-    print(("| %s | %.0f | %s |"):format(name, m, ratio))
+    local ratio, per_run = "-", "-"
+    if against then
+      ratio = ("%.2fx"):format(m / median(rows[against]))
+      local r = {}
+      for i, v in ipairs(rows[key]) do r[i] = v / rows[against][i] end
+      per_run = ("%.2fx"):format(median(r))
+    end
+    print(("| %s | %.0f | %s | %s |"):format(name, m, ratio, per_run))
   end
   print(("archive: by hand %d bytes, createBackup %d bytes"):format(size_hand or -1, size_backup or -1))
-  print("| measurement (median of " .. RUNS .. ") | ms | ratio |")
-  print("|---|---|---|")
+  print("| measurement (median of " .. RUNS .. ") | ms | ratio of medians | median of per-run ratios |")
+  print("|---|---|---|---|")
   row("`mksquashfs` by hand", "hand_create")
   row("`createBackup{dir = \"/workspace\"}`", "create", "hand_create")
   row("`unsquashfs` by hand into a new directory", "hand_restore")
