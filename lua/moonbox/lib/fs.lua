@@ -300,13 +300,16 @@ end
 -- and all under it, at any depth, symlinks removed and never followed; the
 -- first removal that fails is the error. creds = {uid, gid}: walk with
 -- those filesystem ids (e.g. a sandbox's root) instead of the runtime's.
-function M.remove_tree(root, relpath, resolve, creds)
+-- meanwhile(): called (synchronous, it must not yield) once the walk is
+-- under way, to do other work on the loop while the thread pool works.
+function M.remove_tree(root, relpath, resolve, creds, meanwhile)
   return confined(async.await(function(resume)
     local cancelled = false
     local ok, msg, code = core.fs_remove_tree(root, relpath, resolve, function(err, n, ecode)
       if cancelled then return end
       if err ~= nil then resume(nil, err, ecode) else resume(n) end
     end, creds)
+    if meanwhile then meanwhile() end
     if not ok then resume(nil, msg, code) end
     return function() cancelled = true end
   end, "_fs.remove_tree"))

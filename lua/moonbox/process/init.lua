@@ -849,11 +849,18 @@ end
 
 -- Kill the processes a session started (deleteSession) or all of a
 -- sandbox's (destroy), and wait until they are gone.
-function M.kill_all(sb, session_id)
-  local victims, scan = {}, proc_pass(sb, session_id)
+-- gone: the caller (Sandbox:destroy) already saw every process of the
+-- sandbox dead (its cgroup empty, or its init and pid namespace reaped):
+-- no signal and no scan, only the exit reports and the cgroups' removal.
+function M.kill_all(sb, session_id, gone)
+  local victims, scan = {}, (not gone) and proc_pass(sb, session_id) or nil
   for _, p in pairs(sb.processes) do
     local mine = session_id == nil or p.sessionId == session_id
-    if mine and p:_alive(scan) then
+    if mine and gone then
+      if p:_running() then p._signalled = true end
+      if not p._cgroup then p._tree_gone = true end -- (an empty cgroup is found so and removed below)
+      victims[#victims + 1] = p
+    elseif mine and p:_alive(scan) then
       if p:_running() then p._signalled = true end
       p:_signal_tree(core.signum("SIGKILL"), scan)
       victims[#victims + 1] = p

@@ -498,11 +498,11 @@ function Sandbox:_spawn_shell(opts)
   return shell_mod.spawn(opts)
 end
 
-function Sandbox:_drop_spare()
+function Sandbox:_drop_spare(gone)
   local spare = self.spare
   self.spare = nil
   if spare and spare:alive() then
-    spare:kill("SIGKILL")
+    if not gone then spare:kill("SIGKILL") end
     spare:wait_exit()
   end
 end
@@ -693,59 +693,101 @@ function Sandbox:info()
   }
 end
 
+-- Removal, on the thread pool, of relpath under the sandbox's root
+-- directory (files the sandbox no longer sees: restoreBackup's old
+-- workspace content), not waited for by the caller; destroy waits for every
+-- such removal before the root is removed or released.
+function Sandbox:_remove_later(relpath)
+  local job = { done = false, waiters = {} }
+  local function finish()
+    job.done = true
+    self.removals[job] = nil
+    for _, w in ipairs(job.waiters) do w() end
+  end
+  self.removals = self.removals or {}
+  self.removals[job] = true
+  if not core.fs_remove_tree(self.root_canon, relpath, "beneath", finish) then finish() end
+end
+
+function Sandbox:_await_removals()
+  local jobs = {}
+  for job in pairs(self.removals or {}) do jobs[#jobs + 1] = job end
+  for _, job in ipairs(jobs) do
+    if not job.done then
+      async.await(function(resume) job.waiters[#job.waiters + 1] = resume end, "file removal")
+    end
+  end
+end
+
 -- destroy{keepFiles}: kill every process of the sandbox, forget its sessions.
+--
+-- One kill reaches every process of the sandbox at once (sessions,
+-- background processes, kernels, terminals), then one wait for all of it
+-- to be gone. Under namespaces that is SIGKILL to the init, which the
+-- kernel passes on to every process of its pid namespace (nothing leaves a
+-- pid namespace: setsid and double forks stay in it), and the init's reap:
+-- the kernel reports the init's exit only once every other process of the
+-- namespace has been reaped. (A cgroup.kill takes the kernel's cgroup_mutex,
+-- for which every cgroup operation on the host queues: 5 ms and more on a
+-- busy host.) Without namespaces, in cgroup mode, it is cgroup.kill of the
+-- sandbox's cgroup and its "populated 0" (through inotify, _tree.lua). Each
+-- part then only collects its exit report and removes its cgroup, with
+-- nothing left to kill or look for. Without either, each part kills its own
+-- tree. The cgroups are removed while the thread pool removes the files.
 function Sandbox:destroy(opts)
   if self.destroyed then return { success = true, id = self.id } end
   opts = V.options(opts, { keepFiles = true }, "destroy options")
   self.destroyed = true
   self.destroying = true
   registry[self.id] = nil
-  -- one cgroup.kill first reaches every process of the sandbox at once
-  -- (sessions, background processes, kernels, terminals, the init): the
-  -- kernel tears them all down while the steps below wait for each part,
-  -- so destroy costs one exit latency, not one per part in turn
-  if tree.mode() == "cgroup" then tree.kill_cgroup(tree.base() .. "/" .. self.cgroup_name) end
-  compose.run(session_mod.hooks, "session_ending", self, nil) -- every session's processes
-  self:_drop_spare()
-  for id, s in pairs(self.sessions) do
-    self.sessions[id] = nil
-    if type(s) == "table" then s:_destroy() end
+  local cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil
+  local init = self.init
+  local gone = false
+  if init and not self.init_dead then
+    pcall(init.kill, init, "SIGKILL")
+    gone = async.await(function(resume)
+      local t = core.timer()
+      local function stop() if not t:is_closing() then t:close() end self._on_init_exit = nil end
+      self._on_init_exit = function() stop() resume(true) end
+      t:start(2000, 0, function() stop() resume(false) end)
+      return stop
+    end, "sandbox init exit")
+    -- (nothing of the sandbox runs outside its pid namespace; were it
+    -- otherwise, the cgroup's kill below would reach it)
+    if gone and cgroup and tree.populated(cgroup) then gone = false end
   end
-  compose.run(session_mod.hooks, "sandbox_end", self) -- kernels, terminals
-  if tree.mode() ~= "cgroup" then
-    tree.kill_marked("MOONBOX_OWNER", tree.owner(self.id, ""), async.sleep, true) -- prefix: every session
-  end
-  local emptied = false
-  if tree.mode() == "cgroup" then
-    local dir = tree.base() .. "/" .. self.cgroup_name
-    tree.kill_cgroup(dir)
-    emptied = tree.wait_empty(dir, 2000, async.sleep)
-    tree.remove_cgroup(dir)
-  end
-  if self.init then
-    -- closing the init's socket ends it, and with it the pid namespace.
-    -- The init lives in the sandbox's cgroup: once that is empty it has
-    -- exited (a zombie at most, reaped on the loop when its SIGCHLD is
-    -- read), so only without that proof does destroy wait for its exit.
-    local init = self.init
-    if not self.init_dead and emptied then
-      init:close()
-    elseif not self.init_dead then
-      async.await(function(resume)
-        local t = core.timer()
-        self._on_init_exit = function() if not t:is_closing() then t:close() end resume() end
-        -- the init exits on EOF at once; SIGKILL is the backstop
-        t:start(2000, 0, function() init:kill("SIGKILL") end)
-        init:close()
-      end, "sandbox init exit")
+  if cgroup and not gone then
+    gone = tree.kill_cgroup(cgroup) and tree.wait_empty(cgroup, 2000, async.sleep)
+    if not gone then -- (a process started into it after the kill, by a call still under way)
+      tree.kill_cgroup(cgroup)
+      gone = tree.wait_empty(cgroup, 2000, async.sleep)
     end
   end
+  compose.run(session_mod.hooks, "session_ending", self, nil, gone) -- every session's processes
+  self:_drop_spare(gone)
+  for id, s in pairs(self.sessions) do
+    self.sessions[id] = nil
+    if type(s) == "table" then s:_destroy(gone) end
+  end
+  compose.run(session_mod.hooks, "sandbox_end", self) -- kernels, terminals
+  if not cgroup and not gone then
+    tree.kill_marked("MOONBOX_OWNER", tree.owner(self.id, ""), async.sleep, true) -- prefix: every session
+  end
+  -- the init's sockets (it is reaped on the loop, if it was not yet)
+  if init then init:close() end
   if self.fs_conf then self.fs_conf:close() end
   if self.run_conf then self.run_conf:close() end
-  limits.cleanup(self.limits_state, async.sleep)
-  -- the whole tree, at any depth, on the thread pool; then the root is free
+  self:_await_removals()
+  local function remove_cgroups() if cgroup then tree.remove_cgroup(cgroup) end end
+  -- the whole tree, at any depth, on the thread pool (the cgroups go
+  -- meanwhile); then the root is free
   local removed, msg, code = true, nil, nil
-  if not opts.keepFiles then removed, msg, code = root_mod.remove(self.root_canon, self.root_identity) end
+  if not opts.keepFiles then
+    removed, msg, code = root_mod.remove(self.root_canon, self.root_identity, remove_cgroups)
+  else
+    remove_cgroups()
+  end
+  limits.cleanup(self.limits_state, async.sleep)
   root_mod.unlock(self.root_lock)
   if not removed then
     errors.raise("FILESYSTEM_ERROR", "destroy could not remove the sandbox's files: " .. tostring(msg),

@@ -162,17 +162,20 @@ function M.identity(canon)
   return st and st.type == "directory" and (st.dev .. ":" .. st.ino) or nil
 end
 
--- remove(canon, identity) -> true | nil, message, CODE: the whole tree of
--- the root, which must still be the directory it was (identity). Awaited.
-function M.remove(canon, identity)
+-- remove(canon, identity[, meanwhile]) -> true | nil, message, CODE: the
+-- whole tree of the root, which must still be the directory it was
+-- (identity). Awaited. meanwhile() (synchronous) runs on the loop while the
+-- thread pool removes the tree (always, exactly once).
+function M.remove(canon, identity, meanwhile)
   local now = M.identity(canon)
-  if now == nil then return true end -- already gone
-  if now ~= identity then
+  if now == nil or now ~= identity then
+    if meanwhile then meanwhile() end
+    if now == nil then return true end -- already gone
     return nil, ("%s is no longer the sandbox's root directory (it was replaced); not removed"):format(canon),
       "ESTALE"
   end
   local parent, name = canon:match("^(.*)/([^/]+)$")
-  local _, msg, code = fs.remove_tree(parent == "" and "/" or parent, name)
+  local _, msg, code = fs.remove_tree(parent == "" and "/" or parent, name, nil, nil, meanwhile)
   if code and code ~= "ENOENT" then return nil, msg, code end
   return true
 end

@@ -663,13 +663,17 @@ function Session:_apply_env(env)
 end
 
 -- Kill the shell and everything it started; wake every waiter. Waits until
--- no process of the session is left.
-function Session:_destroy()
+-- no process of the session is left. gone: the caller (Sandbox:destroy)
+-- already saw every process of the sandbox dead (its cgroup empty, or its
+-- init, and so its pid namespace, reaped): nothing is left to kill or look
+-- for, only the shell's exit report and the cgroup's removal.
+function Session:_destroy(gone)
   if self.destroyed then return end
   self.destroyed = true
   compose.run(M.hooks, "session_end", self)
   local sh = self.shell
-  if self.cgroup then
+  if gone then -- luacheck: ignore 542 (nothing to kill: only the shell's exit report is awaited below)
+  elseif self.cgroup then
     tree.kill_cgroup(self.cgroup)
   elseif sh and sh:alive() then
     -- the shell's process group first: its background jobs stay in it
@@ -678,12 +682,12 @@ function Session:_destroy()
     core.kill(-sh.pid, "SIGKILL")
     tree.signal_pids(tree.descendants(sh.pid), "SIGKILL")
   end
-  if not self.cgroup then
+  if not self.cgroup and not gone then
     -- also what left the shell's tree (setsid, double fork): it carries our marker
     tree.kill_marked("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
   end
   if sh and sh:alive() then
-    sh:kill("SIGKILL")
+    if not gone then sh:kill("SIGKILL") end
     sh:wait_exit()
   end
   if self.cgroup then tree.remove_when_empty(self.cgroup, async.sleep) end
