@@ -12,6 +12,9 @@
 -- compose.methods and registers what it must do when things end in hooks,
 -- a table of lists run in registration order:
 --
+--   hooks.sandbox_killing  fn(sandbox): at destroy, before the one kill of
+--                          the whole sandbox (what is running then ends
+--                          as killed, whichever exit is seen first)
 --   hooks.session_ending   fn(sandbox, session_id | nil): before a session
 --                          (deleteSession) or, with nil, every session
 --                          (destroy) is destroyed: its processes end first
@@ -21,7 +24,7 @@
 local M = {}
 
 function M.hooks()
-  return { session_ending = {}, session_end = {}, sandbox_end = {} }
+  return { sandbox_killing = {}, session_ending = {}, session_end = {}, sandbox_end = {} }
 end
 
 -- methods(class, methods, part): copies a part's methods into the class;

@@ -887,8 +887,17 @@ end
 
 -- A part of Session (lib/compose.lua): the process calls; a session's (or,
 -- at destroy, every session's) processes end, as "killed", before its shell.
+-- Destroy kills the whole sandbox at once: a process's exit can be read
+-- before kill_all runs, so what runs now is marked killed first.
+function M.mark_killed(sb)
+  for _, p in pairs(sb.processes) do
+    if p:_running() then p._signalled = true end
+  end
+end
+
 function M.install(class, hooks)
   compose.methods(class, Session, "process")
+  compose.add(hooks, "sandbox_killing", M.mark_killed)
   compose.add(hooks, "session_ending", M.kill_all)
 end
 

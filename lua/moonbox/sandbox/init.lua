@@ -743,6 +743,7 @@ function Sandbox:destroy(opts)
   local cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil
   local init = self.init
   local gone = false
+  compose.run(session_mod.hooks, "sandbox_killing", self)
   if init and not self.init_dead then
     pcall(init.kill, init, "SIGKILL")
     gone = async.await(function(resume)
