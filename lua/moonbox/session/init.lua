@@ -200,7 +200,14 @@ function Session:_signal_command(sig, seen)
     local sh, cmd = self.shell, self.pids_before_cmd
     tree.scan_then(function(scan)
       if not scan or self.shell ~= sh or sh.dead or self.pids_before_cmd ~= cmd then return end
-      tree.signal_pids(self:_proc_command_pids(sh, scan), sig)
+      local pids = {}
+      for _, pid in ipairs(self:_proc_command_pids(sh, scan)) do
+        if not (seen and seen[pid]) then
+          pids[#pids + 1] = pid
+          if seen then seen[pid] = true end
+        end
+      end
+      tree.signal_pids(pids, sig)
     end)
   end
 end
