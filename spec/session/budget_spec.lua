@@ -133,6 +133,38 @@ describe("buffered output budget", function()
     assert.equal(0, budget.used)
   end)
 
+  it("a streamProcessLogs reader's queue counts against it until read, and is given back", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("head -c 400 /dev/zero | tr '\\0' s")
+      p:waitForExit()
+      assert.equal(400, budget.used) -- the log
+      -- the replay fits (400 + 400 <= 1000): queued, counted until read
+      local it = sb:streamProcessLogs(p.id)
+      assert.equal(800, budget.used)
+      local ev = it()
+      assert.same({ "stdout", ("s"):rep(400) }, { ev.type, ev.data })
+      assert.equal(400, budget.used)
+      ev = it()
+      assert.same({ "exit", false }, { ev.type, ev.truncated })
+      assert.is_nil(it())
+      -- two readers: the second's replay does not fit, it is dropped and the exit says so
+      local a = sb:streamProcessLogs(p.id)
+      local b = sb:streamProcessLogs(p.id)
+      assert.equal(800, budget.used)
+      ev = b()
+      assert.same({ "exit", true }, { ev.type, ev.truncated })
+      a:close()
+      assert.equal(400, budget.used)
+      -- an iterator dropped unread gives its bytes back when collected
+      sb:streamProcessLogs(p.id) -- luacheck: ignore 511
+      assert.equal(800, budget.used)
+      collectgarbage("collect")
+      collectgarbage("collect")
+      assert.equal(400, budget.used)
+    end, { policy = policy(1000) })
+    assert.equal(0, budget.used)
+  end)
+
   it("runCode keeps the prefix that fits, says truncated and gives the bytes back", function()
     with_sandbox(function(sb)
       local r = sb:runCode("io.write(string.rep('a', 3000))", { language = "lua" })

@@ -13,6 +13,7 @@ local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
 local pattern_mod = require "moonbox.lib.pattern"
 local compose = require "moonbox.lib.compose"
+local output_budget = require "moonbox.session.budget"
 local Session = {} -- this part's methods, installed by session/init.lua (M.install)
 
 local M = {}
@@ -790,14 +791,33 @@ function Session:streamProcessLogs(id)
   local events, head, tail, waiter = {}, 1, 0, nil
   local limit = self.sandbox.policy.limits.maxLogBytes
   local queued, dropped = 0, false
+  -- queued bytes also count against the runtime-wide budget until read
+  -- (guarded: an iterator dropped unread gives them back when collected)
+  local hold = output_budget.hold(self.sandbox.policy.limits.maxBufferedBytes, true)
   local function push(ev)
     tail = tail + 1
     events[tail] = ev
     if waiter then local w = waiter waiter = nil w() end
   end
+  -- queue(kind, data): a chunk for the reader, unless it would pass the
+  -- reader's bound or the budget (then dropped, and the exit event says truncated)
+  local function queue(kind, data)
+    if queued + #data > 2 * limit then
+      dropped = true -- a reader that stopped reading cannot grow memory without bound
+      return
+    end
+    local granted = hold:take(#data)
+    if granted < #data then
+      hold:give(granted)
+      dropped = true
+      return
+    end
+    queued = queued + #data
+    push { type = kind, data = data, processId = id, timestamp = util.timestamp(), _size = #data }
+  end
   for _, stream in ipairs { "stdout", "stderr" } do
     local text = p._logs[stream]:text()
-    if #text > 0 then push { type = stream, data = text, processId = id, timestamp = util.timestamp() } end
+    if #text > 0 then queue(stream, text) end
   end
   local listener, closed = nil, false
   local function detach()
@@ -808,17 +828,14 @@ function Session:streamProcessLogs(id)
       detach()
       push { type = "exit", exitCode = data, processId = id, timestamp = util.timestamp(), truncated = dropped }
       push(false)
-    elseif queued + #data > 2 * limit then
-      dropped = true -- a reader that stopped reading cannot grow memory without bound
     else
-      queued = queued + #data
-      push { type = kind, data = data, processId = id, timestamp = util.timestamp(), _size = #data }
+      queue(kind, data)
     end
   end
   if p:_running() then
     table.insert(p._listeners, listener)
   else
-    push { type = "exit", exitCode = p.exitCode, processId = id, timestamp = util.timestamp() }
+    push { type = "exit", exitCode = p.exitCode, processId = id, timestamp = util.timestamp(), truncated = dropped }
     push(false)
   end
   -- close(): stop following; a loop waiting for the next event ends (nil)
@@ -827,6 +844,7 @@ function Session:streamProcessLogs(id)
     closed = true
     detach()
     events, head, tail = {}, 1, 0
+    hold:release()
     push(false)
   end
   return setmetatable({ close = close, cancel = close }, {
@@ -840,8 +858,15 @@ function Session:streamProcessLogs(id)
       local ev = events[head]
       events[head] = nil
       head = head + 1
-      if not ev then return nil end
-      if ev._size then queued = queued - ev._size ev._size = nil end
+      if not ev then
+        hold:release()
+        return nil
+      end
+      if ev._size then
+        queued = queued - ev._size
+        hold:give(ev._size)
+        ev._size = nil
+      end
       return ev
     end,
   })
