@@ -156,6 +156,12 @@ function M.getSandbox(id, opts)
     idmap = idmap,
     root_lock = lock, root_canon = canon, root_identity = identity,
   }, Sandbox)
+  -- a restore's old workspace content (files/backup.lua, beside the
+  -- workspace, outside the sandbox's view) that a runtime stopped before
+  -- removing: removed now, on the thread pool, like the restore would have
+  for _, name in ipairs(core.readdir(canon) or {}) do
+    if name:match("^%.moonbox%-old%-") then self:_remove_later(name) end
+  end
   -- whatever fails from here takes back what getSandbox made (below)
   ok, err = pcall(function()
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end

@@ -101,7 +101,8 @@ function M.check(root, home, default_root)
     local names = core.readdir(canon)
     if not names then refuse(root, "cannot be read") end
     for _, name in ipairs(names) do
-      if not OWN_ENTRIES[name] then
+      -- (.moonbox-old-*: a restore's old content a stopped runtime left, files/backup.lua)
+      if not OWN_ENTRIES[name] and not name:match("^%.moonbox%-old%-") then
         refuse(root, ("is a non-empty directory moonbox did not make (it has %q and no %s)")
           :format(name, M.LOCK_NAME))
       end
