@@ -360,12 +360,16 @@ static ssize_t scan_read(int dirfd, const char *path, char *buf, size_t size) {
 
 /* The value of r->env in pid's environ, streamed in chunks (a fixed
  * buffer, however big the environment); a malloc'd copy or NULL. */
-static char *scan_owner(scan_req *r, int dirfd, const char *pid, size_t *nread) {
+static char *scan_owner(scan_req *r, int dirfd, const char *pid, size_t *nread, int *denied) {
   char path[300];
   snprintf(path, sizeof path, "%s/environ", pid);
   *nread = 0;
+  *denied = 0;
   int fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NULL;
+  if (fd < 0) {
+    *denied = errno == EACCES || errno == EPERM;
+    return NULL;
+  }
   char buf[8192], value[SCAN_MAX_OWNER + 1];
   size_t matched = 0, vlen = 0, total = 0;
   int state = 0; /* 0: matching the name, 1: in the value, 2: skipping to the next entry */
@@ -373,6 +377,7 @@ static char *scan_owner(scan_req *r, int dirfd, const char *pid, size_t *nread) 
   for (;;) {
     ssize_t n = read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && total == 0) *denied = errno == EACCES || errno == EPERM;
     if (n <= 0) break;
     total += (size_t)n;
     for (ssize_t i = 0; i < n && !found; i++) {
@@ -463,15 +468,29 @@ static int scan_stat(int dirfd, const char *name, scan_entry *e, unsigned long *
  * Still unreadable after that: e->unsettled. Kernel threads have neither
  * and are not waited for; a process that cleared its environment still
  * has a command line. */
+/* Whether pid's real uid is ours (status is readable whatever its
+ * dumpable flag). */
+static int scan_same_uid(int dirfd, const char *name) {
+  char path[300], buf[2048];
+  snprintf(path, sizeof path, "%s/status", name);
+  if (scan_read(dirfd, path, buf, sizeof buf) <= 0) return 0;
+  const char *u = strstr(buf, "\nUid:");
+  return u && strtoul(u + 5, NULL, 10) == (unsigned long)getuid();
+}
+
 static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e, unsigned long flags) {
   char path[300], one[2];
   for (;;) {
     size_t n;
-    e->owner = scan_owner(r, dirfd, name, &n);
+    int denied;
+    e->owner = scan_owner(r, dirfd, name, &n, &denied);
     e->unsettled = 0;
     if (e->owner || n > 0 || (flags & PF_KTHREAD_FLAG)) return;
+    /* our own process refused for a moment: mid-exec its new memory is not
+     * yet dumpable, so without CAP_SYS_PTRACE its environ is EACCES */
+    int ours_refused = denied && scan_same_uid(dirfd, name);
     snprintf(path, sizeof path, "%s/cmdline", name);
-    if (scan_read(dirfd, path, one, sizeof one) > 0) return;
+    if (!ours_refused && scan_read(dirfd, path, one, sizeof one) > 0) return;
     e->unsettled = 1;
     if (r->settle_left <= 0) return;
     r->settle_left--;
