@@ -480,9 +480,11 @@ static int scan_same_uid(int dirfd, const char *name) {
 
 static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e, unsigned long flags) {
   char path[300], one[2];
+  int recheck_empty = 1;
   for (;;) {
     size_t n;
     int denied;
+    long wait_ns = SCAN_SETTLE_NS;
     e->owner = scan_owner(r, dirfd, name, &n, &denied);
     e->unsettled = 0;
     if (e->owner || n > 0 || (flags & PF_KTHREAD_FLAG)) return;
@@ -490,11 +492,19 @@ static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e,
      * yet dumpable, so without CAP_SYS_PTRACE its environ is EACCES */
     int ours_refused = denied && scan_same_uid(dirfd, name);
     snprintf(path, sizeof path, "%s/cmdline", name);
-    if (!ours_refused && scan_read(dirfd, path, one, sizeof one) > 0) return;
+    if (!ours_refused && scan_read(dirfd, path, one, sizeof one) > 0) {
+      /* a command line and no environment: the end of an exec sets the
+       * command line's bounds a moment before the environment's
+       * (create_elf_tables), or the process cleared its environment. One
+       * more look, 1 ms later, tells them apart. */
+      if (!recheck_empty || r->settle_left <= 0) return;
+      recheck_empty = 0;
+      wait_ns = 1000000L;
+    }
     e->unsettled = 1;
     if (r->settle_left <= 0) return;
     r->settle_left--;
-    struct timespec ts = {0, SCAN_SETTLE_NS};
+    struct timespec ts = {0, wait_ns};
     nanosleep(&ts, NULL);
     scan_entry again = *e;
     if (!scan_stat(dirfd, name, &again, &flags) || again.start != e->start) {
