@@ -480,7 +480,7 @@ static int scan_same_uid(int dirfd, const char *name) {
 
 static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e, unsigned long flags) {
   char path[300], one[2];
-  int recheck_empty = 1;
+  int empty_looks = 3;
   for (;;) {
     size_t n;
     int denied;
@@ -495,10 +495,11 @@ static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e,
     if (!ours_refused && scan_read(dirfd, path, one, sizeof one) > 0) {
       /* a command line and no environment: the end of an exec sets the
        * command line's bounds a moment before the environment's
-       * (create_elf_tables), or the process cleared its environment. One
-       * more look, 1 ms later, tells them apart. */
-      if (!recheck_empty || r->settle_left <= 0) return;
-      recheck_empty = 0;
+       * (create_elf_tables), or the process cleared its environment. A
+       * few more looks, 1 ms apart, tell them apart (a process that execs
+       * in a loop can be caught there twice); with the pass's waits used
+       * up, it is unsettled (below), never taken for unmarked. */
+      if (empty_looks-- <= 0) return;
       wait_ns = 1000000L;
     }
     e->unsettled = 1;
