@@ -499,7 +499,7 @@ static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e,
        * few more looks, 1 ms apart, tell them apart (a process that execs
        * in a loop can be caught there twice); with the pass's waits used
        * up, it is unsettled (below), never taken for unmarked. */
-      if (empty_looks-- <= 0) return;
+      if (denied || empty_looks-- <= 0) return; /* (denied: another user's, not ours to read) */
       wait_ns = 1000000L;
     }
     e->unsettled = 1;
