@@ -357,3 +357,12 @@ function helper.error_of(fn, ...)
   assert(not ok, "expected an error")
   return err
 end
+
+-- fails(code, fn, ...): fn(...) raises an error whose code is code; returns it.
+function helper.fails(code, fn, ...)
+  local assert = require "luassert" -- (this file loads before busted's global)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "expected " .. code)
+  assert.equal(code, type(err) == "table" and err.code or err)
+  return err
+end

@@ -26,12 +26,7 @@ local function with_sandbox(fn)
   end)
 end
 
-local function fails(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected " .. code)
-  assert.equal(code, type(err) == "table" and err.code or err)
-  return err
-end
+local fails = helper.fails
 
 -- commands run in the workspace and name paths relative to it (they hold
 -- under isolation "none" too, where commands see the host)

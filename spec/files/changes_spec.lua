@@ -3,21 +3,9 @@
 -- that made a version is gone.
 local changes = require "moonbox.files.changes"
 
-local function with_sandbox(fn)
-  return run_task(function()
-    local sb = helper.new_sandbox()
-    local ok, err = pcall(fn, sb)
-    sb:destroy()
-    if not ok then error(err, 0) end
-  end)
-end
+local with_sandbox = helper.with_sandbox
 
-local function fails(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected " .. code)
-  assert.equal(code, type(err) == "table" and err.code or err)
-  return err
-end
+local fails = helper.fails
 
 describe("checkChanges", function()
   it("refuses bad arguments: a version it never made, unknown options, a missing path", function()

@@ -29,12 +29,7 @@ local function with_sandbox(fn, opts)
   end)
 end
 
-local function fails(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected " .. code)
-  assert.equal(code, type(err) == "table" and err.code or err)
-  return err
-end
+local fails = helper.fails
 
 local function succeeds(cmd)
   local r = os.execute(cmd)
