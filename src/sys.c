@@ -297,6 +297,10 @@ static int sys_readlink(lua_State *L) {
  * getenv; zombies have no environment; one the caller may not read, or
  * longer than MAX_OWNER bytes, or further than MAX_ENVIRON bytes in,
  * gives none). A process that vanished during the pass is left out.
+ * opts.known lists pids the caller started itself (it knows what they
+ * are): one whose environment is refused is not waited for as if caught
+ * mid-exec (a shell that made itself non-dumpable would use up every
+ * pass's waits), it is reported without owner and never unsettled.
  * With cb, the pass runs on the thread pool and cb(nil, entries) or
  * cb(message, nil, CODE) follows on the loop; without, it runs at once on
  * the calling thread (for callers that cannot wait: it holds the loop, and
@@ -307,6 +311,7 @@ static int sys_readlink(lua_State *L) {
 #define SCAN_MAX_OWNER 1024
 #define SCAN_MAX_ENVIRON (1024 * 1024)
 #define SCAN_MAX_ENTRIES (1 << 22) /* pid_max's ceiling on 64-bit */
+#define SCAN_MAX_KNOWN 65536
 
 typedef struct {
   int pid, ppid, pgid, sid;
@@ -325,6 +330,8 @@ typedef struct {
   size_t env_len;
   char *prefixes[SCAN_MAX_PREFIXES];
   int nprefixes;
+  int *known; /* sorted */
+  size_t nknown;
   scan_entry *e;
   size_t n, cap;
   int settle_left; /* waits for processes caught mid-exec, for the whole pass */
@@ -336,6 +343,7 @@ static void scan_free(scan_req *r) {
   for (size_t i = 0; i < r->n; i++) free(r->e[i].owner);
   free(r->e);
   for (int i = 0; i < r->nprefixes; i++) free(r->prefixes[i]);
+  free(r->known);
   free(r->env);
   free(r->proc);
   free(r);
@@ -478,16 +486,22 @@ static int scan_same_uid(int dirfd, const char *name) {
   return u && strtoul(u + 5, NULL, 10) == (unsigned long)getuid();
 }
 
+static int cmp_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
 static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e, unsigned long flags) {
   char path[300], one[2];
   int empty_looks = 3;
+  int known = r->nknown && bsearch(&e->pid, r->known, r->nknown, sizeof *r->known, cmp_int);
   for (;;) {
     size_t n;
     int denied;
     long wait_ns = SCAN_SETTLE_NS;
     e->owner = scan_owner(r, dirfd, name, &n, &denied);
     e->unsettled = 0;
-    if (e->owner || n > 0 || (flags & PF_KTHREAD_FLAG)) return;
+    if (e->owner || n > 0 || (flags & PF_KTHREAD_FLAG) || known) return;
     /* our own process refused for a moment: mid-exec its new memory is not
      * yet dumpable, so without CAP_SYS_PTRACE its environ is EACCES */
     int ours_refused = denied && scan_same_uid(dirfd, name);
@@ -708,6 +722,32 @@ static int sys_proc_scan(lua_State *L) {
         return luaL_error(L, "out of memory");
       }
       r->nprefixes = 1;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "known");
+    if (!lua_isnil(L, -1)) {
+      size_t n = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
+      if (!lua_istable(L, -1) || n > SCAN_MAX_KNOWN) {
+        scan_free(r);
+        return luaL_argerror(L, 1, "known must be an array of at most 65536 pids");
+      }
+      r->known = n ? (int *)malloc(n * sizeof *r->known) : NULL;
+      if (n && !r->known) {
+        scan_free(r);
+        return luaL_error(L, "out of memory");
+      }
+      for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, -1, (int)i + 1);
+        lua_Number v = lua_tonumber(L, -1);
+        lua_pop(L, 1);
+        if (!(v >= 1 && v <= 0x7fffffff) || v != (lua_Number)(int)v) {
+          scan_free(r);
+          return luaL_argerror(L, 1, "known must be an array of pids");
+        }
+        r->known[i] = (int)v;
+      }
+      r->nknown = n;
+      if (n > 1) qsort(r->known, n, sizeof *r->known, cmp_int);
     }
     lua_pop(L, 1);
   }

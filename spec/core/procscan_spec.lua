@@ -135,6 +135,42 @@ describe("core.proc_scan", function()
     end)
   end)
 
+  it("does not wait for a known process whose environment is refused (a non-dumpable shell of ours)", function()
+    run_task(function()
+      local marker = "MB_SCAN_SPEC_" .. core.getpid()
+      -- python makes itself non-dumpable (as the session shell's report
+      -- builtin does), then sleeps: an unprivileged scanner is refused its
+      -- environment for good (root reads it anyway)
+      local proc, pipes = assert(core.spawn {
+        file = "/usr/bin/python3", env = { PATH = PATH, [marker] = "spec/x" }, setsid = true,
+        args = { "python3", "-c", "import ctypes,sys,time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); " ..
+          "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)" },
+        stdio = { [0] = "null", [1] = "pipe", [2] = "null" },
+      })
+      local pid = proc:pid()
+      local said = async.await(function(resume)
+        pipes[1]:read_start(function(_, data) pipes[1]:read_stop() resume(data) end)
+      end)
+      assert.equal("ready\n", said)
+      local root = core.getuid() == 0
+      local plain = assert(scan { env = marker, prefixes = { "spec/" } })
+      local known = assert(scan { env = marker, prefixes = { "spec/" }, known = { 1, pid } })
+      local e, k = find(plain, pid), find(known, pid)
+      assert.is_table(e)
+      assert.is_table(k)
+      assert.is_nil(k.unsettled)
+      if root then
+        assert.equal("spec/x", e.owner) -- readable to root whatever the flag
+        assert.equal("spec/x", k.owner)
+      else
+        assert.is_true(e.unsettled) -- waited for as if caught in execve, then given up
+        assert.is_nil(k.owner)
+      end
+      core.kill(pid, "SIGKILL")
+      pipes[1]:close()
+    end)
+  end)
+
   it("returns nil, message, code for a directory it cannot read, and rejects bad options", function()
     local entries, msg, code = core.proc_scan { proc = "/nonexistent-moonbox-proc" }
     assert.is_nil(entries)
@@ -151,7 +187,8 @@ describe("core.proc_scan", function()
     helper.sh("rm -rf " .. tmp)
     for _, bad in ipairs {
       { env = "A=B" }, { env = "" }, { env = 5 }, { prefixes = { "x" } }, { env = "A", prefixes = "x" },
-      { env = "A", prefixes = { 5 } }, { proc = 5 },
+      { env = "A", prefixes = { 5 } }, { proc = 5 }, { known = 5 }, { known = { "x" } }, { known = { 0 } },
+      { known = { 1.5 } },
     } do
       assert.has_error(function() core.proc_scan(bad) end)
     end

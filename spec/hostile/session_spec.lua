@@ -74,6 +74,32 @@ describe("cancelling an exec", function()
     end)
   end)
 
+  it("a timed-out command's kill spares what the session started beside it: kernel, terminal, process", function()
+    with_bystander(function(sb)
+      sb:exec("export FOR_ALL=1") -- the session's marker and env reach what it starts
+      local ctx = sb:createCodeContext { language = "lua" }
+      assert.is_nil(sb:runCode("x = 41", { context = ctx }).error)
+      local t = sb:terminal {}
+      local p = sb:startProcess("sleep 27183")
+      -- an orphan of the command (its parent exits at once) goes too
+      local r = sb:exec("(sleep 27184 &); sleep 27184", { timeout = 300 })
+      assert.is_true(r.timedOut)
+      assert.is_false(marked_alive(sb, "sleep.27184"), "the timed-out command's orphan still runs")
+      assert.equal("42", sb:runCode("x + 1", { context = ctx }).results[1].text)
+      assert.equal("running", sb:getProcess(p.id).status)
+      assert.is_false(t.exited)
+      t:write("echo term-$((40 + 2))\n")
+      local seen = ""
+      while not seen:find("term%-42") do
+        local ok, chunk = pcall(moonbox.timeout, 5000, t.read, t)
+        assert(ok and chunk, "the terminal stopped answering: " .. seen)
+        seen = seen .. chunk
+      end
+      t:close()
+      sb:killProcess(p.id)
+    end)
+  end)
+
   it("a cancel while the shell is stopped (SIGSTOP) still leaves a working session", function()
     with_bystander(function(sb)
       local ok, err = pcall(moonbox.timeout, 300, function() return sb:exec("kill -STOP $$; echo late") end)

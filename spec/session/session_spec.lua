@@ -260,18 +260,21 @@ describe("command framing", function()
 end)
 
 describe("timeouts", function()
-  it("kills the whole tree, setsid and TERM-ignoring descendants included, and keeps the session", function()
+  it("kills the whole tree, setsid, orphaned and TERM-ignoring descendants included, and keeps the session", function()
     with_sandbox(function(sb)
       local s = sb:createSession { id = "t", commandTimeoutMs = 1000 }
       s:exec("export KEEP=1; v=2")
+      -- d3's parent exits at once: it is re-parented to the sandbox's init
+      -- (or to the runtime without namespaces), out of the shell's tree
       local r = s:exec([[echo before; setsid sh -c 'trap "" TERM; echo $$ > d1; exec sleep 100' &
         (trap "" TERM; sh -c 'echo $$ > d2; exec sleep 100') &
-        until [ -s d1 ] && [ -s d2 ]; do sleep 0.01; done; sleep 100]])
+        (trap "" TERM; sh -c 'echo $$ > d3; exec sleep 100' &)
+        until [ -s d1 ] && [ -s d2 ] && [ -s d3 ]; do sleep 0.01; done; sleep 100]])
       assert.is_true(r.timedOut)
       assert.equal(124, r.exitCode)
       assert.equal("before\n", r.stdout)
       assert.equal("", r.stderr)
-      for _, f in ipairs { "d1", "d2" } do
+      for _, f in ipairs { "d1", "d2", "d3" } do
         local pid = tonumber(s:exec("cat " .. f).stdout)
         assert.is_number(pid)
         assert.is_false(alive(pid, sb), f .. " survived the timeout")

@@ -123,8 +123,14 @@ end
 local OWNER_ENV = "MOONBOX_OWNER"
 local pending -- {waiters = {cb...}}: the pass callers of this tick wait for
 
+-- known: what the runtime started itself (shells, processes, kernels,
+-- terminals), never waited for as if caught mid-exec: a session shell is
+-- non-dumpable (src/bash/report_builtin.c), so an unprivileged runtime
+-- without namespaces is refused its environment for good.
 local function scan_opts()
-  return { env = OWNER_ENV, prefixes = { core.getpid() .. "/" } }
+  local known = {}
+  for pid in pairs(require("moonbox.sandbox").known_pids()) do known[#known + 1] = pid end
+  return { env = OWNER_ENV, prefixes = { core.getpid() .. "/" }, known = known }
 end
 
 -- The live entries (zombies and dead tasks left out) of a pass.
@@ -236,15 +242,6 @@ function M.descendants(root_pid, scan)
   return out
 end
 
--- Orphans re-parented to the runtime (we are a subreaper): children of ours
--- that we did not spawn ourselves.
-function M.adopted(known, scan)
-  local me, out = core.getpid(), {}
-  for _, e in ipairs(scan or M.scan()) do
-    if e.ppid == me and not known[e.pid] then out[#out + 1] = e.pid end
-  end
-  return out
-end
 
 -- In proc mode a process that left its tree (setsid and double fork) is
 -- attributed by the marker every sandbox process inherits in its
@@ -277,6 +274,17 @@ local function adopters()
     if sb.init and not sb.init_dead then set[sb.init:pid()] = true end
   end
   return set
+end
+
+-- Orphans: children of the runtime (a subreaper) or of a sandbox's init
+-- (pid 1 of its namespace, where an orphan inside goes) that the runtime
+-- did not spawn itself (known: a set of pids).
+function M.adopted(known, scan)
+  local adopted, out = adopters(), {}
+  for _, e in ipairs(scan or M.scan()) do
+    if adopted[e.ppid] and not known[e.pid] then out[#out + 1] = e.pid end
+  end
+  return out
 end
 
 -- Whether a pass holds an orphan whose marker could not be read yet (caught

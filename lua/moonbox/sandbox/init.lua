@@ -24,6 +24,9 @@ local compose = require "moonbox.lib.compose"
 local M = {}
 
 local registry = {}   -- id -> sandbox
+-- sandboxes being destroyed, out of the registry: their processes are
+-- still the runtime's own while the parts collect them (_known_pids)
+local dying = setmetatable({}, { __mode = "k" })
 
 -- Whether isolation = "auto" may fall back to "none" where the kernel
 -- refuses user namespaces (said once on stderr). moonbox serve turns this
@@ -513,14 +516,24 @@ function Sandbox:_drop_spare(gone)
   end
 end
 
--- pids spawned by the runtime itself (shells), which are not orphans
+-- pids spawned by the runtime itself (shells, background processes, code
+-- kernels, terminals), which are not orphans though their parent is the
+-- runtime or a sandbox's init
 function Sandbox._known_pids()
-  local known = {}
-  for _, sb in pairs(registry) do
-    for _, s in pairs(sb.sessions) do
-      if type(s) == "table" and s.shell and s.shell:alive() then known[s.shell.pid] = true end
+  local known = util.copy(shell_mod.live)
+  local all = {}
+  for _, sb in pairs(registry) do all[#all + 1] = sb end
+  for sb in pairs(dying) do all[#all + 1] = sb end
+  for _, sb in ipairs(all) do
+    for _, p in pairs(sb.processes or {}) do
+      if p.pid and p.status == "running" then known[p.pid] = true end
     end
-    if sb.spare and sb.spare:alive() then known[sb.spare.pid] = true end
+    for _, ctx in pairs(sb.contexts or {}) do
+      if ctx.kernel and not ctx.kernel.dead then known[ctx.kernel.pid] = true end
+    end
+    for t in pairs(sb.terminals or {}) do
+      if t.pid and not t.exited then known[t.pid] = true end
+    end
   end
   return known
 end
@@ -746,6 +759,7 @@ function Sandbox:destroy(opts)
   self.destroyed = true
   self.destroying = true
   registry[self.id] = nil
+  dying[self] = true
   local cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil
   local init = self.init
   local gone = false
@@ -780,6 +794,7 @@ function Sandbox:destroy(opts)
   if not cgroup and not gone then
     tree.kill_marked("MOONBOX_OWNER", tree.owner(self.id, ""), async.sleep, true) -- prefix: every session
   end
+  dying[self] = nil
   -- the init's sockets (it is reaped on the loop, if it was not yet)
   if init then init:close() end
   if self.fs_conf then self.fs_conf:close() end
@@ -826,6 +841,7 @@ for name, method in pairs(Session) do
 end
 
 function M.all() return registry end
+M.known_pids = Sandbox._known_pids
 
 -- Runtime exit: every sandbox's processes die with it; files stay.
 M.prewarm = prewarm.enable

@@ -56,6 +56,11 @@ local tree = require "moonbox.process.tree"
 
 local M = {}
 
+-- pids of the shells that live (not yet reaped): the runtime's own, never
+-- taken for orphans (Sandbox._known_pids, a shell of a session being
+-- deleted included)
+M.live = {}
+
 local CONTROL_FD, STATUS_FD, PRELUDE_FD, BUILTIN_FD = 60, 1, 62, 63
 local MAX_ENV_BYTES = 16 * 1024 * 1024 -- far past what execve would take
 local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-pages-soft
@@ -351,6 +356,7 @@ function M.spawn(opts)
   self.devnull = core.devnull()
   self.slots = {}
   self.proc, self.pid = proc, proc:pid()
+  M.live[self.pid] = true
   -- where it was born, and the cgroup meant as its session's (a spare's
   -- cmd cgroup sits inside one): a session that adopts it keeps both
   self.cgroup, self.session_cgroup = opts.cgroup, opts.session_cgroup
@@ -459,6 +465,7 @@ end
 
 function Shell:_exited(code, signal)
   self.dead = true
+  M.live[self.pid] = nil
   self.exit_code, self.exit_signal = code, signal
   -- the EXIT trap's record may still sit in the pipe: read it first
   if self.status and not self.status:is_closing() then
