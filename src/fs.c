@@ -507,9 +507,11 @@ static int openat2_fd(int dirfd, const char *path, unsigned long long flags, uns
  *   allowed  nil, or a list of paths relative to the root (resolved in the
  *            root now, once): the mounts they lie on are the only ones an fd
  *            may end up on. Their mount ids (statx STATX_MNT_ID_UNIQUE, or
- *            STATX_MNT_ID before Linux 6.8) are recorded and an O_PATH fd of
- *            each is kept, so an id cannot be freed and given to a new mount
- *            while the confinement lives. A path on the root's own mount, or
+ *            STATX_MNT_ID before Linux 6.8) are recorded. A unique id is
+ *            never given to another mount; with the older, reusable ids an
+ *            O_PATH fd of each mount is kept, so an id cannot be freed and
+ *            given to a new mount while the confinement lives (fds a
+ *            runtime of thousands of sandboxes is short of). A path on the root's own mount, or
  *            one that cannot be opened, allows nothing. After every openat2
  *            the resulting fd's mount id is checked: any other mount (/proc,
  *            /dev, a mount made later inside) closes it and fails with EXDEV
@@ -847,9 +849,12 @@ static int fs_confine_new(lua_State *L) {
       int known = 0;
       for (int j = 0; j < c->nallowed; j++) known |= c->mnt[j] == id;
       if (!known) {
-        c->allowed_fd[c->nallowed] = fd;
+        c->allowed_fd[c->nallowed] = -1;
+        if (c->mnt_mask != STATX_MNT_ID_UNIQUE) { /* a reusable id: pinned by the fd */
+          c->allowed_fd[c->nallowed] = fd;
+          fd = -1;
+        }
         c->mnt[c->nallowed++] = id;
-        fd = -1;
       }
     }
     if (fd >= 0) close(fd);

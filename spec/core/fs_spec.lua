@@ -1268,6 +1268,21 @@ describe("fs_confine", function()
     assert.is_false(exists(tmp .. "/moved"))
   end)
 
+  it("holds one fd, its root's, where the kernel gives unique mount ids (Linux 6.8)", function()
+    local nfds = helper.fd_count
+    local major, minor = helper.sh("uname -r"):match("^(%d+)%.(%d+)")
+    local unique = tonumber(major) * 100 + tonumber(minor) >= 608
+    local before = nfds()
+    local conf = assert(core.fs_confine("/", { "proc", "dev/shm", "dev" }, nil, "in_root"))
+    local held = nfds() - before
+    local mounts = conf:mounts()
+    assert.is_true(mounts >= 2)
+    -- (reusable ids: each allowed mount is pinned by an fd of its own)
+    assert.are.equal(unique and 1 or 1 + mounts, held)
+    conf:close()
+    assert.are.equal(before, nfds())
+  end)
+
   it("creates through a final symlink on an allowed mount, and never past it", function()
     -- /dev/shm is a mount of its own on Linux hosts; the root mount is not allowed
     local shm = helper.sh("mktemp -d -p /dev/shm")

@@ -353,7 +353,6 @@ function M.spawn(opts)
     end
     return nil, pipes_or_err, code
   end
-  self.devnull = core.devnull()
   self.slots = {}
   self.proc, self.pid = proc, proc:pid()
   M.live[self.pid] = true
@@ -498,7 +497,6 @@ end
 function Shell:_close_slots()
   if not self.slots then return end
   for _, fd in ipairs(self.slots) do core.close_fd(fd) end
-  core.close_fd(self.devnull)
   self.slots = nil
   if self.env_fd then core.close_fd(self.env_fd) self.env_fd = nil end
   if self.rundir and self.body_fd then core.close_fd(self.body_fd) end
