@@ -408,7 +408,8 @@ function Session:setEnvVars(map) end
 ---@field oomKilled? boolean
 local Process = {}
 
----SIGTERM to the whole tree, SIGKILL after killGraceMs; an explicit signal is sent alone.
+---SIGTERM to the whole tree, SIGKILL after killGraceMs, and waits until the process has ended
+---(status "killed" on return); an explicit signal is sent alone, without waiting.
 ---@param signal? Signal
 ---@return KillResult
 function Process:kill(signal) end

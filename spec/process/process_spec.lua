@@ -115,6 +115,22 @@ describe("kill", function()
     end, { limits = { killGraceMs = 200 } })
   end)
 
+  it("kill() returns once the process has ended, its status killed at once; kill(signal) only sends", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("sleep 100")
+      assert.is_true(sb:killProcess(p.id).success)
+      assert.equal("killed", sb:getProcess(p.id).status)
+      local q = sb:startProcess("trap '' TERM; echo ready; while :; do sleep 0.05; done")
+      q:waitForLog("ready", 10000)
+      q:kill("SIGTERM") -- ignored, and an explicit signal is only sent
+      assert.equal("running", q.status)
+      sb:startProcess("sleep 100")
+      -- q ends by the SIGKILL after the grace, the sleep by SIGTERM
+      assert.equal(2, sb:killAllProcesses())
+      for _, x in ipairs(sb:listProcesses()) do assert.equal("killed", x.status, x.command) end
+    end, { limits = { killGraceMs = 200 } })
+  end)
+
   it("kills on timeout and counts killAllProcesses", function()
     with_sandbox(function(sb)
       local t = sb:startProcess("sleep 100", { timeout = 200 })

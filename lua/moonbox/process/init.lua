@@ -229,7 +229,23 @@ end
 -- kill(signal?): an explicit signal is sent to the whole tree; without one,
 -- SIGTERM now and SIGKILL to whatever is left after limits.killGraceMs.
 function Process:kill(signal)
-  return self:_kill(signal)
+  local r = self:_kill(signal)
+  if signal == nil and r.success then M.await_ended({ self }, self._sandbox) end
+  return r
+end
+
+-- kill() without a signal returns once the process has ended (SIGTERM, then
+-- SIGKILL after killGraceMs), so its status reads "killed" at once, as
+-- after the seed's killProcess; an explicit signal is only sent. Bounded
+-- by the grace and 2 s more for the SIGKILL; outside a task it never waits.
+function M.await_ended(procs, sb)
+  if not async.in_task() then return end
+  local deadline = util.now_ms() + sb.policy.limits.killGraceMs + 2000
+  for _, p in ipairs(procs) do
+    local left = math.floor(deadline - util.now_ms())
+    if left <= 0 then break end
+    if p:_running() then pcall(p.waitForExit, p, left) end
+  end
 end
 
 -- A proc-mode process that ended but is not yet known to have left nothing
@@ -763,13 +779,15 @@ end
 function Session:killAllProcesses(signal)
   self:_check_live()
   -- a process whose own pid ended counts while its tree lives
-  local n, scan = 0, proc_pass(self.sandbox)
+  local n, scan, signalled = 0, proc_pass(self.sandbox), {}
   for _, p in pairs(self.sandbox.processes) do
     if p:_alive(scan) then
       p:_kill(signal, scan)
       n = n + 1
+      signalled[#signalled + 1] = p
     end
   end
+  if signal == nil then M.await_ended(signalled, self.sandbox) end
   return n
 end
 
