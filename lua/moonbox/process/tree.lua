@@ -129,7 +129,10 @@ local pending -- {waiters = {cb...}}: the pass callers of this tick wait for
 -- without namespaces is refused its environment for good.
 local function scan_opts()
   local known = {}
-  for pid in pairs(require("moonbox.sandbox").known_pids()) do known[#known + 1] = pid end
+  for pid in pairs(require("moonbox.sandbox").known_pids()) do
+    if #known == 65536 then break end -- core.proc_scan's ceiling (the rest are only waited for)
+    known[#known + 1] = pid
+  end
   return { env = OWNER_ENV, prefixes = { core.getpid() .. "/" }, known = known }
 end
 
