@@ -33,10 +33,14 @@ describe("isolation: namespaces", function()
       local p = b:startProcess("exec sleep 100")
       a:exec("echo from-a > /tmp/shared")
       assert.equal("from-a\n", b:exec("cat /tmp/shared").stdout)
-      local ps = a:exec("ps -e -o pid=,comm=").stdout
-      local saw_sleep = false
+      -- (the process is bash until it has exec'd sleep: under load, a while)
+      local ps, saw_sleep = "", false
+      helper.eventually(function()
+        ps = a:exec("ps -e -o pid=,comm=").stdout
+        saw_sleep = ps:find(" sleep\n") ~= nil
+        return saw_sleep
+      end, 10000)
       for pid, comm in ps:gmatch("(%d+) ([^\n]+)") do
-        if comm == "sleep" then saw_sleep = true end
         assert.truthy(({ ["moonbox-init"] = true, bash = true, ps = true, sleep = true })[comm],
           "a process from outside the sandbox is visible: " .. pid .. " " .. comm)
       end
