@@ -245,7 +245,6 @@ function M.descendants(root_pid, scan)
   return out
 end
 
-
 -- In proc mode a process that left its tree (setsid and double fork) is
 -- attributed by the marker every sandbox process inherits in its
 -- environment: MOONBOX_OWNER=<runtime pid>/<sandbox>/<session>, unique on
