@@ -52,11 +52,7 @@ local function text(n)
   return table.concat(parts):sub(1, n)
 end
 local urandom = assert(io.open("/dev/urandom", "rb"))
-local function write(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-end
+local function write(path, data) assert(util.write_file(path, data)) end
 
 -- ~MB of files under dir: 30% small text files, 30% large text, 40% random
 local function populate(dir)

@@ -467,15 +467,6 @@ static int scan_stat(int dirfd, const char *name, scan_entry *e, unsigned long *
   return 1;
 }
 
-/* Read e's marker. A process in the middle of execve has no environment
- * to read (the kernel sets the new one's bounds at the end of the exec),
- * nor a command line; neither has one that is exiting (its memory gone).
- * Such a process is read again a few ms later (SCAN_SETTLE_ROUNDS waits
- * at most for the whole pass), on this (pool) thread: a marked process caught mid-exec would
- * otherwise look unmarked (on a loaded machine the window spans passes).
- * Still unreadable after that: e->unsettled. Kernel threads have neither
- * and are not waited for; a process that cleared its environment still
- * has a command line. */
 /* Whether pid's real uid is ours (status is readable whatever its
  * dumpable flag). */
 static int scan_same_uid(int dirfd, const char *name) {
@@ -491,6 +482,15 @@ static int cmp_int(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* Read e's marker. A process in the middle of execve has no environment
+ * to read (the kernel sets the new one's bounds at the end of the exec),
+ * nor a command line; neither has one that is exiting (its memory gone).
+ * Such a process is read again a few ms later (SCAN_SETTLE_ROUNDS waits
+ * at most for the whole pass), on this (pool) thread: a marked process caught mid-exec would
+ * otherwise look unmarked (on a loaded machine the window spans passes).
+ * Still unreadable after that: e->unsettled. Kernel threads have neither
+ * and are not waited for; a process that cleared its environment still
+ * has a command line. */
 static void scan_settle(scan_req *r, int dirfd, const char *name, scan_entry *e, unsigned long flags) {
   char path[300], one[2];
   int empty_looks = 3;

@@ -131,19 +131,16 @@ function M.extract(session, archive, dir, keep, cleared)
   if not st.exists then
     errors.raise("BACKUP_NOT_FOUND", ("no archive at %s"):format(archive), { archivePath = archive })
   end
-  if cleared then
-    run(session, { "unsquashfs", "-f", "-no-progress", "-quiet", "-d", cmd_path(session, dir),
-      cmd_path(session, archive) }, "BACKUP_RESTORE_FAILED", "unsquashfs")
-    return { success = true, dir = dir }
+  if not cleared and session:exists(dir).exists then
+    local argv = { "find", cmd_path(session, dir), "-mindepth", "1", "-maxdepth", "1" }
+    if keep then
+      argv[#argv + 1] = "!"
+      argv[#argv + 1] = "-name"
+      argv[#argv + 1] = keep
+    end
+    for _, a in ipairs { "-exec", "rm", "-rf", "--", "{}", "+" } do argv[#argv + 1] = a end
+    run(session, argv, "BACKUP_RESTORE_FAILED", "clearing " .. dir)
   end
-  local argv = { "find", cmd_path(session, dir), "-mindepth", "1", "-maxdepth", "1" }
-  if keep then
-    argv[#argv + 1] = "!"
-    argv[#argv + 1] = "-name"
-    argv[#argv + 1] = keep
-  end
-  for _, a in ipairs { "-exec", "rm", "-rf", "--", "{}", "+" } do argv[#argv + 1] = a end
-  if session:exists(dir).exists then run(session, argv, "BACKUP_RESTORE_FAILED", "clearing " .. dir) end
   run(session, { "unsquashfs", "-f", "-no-progress", "-quiet", "-d", cmd_path(session, dir),
     cmd_path(session, archive) }, "BACKUP_RESTORE_FAILED", "unsquashfs")
   return { success = true, dir = dir }

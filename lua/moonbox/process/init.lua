@@ -226,18 +226,18 @@ function Process:_wait_tree_gone()
   return not self:_alive()
 end
 
--- kill(signal?): an explicit signal is sent to the whole tree; without one,
--- SIGTERM now and SIGKILL to whatever is left after limits.killGraceMs.
+-- kill(signal?): an explicit signal is sent to the whole tree, and that is
+-- all; without one, SIGTERM now and SIGKILL to whatever is left after
+-- limits.killGraceMs, and it returns once the process has ended, so its
+-- status reads "killed" at once, as after the seed's killProcess.
 function Process:kill(signal)
   local r = self:_kill(signal)
   if signal == nil and r.success then M.await_ended({ self }, self._sandbox) end
   return r
 end
 
--- kill() without a signal returns once the process has ended (SIGTERM, then
--- SIGKILL after killGraceMs), so its status reads "killed" at once, as
--- after the seed's killProcess; an explicit signal is only sent. Bounded
--- by the grace and 2 s more for the SIGKILL; outside a task it never waits.
+-- Wait until procs have ended: at most the kill grace and 2 s more for the
+-- SIGKILL; outside a task, not at all.
 function M.await_ended(procs, sb)
   if not async.in_task() then return end
   local deadline = util.now_ms() + sb.policy.limits.killGraceMs + 2000

@@ -521,10 +521,7 @@ end
 -- runtime or a sandbox's init
 function Sandbox._known_pids()
   local known = util.copy(shell_mod.live)
-  local all = {}
-  for _, sb in pairs(registry) do all[#all + 1] = sb end
-  for sb in pairs(dying) do all[#all + 1] = sb end
-  for _, sb in ipairs(all) do
+  local function add(sb)
     for _, p in pairs(sb.processes or {}) do
       if p.pid and p.status == "running" then known[p.pid] = true end
     end
@@ -535,6 +532,8 @@ function Sandbox._known_pids()
       if t.pid and not t.exited then known[t.pid] = true end
     end
   end
+  for _, sb in pairs(registry) do add(sb) end
+  for sb in pairs(dying) do add(sb) end
   return known
 end
 

@@ -679,17 +679,16 @@ function Session:_destroy(gone)
   self.destroyed = true
   compose.run(M.hooks, "session_end", self)
   local sh = self.shell
-  if gone then -- luacheck: ignore 542 (nothing to kill: only the shell's exit report is awaited below)
-  elseif self.cgroup then
+  if self.cgroup and not gone then
     tree.kill_cgroup(self.cgroup)
-  elseif sh and sh:alive() then
-    -- the shell's process group first: its background jobs stay in it
-    -- (no job control), and one kill(2) reaches a fork bomb's every member
-    -- (the live shell pins the group id)
-    core.kill(-sh.pid, "SIGKILL")
-    tree.signal_pids(tree.descendants(sh.pid), "SIGKILL")
-  end
-  if not self.cgroup and not gone then
+  elseif not gone then
+    if sh and sh:alive() then
+      -- the shell's process group first: its background jobs stay in it
+      -- (no job control), and one kill(2) reaches a fork bomb's every member
+      -- (the live shell pins the group id)
+      core.kill(-sh.pid, "SIGKILL")
+      tree.signal_pids(tree.descendants(sh.pid), "SIGKILL")
+    end
     -- also what left the shell's tree (setsid, double fork): it carries our marker
     tree.kill_marked("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
   end
