@@ -40,7 +40,18 @@
  *   (core.close_fd). A lock held by another open file returns nil, message,
  *   "EAGAIN" and the file's content (the holder's words) as a fourth value.
  *   A lock file removed or replaced between open and flock is retried, so two
- *   callers never both hold "the" lock of one path. Synchronous.
+ *   callers never both hold "the" lock of one path. Synchronous. *
+ * core.rmdir_tree(path, cb) -> true | nil, message, CODE
+ *   Removes the directory path and every directory under it, deepest first,
+ *   with rmdir(2) alone, on the thread pool: for cgroup trees, where a
+ *   cgroup goes by rmdir once empty and each rmdir takes the kernel's
+ *   cgroup_mutex and takes its controllers offline (a sandbox's few cost
+ *   most of a millisecond, too long for the loop and for destroy's caller).
+ *   No file is unlinked and no symlink followed (O_NOFOLLOW, entries other
+ *   than directories are left, so their directory's rmdir fails); at most
+ *   RMDIR_MAX_DEPTH levels. cb(nil, count) with the number of directories
+ *   removed, or cb(message, nil, CODE) at the first failure; a path already
+ *   gone is count 0.
  */
 #include "private.h"
 
@@ -574,8 +585,11 @@ static int fs_lock(lua_State *L) {
     /* the file we locked must still be the one at path */
     struct stat a, b;
     if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_nlink > 0) {
+      /* written first, then cut to its length: on ext4 a truncation to 0
+       * makes the file's close flush it to disk (auto_da_alloc), a
+       * fraction of a millisecond in every destroy */
       errno = EIO; /* a short write sets nothing */
-      if (ftruncate(fd, 0) < 0 || (clen && pwrite(fd, content, clen, 0) != (ssize_t)clen)) {
+      if ((clen && pwrite(fd, content, clen, 0) != (ssize_t)clen) || ftruncate(fd, (off_t)clen) < 0) {
         int err = errno;
         close(fd);
         lua_pushfstring(L, "write lock '%s'", path);
@@ -590,9 +604,134 @@ static int fs_lock(lua_State *L) {
   return mb_push_errno(L, EAGAIN, lua_tostring(L, -1));
 }
 
+/* ---- core.rmdir_tree ------------------------------------------------------ */
+
+#define RMDIR_MAX_DEPTH 16
+
+typedef struct {
+  uv_work_t work;
+  mb_core *core;
+  int cb_ref;
+  char *path;
+  long removed;
+  int err;
+} rmdir_req;
+
+/* Removes every directory under the open directory dfd (closed here), at
+ * most depth levels down; 0 or an errno. */
+static int rmdir_children(rmdir_req *r, int dfd, int depth) {
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    int e = errno;
+    close(dfd);
+    return e;
+  }
+  int err = 0;
+  struct dirent *de;
+  /* removing entries while reading: start over until a pass removes nothing */
+  for (int again = 1; again && !err;) {
+    again = 0;
+    rewinddir(d);
+    while (!err && (de = readdir(d)) != NULL) {
+      if (de->d_type != DT_DIR || strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+      if (depth <= 0) {
+        err = ELOOP;
+        break;
+      }
+      int child = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (child < 0) err = errno == ENOENT ? 0 : errno;
+      else err = rmdir_children(r, child, depth - 1);
+      if (!err) {
+        if (unlinkat(dirfd(d), de->d_name, AT_REMOVEDIR) == 0) {
+          r->removed++;
+          again = 1;
+        } else if (errno != ENOENT) {
+          err = errno;
+        }
+      }
+    }
+  }
+  closedir(d);
+  return err;
+}
+
+static void rmdir_work(uv_work_t *w) {
+  rmdir_req *r = (rmdir_req *)w->data;
+  int dfd = open(r->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    r->err = errno == ENOENT ? 0 : errno;
+    return;
+  }
+  r->err = rmdir_children(r, dfd, RMDIR_MAX_DEPTH);
+  if (!r->err) {
+    if (rmdir(r->path) == 0) r->removed++;
+    else if (errno != ENOENT) r->err = errno;
+  }
+}
+
+static void rmdir_after(uv_work_t *w, int status) {
+  rmdir_req *r = (rmdir_req *)w->data;
+  mb_core *core = r->core;
+  if (status == UV_ECANCELED) r->err = ECANCELED;
+  if (core->dead) {
+    free(r->path);
+    free(r);
+    return;
+  }
+  lua_State *cbL = core->cbL;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, r->cb_ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, r->cb_ref);
+  int nargs;
+  if (!r->err) {
+    lua_pushnil(cbL);
+    lua_pushnumber(cbL, (lua_Number)r->removed);
+    nargs = 2;
+  } else {
+    int uverr = uv_translate_sys_error(r->err);
+    lua_pushfstring(cbL, "%s: %s (rmdir_tree %s)", uv_err_name(uverr), uv_strerror(uverr), r->path);
+    lua_pushnil(cbL);
+    lua_pushstring(cbL, uv_err_name(uverr));
+    nargs = 3;
+  }
+  free(r->path);
+  free(r);
+  mb_call(core, cbL, nargs);
+}
+
+/* core.rmdir_tree(path, cb) -> true | nil, message, CODE */
+static int fs_rmdir_tree(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  if (path[0] != '/') return luaL_argerror(L, 1, "path must be absolute");
+  mb_core *core = mb_core_get(L);
+  rmdir_req *r = (rmdir_req *)calloc(1, sizeof(rmdir_req));
+  char *copy = strdup(path);
+  if (!r || !copy) {
+    free(r);
+    free(copy);
+    return luaL_error(L, "out of memory");
+  }
+  r->work.data = r;
+  r->core = core;
+  r->path = copy;
+  lua_pushvalue(L, 2);
+  r->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  int rc = uv_queue_work(core->loop, &r->work, rmdir_work, rmdir_after);
+  if (rc < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, r->cb_ref);
+    free(r->path);
+    free(r);
+    return mb_push_error(L, rc, "rmdir_tree");
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 void mb_open_fs_tree(lua_State *L) {
   lua_pushcfunction(L, fs_remove_tree);
   lua_setfield(L, -2, "fs_remove_tree");
   lua_pushcfunction(L, fs_lock);
   lua_setfield(L, -2, "fs_lock");
+  lua_pushcfunction(L, fs_rmdir_tree);
+  lua_setfield(L, -2, "rmdir_tree");
 }

@@ -157,6 +157,64 @@ describe("core.fs_lock", function()
     assert.is_nil(none)
     assert.are.equal("ELOOP", code, msg)
     assert.is_false(exists(tmp .. "/target"))
+    -- shorter words after longer ones leave nothing of the longer
+    fd = assert(fs.lock(path, "a longer holder\n"))
+    core.close_fd(fd)
+    fd = assert(fs.lock(path, "s\n"))
+    assert.are.equal("s\n", sh("cat " .. path .. "; echo"))
+    core.close_fd(fd)
     sh("rm -rf " .. tmp)
+  end)
+end)
+
+describe("core.rmdir_tree", function()
+  local function rmdir_tree(path)
+    return run_task(function()
+      local async = require "moonbox.async"
+      return async.await(function(resume)
+        assert(core.rmdir_tree(path, function(err, n, code) resume({ err = err, n = n, code = code }) end))
+      end)
+    end)
+  end
+
+  it("removes a tree of directories, deepest first, on the thread pool", function()
+    local tmp = helper.mkdtemp()
+    sh(("mkdir -p %s/t/a/b/c %s/t/d"):format(tmp, tmp))
+    local r = rmdir_tree(tmp .. "/t")
+    assert.is_nil(r.err)
+    assert.are.equal(5, r.n) -- t, a, b, c, d
+    assert.is_false(exists(tmp .. "/t"))
+    -- already gone: nothing to do
+    r = rmdir_tree(tmp .. "/t")
+    assert.is_nil(r.err)
+    assert.are.equal(0, r.n)
+    sh("rm -rf " .. tmp)
+  end)
+
+  it("unlinks no file and follows no symlink: their directories stay, with an error", function()
+    local tmp = helper.mkdtemp()
+    sh(("mkdir -p %s/t/a %s/outside/keep && echo precious > %s/t/a/file && ln -s %s/outside %s/t/link")
+      :format(tmp, tmp, tmp, tmp, tmp))
+    local r = rmdir_tree(tmp .. "/t")
+    assert.are.equal("ENOTEMPTY", r.code, r.err)
+    assert.are.equal("precious", sh("cat " .. tmp .. "/t/a/file"))
+    assert.are.equal("keep", sh("ls " .. tmp .. "/outside"))
+    assert.are.equal("a\nlink", sh("ls " .. tmp .. "/t"))
+    sh("rm -rf " .. tmp)
+  end)
+
+  it("removes a cgroup tree (cgroup mode) and refuses a relative path", function()
+    local tree = require "moonbox.process.tree"
+    if tree.mode() == "cgroup" then
+      local dir = tree.base() .. "/rmdir-tree-spec"
+      assert(core.mkdir(dir))
+      assert(core.mkdir(dir .. "/child"))
+      assert(core.mkdir(dir .. "/child/grandchild"))
+      local r = rmdir_tree(dir)
+      assert.is_nil(r.err)
+      assert.are.equal(3, r.n)
+      assert.is_nil(io.open(dir .. "/cgroup.procs"))
+    end
+    assert.has_error(function() core.rmdir_tree("relative/path", function() end) end)
   end)
 end)

@@ -38,8 +38,24 @@ function M.populated(dir)
   return events ~= nil and events:match("populated 1") ~= nil
 end
 
+-- cgroup trees being removed on the thread pool (M.remove_later): dir ->
+-- true until the removal ends
+local removing = {}
+local removing_count = 0
+
+-- dir, or a directory above it, is being removed on the thread pool: its
+-- own removal is that job's
+local function under_removal(dir)
+  if removing_count == 0 then return false end
+  for top in pairs(removing) do
+    if dir == top or dir:sub(1, #top + 1) == top .. "/" then return true end
+  end
+  return false
+end
+
 -- Remove a cgroup directory and its children (they must be empty).
 function M.remove_cgroup(dir)
+  if under_removal(dir) then return true end
   for _, name in ipairs(core.readdir(dir) or {}) do
     if util.is_dir(dir .. "/" .. name) then M.remove_cgroup(dir .. "/" .. name) end
   end
@@ -503,13 +519,59 @@ end
 -- Remove a killed cgroup once its last process is gone (waited for through
 -- inotify, at most ~2 s), only on teardown paths, never for a result.
 function M.remove_when_empty(dir, sleep)
+  if under_removal(dir) then return true end
   M.wait_empty(dir, 2000, sleep)
   return M.remove_cgroup(dir)
+end
+
+-- Remove an empty cgroup tree (its processes are gone) on the thread pool:
+-- each rmdir takes the kernel's cgroup_mutex and takes the cgroup's
+-- controllers offline, most of a millisecond for a sandbox's few, which
+-- destroy's caller need not wait for. Until it ends, removals of the
+-- cgroups under dir are this job's (no-ops), and M.fresh_name never hands
+-- out dir's name again. A job that fails (a process got in after all) falls
+-- back to the synchronous removal.
+function M.remove_later(dir)
+  if M.mode() ~= "cgroup" or under_removal(dir) then return end
+  removing[dir] = true
+  removing_count = removing_count + 1
+  local function done(err)
+    removing[dir] = nil
+    removing_count = removing_count - 1
+    if err then M.remove_cgroup(dir) end
+  end
+  if not core.rmdir_tree(dir, done) then done(true) end
+end
+
+-- A cgroup name under the base for `name` that no removal still holds:
+-- name itself, or name.<n> (a sandbox id never holds a dot) while an
+-- earlier cgroup of that name is being removed.
+local fresh_seq = 0
+function M.fresh_name(name)
+  if M.mode() ~= "cgroup" then return name end
+  local candidate = name
+  while removing[base_dir .. "/" .. candidate] do
+    fresh_seq = fresh_seq + 1
+    candidate = name .. "." .. fresh_seq
+  end
+  return candidate
+end
+
+-- Wait (up to limit_ms) for the thread-pool removals to end (in a task:
+-- their callbacks come from the loop).
+function M.await_removals(sleep, limit_ms)
+  if removing_count > 0 and not require("moonbox.async").in_task() then return false end
+  for _ = 1, math.ceil((limit_ms or 2000) / 5) do
+    if removing_count == 0 then return true end
+    sleep(5)
+  end
+  return removing_count == 0
 end
 
 -- Shutdown: kill and remove everything under our base cgroup.
 function M.cleanup(sleep)
   if mode == "cgroup" and base_dir then
+    M.await_removals(sleep)
     M.kill_cgroup(base_dir)
     M.remove_when_empty(base_dir, sleep)
   end

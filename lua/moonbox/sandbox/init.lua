@@ -155,7 +155,7 @@ function M.getSandbox(id, opts)
     processes = {},
     process_seq = 0,
     shell_seq = 0,
-    cgroup_name = "sb-" .. id,
+    cgroup_name = tree.fresh_name("sb-" .. id),
     idmap = idmap,
     root_lock = lock, root_canon = canon, root_identity = identity,
   }, Sandbox)
@@ -764,6 +764,13 @@ function Sandbox:destroy(opts)
   local gone = false
   compose.run(session_mod.hooks, "sandbox_killing", self)
   if init and not self.init_dead then
+    -- The sandbox's mount namespace, held across the kill: its last
+    -- process would otherwise unmount the whole tree on its way out (a
+    -- synchronous RCU wait or more, per namespace), before the init's exit
+    -- is reported. Closed on the thread pool once the processes are gone,
+    -- so the unmounting happens there. (None where /proc refuses it: the
+    -- kill goes on as before.)
+    local mnt = core.open_fd("/proc/" .. self.init_pid .. "/ns/mnt", "r")
     pcall(init.kill, init, "SIGKILL")
     gone = async.await(function(resume)
       local t = core.timer()
@@ -775,6 +782,7 @@ function Sandbox:destroy(opts)
     -- (nothing of the sandbox runs outside its pid namespace; were it
     -- otherwise, the cgroup's kill below would reach it)
     if gone and cgroup and tree.populated(cgroup) then gone = false end
+    if mnt then core.fs_close(mnt, function() end) end
   end
   if cgroup and not gone then
     gone = tree.kill_cgroup(cgroup) and tree.wait_empty(cgroup, 2000, async.sleep)
@@ -783,6 +791,9 @@ function Sandbox:destroy(opts)
       gone = tree.wait_empty(cgroup, 2000, async.sleep)
     end
   end
+  -- nothing runs in the cgroups any more: the whole tree goes on the
+  -- thread pool, and the parts' own cgroup removals below are its
+  if gone and cgroup then tree.remove_later(cgroup) end
   compose.run(session_mod.hooks, "session_ending", self, nil, gone) -- every session's processes
   self:_drop_spare(gone)
   for id, s in pairs(self.sessions) do
