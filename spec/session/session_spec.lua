@@ -384,6 +384,34 @@ describe("concurrency", function()
     end)
   end)
 
+  it("holds two fds of the runtime per idle namespaced session, and returns a command's after it", function()
+    with_sandbox(function(sb)
+      -- (after a first created session: the spare shell that replaces it
+      -- is counted in before)
+      sb:exec("true")
+      sb:createSession({ id = "fd-0" }):exec("true")
+      local fds = helper.fd_count
+      local before = helper.steady(fds)
+      local sessions = {}
+      for i = 1, 20 do
+        sessions[i] = sb:createSession { id = "fd-" .. i }
+        assert.equal("ok\n", sessions[i]:exec("echo ok").stdout)
+      end
+      local with_sessions = helper.steady(fds)
+      if sb:info().isolation == "namespaces" then
+        -- its control and status pipes; the run directory, the body and
+        -- the env file are opened only while a command runs
+        assert.equal(before + 2 * 20, with_sessions)
+      else
+        assert.is_true(with_sessions - before <= 20 * 10, tostring(with_sessions - before))
+      end
+      for _, s in ipairs(sessions) do s:exec("echo x; echo y >&2", { stdin = "in" }) end
+      assert.equal(with_sessions, helper.steady(fds))
+      for i = 1, 20 do sb:deleteSession("fd-" .. i) end
+      assert.equal(before, helper.steady(fds))
+    end)
+  end)
+
   it("lets exactly one of two concurrent createSession calls on one id win", function()
     with_sandbox(function(sb)
       local results = moonbox.all(

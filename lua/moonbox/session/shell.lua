@@ -44,11 +44,13 @@
 --
 -- Inside a sandbox's namespaces the runtime's /proc is not visible, so the
 -- five paths name entries of a run directory of the shell's own instead
--- (rundir): the body one file rewritten per command, stdin and prelude
--- small files written per command, stdout and stderr fresh FIFOs the
--- runtime holds open read-write (never at EOF, never blocking the shell's
--- open). Each but the body is unlinked after the command, so a background
--- job keeps only its own old copy.
+-- (rundir): the body, stdin and prelude files written per command, stdout
+-- and stderr fresh FIFOs the runtime holds open read-write (never at EOF,
+-- never blocking the shell's open), the env file the shell rewrites. Each
+-- but the env file is unlinked after the command, so a background job
+-- keeps only its own old copy. The runtime holds the directory's fd only
+-- while it works in it (a command, the hello, the shell's end): an idle
+-- namespaced session costs the runtime its two pipes alone (issue #18).
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local fs = require "moonbox.lib.fs"
@@ -264,6 +266,32 @@ function Shell:_make_entry(fn, name, ...)
   return self:_as_root_inside(fn, name, ...)
 end
 
+-- The run directory's fd, opened when the runtime works in it and closed by
+-- _release_dir between commands. Reopened the way it was first opened:
+-- through the sandbox's confinement (on the /run/moonbox tmpfs, never
+-- following a symlink), or refusing a directory someone else owns.
+function Shell:_dir()
+  if not self.rundir_fd then
+    local rundir = self.rundir
+    local fd, err, code
+    if rundir.conf then
+      fd, err, code = core.fs_open_beneath(rundir.conf, rundir.inside:sub(2), "r")
+    else
+      fd, err, code = core.dir_fd(rundir.host, rundir.uid)
+    end
+    if not fd then return nil, err, code end
+    self.rundir_fd = fd
+  end
+  return self.rundir_fd
+end
+
+function Shell:_release_dir()
+  if self.rundir_fd and not self.running and not self.starting then
+    core.close_fd(self.rundir_fd)
+    self.rundir_fd = nil
+  end
+end
+
 function Shell:_remove_rundir()
   local rundir = self.rundir
   if rundir.conf then fs.rmdir_beneath(rundir.conf, rundir.inside:sub(2)) else core.rmdir(rundir.host) end
@@ -293,27 +321,38 @@ function Shell:_open_rundir(rundir)
   return true
 end
 
--- The env file the shell's `export -p` rewrites before each report, held
--- open for reading: a memfd (its /proc/<rt>/fd path), or a file in the run
--- directory under namespaces.
+-- The env file the shell's `export -p` rewrites before each report: a
+-- memfd held open for reading (its /proc/<rt>/fd path), or a file in the
+-- run directory under namespaces, read by name when a record says it
+-- changed (Shell:_read_env).
 function Shell:_open_env_file()
   if not self.rundir then
     self.env_fd = assert(core.memfd("moonbox-env"))
     return
   end
-  local w = assert(self:_as_root_inside(core.open_fd, "env", "w", self.rundir_fd))
+  local w = assert(self:_make_entry(core.open_fd, "env", "w", self.rundir_fd))
   core.close_fd(w)
-  self.env_fd = assert(core.open_fd("env", "r", self.rundir_fd))
+end
+
+-- The env file's content ("" when it cannot be read: what the sandbox put
+-- in its place is not followed, nor waited for).
+function Shell:_read_env()
+  if self.env_fd then return core.pread_all(self.env_fd, MAX_ENV_BYTES) or "" end
+  if not self.rundir then return "" end
+  local dir = self:_dir()
+  local fd = dir and core.open_fd("env", "r", dir)
+  local text = fd and core.pread_all(fd, MAX_ENV_BYTES) or ""
+  if fd then core.close_fd(fd) end
+  self:_release_dir()
+  return text
 end
 
 -- The body slot is one file rewritten per command (bash reads a sourced
--- file whole before it runs any of it): a memfd on the body slot, or
--- `body` in the run directory. The spawn builtin reads it too, and may
--- then source it all the same.
+-- file whole before it runs any of it): a memfd on the body slot; in the
+-- run directory, `body` is written per command like stdin (Shell:start).
+-- The spawn builtin reads it too, and may then source it all the same.
 function Shell:_open_body_file()
-  if self.rundir then
-    self.body_fd = assert(self:_as_root_inside(core.open_fd, "body", "w", self.rundir_fd))
-  else
+  if not self.rundir then
     self.body_fd = assert(core.memfd("moonbox-body"))
     self.slots[SLOTS.body] = self.body_fd
   end
@@ -348,7 +387,7 @@ function M.spawn(opts)
   })
   if not proc then
     if self.rundir then
-      core.close_fd(self.rundir_fd)
+      if self.rundir_fd then core.close_fd(self.rundir_fd) self.rundir_fd = nil end
       self:_remove_rundir()
     end
     return nil, pipes_or_err, code
@@ -380,6 +419,8 @@ function Shell:begin(rundir)
   -- bash reads a script from a pipe one byte per read(2), but sources a
   -- file in blocks: the start-up script comes through its own pipe, sourced
   self:_open_env_file()
+  -- (the run directory stays open until the hello: _status_data)
+  self.starting = self.rundir ~= nil
   local p = self.prelude_pipe
   self.prelude_pipe = nil
   p:write(prelude(self.slots, self.rundir, self.env_fd), function() p:close() end)
@@ -403,7 +444,9 @@ local KEEP_STATUS_TAIL = 8192 -- past a record's head and the longest PWD (4096)
 
 function Shell:_record(id, status, kind, flag, pwd)
   if flag ~= "-" or not self.exports then
-    self.exports = self.env_fd and core.pread_all(self.env_fd, MAX_ENV_BYTES) or ""
+    self.exports = self:_read_env()
+  else
+    self:_release_dir()
   end
   local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
     pwd = pwd, exports = self.exports }
@@ -428,6 +471,10 @@ function Shell:_status_data(data)
       e = select(2, text:find("\n0 0 hello%z[^%z]*%z"))
       if not e then self.status_buf = { text } return end
       self.nonce, text = false, text:sub(e + 1)
+    end
+    if self.starting then
+      self.starting = false
+      self:_release_dir()
     end
   end
   if self.nonce then
@@ -499,12 +546,16 @@ function Shell:_close_slots()
   for _, fd in ipairs(self.slots) do core.close_fd(fd) end
   self.slots = nil
   if self.env_fd then core.close_fd(self.env_fd) self.env_fd = nil end
-  if self.rundir and self.body_fd then core.close_fd(self.body_fd) end
   self.body_fd = nil
   if self.rundir then
-    for name in pairs(SLOTS) do core.unlink(name, self.rundir_fd) end
-    core.unlink("env", self.rundir_fd)
-    core.close_fd(self.rundir_fd)
+    self.starting = false
+    local dir = self:_dir()
+    if dir then
+      for name in pairs(SLOTS) do core.unlink(name, dir) end
+      core.unlink("env", dir)
+      core.close_fd(dir)
+    end
+    self.rundir_fd = nil
     self:_remove_rundir()
   end
 end
@@ -653,8 +704,10 @@ function Shell:start(req)
     for _, s in ipairs(feeders) do s:close() end
     self.running = false
     if self.rundir then
-      for _, slot in ipairs(used) do core.unlink(SLOT_NAMES[slot], self.rundir_fd) end
-      if self.dead then self:_close_slots() end
+      if self.rundir_fd then
+        for _, slot in ipairs(used) do core.unlink(SLOT_NAMES[slot], self.rundir_fd) end
+      end
+      if self.dead then self:_close_slots() else self:_release_dir() end
     elseif self.dead then
       self:_close_slots()
     end
@@ -662,8 +715,13 @@ function Shell:start(req)
     -- our ends are closed, so that pipe is dead either way)
   end
   local ok, err = pcall(function()
-    local ok_body, err_body = core.rewrite_fd(self.body_fd, req.body)
-    if not ok_body then error(err_body, 0) end
+    if self.rundir then
+      assert(self:_dir())
+      feed(SLOTS.body, req.body)
+    else
+      local ok_body, err_body = core.rewrite_fd(self.body_fd, req.body)
+      if not ok_body then error(err_body, 0) end
+    end
     if req.stdin then feed(SLOTS.stdin, req.stdin) end
     drain(SLOTS.stdout, "stdout")
     drain(SLOTS.stderr, "stderr")
