@@ -177,10 +177,12 @@ static int sys_mkfifo(lua_State *L) {
 }
 
 /* core.open_fd(path, how[, dirfd[, mode]]) -> fd (close-on-exec) | nil, msg, code. how: "r",
- * "w" (create/truncate, mode default 0600, less the umask), or "fifo" (read-write and
- * non-blocking: a FIFO reader that is never at EOF and never blocks its writers' open).
+ * "w" (create/truncate, mode default 0600, less the umask), "fifo" (read-write and
+ * non-blocking: a FIFO reader that is never at EOF and never blocks its writers' open),
+ * or "fifo_w" (a FIFO's writer, non-blocking: ENXIO when it has no reader).
  * With a dirfd (a directory others may write in) the open never follows a symlink,
- * never blocks, and gives only a regular file ("r", "w") or a FIFO ("fifo"): EINVAL. */
+ * never blocks, and gives only a regular file ("r", "w") or a FIFO ("fifo", "fifo_w"):
+ * EINVAL. */
 static int sys_open_fd(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   const char *how = luaL_checkstring(L, 2);
@@ -188,14 +190,15 @@ static int sys_open_fd(lua_State *L) {
   if (strcmp(how, "r") == 0) flags = O_RDONLY;
   else if (strcmp(how, "w") == 0) flags = O_WRONLY | O_CREAT | O_TRUNC;
   else if (strcmp(how, "fifo") == 0) flags = O_RDWR | O_NONBLOCK;
-  else return luaL_argerror(L, 2, "expected \"r\", \"w\" or \"fifo\"");
+  else if (strcmp(how, "fifo_w") == 0) flags = O_WRONLY | O_NONBLOCK; /* ENXIO when nobody reads */
+  else return luaL_argerror(L, 2, "expected \"r\", \"w\", \"fifo\" or \"fifo_w\"");
   int dirfd = opt_dirfd(L, 3);
   if (dirfd != AT_FDCWD) flags |= O_NOFOLLOW | O_NONBLOCK;
   int fd = openat(dirfd, path, flags | O_CLOEXEC, (mode_t)luaL_optinteger(L, 4, 0600));
   if (fd < 0) return mb_push_errno(L, errno, path);
   struct stat st;
   if (dirfd != AT_FDCWD) {
-    int want = strcmp(how, "fifo") == 0 ? S_IFIFO : S_IFREG;
+    int want = strncmp(how, "fifo", 4) == 0 ? S_IFIFO : S_IFREG;
     if (fstat(fd, &st) < 0 || (st.st_mode & S_IFMT) != (mode_t)want) {
       close(fd);
       return mb_push_errno(L, EINVAL, path);

@@ -63,6 +63,7 @@
 #define NONCE_HEX 32
 
 static int status_fd = -1;        /* the status pipe, private to this process */
+static int control_fd = -1;       /* the control FIFO's writer (fd 60 at start), held, never used */
 static char nonce[NONCE_HEX + 1]; /* what the next record must carry */
 static int said_hello, exiting_reported;
 
@@ -100,6 +101,8 @@ static int new_nonce(char *out) {
 static void forked_child(void) {
   if (status_fd >= 0) close(status_fd);
   status_fd = -1;
+  if (control_fd >= 0) close(control_fd);
+  control_fd = -1;
   memset(nonce, 0, sizeof nonce);
   memset(pool, 0, sizeof pool);
   pool_left = 0;
@@ -269,6 +272,16 @@ int __mb_rep_builtin_load(char *name) {
     return 0;
   }
   status_fd = fd;
+  /* The control FIFO (lua/moonbox/session/shell.lua) came as fd 60,
+   * read-write: bash reads its script through /dev/fd/60, and this copy is
+   * the writer that keeps bash from ever reading EOF there, so the runtime
+   * needs no fd of its own between commands (it opens the FIFO per
+   * command). Off fd 60, close-on-exec, closed in forks: no command
+   * inherits it. */
+  if (fcntl(60, F_GETFD) >= 0) {
+    control_fd = fcntl(60, F_DUPFD_CLOEXEC, lowest);
+    if (control_fd >= 0) close(60);
+  }
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   return 1;
 }

@@ -859,6 +859,7 @@ M.prewarm = prewarm.enable
 function M.shutdown()
   prewarm.enable(false)
   for _, sb in pairs(registry) do pcall(sb.destroy, sb, { keepFiles = true }) end
+  shell_mod.cleanup()
   tree.cleanup(async.sleep)
   limits.shutdown()
 end

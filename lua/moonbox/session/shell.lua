@@ -1,6 +1,15 @@
 -- One session shell: a bash process that reads its script from a control
--- pipe (fd 60, which bash moves to a private close-on-exec fd) and reports
--- on its own stdout, the status pipe.
+-- FIFO (fd 60, which bash opens again as its script fd) and reports on its
+-- own stdout, the status pipe.
+--
+-- The control FIFO lives in a directory private to the runtime (0700, on
+-- the host, never in a sandbox's view: bash reaches it only through its
+-- inherited fd). The shell keeps its fd 60, read-write, as the writer that
+-- spares bash an EOF (the report builtin moves it to a private
+-- close-on-exec fd); the runtime opens the FIFO for each line it sends and
+-- closes it again, so an idle session costs the runtime one fd, its status
+-- pipe (issue #18). A shell without the builtin closes its fd 60: the
+-- runtime then keeps its own writer open.
 --
 -- Each shell has five fixed fd slots in the runtime (body, stdin, stdout,
 -- stderr, per-call prelude) whose paths /proc/<rt>/fd/<slot> never change;
@@ -103,6 +112,72 @@ function M.builtins(opts)
 end
 
 local rt_pid = core.getpid()
+
+-- The runtime's private directory of control FIFOs: made on first use
+-- under $TMPDIR (or /tmp), mode 0700, named after this runtime's pid;
+-- those of runtimes that died are removed then.
+local ctl_dir, ctl_seq = nil, 0
+local function control_dir()
+  if ctl_dir then return ctl_dir end
+  local base = os.getenv("TMPDIR") or "/tmp"
+  local prefix = "moonbox-ctl-"
+  for _, name in ipairs(core.readdir(base) or {}) do
+    local pid = tonumber(name:match("^moonbox%-ctl%-(%d+)%-%x+$"))
+    local stat = pid and io.open("/proc/" .. pid .. "/stat")
+    if stat then stat:close() end
+    if pid and pid ~= rt_pid and not stat then
+      -- only a real directory of ours (never through a symlink someone put
+      -- in /tmp under such a name), emptied through its fd
+      local dir = base .. "/" .. name
+      local dfd = core.dir_fd(dir, core.geteuid())
+      if dfd then
+        for _, entry in ipairs(core.readdir("/proc/self/fd/" .. dfd) or {}) do core.unlink(entry, dfd) end
+        core.close_fd(dfd)
+        core.rmdir(dir)
+      end
+    end
+  end
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(8) or tostring(core.hrtime())
+  if f then f:close() end
+  local dir = ("%s/%s%d-%s"):format(base, prefix, rt_pid, (bytes:gsub(".", function(c)
+    return ("%02x"):format(c:byte()) end)))
+  local ok, err, code = core.mkdir(dir, 448)
+  if not ok then return nil, err, code end
+  ctl_dir = dir
+  return dir
+end
+
+-- Runtime exit: the directory goes (its FIFOs went with their shells).
+function M.cleanup()
+  if ctl_dir then
+    for _, entry in ipairs(core.readdir(ctl_dir) or {}) do core.unlink(ctl_dir .. "/" .. entry) end
+    core.rmdir(ctl_dir)
+    ctl_dir = nil
+  end
+end
+
+-- A new control FIFO: its path and a read-write fd (the child's fd 60,
+-- and the runtime's writer until the hello), owned by uid/gid when given
+-- (a shell that runs as another host id reopens it through /dev/fd/60).
+local function new_control_fifo(uid, gid)
+  local dir, err, code = control_dir()
+  if not dir then return nil, "control FIFO directory: " .. tostring(err), code end
+  ctl_seq = ctl_seq + 1
+  local path = dir .. "/sh-" .. ctl_seq
+  local ok
+  ok, err, code = core.mkfifo(path, 384)
+  if not ok then return nil, err, code end
+  local fd
+  fd, err, code = core.open_fd(path, "fifo")
+  if fd and uid then ok, err, code = core.chown(fd, uid, gid) end
+  if not fd or not ok then
+    if fd then core.close_fd(fd) end
+    core.unlink(path)
+    return nil, err, code
+  end
+  return path, fd
+end
 
 -- The spawn builtin, opened once (false: there is none).
 local builtin_fd
@@ -372,9 +447,9 @@ function M.spawn(opts)
   end
   -- the sandbox's rules (sandbox/spawn.lua): a shell without them is never started
   local spec_of = assert(opts.spawn_spec, "shell spawn: no spawn_spec")
-  local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [CONTROL_FD] = "in", [PRELUDE_FD] = "in" }
+  local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [PRELUDE_FD] = "in" }
   if M.load_builtins then stdio[BUILTIN_FD] = spawn_builtin_fd() end
-  local proc, pipes_or_err, code = core.spawn(spec_of {
+  local spec = spec_of {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",
     env = opts.env,
@@ -384,8 +459,17 @@ function M.spawn(opts)
     pdeathsig = "SIGKILL",
     cgroup = opts.cgroup,
     on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
-  })
+  }
+  local proc, pipes_or_err, code
+  self.ctl_path, self.ctl_fd, code = new_control_fifo(spec.pipe_uid, spec.pipe_gid)
+  if self.ctl_path then
+    spec.stdio[CONTROL_FD] = self.ctl_fd
+    proc, pipes_or_err, code = core.spawn(spec)
+  else
+    pipes_or_err = self.ctl_fd
+  end
   if not proc then
+    self:_drop_control()
     if self.rundir then
       if self.rundir_fd then core.close_fd(self.rundir_fd) self.rundir_fd = nil end
       self:_remove_rundir()
@@ -398,7 +482,6 @@ function M.spawn(opts)
   -- where it was born, and the cgroup meant as its session's (a spare's
   -- cmd cgroup sits inside one): a session that adopts it keeps both
   self.cgroup, self.session_cgroup = opts.cgroup, opts.session_cgroup
-  self.control = pipes_or_err[CONTROL_FD]
   self.status = pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)
   self.prelude_pipe = pipes_or_err[PRELUDE_FD]
@@ -424,8 +507,34 @@ function Shell:begin(rundir)
   local p = self.prelude_pipe
   self.prelude_pipe = nil
   p:write(prelude(self.slots, self.rundir, self.env_fd), function() p:close() end)
-  self.control:write(". /dev/fd/62; exec 62<&-\n")
+  local sent, err, code = self:_send(". /dev/fd/62; exec 62<&-\n")
+  if not sent then return nil, err, code end
   return true
+end
+
+-- One line to bash on the control FIFO: through the runtime's own writer
+-- while it holds one, else opened for this line (ENXIO when bash is gone).
+function Shell:_send(line)
+  local fd, opened = self.ctl_fd, false
+  local err, code
+  if not fd then
+    if not self.ctl_path then return nil, "the session shell's control FIFO is gone", "EPIPE" end
+    fd, err, code = core.open_fd(self.ctl_path, "fifo_w")
+    if not fd then return nil, err, code end
+    opened = true
+  end
+  local n
+  n, err, code = core.write_fd(fd, line)
+  if opened then core.close_fd(fd) end
+  if n ~= #line then return nil, err or "short write on the control FIFO", code end
+  return true
+end
+
+-- The runtime's end of the control FIFO: its writer closed, the FIFO
+-- unlinked (bash keeps what it opened).
+function Shell:_drop_control()
+  if self.ctl_fd then core.close_fd(self.ctl_fd) self.ctl_fd = nil end
+  if self.ctl_path then core.unlink(self.ctl_path) self.ctl_path = nil end
 end
 
 -- Status records arrive in pieces; a record is complete after two NULs.
@@ -476,6 +585,8 @@ function Shell:_status_data(data)
       self.starting = false
       self:_release_dir()
     end
+    -- with the builtin the shell holds the FIFO's writer: ours can go
+    if self.nonce and self.ctl_fd then core.close_fd(self.ctl_fd) self.ctl_fd = nil end
   end
   if self.nonce then
     -- (usually one record and nothing after it: no second find, and no
@@ -536,7 +647,7 @@ end
 
 function Shell:_close_pipes()
   if self.prelude_pipe then self.prelude_pipe:close() self.prelude_pipe = nil end
-  if self.control then self.control:close() self.control = nil end
+  self:_drop_control()
   if self.status then self.status:close() self.status = nil end
   if not self.running then self:_close_slots() end
 end
@@ -731,7 +842,8 @@ function Shell:start(req)
     elseif req.words and M.spawn_builtin then
       shape = shape + 4
     end
-    self.control:write(("eval \"$__mb_c%d\"\n"):format(shape))
+    local sent, send_err = self:_send(("eval \"$__mb_c%d\"\n"):format(shape))
+    if not sent then error(send_err, 0) end
   end)
   local job = setmetatable({ id = id, cleanup = cleanup }, Job)
   if not ok then
