@@ -1,15 +1,18 @@
--- One session shell: a bash process that reads its script from a control
--- FIFO (fd 60, which bash opens again as its script fd) and reports on its
--- own stdout, the status pipe.
+-- One session shell: a bash process that reads its script from its
+-- control channel (fd 60, which bash opens again as its script fd) and
+-- reports on its own stdout, the status pipe.
 --
--- The control FIFO lives in a directory private to the runtime (0700, on
--- the host, never in a sandbox's view: bash reaches it only through its
--- inherited fd). The shell keeps its fd 60, read-write, as the writer that
--- spares bash an EOF (the report builtin moves it to a private
--- close-on-exec fd); the runtime opens the FIFO for each line it sends and
--- closes it again, so an idle session costs the runtime one fd, its status
--- pipe (issue #18). A shell without the builtin closes its fd 60: the
--- runtime then keeps its own writer open.
+-- Under namespaces the control channel is a FIFO in a directory private to
+-- the runtime (0700, on the host, never in a sandbox's view: bash reaches
+-- it only through its inherited fd). The shell keeps its fd 60, read-write,
+-- as the writer that spares bash an EOF (the report builtin moves it to a
+-- private close-on-exec fd); the runtime opens the FIFO for each line it
+-- sends and closes it again, so an idle session costs the runtime one fd,
+-- its status pipe (issue #18). A shell without the builtin closes its fd
+-- 60: the runtime then keeps its own writer open. An unisolated shell's
+-- control channel is a pipe the runtime holds, as before: a FIFO by path
+-- would be open to the commands of every unisolated sandbox, which run as
+-- the runtime's uid.
 --
 -- Each shell has five fixed fd slots in the runtime (body, stdin, stdout,
 -- stderr, per-call prelude) whose paths /proc/<rt>/fd/<slot> never change;
@@ -461,12 +464,20 @@ function M.spawn(opts)
     on_exit = function(exit_code, signal) self:_exited(exit_code, signal) end,
   }
   local proc, pipes_or_err, code
-  self.ctl_path, self.ctl_fd, code = new_control_fifo(spec.pipe_uid, spec.pipe_gid)
-  if self.ctl_path then
-    spec.stdio[CONTROL_FD] = self.ctl_fd
-    proc, pipes_or_err, code = core.spawn(spec)
+  if opts.rundir or opts.deferred then
+    -- under namespaces: the control FIFO
+    self.ctl_path, self.ctl_fd, code = new_control_fifo(spec.pipe_uid, spec.pipe_gid)
+    if self.ctl_path then
+      spec.stdio[CONTROL_FD] = self.ctl_fd
+      proc, pipes_or_err, code = core.spawn(spec)
+    else
+      pipes_or_err = self.ctl_fd
+    end
   else
-    pipes_or_err = self.ctl_fd
+    -- without: a pipe the runtime holds, as a host path in a directory of
+    -- the runtime's uid would be open to every unisolated sandbox's commands
+    spec.stdio[CONTROL_FD] = "in"
+    proc, pipes_or_err, code = core.spawn(spec)
   end
   if not proc then
     self:_drop_control()
@@ -482,6 +493,7 @@ function M.spawn(opts)
   -- where it was born, and the cgroup meant as its session's (a spare's
   -- cmd cgroup sits inside one): a session that adopts it keeps both
   self.cgroup, self.session_cgroup = opts.cgroup, opts.session_cgroup
+  self.control = pipes_or_err[CONTROL_FD]
   self.status = pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)
   self.prelude_pipe = pipes_or_err[PRELUDE_FD]
@@ -512,9 +524,14 @@ function Shell:begin(rundir)
   return true
 end
 
--- One line to bash on the control FIFO: through the runtime's own writer
--- while it holds one, else opened for this line (ENXIO when bash is gone).
+-- One line to bash: on the control pipe of an unisolated shell, else on the
+-- control FIFO, through the runtime's own writer while it holds one, else
+-- opened for this line (ENXIO when bash is gone).
 function Shell:_send(line)
+  if self.control then
+    self.control:write(line)
+    return true
+  end
   local fd, opened = self.ctl_fd, false
   local err, code
   if not fd then
@@ -533,6 +550,7 @@ end
 -- The runtime's end of the control FIFO: its writer closed, the FIFO
 -- unlinked (bash keeps what it opened).
 function Shell:_drop_control()
+  if self.control then self.control:close() self.control = nil end
   if self.ctl_fd then core.close_fd(self.ctl_fd) self.ctl_fd = nil end
   if self.ctl_path then core.unlink(self.ctl_path) self.ctl_path = nil end
 end
