@@ -556,9 +556,11 @@ describe("descendants that outlive their process", function()
       assert.equal("completed", p.status)
       assert.is_true(helper.eventually(function() return #sandbox_pids(sb) > 8 end, 10000))
       assert.equal(1, sb:killAllProcesses())
-      assert.is_true(helper.eventually(function() return #sandbox_pids(sb) == 0 end, 10000),
-        "left: " .. table.concat(sandbox_pids(sb), " "))
-      assert.same({}, p:_tree_pids())
+      -- (both scans until both are empty: in proc mode a chain forking
+      -- while one scan ran shows in the next, and the kill's passes, 10 ms
+      -- apart, end it; a CI run under load caught the two apart once)
+      assert.is_true(helper.eventually(function() return #sandbox_pids(sb) == 0 and #p:_tree_pids() == 0 end,
+        10000), "left: " .. table.concat(sandbox_pids(sb), " ") .. " / " .. table.concat(p:_tree_pids(), " "))
       assert.equal(0, sb:killAllProcesses())
       local r = sb:exec("echo ok")
       assert.same({ 0, "ok\n", "" }, { r.exitCode, r.stdout, r.stderr })
