@@ -44,12 +44,7 @@ M.DIR = nil
 local function dir_of_backups() return M.DIR or (M.home() .. "/backups") end
 M.dir = dir_of_backups
 
-local function random_id()
-  local f = assert(io.open("/dev/urandom", "rb"))
-  local bytes = f:read(8)
-  f:close()
-  return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
-end
+local function random_id() return util.random_hex(8) end
 
 local function check(code, ok, msg, errcode, context)
   if ok == nil or ok == false then

@@ -76,6 +76,20 @@ function M.is_dir(path)
   return false
 end
 
+-- n bytes from the kernel's random source (raises on a short read), and
+-- the same as 2n hex digits.
+function M.random_bytes(n)
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local bytes = f:read(n)
+  f:close()
+  assert(bytes and #bytes == n, "short read from /dev/urandom")
+  return bytes
+end
+
+function M.random_hex(n)
+  return (M.random_bytes(n):gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
 function M.copy(t)
   local c = {}
   for k, v in pairs(t or {}) do c[k] = v end

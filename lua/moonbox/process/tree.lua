@@ -16,10 +16,12 @@ local M = {}
 local base_dir      -- <cgroup2 mount>/moonbox-<runtime pid>, or false
 local mode
 
+-- pid_alive(pid) -> a process with that pid runs (not a zombie)
 local function pid_alive(pid)
   local stat = util.read_file("/proc/" .. pid .. "/stat")
   return stat ~= nil and not stat:match("%) Z ")
 end
+M.pid_alive = pid_alive
 
 -- All pids in a cgroup and its descendants.
 function M.cgroup_pids(dir, out)

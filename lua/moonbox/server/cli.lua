@@ -130,11 +130,7 @@ end
 
 -- A new token: 32 hex digits from the kernel's random source.
 function M.new_token()
-  local f = assert(io.open("/dev/urandom", "rb"))
-  local bytes = f:read(16)
-  f:close()
-  assert(bytes and #bytes == 16, "short read from /dev/urandom")
-  return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+  return require("moonbox.lib.util").random_hex(16)
 end
 
 -- GET /healthz (the process serves) and GET /readyz (it takes requests):

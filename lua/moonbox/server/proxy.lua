@@ -21,6 +21,7 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
+local util = require "moonbox.lib.util"
 local sandbox_mod = require "moonbox.sandbox"
 local ports = require "moonbox.sandbox.ports"
 local probe = require "moonbox.process.probe"
@@ -366,12 +367,7 @@ end
 
 -- ---- WebSocket ---------------------------------------------------------------------------
 
-local function random_bytes(n)
-  local f = assert(io.open("/dev/urandom", "rb"))
-  local b = f:read(n)
-  f:close()
-  return b
-end
+local random_bytes = util.random_bytes
 
 local function mask(data, key)
   local n = #data

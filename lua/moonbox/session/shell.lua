@@ -62,10 +62,11 @@
 -- but the env file is unlinked after the command, so a background job
 -- keeps only its own old copy. The runtime holds the directory's fd only
 -- while it works in it (a command, the hello, the shell's end): an idle
--- namespaced session costs the runtime its two pipes alone (issue #18).
+-- namespaced session costs the runtime its status pipe alone (issue #18).
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local fs = require "moonbox.lib.fs"
+local util = require "moonbox.lib.util"
 local tree = require "moonbox.process.tree"
 
 local M = {}
@@ -120,32 +121,29 @@ local rt_pid = core.getpid()
 -- under $TMPDIR (or /tmp), mode 0700, named after this runtime's pid;
 -- those of runtimes that died are removed then.
 local ctl_dir, ctl_seq = nil, 0
+
+-- Remove a control directory: only a real directory of ours (never through
+-- a symlink someone put in /tmp under such a name), emptied through its fd.
+local function remove_control_dir(dir)
+  local dfd = core.dir_fd(dir, core.geteuid())
+  if not dfd then return end
+  for _, entry in ipairs(core.readdir("/proc/self/fd/" .. dfd) or {}) do core.unlink(entry, dfd) end
+  core.close_fd(dfd)
+  core.rmdir(dir)
+end
+
 local function control_dir()
   if ctl_dir then return ctl_dir end
   local base = os.getenv("TMPDIR") or "/tmp"
-  local prefix = "moonbox-ctl-"
   for _, name in ipairs(core.readdir(base) or {}) do
     local pid = tonumber(name:match("^moonbox%-ctl%-(%d+)%-%x+$"))
-    local stat = pid and io.open("/proc/" .. pid .. "/stat")
-    if stat then stat:close() end
-    if pid and pid ~= rt_pid and not stat then
-      -- only a real directory of ours (never through a symlink someone put
-      -- in /tmp under such a name), emptied through its fd
-      local dir = base .. "/" .. name
-      local dfd = core.dir_fd(dir, core.geteuid())
-      if dfd then
-        for _, entry in ipairs(core.readdir("/proc/self/fd/" .. dfd) or {}) do core.unlink(entry, dfd) end
-        core.close_fd(dfd)
-        core.rmdir(dir)
-      end
-    end
+    if pid and pid ~= rt_pid and not tree.pid_alive(pid) then remove_control_dir(base .. "/" .. name) end
   end
-  local f = io.open("/dev/urandom", "rb")
-  local bytes = f and f:read(8) or tostring(core.hrtime())
-  if f then f:close() end
-  local dir = ("%s/%s%d-%s"):format(base, prefix, rt_pid, (bytes:gsub(".", function(c)
-    return ("%02x"):format(c:byte()) end)))
-  local ok, err, code = core.mkdir(dir, 448)
+  local ok, hex = pcall(util.random_hex, 8)
+  if not ok then return nil, hex, "EIO" end
+  local dir = ("%s/moonbox-ctl-%d-%s"):format(base, rt_pid, hex)
+  local err, code
+  ok, err, code = core.mkdir(dir, 448)
   if not ok then return nil, err, code end
   ctl_dir = dir
   return dir
@@ -154,8 +152,7 @@ end
 -- Runtime exit: the directory goes (its FIFOs went with their shells).
 function M.cleanup()
   if ctl_dir then
-    for _, entry in ipairs(core.readdir(ctl_dir) or {}) do core.unlink(ctl_dir .. "/" .. entry) end
-    core.rmdir(ctl_dir)
+    remove_control_dir(ctl_dir)
     ctl_dir = nil
   end
 end
@@ -421,7 +418,6 @@ function Shell:_read_env()
   local fd = dir and core.open_fd("env", "r", dir)
   local text = fd and core.pread_all(fd, MAX_ENV_BYTES) or ""
   if fd then core.close_fd(fd) end
-  self:_release_dir()
   return text
 end
 
@@ -570,11 +566,8 @@ local MAX_STATUS_BUF = 64 * 1024
 local KEEP_STATUS_TAIL = 8192 -- past a record's head and the longest PWD (4096)
 
 function Shell:_record(id, status, kind, flag, pwd)
-  if flag ~= "-" or not self.exports then
-    self.exports = self:_read_env()
-  else
-    self:_release_dir()
-  end
+  if flag ~= "-" or not self.exports then self.exports = self:_read_env() end
+  self:_release_dir()
   local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
     pwd = pwd, exports = self.exports }
   if record.exiting then self.exiting = true end
