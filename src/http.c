@@ -578,11 +578,14 @@ static ssize_t recv_hook(int fd, void *buf, size_t len, int flags) {
 }
 
 typedef struct {
-  const char *lib;
+  const char *lib, *sym; /* the library, the import */
+  void *hook;            /* what its GOT slot should hold */
+  void **orig;           /* set to what it held */
   int found, patched;
 } got_search;
 
-static int patch_recv_slot(struct dl_phdr_info *info, size_t size, void *arg) {
+/* Point g->lib's import of g->sym at g->hook (see raw heads, lws's event pipe). */
+static int patch_got_slot(struct dl_phdr_info *info, size_t size, void *arg) {
   (void)size;
   got_search *g = (got_search *)arg;
   if (!info->dlpi_name || !strstr(info->dlpi_name, g->lib)) return 0;
@@ -630,17 +633,17 @@ static int patch_recv_slot(struct dl_phdr_info *info, size_t size, void *arg) {
     const ElfW(Rela) *r = (const ElfW(Rela) *)tables[t].at;
     for (size_t i = 0; i < tables[t].sz / sizeof *r; i++) {
       size_t sym = ELF64_R_SYM(r[i].r_info);
-      if (!sym || strcmp(strs + syms[sym].st_name, "recv") != 0) continue;
+      if (!sym || strcmp(strs + syms[sym].st_name, g->sym) != 0) continue;
       void **slot = (void **)(base + r[i].r_offset);
-      if (*slot == (void *)recv_hook) {
+      if (*slot == g->hook) {
         g->patched = 1;
         continue;
       }
       ElfW(Addr) pg = (ElfW(Addr))slot & ~(ElfW(Addr))(page - 1);
       int ro = pg >= relro_start && pg < relro_end;
       if (ro && mprotect((void *)pg, (size_t)page, PROT_READ | PROT_WRITE) != 0) continue;
-      if (!lws_recv) lws_recv = (ssize_t(*)(int, void *, size_t, int)) * slot;
-      *slot = (void *)recv_hook;
+      if (!*g->orig) *g->orig = *slot;
+      *slot = g->hook;
       if (ro) mprotect((void *)pg, (size_t)page, PROT_READ);
       g->patched = 1;
     }
@@ -648,11 +651,85 @@ static int patch_recv_slot(struct dl_phdr_info *info, size_t size, void *arg) {
   return 1;
 }
 
-/* Point libwebsockets' recv() at recv_hook; 0 when done (or done before). */
-static int hook_lws_recv(void) {
-  got_search g = {"libwebsockets", 0, 0};
-  dl_iterate_phdr(patch_recv_slot, &g);
-  return g.patched && lws_recv ? 0 : -1;
+/* ---- lws's event pipe ------------------------------------------------------------
+ * lws 4.1 on a uv loop closes the eventfd of its event pipe twice: the
+ * first lws_context_destroy starts the close of the pipe's uv poll and
+ * closes the eventfd (lws_plat_pipe_close), and the poll's close callback,
+ * at the end of that loop iteration, closes the pipe wsi's fd, the same
+ * number, again (__lws_close_free_wsi_final). In between the number is
+ * free: a file another thread opens then (the thread pool: proc_scan, a
+ * tree removal, uv_fs_*) gets it and loses it to the second close (proc_scan
+ * failed with "opendir /proc: EBADF"). So lws's imports of eventfd() and
+ * close() are pointed at pipe_eventfd and pipe_close: the eventfds lws makes
+ * are noted, the first close of one leaves it open (held: the number stays
+ * taken), the second closes it. One still held when its context is gone
+ * (an lws that closes it once) is closed then. lws runs on the loop thread
+ * only, as do these. */
+#define MAX_PIPES 64 /* contexts alive at once; past that, lws's own closes */
+
+typedef struct {
+  int fd;
+  int held;  /* lws closed it once: ours until lws closes it again */
+  server *s; /* whose context made it; NULL once that is unknown or gone */
+} lws_pipe;
+
+static lws_pipe pipes[MAX_PIPES];
+static int npipes;
+static server *creating;                      /* the server whose lws_create_context runs */
+static int (*lws_eventfd)(unsigned int, int); /* what lws's eventfd slot held */
+static int (*lws_close)(int);                 /* what lws's close slot held */
+
+static int pipe_eventfd(unsigned int initval, int flags) {
+  int fd = lws_eventfd(initval, flags);
+  if (fd < 0) return fd;
+  for (int i = 0; i < npipes; i++)
+    if (pipes[i].fd == fd) { /* a stale note: the number was free */
+      pipes[i] = pipes[--npipes];
+      break;
+    }
+  if (npipes < MAX_PIPES) pipes[npipes++] = (lws_pipe){fd, 0, creating};
+  return fd;
+}
+
+static int pipe_close(int fd) {
+  for (int i = 0; i < npipes; i++) {
+    if (pipes[i].fd != fd) continue;
+    if (!pipes[i].held) {
+      pipes[i].held = 1;
+      return 0;
+    }
+    pipes[i] = pipes[--npipes];
+    break;
+  }
+  return lws_close(fd);
+}
+
+/* s's context is gone (gone: lws closes none of its fds again, else whether
+ * it will is unknown: its pipes then get lws's closes, two at most). */
+static void pipes_done(server *s, int gone) {
+  for (int i = 0; i < npipes;) {
+    if (pipes[i].s != s) {
+      i++;
+    } else if (!gone) {
+      pipes[i++].s = NULL;
+    } else {
+      if (pipes[i].held) lws_close(pipes[i].fd);
+      pipes[i] = pipes[--npipes];
+    }
+  }
+}
+
+/* Point libwebsockets' recv() at recv_hook, and its eventfd() and close() at
+ * pipe_eventfd and pipe_close where it has them (an lws without eventfd
+ * makes no pipe to note); 0 when done (or done before). */
+static int hook_lws_imports(void) {
+  got_search g = {"libwebsockets", "recv", (void *)recv_hook, (void **)&lws_recv, 0, 0};
+  dl_iterate_phdr(patch_got_slot, &g);
+  if (!g.patched || !lws_recv) return -1;
+  got_search pg[2] = {{"libwebsockets", "eventfd", (void *)pipe_eventfd, (void **)&lws_eventfd, 0, 0},
+                      {"libwebsockets", "close", (void *)pipe_close, (void **)&lws_close, 0, 0}};
+  for (int i = 0; i < 2; i++) dl_iterate_phdr(patch_got_slot, &pg[i]);
+  return 0;
 }
 
 /* Hand held-back bytes to lws: a readable event for each connection whose
@@ -1243,6 +1320,7 @@ static void on_anchor_tick(uv_timer_t *t) {
   }
   uv_timer_stop(t);
   unlink_server(s);
+  pipes_done(s, 1);
   mb_core *core = h->core;
   if (h->closing || core->dead) return;
   /* mb_handle_close takes the close callback from a stack slot */
@@ -1263,6 +1341,7 @@ void mb_http_teardown(mb_core *core) {
       uv_run(core->loop, UV_RUN_NOWAIT);
       finish_context(s, core->loop);
     }
+    pipes_done(s, !s->ctx);
   }
   for (server **p = &live_servers; *p;) {
     if ((*p)->h->core == core) *p = (*p)->next_server;
@@ -1352,7 +1431,7 @@ static int http_listen(lua_State *L) {
   if (probe < 0) return mb_push_errno(L, -probe, unix_path ? unix_path : host);
   /* fail closed: without the scanner, requests could not be routed on
    * what the client sent (see raw heads) */
-  if (hook_lws_recv() != 0) {
+  if (hook_lws_imports() != 0) {
     lua_pushnil(L);
     lua_pushliteral(L, "cannot watch the request stream: libwebsockets' recv import was not found");
     lua_pushliteral(L, "ENOSYS");
@@ -1406,8 +1485,11 @@ static int http_listen(lua_State *L) {
     info.port = (int)port; /* 0: the kernel picks a free port */
   }
 
+  creating = s;
   struct lws_context *ctx = lws_create_context(&info);
+  creating = NULL;
   if (!ctx) {
+    pipes_done(s, 0);
     s->unix_path[0] = 0;
     s->destroying = 1;
     mb_handle_close(L, h, 0);
@@ -1424,6 +1506,7 @@ static int http_listen(lua_State *L) {
       uv_run(h->core->loop, UV_RUN_NOWAIT);
       finish_context(s, h->core->loop);
     }
+    pipes_done(s, !s->ctx);
     mb_handle_close(L, h, 0);
     lua_pop(L, 1);
     return mb_push_error(L, e, unix_path ? unix_path : host);

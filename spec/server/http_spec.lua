@@ -3,6 +3,7 @@
 -- the token of `moonbox serve`, and nothing left open afterwards.
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
+local async = require "moonbox.async"
 local cjson = require "cjson"
 local http = require "moonbox.server.http"
 local cli = require "moonbox.server.cli"
@@ -445,6 +446,50 @@ describe("moonbox.server.http", function()
       conn:close()
     end)
     assert.is_true(stream_closed)
+  end)
+
+  it("closing the server closes each of lws's fds once: a number freed meanwhile is not closed again", function()
+    -- lws 4.1 on a uv loop closed its event pipe (an eventfd) at the first
+    -- context destroy and again in the pipe's uv close callback: a file
+    -- opened in between (by the thread pool: proc_scan, a tree removal) got
+    -- the number and lost it. A timer due with the server's first teardown
+    -- tick runs between the two and takes the pipe's number if it is free.
+    local function eventfds()
+      local set = {}
+      for fd = 0, 1023 do
+        if core.readlink("/proc/self/fd/" .. fd) == "anon_inode:[eventfd]" then set[fd] = true end
+      end
+      return set
+    end
+    run_task(function()
+      local before = eventfds()
+      local srv = assert(core.http_listen({ host = "127.0.0.1", port = 0 }, function() end))
+      local pipe
+      for fd in pairs(eventfds()) do
+        if not before[fd] then
+          assert.is_nil(pipe, "lws made more than one eventfd")
+          pipe = fd
+        end
+      end
+      assert.is_number(pipe)
+      local held, t = {}, core.timer()
+      async.await(function(resume)
+        srv:close(resume)
+        t:start(0, 0, function()
+          if core.readlink("/proc/self/fd/" .. pipe) then return end -- not closed yet
+          repeat
+            held[#held + 1] = assert(core.fs_open_dir("/"))
+          until held[#held] >= pipe or #held == 64
+        end)
+      end)
+      t:close()
+      for _, fd in ipairs(held) do
+        assert.are.equal("/", core.readlink("/proc/self/fd/" .. fd), "fd " .. fd .. " was closed from under us")
+        core.close_fd(fd)
+      end
+      -- and lws's pipe is not left open
+      assert.are_not.equal("anon_inode:[eventfd]", core.readlink("/proc/self/fd/" .. pipe))
+    end)
   end)
 
   it("closing the server ends a WebSocket's messages() loop", function()
