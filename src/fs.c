@@ -530,9 +530,17 @@ static int openat2_fd(int dirfd, const char *path, unsigned long long flags, uns
 #define FS_CONFINE "moonbox.fs_confine"
 #define CONFINE_MAX 256
 
+/* A root fd two confinements hold (core.fs_confine given a confinement):
+ * closed by the last of them. */
 typedef struct {
-  int root;          /* O_PATH fd of the root; -1 once closed */
-  unsigned mnt_mask; /* STATX_MNT_ID(_UNIQUE); 0: no mount check */
+  int fd;
+  int refs;
+} shared_root;
+
+typedef struct {
+  int root;            /* O_PATH fd of the root; -1 once closed */
+  shared_root *shared; /* NULL: root is this confinement's own */
+  unsigned mnt_mask;   /* STATX_MNT_ID(_UNIQUE); 0: no mount check */
   int nallowed;
   int allowed_fd[CONFINE_MAX];
   unsigned long long mnt[CONFINE_MAX];
@@ -752,7 +760,15 @@ static fs_confine *confine_test(lua_State *L, int idx) {
 }
 
 static void confine_release(fs_confine *c) {
-  if (c->root >= 0) close(c->root);
+  if (c->shared) {
+    if (--c->shared->refs == 0) {
+      close(c->shared->fd);
+      free(c->shared);
+    }
+    c->shared = NULL;
+  } else if (c->root >= 0) {
+    close(c->root);
+  }
   c->root = -1;
   for (int i = 0; i < c->nallowed; i++)
     if (c->allowed_fd[i] >= 0) close(c->allowed_fd[i]);
@@ -787,10 +803,28 @@ static unsigned long long resolve_bits(int which) {
   return (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
 }
 
-/* core.fs_confine(root, allowed, creds, resolve) -> confinement | nil, message, CODE */
+/* Shares from's root fd with c (a runtime of thousands of sandboxes keeps
+ * one root fd for each sandbox's two confinements). 0 or an errno. */
+static int share_root(fs_confine *c, fs_confine *from) {
+  if (from->root < 0) return EBADF;
+  if (!from->shared) {
+    from->shared = (shared_root *)malloc(sizeof *from->shared);
+    if (!from->shared) return ENOMEM;
+    from->shared->fd = from->root;
+    from->shared->refs = 1;
+  }
+  from->shared->refs++;
+  c->shared = from->shared;
+  c->root = from->root;
+  return 0;
+}
+
+/* core.fs_confine(root, allowed, creds, resolve) -> confinement | nil, message, CODE
+ * root: a directory path or fd, or a confinement whose root fd is shared */
 static int fs_confine_new(lua_State *L) {
-  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING)
-    return luaL_argerror(L, 1, "root must be a directory fd or path");
+  fs_confine *from = confine_test(L, 1);
+  if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING && !from)
+    return luaL_argerror(L, 1, "root must be a directory fd, path or confinement");
   if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
   int nallow = lua_isnoneornil(L, 2) ? -1 : (int)lua_objlen(L, 2);
   if (nallow > CONFINE_MAX) return mb_push_errno(L, E2BIG, "fs_confine: more than 256 allowed paths");
@@ -825,8 +859,14 @@ static int fs_confine_new(lua_State *L) {
   c->gid = (gid_t)gid;
   c->resolve = resolve_bits(which);
   c->resolve_name = resolve_names[which];
-  if (lua_type(L, 1) == LUA_TNUMBER) c->root = fcntl(check_fd(L, 1), F_DUPFD_CLOEXEC, 0);
-  else c->root = open(lua_tostring(L, 1), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (from) {
+    int err = share_root(c, from);
+    if (err) return return_root_error(L, err, 1);
+  } else if (lua_type(L, 1) == LUA_TNUMBER) {
+    c->root = fcntl(check_fd(L, 1), F_DUPFD_CLOEXEC, 0);
+  } else {
+    c->root = open(lua_tostring(L, 1), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  }
   if (c->root < 0) return return_root_error(L, errno, 1);
   if (nallow < 0) return 1;
 

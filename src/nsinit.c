@@ -369,13 +369,13 @@ static void reap(void) {
     if (!is_tracked(pid)) continue; /* an orphan of the sandbox: just reaped */
     track(pid, 0);
     if (queue_len == EVENT_QUEUE) continue; /* cannot happen: at most as many as we started */
-    queue[(queue_head + queue_len++) % EVENT_QUEUE] = (mb_nsinit_event){pid, status};
+    queue[(queue_head + queue_len++) % EVENT_QUEUE] = (mb_nsinit_event){MB_NSINIT_EVENT, pid, status};
   }
 }
 
-static void flush_events(int event_fd) {
+static void flush_events(int sock_fd) {
   while (queue_len > 0) {
-    ssize_t n = send(event_fd, &queue[queue_head], sizeof queue[0], MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t n = send(sock_fd, &queue[queue_head], sizeof queue[0], MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n < 0) _exit(0); /* the runtime is gone */
@@ -384,11 +384,12 @@ static void flush_events(int event_fd) {
   }
 }
 
-static void reply(int ctl_fd, mb_nsinit_reply r, pid_t cred_pid, int pass_fd) {
+static void reply(int sock_fd, mb_nsinit_reply r, pid_t cred_pid, int pass_fd) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))];
     struct cmsghdr align;
   } u;
+  r.kind = MB_NSINIT_REPLY;
   struct iovec iov = {&r, sizeof r};
   struct msghdr msg;
   memset(&msg, 0, sizeof msg);
@@ -418,13 +419,13 @@ static void reply(int ctl_fd, mb_nsinit_reply r, pid_t cred_pid, int pass_fd) {
   msg.msg_controllen = clen;
   if (!clen) msg.msg_control = NULL;
   ssize_t n;
-  do n = sendmsg(ctl_fd, &msg, MSG_NOSIGNAL);
+  do n = sendmsg(sock_fd, &msg, MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   if (n < 0) _exit(0);
 }
 
-static void do_spawn(int ctl_fd, const int *fds, int nfds) {
-  mb_nsinit_reply r = {0, 0, 0};
+static void do_spawn(int sock_fd, const int *fds, int nfds) {
+  mb_nsinit_reply r = {0, 0, 0, 0};
   struct stat st;
   void *map = MAP_FAILED;
   mb_child_plan plan;
@@ -483,13 +484,13 @@ out:
   if (report[1] >= 0) close(report[1]);
   if (map != MAP_FAILED) munmap(map, (size_t)st.st_size);
   for (int i = 0; i < nfds; i++) close(fds[i]);
-  reply(ctl_fd, r, r.err ? 0 : pid, -1);
+  reply(sock_fd, r, r.err ? 0 : pid, -1);
 }
 
 static int pivoted;
 
-static void do_finish(int ctl_fd, const mb_nsinit_finish *f, int passed) {
-  mb_nsinit_reply r = {0, 0, 0};
+static void do_finish(int sock_fd, const mb_nsinit_finish *f, int passed) {
+  mb_nsinit_reply r = {0, 0, 0, 0};
   char hostname[66], line[80];
   memcpy(hostname, f->hostname, sizeof f->hostname);
   hostname[sizeof f->hostname] = 0;
@@ -517,21 +518,23 @@ static void do_finish(int ctl_fd, const mb_nsinit_finish *f, int passed) {
     if (fd >= 0) close(fd);
   }
   if (passed >= 0) close(passed);
-  reply(ctl_fd, r, 0, -1);
+  reply(sock_fd, r, 0, -1);
 }
 
-static void do_socket(int ctl_fd, int domain, int type) {
-  mb_nsinit_reply r = {0, 0, 0};
+static void do_socket(int sock_fd, int domain, int type) {
+  mb_nsinit_reply r = {0, 0, 0, 0};
   int fd = socket(domain, type | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     r.stage = 1;
     r.err = errno;
   }
-  reply(ctl_fd, r, 0, fd);
+  reply(sock_fd, r, 0, fd);
   if (fd >= 0) close(fd);
 }
 
-static void handle_request(int ctl_fd) {
+static int held_fd = -1; /* MB_NSINIT_HOLD's: the runtime's lock on the sandbox root */
+
+static void handle_request(int sock_fd) {
   static union {
     mb_nsinit_request req;
     mb_nsinit_finish finish;
@@ -549,7 +552,7 @@ static void handle_request(int ctl_fd) {
   msg.msg_control = u.buf;
   msg.msg_controllen = sizeof u.buf;
   ssize_t n;
-  do n = recvmsg(ctl_fd, &msg, MSG_CMSG_CLOEXEC);
+  do n = recvmsg(sock_fd, &msg, MSG_CMSG_CLOEXEC);
   while (n < 0 && errno == EINTR);
   if (n <= 0) _exit(0); /* the runtime closed the sandbox (or died) */
   memcpy(&req, &in.req, sizeof req);
@@ -561,26 +564,42 @@ static void handle_request(int ctl_fd) {
       memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
   }
   if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SPAWN) {
-    do_spawn(ctl_fd, fds, nfds);
+    do_spawn(sock_fd, fds, nfds);
     return;
   }
   if (n == (ssize_t)sizeof in.finish && req.type == MB_NSINIT_FINISH) {
     for (int i = 1; i < nfds; i++) close(fds[i]);
-    do_finish(ctl_fd, &in.finish, nfds > 0 ? fds[0] : -1);
+    do_finish(sock_fd, &in.finish, nfds > 0 ? fds[0] : -1);
+    return;
+  }
+  if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_HOLD && nfds == 1) {
+    if (held_fd >= 0) close(held_fd);
+    held_fd = fds[0]; /* close-on-exec (MSG_CMSG_CLOEXEC): nothing we start gets it */
+    reply(sock_fd, (mb_nsinit_reply){0, 0, 0, 0}, 0, -1);
     return;
   }
   for (int i = 0; i < nfds; i++) close(fds[i]);
   if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SOCKET) {
-    do_socket(ctl_fd, req.arg1, req.arg2);
+    do_socket(sock_fd, req.arg1, req.arg2);
     return;
   }
-  reply(ctl_fd, (mb_nsinit_reply){MB_STAGE_NONE, EINVAL, 0}, 0, -1);
+  if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_GIVE) {
+    int err = held_fd < 0 ? ENOENT : 0;
+    reply(sock_fd, (mb_nsinit_reply){0, err ? MB_STAGE_NONE : 0, err, 0}, 0, held_fd);
+    if (held_fd >= 0) close(held_fd);
+    held_fd = -1;
+    return;
+  }
+  reply(sock_fd, (mb_nsinit_reply){0, MB_STAGE_NONE, EINVAL, 0}, 0, -1);
 }
 
-static void serve(int ctl_fd, int event_fd, int sig_fd) {
+/* Requests are answered in order; exits are sent between them, as the
+ * socket takes them (a runtime busy elsewhere makes them wait here). EOF,
+ * the runtime's shutdown of its end or its death, ends us. */
+static void serve(int sock_fd, int sig_fd) {
   for (;;) {
-    struct pollfd pf[3] = {{ctl_fd, POLLIN, 0}, {sig_fd, POLLIN, 0}, {event_fd, queue_len ? POLLOUT : 0, 0}};
-    if (poll(pf, 3, -1) < 0) {
+    struct pollfd pf[2] = {{sock_fd, (short)(POLLIN | (queue_len ? POLLOUT : 0)), 0}, {sig_fd, POLLIN, 0}};
+    if (poll(pf, 2, -1) < 0) {
       if (errno == EINTR) continue;
       _exit(1);
     }
@@ -589,9 +608,8 @@ static void serve(int ctl_fd, int event_fd, int sig_fd) {
       while (read(sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {}
       reap();
     }
-    if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) handle_request(ctl_fd);
-    if (pf[2].revents & (POLLHUP | POLLERR)) _exit(0);
-    flush_events(event_fd);
+    if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) handle_request(sock_fd);
+    flush_events(sock_fd);
   }
 }
 
@@ -628,8 +646,7 @@ static int wire_string(const char *base, uint64_t size, int64_t off, const char 
 static int read_plan(mb_nsinit_plan *p) {
   struct stat st;
   memset(p, 0, sizeof *p);
-  p->ctl_fd = MB_NSINIT_FD_CTL;
-  p->event_fd = MB_NSINIT_FD_EVENT;
+  p->sock_fd = MB_NSINIT_FD_SOCK;
   p->go_fd = MB_NSINIT_FD_GO;
   p->report_fd = MB_NSINIT_FD_REPORT;
   for (int i = 0; i < MB_NSINIT_MAX_CGROUPS; i++) p->cgroup_fds[i] = -1;
@@ -673,7 +690,7 @@ static int read_plan(mb_nsinit_plan *p) {
   }
   p->nmounts = w->nmounts;
   /* the fds this plan names: close-on-exec for whatever we exec */
-  for (int fd = MB_NSINIT_FD_CTL; fd < MB_NSINIT_FD_CGROUP + w->ncgroups; fd++)
+  for (int fd = MB_NSINIT_FD_SOCK; fd < MB_NSINIT_FD_CGROUP + w->ncgroups; fd++)
     if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) return -1;
   errno = 0;
   return 0;
@@ -731,6 +748,6 @@ int main(int argc, char **argv) {
   if (sig_fd < 0) die(p, MB_NSINIT_SIGNALS, -1);
   report(p, MB_NSINIT_READY, 0, 0);
   close(p->report_fd);
-  serve(p->ctl_fd, p->event_fd, sig_fd);
+  serve(p->sock_fd, sig_fd);
   return 0;
 }

@@ -6,13 +6,17 @@
  * copy-on-write twin of its heap (see nsinit_host.c). The plan arrives as
  * bytes in a memfd (mb_nsinit_wire below) on a fixed fd. The init
  * assembles the root filesystem from the mount plan, pivots into it, then
- * serves two sockets:
- *   ctl:    the runtime sends a request, the init answers it (spawn a child
- *           from a packed plan, or create a socket inside the sandbox's
- *           network namespace);
- *   events: the init reports the exit of every child it started.
+ * serves one socket (one fd of the runtime per sandbox, for runtimes of
+ * thousands), which carries
+ *   requests: the runtime sends one, the init answers it (spawn a child
+ *             from a packed plan, create a socket inside the sandbox's
+ *             network namespace, hold or give back an fd);
+ *   events:   the init reports the exit of every child it started, between
+ *             replies; the runtime keeps those it reads while it waits for a
+ *             reply and delivers them from its loop.
  * It reaps every orphan of the sandbox, and dies with the runtime
- * (PDEATHSIG), taking the whole pid namespace with it. */
+ * (PDEATHSIG) or when the runtime shuts the socket down, taking the whole
+ * pid namespace with it. */
 #ifndef MOONBOX_NSINIT_H
 #define MOONBOX_NSINIT_H
 
@@ -26,8 +30,7 @@
  * order; nothing else is open. MB_NSINIT_FD_CGROUP + i: the i-th cgroup.procs. */
 enum {
   MB_NSINIT_FD_PLAN = 3, /* memfd: an mb_nsinit_wire, then its strings */
-  MB_NSINIT_FD_CTL,      /* the init's end of the ctl socket */
-  MB_NSINIT_FD_EVENT,    /* the init's end of the event socket */
+  MB_NSINIT_FD_SOCK,     /* the init's end of its socket */
   MB_NSINIT_FD_GO,       /* read end: one byte once the id maps are written */
   MB_NSINIT_FD_REPORT,   /* write end: one mb_nsinit_report */
   MB_NSINIT_FD_CGROUP,
@@ -65,7 +68,7 @@ typedef struct {
   int nmounts;
   int cgroup_fds[MB_NSINIT_MAX_CGROUPS]; /* cgroup.procs files to join first; -1: none */
   int first_cgroup_joined;               /* born in the first of them (clone3, src/child/clone_into.c) */
-  int ctl_fd, event_fd;                  /* the init's ends of the two sockets */
+  int sock_fd;                           /* the init's end of its socket */
   int go_fd;                             /* read end: the runtime writes one byte once the id maps are set */
   int report_fd;                         /* write end: one mb_nsinit_report, then closed */
   int defer_pivot;                       /* build the root but stay outside it until MB_NSINIT_FINISH */
@@ -108,8 +111,10 @@ typedef struct {
   int32_t stage, err, index;
 } mb_nsinit_report;
 
-/* ctl requests and replies */
-enum { MB_NSINIT_SPAWN = 1, MB_NSINIT_SOCKET = 2, MB_NSINIT_FINISH = 3 };
+/* requests */
+enum { MB_NSINIT_SPAWN = 1, MB_NSINIT_SOCKET = 2, MB_NSINIT_FINISH = 3, MB_NSINIT_HOLD = 4, MB_NSINIT_GIVE = 5 };
+/* HOLD: keep the one fd passed (the runtime's lock on the sandbox root, so
+ * that it costs the runtime no fd); GIVE: pass it back. */
 typedef struct {
   int32_t type, arg1, arg2;
 } mb_nsinit_request;
@@ -122,12 +127,14 @@ typedef struct {
   char src[4096];
   char dst[256];
 } mb_nsinit_finish;
+
+/* what the init sends, told apart by kind */
+enum { MB_NSINIT_REPLY = 0x52, MB_NSINIT_EVENT = 0x45 };
 typedef struct {
-  int32_t stage, err, pid;
+  int32_t kind, stage, err, pid;
 } mb_nsinit_reply; /* pid inside; SCM_CREDENTIALS carry it outside */
-/* events */
 typedef struct {
-  int32_t pid, status;
+  int32_t kind, pid, status;
 } mb_nsinit_event;
 
 #endif

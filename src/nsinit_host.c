@@ -53,12 +53,23 @@
 
 #define NSINIT "moonbox.nsinit"
 #define INIT_STACK (64 * 1024)
+#define REPLY_TIMEOUT_MS 30000
+
+/* an exit read while waiting for a reply, delivered from the loop */
+typedef struct {
+  pid_t host;
+  int status;
+} pending_exit;
 
 typedef struct {
   pid_t pid;
-  int ctl_fd, event_fd;
-  int pids_ref; /* Lua table: pid inside -> host pid, for children still running */
-  int gone;     /* the event socket reported EOF */
+  int sock_fd;   /* our end of the init's socket */
+  int shut;      /* we shut our side down (close): the init is ending */
+  int pids_ref;  /* Lua table: pid inside -> host pid, for children still running */
+  int gone;      /* the socket reported EOF: the init is dead */
+  int want_send; /* the poll also waits for writable: pending exits to deliver */
+  pending_exit *pending;
+  int npending, cap;
 } nsinit_state;
 
 static const struct {
@@ -445,7 +456,7 @@ static int nsinit_start(lua_State *L) {
     snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, or beside moonbox/core.so)", init_exe_path);
     return mb_push_errno(L, init_exe_err, detail);
   }
-  int ctl[2] = {-1, -1}, ev[2] = {-1, -1}, go[2] = {-1, -1}, rep[2] = {-1, -1}, plan_fd = -1;
+  int sk[2] = {-1, -1}, go[2] = {-1, -1}, rep[2] = {-1, -1}, plan_fd = -1;
   int ncgroups = 0;
   int err = 0;
   const char *what = NULL;
@@ -466,8 +477,7 @@ static int nsinit_start(lua_State *L) {
       lua_pop(L, 2);
     }
   }
-  if (!err && (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0 ||
-               socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ev) < 0 || pipe2(go, O_CLOEXEC) < 0 ||
+  if (!err && (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sk) < 0 || pipe2(go, O_CLOEXEC) < 0 ||
                pipe2(rep, O_CLOEXEC) < 0)) {
     err = errno;
     what = "socketpair";
@@ -476,14 +486,11 @@ static int nsinit_start(lua_State *L) {
   pid_t pid = -1;
   if (!err) {
     int one = 1;
-    struct timeval tv = {30, 0}; /* a wedged init must not hang the runtime forever */
-    setsockopt(ctl[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
-    setsockopt(ctl[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(sk[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
     static init_exec_args args;
     memset(&args, 0, sizeof args);
     args.fds[MB_NSINIT_FD_PLAN] = plan_fd;
-    args.fds[MB_NSINIT_FD_CTL] = ctl[1];
-    args.fds[MB_NSINIT_FD_EVENT] = ev[1];
+    args.fds[MB_NSINIT_FD_SOCK] = sk[1];
     args.fds[MB_NSINIT_FD_GO] = go[0];
     args.fds[MB_NSINIT_FD_REPORT] = rep[1];
     for (int i = 0; i < ncgroups; i++) args.fds[MB_NSINIT_FD_CGROUP + i] = p->cgroup_fds[i];
@@ -509,8 +516,7 @@ static int nsinit_start(lua_State *L) {
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
   }
-  close_fd(&ctl[1]);
-  close_fd(&ev[1]);
+  close_fd(&sk[1]);
   close_fd(&go[0]);
   close_fd(&rep[1]);
   close_fd(&plan_fd);
@@ -541,8 +547,7 @@ static int nsinit_start(lua_State *L) {
       kill(pid, SIGKILL);
       while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
     }
-    close_fd(&ctl[0]);
-    close_fd(&ev[0]);
+    close_fd(&sk[0]);
     if (err) return mb_push_errno(L, err, what);
     char detail[512];
     if (r.stage == MB_NSINIT_MOUNT && r.index >= 0 && r.index < p->nmounts) {
@@ -560,8 +565,7 @@ static int nsinit_start(lua_State *L) {
   mb_handle *h = mb_handle_new(L, NSINIT, sizeof(nsinit_state));
   nsinit_state *st = (nsinit_state *)h->extra;
   st->pid = pid;
-  st->ctl_fd = ctl[0];
-  st->event_fd = ev[0];
+  st->sock_fd = sk[0];
   lua_newtable(L);
   st->pids_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   int hidx = lua_gettop(L);
@@ -580,11 +584,64 @@ static nsinit_state *check_live(lua_State *L, int idx, mb_handle **hp) {
 }
 
 static void release(lua_State *L, nsinit_state *st) {
-  close_fd(&st->ctl_fd);
-  close_fd(&st->event_fd);
+  close_fd(&st->sock_fd);
   if (st->pids_ref != LUA_NOREF) {
     luaL_unref(L, LUA_REGISTRYINDEX, st->pids_ref);
     st->pids_ref = LUA_NOREF;
+  }
+}
+
+/* The host pid of the init's child pid (inside), forgotten; 0 if unknown. */
+static pid_t take_host_pid(lua_State *L, nsinit_state *st, pid_t inside) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->pids_ref);
+  lua_rawgeti(L, -1, inside);
+  pid_t host = (pid_t)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  lua_rawseti(L, -2, inside);
+  lua_pop(L, 1);
+  return host;
+}
+
+static void on_event(uv_poll_t *poll, int status, int events);
+
+/* The poll waits for writable too while exits are pending: the socket
+ * is writable at once, so they are delivered on the loop's next turn. */
+static void want_send(mb_handle *h, nsinit_state *st, int on) {
+  if (st->want_send == on || h->closing) return;
+  st->want_send = on;
+  uv_poll_start(&h->uv.poll, on ? UV_READABLE | UV_WRITABLE : UV_READABLE, on_event);
+}
+
+/* An exit read while waiting for a reply: kept for the loop (its callback
+ * must not run inside the call that waits). The pid is resolved now, before
+ * a reply can name the same pid inside for a new child. */
+static void keep_exit(lua_State *L, mb_handle *h, nsinit_state *st, const mb_nsinit_event *ev) {
+  pid_t host = take_host_pid(L, st, ev->pid);
+  if (host <= 0) return;
+  if (st->npending == st->cap) {
+    int cap = st->cap ? st->cap * 2 : 16;
+    pending_exit *p = (pending_exit *)realloc(st->pending, sizeof *p * (size_t)cap);
+    if (!p) { /* out of memory: delivered now rather than lost */
+      mb_spawn_deliver(h->core, host, ev->status);
+      return;
+    }
+    st->pending = p;
+    st->cap = cap;
+  }
+  st->pending[st->npending++] = (pending_exit){host, ev->status};
+  want_send(h, st, 1);
+}
+
+static void deliver_pending(mb_handle *h, nsinit_state *st) {
+  while (st->npending) {
+    /* taken whole: the callbacks may spawn, and so keep new ones */
+    pending_exit *p = st->pending;
+    int n = st->npending;
+    st->pending = NULL;
+    st->npending = st->cap = 0;
+    for (int i = 0; i < n; i++) mb_spawn_deliver(h->core, p[i].host, p[i].status);
+    free(p);
   }
 }
 
@@ -596,22 +653,19 @@ static void on_event(uv_poll_t *poll, int status, int events) {
   mb_handle *h = (mb_handle *)poll->data;
   nsinit_state *st = (nsinit_state *)h->extra;
   lua_State *cbL = h->core->cbL;
+  deliver_pending(h, st);
+  want_send(h, st, 0);
   for (;;) {
     mb_nsinit_event ev;
-    ssize_t n = recv(st->event_fd, &ev, sizeof ev, MSG_DONTWAIT);
+    ssize_t n = recv(st->sock_fd, &ev, sizeof ev, MSG_DONTWAIT | MSG_TRUNC);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n == (ssize_t)sizeof ev) {
-      lua_rawgeti(cbL, LUA_REGISTRYINDEX, st->pids_ref);
-      lua_rawgeti(cbL, -1, ev.pid);
-      pid_t host = (pid_t)lua_tointeger(cbL, -1);
-      lua_pop(cbL, 1);
-      lua_pushnil(cbL);
-      lua_rawseti(cbL, -2, ev.pid);
-      lua_pop(cbL, 1);
+    if (n == (ssize_t)sizeof ev && ev.kind == MB_NSINIT_EVENT) {
+      pid_t host = take_host_pid(cbL, st, ev.pid);
       if (host > 0) mb_spawn_deliver(h->core, host, ev.status);
       continue;
     }
+    if (n > 0) continue; /* a reply no call waits for any more (it timed out) */
     /* EOF or error: the init has died */
     st->gone = 1;
     uv_poll_stop(poll);
@@ -639,42 +693,65 @@ static void on_event(uv_poll_t *poll, int status, int events) {
   }
 }
 
-static int recv_reply(nsinit_state *st, mb_nsinit_reply *r, pid_t *cred_pid, int *fd) {
+/* Waits for the reply to the request just sent; the exits read meanwhile
+ * are kept (keep_exit). */
+static int recv_reply(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_reply *r, pid_t *cred_pid, int *fd) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * 4)];
     struct cmsghdr align;
   } u;
-  struct iovec iov = {r, sizeof *r};
-  struct msghdr msg;
-  memset(&msg, 0, sizeof msg);
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = u.buf;
-  msg.msg_controllen = sizeof u.buf;
-  ssize_t n;
-  do n = recvmsg(st->ctl_fd, &msg, MSG_CMSG_CLOEXEC);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return errno == EAGAIN ? ETIMEDOUT : errno;
-  if (n != (ssize_t)sizeof *r) return EPIPE;
+  union {
+    mb_nsinit_reply reply;
+    mb_nsinit_event event;
+  } in;
   if (cred_pid) *cred_pid = 0;
   if (fd) *fd = -1;
-  for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET) continue;
-    if (c->cmsg_type == SCM_CREDENTIALS && cred_pid) {
-      struct ucred cred;
-      memcpy(&cred, CMSG_DATA(c), sizeof cred);
-      *cred_pid = cred.pid;
-    } else if (c->cmsg_type == SCM_RIGHTS) {
-      int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      for (int i = 0; i < k; i++) {
-        int got;
-        memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
-        if (fd && *fd < 0) *fd = got;
-        else close(got);
+  int64_t deadline = (int64_t)uv_hrtime() + REPLY_TIMEOUT_MS * 1000000LL; /* a wedged init must not hang us */
+  for (;;) {
+    struct iovec iov = {&in, sizeof in};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    ssize_t n = recvmsg(st->sock_fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      /* non-blocking (the loop polls it): wait here, but not forever */
+      struct pollfd pf = {st->sock_fd, POLLIN, 0};
+      int left = (int)((deadline - (int64_t)uv_hrtime()) / 1000000);
+      if (left <= 0) return ETIMEDOUT;
+      if (poll(&pf, 1, left) < 0 && errno != EINTR) return errno;
+      continue;
+    }
+    if (n < 0) return errno;
+    int is_reply = n == (ssize_t)sizeof in.reply && in.reply.kind == MB_NSINIT_REPLY && !(msg.msg_flags & MSG_TRUNC);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET) continue;
+      if (c->cmsg_type == SCM_CREDENTIALS && cred_pid && is_reply) {
+        struct ucred cred;
+        memcpy(&cred, CMSG_DATA(c), sizeof cred);
+        *cred_pid = cred.pid;
+      } else if (c->cmsg_type == SCM_RIGHTS) {
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < k; i++) {
+          int got;
+          memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
+          if (is_reply && fd && *fd < 0) *fd = got;
+          else close(got);
+        }
       }
     }
+    if (is_reply) {
+      memcpy(r, &in.reply, sizeof *r);
+      return 0;
+    }
+    if (n == (ssize_t)sizeof in.event && in.event.kind == MB_NSINIT_EVENT) {
+      keep_exit(L, h, st, &in.event);
+      continue;
+    }
+    return EPIPE; /* EOF (the init died) or a message we do not know */
   }
-  return 0;
 }
 
 static int send_msg(nsinit_state *st, void *buf, size_t len, const int *fds, int nfds) {
@@ -698,7 +775,7 @@ static int send_msg(nsinit_state *st, void *buf, size_t len, const int *fds, int
     memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
   }
   ssize_t n;
-  do n = sendmsg(st->ctl_fd, &msg, MSG_NOSIGNAL);
+  do n = sendmsg(st->sock_fd, &msg, MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   return n < 0 ? errno : 0;
 }
@@ -713,7 +790,7 @@ static int send_request(nsinit_state *st, mb_nsinit_request req, const int *fds,
 int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *host_pid, mb_child_report *fail) {
   mb_handle *h;
   nsinit_state *st = check_live(L, idx, &h);
-  if (h->closing || st->gone || st->ctl_fd < 0) return ESRCH;
+  if (h->closing || st->gone || st->shut) return ESRCH;
   int fds[MB_WIRE_MAX_FDS], nfds = 0;
   int e = mb_wire_pack(plan, fds, &nfds);
   if (e) return e;
@@ -722,7 +799,7 @@ int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *hos
   if (e) return e == EPIPE || e == ECONNRESET ? ESRCH : e;
   mb_nsinit_reply r;
   pid_t host = 0;
-  e = recv_reply(st, &r, &host, NULL);
+  e = recv_reply(L, h, st, &r, &host, NULL);
   if (e) return e == EPIPE || e == ECONNRESET ? ESRCH : e;
   fail->stage = r.stage;
   fail->err = r.err;
@@ -748,11 +825,11 @@ static int nsinit_socket(lua_State *L) {
   int domain = strcmp(kind, "tcp6") == 0 ? AF_INET6 : AF_INET;
   if (strcmp(kind, "tcp4") != 0 && strcmp(kind, "tcp6") != 0)
     return luaL_argerror(L, 2, "expected \"tcp4\" or \"tcp6\"");
-  if (h->closing || st->gone || st->ctl_fd < 0) return mb_push_errno(L, ESRCH, "sandbox init is gone");
+  if (h->closing || st->gone || st->shut) return mb_push_errno(L, ESRCH, "sandbox init is gone");
   int e = send_request(st, (mb_nsinit_request){MB_NSINIT_SOCKET, domain, SOCK_STREAM}, NULL, 0);
   mb_nsinit_reply r;
   int fd = -1;
-  if (!e) e = recv_reply(st, &r, NULL, &fd);
+  if (!e) e = recv_reply(L, h, st, &r, NULL, &fd);
   if (!e && (r.stage || r.err)) e = r.err ? r.err : EIO;
   if (e) {
     if (fd >= 0) close(fd);
@@ -773,7 +850,7 @@ static int nsinit_finish(lua_State *L) {
   static mb_nsinit_finish f;
   if (hl >= sizeof f.hostname || sl >= sizeof f.src || dl >= sizeof f.dst)
     return luaL_error(L, "finish: name too long");
-  if (h->closing || st->gone || st->ctl_fd < 0) return mb_push_errno(L, ESRCH, "sandbox init is gone");
+  if (h->closing || st->gone || st->shut) return mb_push_errno(L, ESRCH, "sandbox init is gone");
   memset(&f, 0, sizeof f);
   f.type = MB_NSINIT_FINISH;
   memcpy(f.hostname, hostname, hl);
@@ -798,7 +875,7 @@ static int nsinit_finish(lua_State *L) {
   if (tree >= 0) close(tree);
   if (e) return mb_push_errno(L, e, "finish");
   mb_nsinit_reply r;
-  e = recv_reply(st, &r, NULL, NULL);
+  e = recv_reply(L, h, st, &r, NULL, NULL);
   if (e) return mb_push_errno(L, e, "finish");
   if (r.stage || r.err) {
     lua_pushfstring(L, "sandbox set-up: %s (%s -> %s)", stage_name(r.stage), src, dst);
@@ -816,14 +893,53 @@ static int nsinit_kill(lua_State *L) {
   return 1;
 }
 
-/* Closing the ctl socket makes the init exit, which ends its pid namespace;
- * the handle goes away once the event socket reports that (on_event). */
+/* init:hold(fd) -> true: the init keeps a dup of fd (close yours) until
+ * init:give() or its death; nothing it starts gets it. */
+static int nsinit_hold(lua_State *L) {
+  mb_handle *h;
+  nsinit_state *st = check_live(L, 1, &h);
+  lua_Integer fd = luaL_checkinteger(L, 2);
+  if (fd < 0 || fd > 0x7fffffff) return luaL_argerror(L, 2, "expected an fd");
+  if (h->closing || st->gone || st->shut) return mb_push_errno(L, ESRCH, "sandbox init is gone");
+  int pass = (int)fd;
+  int e = send_request(st, (mb_nsinit_request){MB_NSINIT_HOLD, 0, 0}, &pass, 1);
+  mb_nsinit_reply r;
+  if (!e) e = recv_reply(L, h, st, &r, NULL, NULL);
+  if (!e && (r.stage || r.err)) e = r.err ? r.err : EIO;
+  if (e) return mb_push_errno(L, e == EPIPE || e == ECONNRESET ? ESRCH : e, "hold fd in sandbox init");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* init:give() -> fd: the fd init:hold() gave it, back (ENOENT: none). */
+static int nsinit_give(lua_State *L) {
+  mb_handle *h;
+  nsinit_state *st = check_live(L, 1, &h);
+  if (h->closing || st->gone || st->shut) return mb_push_errno(L, ESRCH, "sandbox init is gone");
+  int e = send_request(st, (mb_nsinit_request){MB_NSINIT_GIVE, 0, 0}, NULL, 0);
+  mb_nsinit_reply r;
+  int fd = -1;
+  if (!e) e = recv_reply(L, h, st, &r, NULL, &fd);
+  if (!e && (r.stage || r.err)) e = r.err ? r.err : EIO;
+  if (!e && fd < 0) e = EPROTO;
+  if (e) {
+    if (fd >= 0) close(fd);
+    return mb_push_errno(L, e == EPIPE || e == ECONNRESET ? ESRCH : e, "fd held by sandbox init");
+  }
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+/* Shutting our side of the socket down makes the init exit, which ends its
+ * pid namespace; the handle goes away once the socket reports that
+ * (on_event), the exits it sent before included. */
 static int nsinit_close(lua_State *L) {
   mb_handle **ud = (mb_handle **)luaL_checkudata(L, 1, NSINIT);
   mb_handle *h = *ud;
   if (!h || h->closing) return 0;
   nsinit_state *st = (nsinit_state *)h->extra;
-  close_fd(&st->ctl_fd);
+  if (!st->shut && st->sock_fd >= 0) shutdown(st->sock_fd, SHUT_WR);
+  st->shut = 1;
   return 0;
 }
 
@@ -833,15 +949,16 @@ static int nsinit_new(lua_State *L) {
   mb_handle **ud = (mb_handle **)lua_touserdata(L, -1);
   mb_handle *h = *ud;
   nsinit_state *st = (nsinit_state *)h->extra;
-  uv_poll_init(h->core->loop, &h->uv.poll, st->event_fd);
+  uv_poll_init(h->core->loop, &h->uv.poll, st->sock_fd);
   h->uv.poll.data = h;
   uv_poll_start(&h->uv.poll, UV_READABLE, on_event);
-  uv_unref(&h->uv.handle); /* children keep the loop alive, not the init's event socket */
+  uv_unref(&h->uv.handle); /* children keep the loop alive, not the init's socket */
   return 1;
 }
 
-static const luaL_Reg nsinit_methods[] = {{"pid", nsinit_pid},     {"socket", nsinit_socket}, {"kill", nsinit_kill},
-                                          {"close", nsinit_close}, {"finish", nsinit_finish}, {NULL, NULL}};
+static const luaL_Reg nsinit_methods[] = {
+  {"pid", nsinit_pid},       {"socket", nsinit_socket}, {"kill", nsinit_kill}, {"close", nsinit_close},
+  {"finish", nsinit_finish}, {"hold", nsinit_hold},     {"give", nsinit_give}, {NULL, NULL}};
 
 void mb_open_nsinit(lua_State *L) {
   find_init();

@@ -354,4 +354,79 @@ end
     assert.is_false(exists(root))
     sh("rm -rf " .. q(tmp))
   end)
+
+  -- Under namespaces the sandbox's init holds the lock (no fd of the
+  -- runtime's); its death releases it.
+  local function held_script(root, go)
+    return ([[
+local moonbox = require "moonbox"
+local ok, e = pcall(moonbox.getSandbox, "shared", { root = %q, isolation = "none" })
+if not ok then print("ERR " .. tostring(e.code)) return end
+print("HELD") io.stdout:flush()
+while not io.open(%q) do moonbox.sleep(20) end
+e:writeFile("/workspace/theirs", "theirs")
+e:destroy { keepFiles = true }
+]]):format(root, go)
+  end
+
+  it("stays held across a killed and rebuilt init", function()
+    local tmp = helper.mkdtemp()
+    local root = tmp .. "/root"
+    local script = ([[
+local moonbox = require "moonbox"
+local ok, e = pcall(moonbox.getSandbox, "shared", { root = %q, isolation = "none" })
+print(ok and "GOT" or ("ERR " .. tostring(e.code)))
+if ok then e:destroy { keepFiles = true } end
+]]):format(root)
+    run_task(function()
+      local sb = helper.new_sandbox { root = root }
+      if not sb.init then return sb:destroy() end -- no init without namespaces
+      sb:writeFile("/workspace/mine", "held")
+      local out, err = run_child(tmp, script)
+      assert.is_truthy(out:find("ERR SANDBOX_IN_USE", 1, true), out .. err)
+      assert.equal(0, os.execute("kill -9 " .. sb:info().initPid) and 0 or 1)
+      assert.is_true(helper.eventually(function() return sb.init_dead end, 10000))
+      pcall(sb.exec, sb, "true") -- SANDBOX_RESTARTED, reported once
+      assert.equal("held", sb:exec("cat mine").stdout)
+      -- the rebuilt sandbox took the lock again
+      out, err = run_child(tmp, script)
+      assert.is_truthy(out:find("ERR SANDBOX_IN_USE", 1, true), out .. err)
+      sb:destroy { keepFiles = true }
+      out, err = run_child(tmp, script)
+      assert.is_truthy(out:find("GOT", 1, true), out .. err)
+    end)
+    sh("rm -rf " .. q(tmp))
+  end)
+
+  it("taken by another runtime while our init was dead: no rebuild, and destroy keeps its files", function()
+    local tmp = helper.mkdtemp()
+    local root = tmp .. "/root"
+    local go = tmp .. "/go"
+    run_task(function()
+      local sb = helper.new_sandbox { root = root }
+      if not sb.init then return sb:destroy() end
+      sb:writeFile("/workspace/mine", "held")
+      assert.equal(0, os.execute("kill -9 " .. sb:info().initPid) and 0 or 1)
+      assert.is_true(helper.eventually(function() return sb.init_dead end, 10000))
+      -- the root is free: another runtime takes it and holds it
+      write(tmp .. "/held.lua", held_script(root, go))
+      sh(("(%s %s > %s 2>&1 &)"):format(q(BIN), q(tmp .. "/held.lua"), q(tmp .. "/held.out")))
+      assert.is_true(helper.eventually(function()
+        local f = io.open(tmp .. "/held.out")
+        local got = f and f:read("*a") or ""
+        if f then f:close() end
+        return got:find("HELD", 1, true) ~= nil
+      end, 10000))
+      pcall(sb.exec, sb, "true") -- SANDBOX_RESTARTED, reported once
+      local err = helper.error_of(sb.exec, sb, "true")
+      assert.equal("SANDBOX_IN_USE", err.code)
+      err = helper.error_of(sb.destroy, sb, { keepFiles = false })
+      assert.equal("SANDBOX_IN_USE", err.code)
+      -- the other runtime's files are untouched, and it goes on
+      assert.is_true(exists(root .. "/workspace/mine"))
+      write(go, "")
+      assert.is_true(helper.eventually(function() return exists(root .. "/workspace/theirs") end, 10000))
+    end)
+    sh("rm -rf " .. q(tmp))
+  end)
 end)

@@ -132,11 +132,15 @@ describe("isolation: namespaces", function()
       assert.equal("", read("environ"))
       assert.equal("moonbox-init\0", read("cmdline"))
       assert.equal("moonbox-init\n", read("comm"))
-      -- stdio, its signalfd, the ctl and event sockets: nothing else of ours
+      -- stdio, its signalfd, its one socket and the root's lock, which it
+      -- holds for the runtime: nothing else of ours
       local fds = {}
       for name in helper.sh("ls /proc/" .. pid .. "/fd"):gmatch("%d+") do fds[#fds + 1] = tonumber(name) end
       table.sort(fds)
       assert.same({ 0, 1, 2, 3, 4, 5 }, fds)
+      assert.equal("anon_inode:[signalfd]", helper.sh("readlink /proc/" .. pid .. "/fd/3"))
+      assert.truthy(helper.sh("readlink /proc/" .. pid .. "/fd/4"):find("^socket:%["))
+      assert.equal(sb.root_canon .. "/.moonbox.lock", helper.sh("readlink /proc/" .. pid .. "/fd/5"))
     end)
   end)
 
@@ -203,6 +207,19 @@ while True:
       r = sb:exec("hostname other")
       assert.is_true(r.exitCode ~= 0, "sys_admin is gone: hostname must fail")
     end, { policy = { capabilities = { "chown" } } })
+  end)
+
+  it("reports every exit with its status while other spawns wait on the init's one socket", function()
+    with_ns(function(sb)
+      -- started back to back: the init sends the first ones' exits while
+      -- the runtime waits for later replies on the same socket
+      local procs = {}
+      for i = 1, 60 do procs[i] = sb:startProcess("exit " .. (i % 50)) end
+      for i, p in ipairs(procs) do
+        local exit = p:waitForExit(10000)
+        assert.equal(i % 50, exit.exitCode)
+      end
+    end)
   end)
 
   it("reaps orphans inside: no zombie survives its parent", function()

@@ -229,7 +229,7 @@ function M.getSandbox(id, opts)
   if unisolated then self.isolation_error = unisolated end
   -- the file API's root: captured now, before any command of the sandbox
   -- runs, so the mounts it may reach are the ones the runtime made
-  local conf, cmsg = self:_confine()
+  local conf, cmsg = self:_confine(self.run_conf)
   if conf and self.init and not self.run_conf then
     conf:close()
     conf, cmsg = nil, self.run_conf_error
@@ -248,8 +248,42 @@ function M.getSandbox(id, opts)
     root_mod.undo(lock, created)
     error(err, 0)
   end
+  self:_hand_lock()
   registry[id] = self
   return self
+end
+
+-- The root's lock costs the runtime no fd while the sandbox has an init
+-- (thousands of sandboxes per runtime): the init holds it, out of reach of
+-- the sandbox's processes (its fds are not theirs to open), until destroy
+-- takes it back. The init's death releases it: _take_lock takes it anew.
+-- An init that cannot take it leaves it with the runtime.
+function Sandbox:_hand_lock()
+  local lock, init = self.root_lock, self.init
+  if not (lock and lock.fd and init and not self.init_dead) then return end
+  if init:hold(lock.fd) then
+    core.close_fd(lock.fd)
+    lock.fd, lock.init = nil, init
+  end
+end
+
+-- The root's lock back with the runtime: from the init that holds it, or
+-- taken again when that init died. false when another runtime took the
+-- root meanwhile.
+function Sandbox:_take_lock()
+  local lock = self.root_lock
+  if not lock or lock.fd then return true end
+  local holder = lock.init
+  lock.init = nil
+  local fd = holder and holder == self.init and not self.init_dead and holder:give()
+  if fd then
+    lock.fd = fd
+    return true
+  end
+  local ok, again = pcall(root_mod.lock, self.id, self.root_canon)
+  if not ok then return false, again end
+  lock.fd = again.fd
+  return true
 end
 
 -- The file API's storage inside a namespaced sandbox: its own mounts.
@@ -290,7 +324,9 @@ function Sandbox:_fs_creds()
   return { uid = idmap.uid, gid = idmap.gid }
 end
 
-function Sandbox:_confine()
+-- root: the run directory's confinement, whose root fd (the same
+-- /proc/<init>/root) this one shares: one fd per sandbox, not two.
+function Sandbox:_confine(root)
   local creds = self:_fs_creds()
   if not self.init then return fs.confine(self.fs_root, nil, creds, "beneath") end
   local dirs = util.copy(M.OWN_STORAGE)
@@ -300,7 +336,7 @@ function Sandbox:_confine()
   local allowed = {}
   for _, dir in ipairs(dirs) do allowed[#allowed + 1] = dir:sub(2) end
   for _, mp in ipairs(submounts(self.init:pid(), dirs)) do allowed[#allowed + 1] = mp:sub(2) end
-  return fs.confine(self.fs_root, allowed, creds, "in_root")
+  return fs.confine(root or self.fs_root, allowed, creds, "in_root")
 end
 
 -- The sandbox init exited. On destroy that is expected; otherwise it was
@@ -374,7 +410,7 @@ function Sandbox:_revive()
     if self[name] then self[name]:close() self[name] = nil end
   end
   local run_conf, rmsg = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, self:_fs_creds(), "in_root")
-  local conf, cmsg = self:_confine()
+  local conf, cmsg = self:_confine(run_conf)
   if not run_conf or not conf then
     if run_conf then run_conf:close() end
     if conf then conf:close() end
@@ -384,6 +420,14 @@ function Sandbox:_revive()
       :format(self.id, tostring(rmsg or cmsg)), { id = self.id })
   end
   self.run_conf, self.fs_conf = run_conf, conf
+  -- the dead init's lock went with it: the root must still be ours
+  local locked, lerr = self:_take_lock()
+  if not locked then
+    pcall(init.close, init)
+    self.init_dead = true
+    error(lerr, 0)
+  end
+  self:_hand_lock()
 end
 
 -- The one spawn spec (sandbox/spawn.lua): every process of this sandbox is started
@@ -759,6 +803,10 @@ function Sandbox:destroy(opts)
   self.destroying = true
   registry[self.id] = nil
   dying[self] = true
+  -- the root's lock, back from the init before it dies; lost to another
+  -- runtime (our init died, and it took the root): its files stay
+  local locked, lock_err = self:_take_lock()
+  if not locked then opts = { keepFiles = true } end
   local cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil
   local init = self.init
   local gone = false
@@ -821,6 +869,7 @@ function Sandbox:destroy(opts)
   end
   limits.cleanup(self.limits_state, async.sleep)
   root_mod.unlock(self.root_lock)
+  if not locked then error(lock_err, 0) end
   if not removed then
     errors.raise("FILESYSTEM_ERROR", "destroy could not remove the sandbox's files: " .. tostring(msg),
       { id = self.id, root = self.root, errno = code })
