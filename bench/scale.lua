@@ -67,6 +67,9 @@ local mounts0 = mount_count()
 -- what is left of destroyed items: processes, cgroups, mounts (beyond those
 -- at the start), directories under the bench's root
 local function leftovers(root)
+  -- a destroyed sandbox's cgroups go on the thread pool (tree.remove_later):
+  -- what is still being removed is not left over, what is never removed is
+  local removals_done = tree.await_removals(moonbox.sleep, 60000)
   local procs, cgroups = #tree.descendants(core.getpid()), 0
   if tree.mode() == "cgroup" then
     procs = math.max(procs, #tree.cgroup_pids(tree.base()))
@@ -76,7 +79,8 @@ local function leftovers(root)
   end
   local roots = 0
   for _ in ipairs(core.readdir(root) or {}) do roots = roots + 1 end
-  return ("%d processes, %d cgroups, %d mounts, %d dirs"):format(procs, cgroups, mount_count() - mounts0, roots)
+  return ("%d processes, %d cgroups, %d mounts, %d dirs%s"):format(procs, cgroups, mount_count() - mounts0, roots,
+    removals_done and "" or " (cgroup removals still under way after 60 s)")
 end
 
 local function fd_limit()
