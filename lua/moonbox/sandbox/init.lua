@@ -803,9 +803,11 @@ function Sandbox:destroy(opts)
   self.destroying = true
   registry[self.id] = nil
   dying[self] = true
-  -- the root's lock, back from the init before it dies; lost to another
-  -- runtime (our init died, and it took the root): its files stay
-  local locked, lock_err = self:_take_lock()
+  -- the root's lock, back from the init before it dies, when the files are
+  -- to go (kept, they are released with the init); lost to another runtime
+  -- (our init died, and it took the root): its files stay
+  local locked, lock_err = true, nil
+  if not opts.keepFiles then locked, lock_err = self:_take_lock() end
   if not locked then opts = { keepFiles = true } end
   local cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil
   local init = self.init
