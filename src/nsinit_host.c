@@ -343,57 +343,21 @@ typedef struct {
   int fds_below; /* > 0: our fd table is shared (CLONE_FILES); keep only the fds below this */
 } init_exec_args;
 
-/* ---- low fd slots ---------------------------------------------------------
- * A clone without CLONE_FILES copies the runtime's whole fd table into the
- * child, which then closes all but a few: with thousands of sandboxes that
- * is tens of thousands of files, about 1 us each (perf: dup_fd, and
- * close_range's filp_close), and sandbox creation grew with their number.
- * So the child shares the table and at once unshares only its low end:
- * close_range(K, ~0, CLOSE_RANGE_UNSHARE) copies the fds below K alone
- * (Linux 5.9). The fds it needs are first put into low slots: /dev/null
- * placeholders reserved when the module loads, put back after the clone. */
 #ifndef CLOSE_RANGE_UNSHARE
 #define CLOSE_RANGE_UNSHARE (1U << 1)
 #endif
-#define NSLOTS (MB_NSINIT_FD_CGROUP + MB_NSINIT_MAX_CGROUPS + 1) /* the plan's fds and the exe */
-static int slots[NSLOTS];
-static int slot_null = -1; /* what the slots hold between clones */
-static int slots_below;    /* 1 + the highest slot; 0: no slots (the table is copied whole) */
 
-static void reserve_slots(void) {
-  if (slot_null >= 0) return;
-  int fds[NSLOTS + 1], n = 0, top = 0;
-  for (; n < NSLOTS + 1; n++) {
-    if ((fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) break;
-    if (fds[n] > top) top = fds[n];
-  }
-  if (n < NSLOTS + 1) {
-    while (n > 0) close(fds[--n]);
-    return;
-  }
-  memcpy(slots, fds, sizeof slots);
-  slot_null = fds[NSLOTS];
-  slots_below = top + 1;
-}
-
-/* Moves a's fds (and exe) into the slots; 0, or -1 (nothing to undo but
- * put_slots: the clone then copies the table as before). */
+/* Moves a's fds (and exe) into low slots (src/child/fd_slots.c), for a
+ * child that shares our fd table; 0, or -1 (a's fds are all valid either
+ * way until mb_fd_slots_put: the clone then copies the table). */
 static int take_slots(init_exec_args *a) {
-  if (!slots_below) return -1;
-  for (int k = 3; k < a->nfds; k++) {
-    if (dup3(a->fds[k], slots[k - 3], O_CLOEXEC) < 0) return -1;
-    a->fds[k] = slots[k - 3];
-  }
-  if (dup3(a->exe_fd, slots[NSLOTS - 1], O_CLOEXEC) < 0) return -1;
-  a->exe_fd = slots[NSLOTS - 1];
+  if (!mb_fd_slots_below()) return -1;
+  for (int k = 3; k < a->nfds; k++)
+    if (mb_fd_slot_take(&a->fds[k]) < 0) return -1;
+  if (mb_fd_slot_take(&a->exe_fd) < 0) return -1;
   a->report_fd = a->fds[MB_NSINIT_FD_REPORT];
-  a->fds_below = slots_below;
+  a->fds_below = mb_fd_slots_below();
   return 0;
-}
-
-/* The slots back to /dev/null: none keeps a copy of the init's ends. */
-static void put_slots(void) {
-  for (int i = 0; slots_below && i < NSLOTS; i++) dup3(slot_null, slots[i], O_CLOEXEC);
 }
 
 static char *const init_argv[] = {"moonbox-init", NULL};
@@ -573,7 +537,7 @@ static int nsinit_start(lua_State *L) {
       what = "clone";
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    put_slots();
+    mb_fd_slots_put();
   }
   close_fd(&sk[1]);
   close_fd(&go[0]);
@@ -1021,7 +985,7 @@ static const luaL_Reg nsinit_methods[] = {
 
 void mb_open_nsinit(lua_State *L) {
   find_init();
-  reserve_slots();
+  mb_fd_slots_reserve();
   mb_new_class(L, NSINIT, nsinit_methods);
   lua_pushcfunction(L, nsinit_new);
   lua_setfield(L, -2, "sandbox_init");

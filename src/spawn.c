@@ -336,6 +336,18 @@ static int process_new(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx) 
   return 1;
 }
 
+/* The fds of cp put into low slots (a dup each); 0, or -1 when they do
+ * not all fit (cp's fds are all valid either way until mb_fd_slots_put). */
+static int take_slots(mb_child_plan *cp) {
+  if (!mb_fd_slots_below()) return -1;
+  for (int i = 0; i < cp->nfds; i++)
+    if (cp->fds[i].kind == MB_FD_SOURCE && mb_fd_slot_take(&cp->fds[i].source) < 0) return -1;
+  for (int i = 0; i < MB_MAX_EXTRA_CGROUPS; i++)
+    if (mb_fd_slot_take(&cp->extra_cgroup_fds[i]) < 0) return -1;
+  if (mb_fd_slot_take(&cp->cgroup_procs_fd) < 0 || mb_fd_slot_take(&cp->report_fd) < 0) return -1;
+  return 0;
+}
+
 /* clone(CLONE_VM|CLONE_VFORK) the child and read its report. Returns an
  * errno for a failure to start at all; *failed when the child reported a
  * failing step (it is reaped already). */
@@ -350,21 +362,31 @@ static int clone_child(spawn_job *job, pid_t *pid_out, mb_child_report *r, int *
     close(report[1]);
     return ENOMEM;
   }
+  /* The child's plan names its fds in low slots, and the child shares our
+   * fd table instead of copying it (src/child/fd_slots.c); ours keeps
+   * its own numbers. */
+  mb_child_plan cp = *p;
+  int flags = CLONE_VM | CLONE_VFORK;
+  if (take_slots(&cp) == 0) {
+    cp.unshare_below = mb_fd_slots_below();
+    flags |= CLONE_FILES;
+  }
   /* No signal handler may run in the child while it shares our memory. */
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   /* born in its cgroup where the kernel can, else cgroup.procs in the child */
-  p->cgroup_joined = p->cgroup_dir_fd >= 0;
-  pid_t pid = p->cgroup_joined
-                ? mb_clone_into_cgroup(mb_child_main, p, stack, CHILD_STACK, CLONE_VM | CLONE_VFORK, p->cgroup_dir_fd)
-                : -1;
+  cp.cgroup_joined = cp.cgroup_dir_fd >= 0;
+  pid_t pid =
+    cp.cgroup_joined ? mb_clone_into_cgroup(mb_child_main, &cp, stack, CHILD_STACK, flags, cp.cgroup_dir_fd) : -1;
   if (pid < 0) {
-    p->cgroup_joined = 0;
-    pid = clone(mb_child_main, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, p);
+    cp.cgroup_joined = 0;
+    pid = clone(mb_child_main, stack + CHILD_STACK, flags | SIGCHLD, &cp);
   }
   int clone_errno = errno;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
+  mb_fd_slots_put();
+  p->cgroup_joined = cp.cgroup_joined;
   free(stack);
   close(report[1]);
   p->report_fd = -1;
@@ -400,7 +422,7 @@ int mb_spawn_track(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx) {
 
 /* core.spawn(spec) -> process, streams | nil, message, CODE
  * spec: args (array, required), file, env (array "K=V" or map; nothing is
- * inherited), cwd, stdio ({[fd] = kind}), setsid, setpgid, pdeathsig,
+ * inherited), cwd, stdio ({[fd] = kind}, fd 0..255), setsid, setpgid, pdeathsig,
  * ctty (child fd to make the controlling terminal; needs setsid), rlimits,
  * uid, gid, cgroup (path of a cgroup directory to start in), no_new_privs,
  * cap_keep (list of capability numbers to keep in the bounding set; the rest
@@ -528,6 +550,14 @@ static int spawn(lua_State *L) {
     if (!lua_istable(L, stdio_idx)) {
       job_cleanup(&job);
       return luaL_error(L, "spawn: stdio must be a table");
+    }
+    /* every key an fd number we place, never one silently left out */
+    for (lua_pushnil(L); lua_next(L, stdio_idx); lua_pop(L, 1)) {
+      lua_Number k = lua_type(L, -2) == LUA_TNUMBER ? lua_tonumber(L, -2) : -1;
+      if (k < 0 || k > 255 || k != (lua_Number)(int)k) {
+        job_cleanup(&job);
+        return luaL_error(L, "spawn: stdio keys must be fd numbers 0..255");
+      }
     }
     for (int fd = 0; fd < 256 && !rc; fd++) {
       lua_rawgeti(L, stdio_idx, fd);
@@ -670,6 +700,7 @@ static const luaL_Reg process_methods[] = {
   {"pid", process_pid}, {"kill", process_kill}, {"status", process_status}, {NULL, NULL}};
 
 void mb_open_spawn(lua_State *L) {
+  mb_fd_slots_reserve();
   luaL_newmetatable(L, PROCESS);
   lua_newtable(L);
   luaL_register(L, NULL, process_methods);

@@ -205,6 +205,9 @@ describe("core.spawn failures", function()
         { { args = { "true" }, stdio = { [0] = "pipe", [1] = "bogus" } }, "stdio[1]: unknown kind 'bogus'" },
         { { args = { "true" }, stdio = { [0] = "pipe", [2] = {} } }, "stdio[2] must be a kind or an fd, got table" },
         { { args = { "true" }, stdio = "pipe" }, "spawn: stdio must be a table" },
+        { { args = { "true" }, stdio = { [256] = "null" } }, "spawn: stdio keys must be fd numbers 0..255" },
+        { { args = { "true" }, stdio = { out = "null" } }, "spawn: stdio keys must be fd numbers 0..255" },
+        { { args = { "true" }, stdio = { [-1] = "null" } }, "spawn: stdio keys must be fd numbers 0..255" },
         { { args = { "true" }, rlimits = { nofile = "x" } }, "rlimits.nofile must be a number" },
         { { args = { "true" }, pdeathsig = "SIGNOPE" }, "unknown signal 'SIGNOPE'" },
         { { args = { "true" }, on_exit = 1 }, "function expected, got number" },
@@ -400,8 +403,8 @@ describe("core.spawn", function()
       local r, w = core.pipe()
       local rs = core.stream_open(r)
       local out = run {
-        args = { "sh", "-c", ("echo inherited >/dev/fd/%d; readlink /proc/self/fd/40"):format(w) },
-        stdio = { [w] = "inherit", [40] = "inherit" },
+        args = { "sh", "-c", ("echo inherited >/dev/fd/%d; readlink /proc/self/fd/200"):format(w) },
+        stdio = { [w] = "inherit", [200] = "inherit" }, -- (200: a number we hold nothing at)
       }
       core.close_fd(w)
       assert.equals("/dev/null\n", out)
@@ -416,6 +419,31 @@ describe("core.spawn", function()
       assert.equals("0\n1\n2\n/dev/null\n/dev/null\n", out)
       out = run { args = { "sh", "-c", "ls -1 /proc/$$/fd" }, stdio = { [7] = "null" } }
       assert.equals("0\n1\n2\n7\n", out)
+    end)
+  end)
+
+  it("a runtime holding many fds keeps every one of them, and the child gets none", function()
+    run_task(function()
+      -- the child shares our fd table until it unshares its low end, its
+      -- fds put in low slots first (src/child/fd_slots.c): none of ours may
+      -- leak into it, be closed, or stay duplicated
+      local held = {}
+      for i = 1, 300 do held[i] = assert(core.fs_open_dir("/")) end
+      local before = open_fds()
+      local r, w = core.pipe()
+      local rs = core.stream_open(r)
+      local out = run { args = { "sh", "-c", "ls -1 /proc/$$/fd; echo via >&5" }, stdio = { [5] = w } }
+      core.close_fd(w)
+      assert.equals("0\n1\n2\n5\n", out)
+      assert.equals("via\n", read_all(rs))
+      rs:close()
+      local failed = core.spawn { args = { "/nonexistent/x" } }
+      assert.is_nil(failed)
+      assert.equal(before, open_fds())
+      for _, fd in ipairs(held) do
+        assert.equal("/", core.readlink("/proc/self/fd/" .. fd))
+        core.close_fd(fd)
+      end
     end)
   end)
 

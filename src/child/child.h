@@ -79,7 +79,15 @@ typedef struct {
   int no_new_privs;                 /* set no_new_privs even without a filter */
   int drop_caps;                    /* drop every capability not in cap_keep from the bounding set */
   unsigned long long cap_keep;      /* bit n keeps capability n */
+  int unshare_below;                /* > 0: our fd table is shared (CLONE_FILES): keep the fds below this */
 } mb_child_plan;
+
+/* fd_slots.c: the fds a child shares our table for (CLONE_FILES) moved
+ * below mb_fd_slots_below(), which it unshares at once (unshare_below). */
+void mb_fd_slots_reserve(void);
+int mb_fd_slots_below(void);  /* 0: no slots: clone without CLONE_FILES */
+int mb_fd_slot_take(int *fd); /* *fd (if >= 0) becomes a slot holding a dup; 0 or -1 */
+void mb_fd_slots_put(void);   /* every slot taken back to /dev/null */
 
 /* Entry point for clone(); never returns on success. */
 int mb_child_main(void *plan);
