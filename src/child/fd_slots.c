@@ -9,8 +9,14 @@
  * K alone (Linux 5.9). The fds it needs are first dup3()ed into slots below
  * K: /dev/null placeholders reserved when the module loads (so their
  * numbers are low), put back once the clone has returned. Loop thread only. */
+
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -21,6 +27,32 @@ static int slots[NSLOTS];
 static int nslots_taken;
 static int slot_null = -1; /* what a slot holds between clones */
 static int slots_below;    /* K: 1 + the highest slot; 0: no slots */
+
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
+#endif
+
+/* Whether this kernel (and any seccomp filter we run under) lets a child
+ * unshare its table's low end: tried once, in a child of our own, never
+ * here (our threads share this table). */
+static char probe_stack[16 * 1024] __attribute__((aligned(16)));
+static int probe_child(void *arg) {
+  (void)arg;
+  return syscall(SYS_close_range, (unsigned)slots_below, ~0U, CLOSE_RANGE_UNSHARE) == 0 ? 0 : 1;
+}
+static int unshare_works(void) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pid_t pid =
+    clone(probe_child, probe_stack + sizeof probe_stack, CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD, NULL);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  int status = 0;
+  if (pid < 0) return 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return 0;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
 void mb_fd_slots_reserve(void) {
   if (slot_null >= 0) return;
@@ -36,6 +68,10 @@ void mb_fd_slots_reserve(void) {
   for (int i = 0; i < NSLOTS; i++) slots[i] = fds[i];
   slot_null = fds[NSLOTS];
   slots_below = top + 1;
+  if (!unshare_works()) { /* before Linux 5.9: every clone copies the table, as it did */
+    for (int i = 0; i <= NSLOTS; i++) close(fds[i]);
+    slots_below = 0;
+  }
 }
 
 int mb_fd_slots_below(void) { return slots_below; }
