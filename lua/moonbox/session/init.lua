@@ -380,7 +380,11 @@ function Session:_run(command, opts, sink)
     async.spawn(function()
       pcall(function()
         self:_finish_run(sh, job:wait(), timers, held_stderr, sink, cmd_cg, timed_out and grace_deadline)
-        if reset and not self.cgroup then
+        if reset and self.cgroup then
+          -- the killed tree is gone (not just dying) before the next command
+          -- runs: the queue is ours until then, so nothing new is in the cgroup
+          tree.wait_empty(self.cgroup, 2000, async.sleep)
+        elseif reset then
           -- proc mode: also what left the shell's tree (it carries our
           -- marker), before a new shell (which carries it too) starts
           tree.kill_marked("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
