@@ -194,7 +194,7 @@ end
 -- created: it appeared before the new watch was in place.
 function Watch:_add_tree(rootfd, rel, announce, slice)
   walk_slice(slice)
-  local wd, msg, code = self.handle:add(rootfd, rel)
+  local wd, msg, code = fs.confined(self.handle:add(rootfd, rel))
   if not wd then return nil, msg, code end
   self.wds[wd] = rel
   self.dirs[rel] = wd
@@ -403,9 +403,11 @@ function Session:watch(path, opts)
     }, Watch)
     watch.handle = core.fs_event()
     local wd
-    wd, msg, code = watch.handle:start(rootfd, t.rel, function(err, name, ev, errcode)
+    -- (a path swapped for a symlink since the stat above resolves outside:
+    -- PATH_OUTSIDE_SANDBOX, as the stat would have said; file_race_spec)
+    wd, msg, code = fs.confined(watch.handle:start(rootfd, t.rel, function(err, name, ev, errcode)
       watch:_on_event(err, name, ev, errcode)
-    end)
+    end))
     if wd and not watch.is_file then
       watch.wds[wd] = t.rel
       watch.dirs[t.rel] = wd

@@ -51,6 +51,9 @@ local function confined(ok, msg, code)
   end
   return ok, msg, code
 end
+-- confined(core call's results): the same, for a core call made directly
+-- (files/watch.lua's fs_event start/add, which resolve through a confinement)
+M.confined = confined
 
 local function by_name(a, b) return a.name < b.name end
 
