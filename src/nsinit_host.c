@@ -343,10 +343,6 @@ typedef struct {
   int fds_below; /* > 0: our fd table is shared (CLONE_FILES); keep only the fds below this */
 } init_exec_args;
 
-#ifndef CLOSE_RANGE_UNSHARE
-#define CLOSE_RANGE_UNSHARE (1U << 1)
-#endif
-
 /* Moves a's fds (and exe) into low slots (src/child/fd_slots.c), for a
  * child that shares our fd table; 0, or -1 (a's fds are all valid either
  * way until mb_fd_slots_put: the clone then copies the table). */
@@ -381,7 +377,7 @@ static int init_exec_child(void *arg) {
   init_exec_args *a = (init_exec_args *)arg;
   int report = a->report_fd;
   /* first, while nothing else is done: our own table, of its low end only */
-  if (a->fds_below > 0 && syscall(SYS_close_range, (unsigned)a->fds_below, ~0U, CLOSE_RANGE_UNSHARE) < 0)
+  if (mb_unshare_fds_below(a->fds_below) < 0)
     exec_fail(report, errno); /* (the table is still shared: report is the runtime's, as it should be) */
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   if (pwrite(a->fds[MB_NSINIT_FD_PLAN], &a->joined, sizeof a->joined, offsetof(mb_nsinit_wire, first_cgroup_joined)) !=
@@ -807,13 +803,30 @@ static int send_request(nsinit_state *st, mb_nsinit_request req, const int *fds,
   return send_msg(st, &req, sizeof req, fds, nfds);
 }
 
+/* Requests can still be sent: not closing, not shut down, not dead. */
+static int usable(const mb_handle *h, const nsinit_state *st) { return !h->closing && !st->gone && !st->shut; }
+
+/* A request whose reply says only done or (stage, errno), with at most an
+ * fd attached (*fd when fd is given, else closed): 0 or an errno. */
+static int ask(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_request req, const int *fds, int nfds, int *fd) {
+  mb_nsinit_reply r;
+  int e = send_request(st, req, fds, nfds);
+  if (!e) e = recv_reply(L, h, st, &r, NULL, fd);
+  if (!e && (r.stage || r.err)) e = r.err ? r.err : EIO;
+  if (e && fd && *fd >= 0) {
+    close(*fd);
+    *fd = -1;
+  }
+  return e;
+}
+
 /* Called by core.spawn for spec.sandbox: the init forks and runs the plan.
  * Returns 0 with *host_pid, or 0 with fail filled in (the child's set-up
  * failed and is already reaped), or an errno for a transport failure. */
 int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *host_pid, mb_child_report *fail) {
   mb_handle *h;
   nsinit_state *st = check_live(L, idx, &h);
-  if (h->closing || st->gone || st->shut) return ESRCH;
+  if (!usable(h, st)) return ESRCH;
   int fds[MB_WIRE_MAX_FDS], nfds = 0;
   int e = mb_wire_pack(plan, fds, &nfds);
   if (e) return e;
@@ -848,17 +861,11 @@ static int nsinit_socket(lua_State *L) {
   int domain = strcmp(kind, "tcp6") == 0 ? AF_INET6 : AF_INET;
   if (strcmp(kind, "tcp4") != 0 && strcmp(kind, "tcp6") != 0)
     return luaL_argerror(L, 2, "expected \"tcp4\" or \"tcp6\"");
-  if (h->closing || st->gone || st->shut) return mb_push_errno(L, ESRCH, "sandbox init is gone");
-  int e = send_request(st, (mb_nsinit_request){MB_NSINIT_SOCKET, domain, SOCK_STREAM}, NULL, 0);
-  mb_nsinit_reply r;
+  if (!usable(h, st)) return mb_push_errno(L, ESRCH, "sandbox init is gone");
   int fd = -1;
-  if (!e) e = recv_reply(L, h, st, &r, NULL, &fd);
-  if (!e && (r.stage || r.err)) e = r.err ? r.err : EIO;
-  if (e) {
-    if (fd >= 0) close(fd);
-    return mb_push_errno(L, e, "socket in sandbox");
-  }
-  if (fd < 0) return mb_push_errno(L, EPROTO, "socket in sandbox");
+  int e = ask(L, h, st, (mb_nsinit_request){MB_NSINIT_SOCKET, domain, SOCK_STREAM}, NULL, 0, &fd);
+  if (!e && fd < 0) e = EPROTO;
+  if (e) return mb_push_errno(L, e, "socket in sandbox");
   lua_pushinteger(L, fd);
   return 1;
 }
@@ -873,7 +880,7 @@ static int nsinit_finish(lua_State *L) {
   static mb_nsinit_finish f;
   if (hl >= sizeof f.hostname || sl >= sizeof f.src || dl >= sizeof f.dst)
     return luaL_error(L, "finish: name too long");
-  if (h->closing || st->gone || st->shut) return mb_push_errno(L, ESRCH, "sandbox init is gone");
+  if (!usable(h, st)) return mb_push_errno(L, ESRCH, "sandbox init is gone");
   memset(&f, 0, sizeof f);
   f.type = MB_NSINIT_FINISH;
   memcpy(f.hostname, hostname, hl);
@@ -923,12 +930,9 @@ static int nsinit_hold(lua_State *L) {
   nsinit_state *st = check_live(L, 1, &h);
   lua_Integer fd = luaL_checkinteger(L, 2);
   if (fd < 0 || fd > 0x7fffffff) return luaL_argerror(L, 2, "expected an fd");
-  if (h->closing || st->gone || st->shut) return mb_push_errno(L, ESRCH, "sandbox init is gone");
+  if (!usable(h, st)) return mb_push_errno(L, ESRCH, "sandbox init is gone");
   int pass = (int)fd;
-  int e = send_request(st, (mb_nsinit_request){MB_NSINIT_HOLD, 0, 0}, &pass, 1);
-  mb_nsinit_reply r;
-  if (!e) e = recv_reply(L, h, st, &r, NULL, NULL);
-  if (!e && (r.stage || r.err)) e = r.err ? r.err : EIO;
+  int e = ask(L, h, st, (mb_nsinit_request){MB_NSINIT_HOLD, 0, 0}, &pass, 1, NULL);
   if (e) return mb_push_errno(L, e == EPIPE || e == ECONNRESET ? ESRCH : e, "hold fd in sandbox init");
   lua_pushboolean(L, 1);
   return 1;
@@ -938,17 +942,11 @@ static int nsinit_hold(lua_State *L) {
 static int nsinit_give(lua_State *L) {
   mb_handle *h;
   nsinit_state *st = check_live(L, 1, &h);
-  if (h->closing || st->gone || st->shut) return mb_push_errno(L, ESRCH, "sandbox init is gone");
-  int e = send_request(st, (mb_nsinit_request){MB_NSINIT_GIVE, 0, 0}, NULL, 0);
-  mb_nsinit_reply r;
+  if (!usable(h, st)) return mb_push_errno(L, ESRCH, "sandbox init is gone");
   int fd = -1;
-  if (!e) e = recv_reply(L, h, st, &r, NULL, &fd);
-  if (!e && (r.stage || r.err)) e = r.err ? r.err : EIO;
+  int e = ask(L, h, st, (mb_nsinit_request){MB_NSINIT_GIVE, 0, 0}, NULL, 0, &fd);
   if (!e && fd < 0) e = EPROTO;
-  if (e) {
-    if (fd >= 0) close(fd);
-    return mb_push_errno(L, e == EPIPE || e == ECONNRESET ? ESRCH : e, "fd held by sandbox init");
-  }
+  if (e) return mb_push_errno(L, e == EPIPE || e == ECONNRESET ? ESRCH : e, "fd held by sandbox init");
   lua_pushinteger(L, fd);
   return 1;
 }

@@ -16,10 +16,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#ifndef CLOSE_RANGE_UNSHARE
-#define CLOSE_RANGE_UNSHARE (1U << 1)
-#endif
-
 static const char *const stage_names[] = {
   [MB_STAGE_NONE] = "none",
   [MB_STAGE_SETSID] = "setsid",
@@ -221,8 +217,7 @@ int mb_child_main(void *arg) {
   mb_child_plan *p = (mb_child_plan *)arg;
   int stage;
   /* first: our own fd table, of the runtime's low end only (fd_slots.c) */
-  if (p->unshare_below > 0 && syscall(SYS_close_range, (unsigned)p->unshare_below, ~0U, CLOSE_RANGE_UNSHARE) < 0)
-    fail(p, MB_STAGE_CLOSE_FDS, errno);
+  if (mb_unshare_fds_below(p->unshare_below) < 0) fail(p, MB_STAGE_CLOSE_FDS, errno);
   if ((stage = step_session(p)) || (stage = step_pdeathsig(p)) || (stage = step_cgroup(p)) || (stage = step_fds(p)) ||
       (stage = step_ctty(p)) || (stage = step_rlimits(p)) || (stage = step_chdir(p)) || (stage = step_ids(p)) ||
       (stage = step_signals()) || (stage = step_close_fds(p)) || (stage = step_caps(p)) || (stage = step_seccomp(p)) ||

@@ -9,7 +9,13 @@
 
 #include <linux/filter.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <unistd.h>
+
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
+#endif
 
 #define MB_MAX_FDS 16
 #define MB_MAX_RLIMITS 8
@@ -88,6 +94,12 @@ void mb_fd_slots_reserve(void);
 int mb_fd_slots_below(void);  /* 0: no slots: clone without CLONE_FILES */
 int mb_fd_slot_take(int *fd); /* *fd (if >= 0) becomes a slot holding a dup; 0 or -1 */
 void mb_fd_slots_put(void);   /* every slot taken back to /dev/null */
+
+/* The first step of a child that shares our fd table (below > 0): a table
+ * of its own holding the fds below `below` alone. 0, or -1 with errno. */
+static inline int mb_unshare_fds_below(int below) {
+  return below > 0 ? (int)syscall(SYS_close_range, (unsigned)below, ~0U, CLOSE_RANGE_UNSHARE) : 0;
+}
 
 /* Entry point for clone(); never returns on success. */
 int mb_child_main(void *plan);

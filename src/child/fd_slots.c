@@ -28,17 +28,13 @@ static int nslots_taken;
 static int slot_null = -1; /* what a slot holds between clones */
 static int slots_below;    /* K: 1 + the highest slot; 0: no slots */
 
-#ifndef CLOSE_RANGE_UNSHARE
-#define CLOSE_RANGE_UNSHARE (1U << 1)
-#endif
-
 /* Whether this kernel (and any seccomp filter we run under) lets a child
  * unshare its table's low end: tried once, in a child of our own, never
  * here (our threads share this table). */
 static char probe_stack[16 * 1024] __attribute__((aligned(16)));
 static int probe_child(void *arg) {
   (void)arg;
-  return syscall(SYS_close_range, (unsigned)slots_below, ~0U, CLOSE_RANGE_UNSHARE) == 0 ? 0 : 1;
+  return mb_unshare_fds_below(slots_below) == 0 ? 0 : 1;
 }
 static int unshare_works(void) {
   sigset_t all, old;
