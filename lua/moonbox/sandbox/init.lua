@@ -263,19 +263,17 @@ function Sandbox:_hand_lock()
   if not (lock and lock.fd and init and not self.init_dead) then return end
   if init:hold(lock.fd) then
     core.close_fd(lock.fd)
-    lock.fd, lock.init = nil, init
+    lock.fd = nil
   end
 end
 
 -- The root's lock back with the runtime: from the init that holds it, or
--- taken again when that init died. false when another runtime took the
--- root meanwhile.
+-- taken again when that init died (a rebuilt init holds none: ENOENT).
+-- false when another runtime took the root meanwhile.
 function Sandbox:_take_lock()
   local lock = self.root_lock
   if not lock or lock.fd then return true end
-  local holder = lock.init
-  lock.init = nil
-  local fd = holder and holder == self.init and not self.init_dead and holder:give()
+  local fd = self.init and not self.init_dead and self.init:give()
   if fd then
     lock.fd = fd
     return true
