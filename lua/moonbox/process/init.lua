@@ -163,7 +163,7 @@ function Process:_alive(proc_table)
   else
     -- (maybe: a process that may be the tree's was caught in execve, its
     -- marker not readable yet; the tree is not known gone)
-    local set, _, maybe = tree.proc_tree(self.pid, self._marker, false, proc_table)
+    local set, _, maybe = tree.proc_tree(self.pid, self._marker, false, proc_table, tree.adopters_of(self._sandbox))
     if next(set) or maybe then return true end
   end
   self._tree_gone = true
@@ -178,7 +178,8 @@ function Process:_tree_pids()
     return self._cgroup_removed and {} or tree.cgroup_pids(self._cgroup)
   end
   local pids = {}
-  for pid in pairs(tree.proc_tree(self.pid, self._marker, self:_running())) do pids[#pids + 1] = pid end
+  local set = tree.proc_tree(self.pid, self._marker, self:_running(), nil, tree.adopters_of(self._sandbox))
+  for pid in pairs(set) do pids[#pids + 1] = pid end
   return pids
 end
 
@@ -196,7 +197,8 @@ function Process:_signal_tree(sig, scan)
     tree.signal_pids(tree.cgroup_pids(self._cgroup), sig)
     return
   end
-  local found, maybe = tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, scan)
+  local found, maybe = tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, scan,
+    tree.adopters_of(self._sandbox))
   if sig ~= core.signum("SIGKILL") or (found == 0 and not maybe) or self._timers.passes then return end
   -- the passes: a task, closed like the timers (_close_timers)
   local passes = { closed = false }
@@ -209,7 +211,7 @@ function Process:_signal_tree(sig, scan)
       if passes.closed then break end
       local table_ = tree.proc_table()
       if passes.closed or not self:_alive(table_) then break end
-      tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, table_)
+      tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, table_, tree.adopters_of(self._sandbox))
     end
     passes.closed = true
     if self._timers.passes == passes then self._timers.passes = nil end

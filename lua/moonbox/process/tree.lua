@@ -296,6 +296,15 @@ local function adopters()
   return set
 end
 
+-- Where an orphan of sb's processes goes: the runtime (a subreaper), or
+-- the sandbox's init when it has one. (An orphan of another sandbox's init
+-- is that sandbox's.)
+function M.adopters_of(sb)
+  local set = { [core.getpid()] = true }
+  if sb.init and not sb.init_dead then set[sb.init:pid()] = true end
+  return set
+end
+
 -- Orphans: children of the runtime (a subreaper) or of a sandbox's init
 -- (pid 1 of its namespace, where an orphan inside goes) that the runtime
 -- did not spawn itself (known: a set of pids).
@@ -357,8 +366,9 @@ end
 -- cannot be told yet: a process caught in execve (no marker to read, see
 -- core.proc_scan's "unsettled") in the leader's group or session, under a
 -- member, or adopted as an orphan. running: whether the leader has not been
--- reaped yet. table_: a proc_table() to reuse.
-function M.proc_tree(leader, marker, running, table_)
+-- reaped yet. table_: a proc_table() to reuse. adopted: the pids whose
+-- orphans may be the tree's (default: the runtime and every sandbox's init).
+function M.proc_tree(leader, marker, running, table_, adopted)
   table_ = table_ or M.proc_table()
   local me = core.getpid()
   local set, children, pgid_of = {}, {}, {}
@@ -390,11 +400,20 @@ function M.proc_tree(leader, marker, running, table_)
   end
   local group = false
   for pid in pairs(set) do if pgid_of[pid] == leader then group = true break end end
+  -- A reaped leader's pid held by a live process again means no group or
+  -- session of that id was left (the kernel frees the number only then):
+  -- what has that pgid or sid now is someone else's. (pid_max is 32768
+  -- here; a bomb's chains wrap it, and another sandbox's command caught
+  -- mid-exec or mid-exit with the old number was taken for the tree's.)
+  local ids_reused = not running and pgid_of[leader] ~= nil
   local maybe = false
   if #unsettled > 0 then
-    local adopted = adopters()
+    adopted = adopted or adopters()
     for _, e in ipairs(unsettled) do
-      if adopted[e.ppid] or set[e.ppid] or e.pgid == leader or e.sid == leader then maybe = true break end
+      if adopted[e.ppid] or set[e.ppid] or (not ids_reused and (e.pgid == leader or e.sid == leader)) then
+        maybe = true
+        break
+      end
     end
   end
   return set, group, maybe
@@ -403,9 +422,10 @@ end
 -- Signal a proc-mode tree: the process group first (one kill(2) reaches
 -- every member, also one forking at that instant: the kernel delivers a
 -- group signal to a child being forked), then each pid found. Returns how
--- many pids were found, and whether the tree may hold more (proc_tree). table_: a proc_table() to reuse.
-function M.signal_proc_tree(leader, marker, running, sig, table_)
-  local set, group, maybe = M.proc_tree(leader, marker, running, table_)
+-- many pids were found, and whether the tree may hold more (proc_tree).
+-- table_, adopted: as for proc_tree.
+function M.signal_proc_tree(leader, marker, running, sig, table_, adopted)
+  local set, group, maybe = M.proc_tree(leader, marker, running, table_, adopted)
   local n = 0
   for _ in pairs(set) do n = n + 1 end
   if n == 0 then return 0, maybe end
