@@ -33,6 +33,9 @@ describe("proc_tree's unsettled processes", function()
     assert.is_false(maybe({ entry(LEADER, 2, LEADER, LEADER, { unsettled = true }) }, false))
     assert.is_false(maybe({ entry(LEADER, 2, LEADER, 2), entry(30601, LEADER, LEADER, 2, { unsettled = true }) },
       false))
+    -- the leader itself, in a pass taken before it was reaped, is no reuse
+    local leader = entry(LEADER, 2, LEADER, LEADER, { owner = MARKER })
+    assert.is_true(maybe({ leader, entry(30602, LEADER, LEADER, LEADER, { unsettled = true }) }, false))
     -- its descendants by parentage still count when one is the tree's
     local marked = entry(30700, 1, 30700, 30700, { owner = MARKER })
     assert.is_true(maybe({ entry(LEADER, 2, LEADER, LEADER), marked, entry(30701, 30700, 30700, 30700,

@@ -301,7 +301,9 @@ end
 -- is that sandbox's.)
 function M.adopters_of(sb)
   local set = { [core.getpid()] = true }
-  if sb.init and not sb.init_dead then set[sb.init:pid()] = true end
+  -- (init_pid, not init:pid(): a destroy closes the init before the
+  -- exits of its processes are all handled)
+  if sb.init and not sb.init_dead and sb.init_pid then set[sb.init_pid] = true end
   return set
 end
 
@@ -372,10 +374,11 @@ function M.proc_tree(leader, marker, running, table_, adopted)
   table_ = table_ or M.proc_table()
   local me = core.getpid()
   local set, children, pgid_of = {}, {}, {}
-  local unsettled = {}
+  local unsettled, ids_reused = {}, false
   for _, e in ipairs(table_) do
     if e.unsettled then unsettled[#unsettled + 1] = e end
     pgid_of[e.pid] = e.pgid
+    if e.pid == leader and not running and e.owner ~= marker then ids_reused = true end
     if e.pid ~= me then
       children[e.ppid] = children[e.ppid] or {}
       table.insert(children[e.ppid], e.pid)
@@ -400,12 +403,13 @@ function M.proc_tree(leader, marker, running, table_, adopted)
   end
   local group = false
   for pid in pairs(set) do if pgid_of[pid] == leader then group = true break end end
-  -- A reaped leader's pid held by a live process again means no group or
-  -- session of that id was left (the kernel frees the number only then):
-  -- what has that pgid or sid now is someone else's. (pid_max is 32768
-  -- here; a bomb's chains wrap it, and another sandbox's command caught
-  -- mid-exec or mid-exit with the old number was taken for the tree's.)
-  local ids_reused = not running and pgid_of[leader] ~= nil
+  -- ids_reused: the reaped leader's pid is held by a live process without
+  -- its marker (not the leader itself, seen by a pass taken before its
+  -- reaping), so no group or session of that id was left (the kernel frees
+  -- the number only then): what has that pgid or sid now is someone
+  -- else's. (pid_max is 32768 here; a bomb's chains wrap it, and another
+  -- sandbox's command caught mid-exit with the old number was taken for
+  -- the tree's.)
   local maybe = false
   if #unsettled > 0 then
     adopted = adopted or adopters()
