@@ -647,6 +647,19 @@ static int rules_openat2(const confine_rules *r, int dirfd, const char *path, un
   saved_creds s;
   if (creds_enter(r, &s) < 0) return -1;
   int fd = openat2_fd(dirfd, path, flags | extra, mode, resolve);
+  if (fd < 0 && r && r->mnt_mask && !(flags & O_PATH) && (errno == EACCES || errno == EPERM || errno == EROFS)) {
+    /* Refused where it leads: if that is outside the allowed mounts, say
+     * so (EXDEV), as a path that opens would; a permission error would
+     * tell the caller what exists out there. An O_PATH open needs no
+     * permission on the file itself and is only looked at. */
+    int err = errno;
+    int probe = openat2_fd(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW), 0, resolve);
+    if (probe >= 0) {
+      if (rules_check(r, probe) < 0 && errno == EXDEV) err = EXDEV;
+      close(probe);
+    }
+    errno = err;
+  }
   creds_leave(&s);
   if (fd < 0) return -1;
   if (rules_check(r, fd) < 0) {

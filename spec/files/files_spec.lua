@@ -159,6 +159,14 @@ describe("files: errors", function()
       fails("FILE_NOT_FOUND", sb.deleteFile, sb, "missing.txt")
       fails("FILE_NOT_FOUND", sb.renameFile, sb, "missing.txt", "b.txt")
       fails("FILE_NOT_FOUND", sb.moveFile, sb, "missing.txt", "b.txt")
+      -- a source that exists and a destination whose directory does not:
+      -- the error names the destination
+      sb:writeFile("src.txt", "s")
+      for _, op in ipairs { "renameFile", "moveFile" } do
+        err = fails("FILE_NOT_FOUND", sb[op], sb, "src.txt", "no/b.txt")
+        assert.equal("/workspace/no/b.txt", err.context.path)
+        assert.matches("^" .. op .. " /workspace/no/b.txt: ENOENT", err.message)
+      end
       fails("FILE_NOT_FOUND", sb.listFiles, sb, "missing")
       fails("FILE_NOT_FOUND", sb.watch, sb, "missing")
     end)
@@ -312,6 +320,10 @@ describe("files: confinement", function()
       fails("PATH_OUTSIDE_SANDBOX", sb.readFile, sb, "pw")
       fails("PATH_OUTSIDE_SANDBOX", sb.readFileStream, sb, "up/etc/passwd")
       fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, "link/moonbox-escape", "x")
+      -- an existing file out there that we may not write: outside, never
+      -- PERMISSION_DENIED (which would tell what exists there)
+      fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, "pw", "x")
+      fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, "link/passwd", "x")
       fails("PATH_OUTSIDE_SANDBOX", sb.listFiles, sb, "link")
       fails("PATH_OUTSIDE_SANDBOX", sb.mkdir, sb, "link/x")
       fails("PATH_OUTSIDE_SANDBOX", sb.renameFile, sb, "link/passwd", "stolen")
