@@ -14,7 +14,8 @@ describe("checkChanges", function()
       fails("VALIDATION_FAILED", sb.checkChanges, sb, "/workspace/d", { since = "nonsense" })
       fails("VALIDATION_FAILED", sb.checkChanges, sb, "/workspace/d", { bogus = true })
       fails("VALIDATION_FAILED", sb.checkChanges, sb, "/workspace/d", { include = "x" })
-      fails("FILE_NOT_FOUND", sb.checkChanges, sb, "/workspace/missing")
+      assert.matches("^checkChanges /workspace/missing: ", fails("FILE_NOT_FOUND", sb.checkChanges, sb,
+        "/workspace/missing").message)
       local v = sb:checkChanges("/workspace/d").version
       local id = v:match("^(.*):%d+$")
       fails("VALIDATION_FAILED", sb.checkChanges, sb, "/workspace/d", { since = id .. ":99" })

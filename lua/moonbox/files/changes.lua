@@ -80,7 +80,14 @@ function Session:checkChanges(path, opts)
       all[oldest_key].iter.close()
       all[oldest_key] = nil
     end
-    local iter = self:watch(path, { recursive = opts.recursive, include = include, exclude = exclude })
+    local ok, iter = pcall(self.watch, self, path, { recursive = opts.recursive, include = include, exclude = exclude })
+    if not ok then
+      -- the watch's error, named after this call
+      if type(iter) == "table" and type(iter.message) == "string" then
+        iter.message = iter.message:gsub("^watch ", "checkChanges ")
+      end
+      error(iter, 0)
+    end
     made = made + 1
     st = { id = ("changes-%d-%d"):format(made, now), count = 0, iter = iter }
     all[key], created = st, true

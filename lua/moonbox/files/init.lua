@@ -502,6 +502,9 @@ local function rename(self, op, from, to, into_directory)
     local ok, msg, code = afs.rename_beneath(root, src.rel, dst.rel)
     if not ok and code == "EXDEV" then
       move_across(op, src, dst, root)
+    elseif not ok and code == "ENOENT" and afs.lstat_beneath(root, src.rel) then
+      -- the source is there: what is missing is the destination's directory
+      check(op, dst.view, ok, msg, code, { newPath = dst.view })
     else
       check(op, src.view, ok, msg, code)
     end
