@@ -54,6 +54,7 @@ describe("sandbox:exposePort", function()
       ports.server = { port = 9999 }
       local e = sb:exposePort(3000, { name = "web" })
       assert.same({ 3000, "web", ("http://3000-%s.localhost:9999/"):format(sb.id) }, { e.port, e.name, e.url })
+      assert.matches("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ$", e.exposedAt)
       sb:exposePort(80)
       local list = sb:getExposedPorts()
       assert.same({ 80, 3000 }, { list[1].port, list[2].port })

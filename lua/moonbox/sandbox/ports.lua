@@ -11,6 +11,7 @@
 -- sandbox's network namespace. Nothing listens on the host for a port.
 local errors = require "moonbox.errors"
 local V = require "moonbox.lib.validate"
+local util = require "moonbox.lib.util"
 local compose = require "moonbox.lib.compose"
 local Sandbox = {} -- this part's methods, installed by sandbox/init.lua (M.install)
 
@@ -66,7 +67,7 @@ function Sandbox:exposePort(port, opts)
     errors.raise("PORT_ALREADY_EXPOSED", ("port %d of sandbox %q is already exposed"):format(port, self.id),
       { port = port, id = self.id })
   end
-  local e = { port = port, name = opts.name, public = opts.public == true, exposedAt = os.time() }
+  local e = { port = port, name = opts.name, public = opts.public == true, exposedAt = util.timestamp() }
   self._ports[port] = e
   return entry_table(self, e)
 end
