@@ -12,6 +12,8 @@ describe("session validation", function()
       for _, call in ipairs {
         function() sb:exec("") end,
         function() sb:exec("   ") end,
+        function() sb:exec("echo a\0b > /workspace/nul-ran") end, -- bash would run "echo ab"
+        function() sb:startProcess("echo a\0b > /workspace/nul-ran") end,
         function() sb:exec("true", { env = { ["1BAD"] = "x" } }) end,
         function() sb:exec("true", { cwd = "/workspace/nope" }) end,
         function() sb:exec("true", { bogus = 1 }) end,
@@ -22,6 +24,7 @@ describe("session validation", function()
         assert.is_false(ok)
         assert.equal("VALIDATION_FAILED", err.code)
       end
+      assert.is_false(sb:exists("/workspace/nul-ran").exists) -- nothing ran
     end)
   end)
 

@@ -141,6 +141,8 @@ function M.command(cmd, field)
   field = field or "command"
   if type(cmd) == "string" then
     if not cmd:find("%S") then fail(field, "command is empty") end
+    -- (bash would drop it and run something else than was written)
+    if cmd:find("\0", 1, true) then fail(field, "contains a NUL byte") end
     return cmd
   elseif type(cmd) == "table" then
     if #cmd == 0 then fail(field, "argv is empty") end
