@@ -40,6 +40,7 @@
 #include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #ifndef SYS_openat2
@@ -635,6 +636,58 @@ static void creds_leave(saved_creds *s) {
   s->active = 0;
 }
 
+#ifndef PROC_SUPER_MAGIC
+#define PROC_SUPER_MAGIC 0x9fa0
+#endif
+
+/* Whether resolving path from dirfd (as openat2 with resolve would) meets a
+ * symlink that lives on procfs: a magic link (/proc/<pid>/root, fd/N, ...),
+ * which resolve refuses with ELOOP, as it refuses a symlink loop. It tells
+ * the two apart for the caller's error (a jump out of the tree is outside
+ * the sandbox). Only O_PATH opens of the link chain's prefixes, under the
+ * same resolve flags; symlinks are followed by hand, at most 40 hops. */
+static int meets_proc_link(int dirfd, const char *path, unsigned long long resolve) {
+  char cur[PATH_MAX], prefix[PATH_MAX], target[PATH_MAX], next[PATH_MAX];
+  size_t len = strlen(path);
+  if (len >= sizeof cur) return 0;
+  memcpy(cur, path, len + 1);
+  for (int hop = 0; hop < 40; hop++) {
+    len = strlen(cur);
+    int link_at = -1; /* the end of the first prefix that is a symlink */
+    for (size_t end = 1; end <= len && link_at < 0; end++) {
+      if (end < len && cur[end] != '/') continue;
+      if (cur[end - 1] == '/') continue;
+      memcpy(prefix, cur, end);
+      prefix[end] = 0;
+      int fd = openat2_fd(dirfd, prefix, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, resolve);
+      if (fd < 0) return 0;
+      struct stat st;
+      struct statfs sfs;
+      int is_link = fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 && S_ISLNK(st.st_mode);
+      if (is_link && fstatfs(fd, &sfs) == 0 && sfs.f_type == PROC_SUPER_MAGIC) {
+        close(fd);
+        return 1;
+      }
+      ssize_t n = is_link ? readlinkat(fd, "", target, sizeof target - 1) : -1;
+      close(fd);
+      if (!is_link) continue;
+      if (n <= 0) return 0;
+      target[n] = 0;
+      link_at = (int)end;
+    }
+    if (link_at < 0) return 0; /* no symlink on the way: the ELOOP was something else */
+    /* the link's target in its place: from the top if absolute, else next to it */
+    const char *rest = cur + link_at;
+    size_t dir_len = (size_t)link_at;
+    while (dir_len > 0 && cur[dir_len - 1] != '/') dir_len--;
+    int w = target[0] == '/' ? snprintf(next, sizeof next, "%s%s", target, rest)
+                             : snprintf(next, sizeof next, "%.*s%s%s", (int)dir_len, cur, target, rest);
+    if (w < 0 || (size_t)w >= sizeof next) return 0;
+    memcpy(cur, next, (size_t)w + 1);
+  }
+  return 0;
+}
+
 /* openat2 under the rules: with their credentials, and the fd kept only when
  * it lies on an allowed mount. Under rules with a mount check, a non-O_PATH
  * open is made O_NONBLOCK | O_NOCTTY (a fifo or a tty swapped in must not
@@ -660,6 +713,9 @@ static int rules_openat2(const confine_rules *r, int dirfd, const char *path, un
     }
     errno = err;
   }
+  if (fd < 0 && errno == ELOOP && r && r->mnt_mask && !(resolve & RESOLVE_NO_SYMLINKS) &&
+      meets_proc_link(dirfd, path, resolve))
+    errno = EXDEV; /* through a magic link: out of the tree, never followed */
   creds_leave(&s);
   if (fd < 0) return -1;
   if (rules_check(r, fd) < 0) {

@@ -324,6 +324,16 @@ describe("files: confinement", function()
       -- PERMISSION_DENIED (which would tell what exists there)
       fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, "pw", "x")
       fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, "link/passwd", "x")
+      -- through a magic link (/proc/<pid>/root, never followed): outside too,
+      -- while a symlink loop stays what it is
+      sb:exec("ln -s /proc/1/root/etc/passwd magic && ln -s /proc/1/root rootlink && ln -s loopa loopb && " ..
+        "ln -s loopb loopa")
+      fails("PATH_OUTSIDE_SANDBOX", sb.readFile, sb, "magic")
+      fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, "magic", "x")
+      fails("PATH_OUTSIDE_SANDBOX", sb.readFile, sb, "rootlink/etc/passwd")
+      fails("PATH_OUTSIDE_SANDBOX", sb.writeFile, sb, "rootlink/workspace/via-proc", "x")
+      assert.equal("ELOOP", fails("FILESYSTEM_ERROR", sb.readFile, sb, "loopa").context.errno)
+      assert.is_false(sb:exists("via-proc").exists)
       fails("PATH_OUTSIDE_SANDBOX", sb.listFiles, sb, "link")
       fails("PATH_OUTSIDE_SANDBOX", sb.mkdir, sb, "link/x")
       fails("PATH_OUTSIDE_SANDBOX", sb.renameFile, sb, "link/passwd", "stolen")
