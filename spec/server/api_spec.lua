@@ -50,7 +50,7 @@ local function request(method, path, opts)
   if type(body) == "table" then body = cjson.encode(body) end
   local res = opts.res or fake_res(opts.on_write)
   local r = api.handle({ method = method, path = path, query = opts.query or {}, headers = {}, body = body,
-    rawPath = opts.rawPath }, res)
+    rawPath = opts.rawPath, websocket = opts.websocket }, res)
   if r then
     if r.headers["content-type"] ~= "application/json" then return r.status, r.body, r.headers end
     return r.status, cjson.decode(r.body), r.headers, r.body
@@ -765,6 +765,7 @@ describe("api sandbox", function()
     local saved = package.loaded["moonbox.server.terminal_ws"]
     local got
     package.loaded["moonbox.server.terminal_ws"] = {
+      precheck = function() return nil end,
       handle = function(req, _, id, session_id)
         got = { req.method, id, session_id }
         return { status = 426, headers = {}, body = "" }
@@ -778,5 +779,18 @@ describe("api sandbox", function()
     end)
     package.loaded["moonbox.server.terminal_ws"] = saved
     if not ok then error(err, 0) end
+  end)
+
+  it("makes no sandbox for a terminal request it refuses, nor for a session a new sandbox cannot have", function()
+    run_task(function()
+      local base = ("/v1/sandboxes/api-term-%d"):format(core.getpid())
+      local status, body = request("GET", base .. "/sessions/default/terminal") -- no upgrade
+      assert.equal(426, status)
+      assert.is_table(body.context)
+      status = request("GET", base .. "/sessions/default/terminal", { websocket = true, query = { cols = "0" } })
+      assert.equal(400, status)
+      assert_error(404, "SANDBOX_NOT_FOUND", request("GET", base .. "/sessions/build/terminal", { websocket = true }))
+      assert_error(404, "SANDBOX_NOT_FOUND", request("GET", base))
+    end)
   end)
 end)

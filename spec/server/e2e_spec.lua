@@ -131,6 +131,8 @@ describe("http api end to end", function()
         local status, body, headers = json_of(curl(unpack(case, 3)))
         assert.equal(case[2], body.code, body.message)
         assert.equal(case[1], status)
+        assert.equal(case[1], body.httpStatus)
+        assert.is_table(body.context) -- every error body: {code, message, context, httpStatus}
         if status == 405 then assert.truthy(headers.allow) end
       end
       local status, r = post(base .. "/exec", '{"command": "echo still serving"}')

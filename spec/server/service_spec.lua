@@ -121,6 +121,32 @@ describe("moonbox serve as a service", function()
     end)
   end)
 
+  it("cancels a plain exec whose client hung up: its command is killed, the session answers, the log says 499",
+    function()
+      run_task(function()
+        local s = serve {}
+        local ok, err = pcall(function()
+          assert.equal(200, (s.call("POST", "/v1/sandboxes/gone-box/exec", '{"command":"true"}')))
+          local c = raw_request(s, "POST", "/v1/sandboxes/gone-box/exec",
+            '{"command":"sleep 31; echo ran > /workspace/after"}')
+          assert.is_true(helper.eventually(function()
+            return s.stderr():match('"status":') ~= nil -- (the first exec's line: the log is live)
+          end))
+          moonbox.sleep(300) -- the command runs
+          c:close()
+          -- no session stuck behind the result nobody reads: the next call
+          -- runs at once, and nothing of the first command is left
+          local status, body = s.call("POST", "/v1/sandboxes/gone-box/exec",
+            '{"command":"pgrep -x sleep || echo none; ls /workspace"}')
+          assert.equal(200, status)
+          assert.equal("none\n", cjson.decode(body).stdout)
+          assert.is_true(helper.eventually(function() return s.stderr():match('"status":499') ~= nil end))
+        end)
+        s.stop()
+        assert(ok, err)
+      end)
+    end)
+
   it("writes one JSON line per request to stderr, or to --access-log FILE, or nowhere with off", function()
     run_task(function()
       local s = serve {}

@@ -97,18 +97,28 @@ describe("terminal over WebSocket", function()
   end)
 
   it("reports the shell's exit code and closes; the next connection gets a new shell", function()
-    with_terminal_server(function(_, url)
+    with_terminal_server(function(sb, url)
       local events = client.ws_client(url .. "/default", {
         { expect = '"ready"' }, { binary = "exit 3\n" }, { expect = '"type":"exit"' },
       })
       local msgs = texts(events)
       assert.same({ type = "exit", code = 3 }, msgs[#msgs])
       assert.same({ close = 1000, reason = "exited" }, events[#events])
+      -- the exited terminal is released (pty, cgroup): no longer the sandbox's
+      assert.is_true(helper.eventually(function() return next(sb.terminals or {}) == nil end, 5000))
       local first_pid = msgs[1].pid
       events = client.ws_client(url .. "/default", { { expect = '"ready"' }, { close = 1000 } })
       local ready = texts(events)[1]
       assert.are_not.equal(first_pid, ready.pid)
       assert.equal(0, ready.replayBytes)
+      -- a shell that exits while no client is connected is released too
+      client.ws_client(url .. "/default", { { expect = '"ready"' }, { close = 1000 } })
+      local live
+      for t in pairs(sb.terminals) do live = t end
+      assert.is_false(live.exited)
+      live:write("exit 4\n")
+      assert.equal(4, live:wait())
+      assert.is_true(helper.eventually(function() return live.closed and sb.terminals[live] == nil end, 5000))
     end)
   end)
 end)

@@ -290,12 +290,17 @@ end
 
 function H.terminal(ctx)
   local sid = router_mod.check_id(ctx.params.sessionId, "sessionId")
-  ctx.may_create = true -- it starts a shell: a write, though a GET
-  ctx:sandbox()
   local ok, terminal_ws = pcall(require, "moonbox.server.terminal_ws")
   if not ok then
     fail("INTERNAL_ERROR", "the WebSocket terminal is not available in this build", { reason = tostring(terminal_ws) })
   end
+  -- refused before anything is made (a plain GET, bad sizes); it starts a
+  -- shell, so it makes its sandbox like a write, though a GET, but only
+  -- for the default session: a new sandbox has no other (SANDBOX_NOT_FOUND)
+  local refused = terminal_ws.precheck(ctx.req)
+  if refused then return refused end
+  ctx.may_create = sid == "default"
+  ctx:sandbox()
   return terminal_ws.handle(ctx.req, ctx.res, ctx.params.id, sid)
 end
 
@@ -324,7 +329,10 @@ function H.exec(ctx)
   local s = ctx:session(true)
   local f = ctx:take { command = "any" }
   check_output_limit(ctx, s)
-  return 200, exec_result(s:exec(f.command, ctx:rest()))
+  local opts = ctx:rest()
+  -- a client that hangs up cancels it: no stuck session behind a result
+  -- nobody reads (docs/server.md)
+  return 200, exec_result(sse.while_connected(ctx.res, function() return s:exec(f.command, opts) end))
 end
 
 function H.exec_stream(ctx)
@@ -398,15 +406,6 @@ function H.process_logs_stream(ctx)
   sse.pump(ctx.res, s:streamProcessLogs(id), data_event)
 end
 
--- Run fn as a task of its own that is cancelled if the client goes away
--- (a wait the client no longer waits for).
-local function while_connected(ctx, fn)
-  local task = moonbox.spawn(fn)
-  ctx.res:onClose(function() task:cancel() end)
-  if ctx.res.closed then task:cancel() end
-  return task:wait()
-end
-
 -- POST /processes/{id}/wait {exit: true | pattern | port, timeout, ...}
 function H.wait_process(ctx)
   check_query(ctx)
@@ -418,16 +417,16 @@ function H.wait_process(ctx)
   local result
   if f.exit then
     ctx:no_more()
-    result = while_connected(ctx, function() return p:waitForExit(f.timeout) end)
+    result = sse.while_connected(ctx.res, function() return p:waitForExit(f.timeout) end)
   elseif f.pattern then
     local o = ctx:take { plain = "boolean?" }
     ctx:no_more()
-    result = while_connected(ctx, function() return p:waitForLog(f.pattern, f.timeout, { plain = o.plain }) end)
+    result = sse.while_connected(ctx.res, function() return p:waitForLog(f.pattern, f.timeout, { plain = o.plain }) end)
   else
     local o = ctx:take { mode = "string?", path = "string?", status = "number?", interval = "number?" }
     ctx:no_more()
     o.timeout = f.timeout
-    result = while_connected(ctx, function() return p:waitForPort(f.port, o) end)
+    result = sse.while_connected(ctx.res, function() return p:waitForPort(f.port, o) end)
   end
   result.processId = p.id
   return 200, result

@@ -3,6 +3,7 @@
 -- to the client until it ends or the client goes away; a client that goes
 -- away calls the iterator's cancel (what that means is the iterator's:
 -- watch and log streams stop, execStream kills the command's tree).
+local moonbox = require "moonbox"
 local json = require "moonbox.server.api_json"
 local api_errors = require "moonbox.server.api_errors"
 
@@ -55,6 +56,17 @@ function M.pump(res, iter, shape)
   end
   if not gone then res:finish() end
   return not gone
+end
+
+-- while_connected(res, fn) -> fn's results: fn runs as a task of its own,
+-- cancelled if the client goes away (a wait nobody waits for any more; an
+-- exec whose result nobody will read: its command's tree is killed and the
+-- session takes its next call, as after any cancelled exec).
+function M.while_connected(res, fn)
+  local task = moonbox.spawn(fn)
+  res:onClose(function() task:cancel() end)
+  if res.closed then task:cancel() end
+  return task:wait()
 end
 
 return M

@@ -86,7 +86,7 @@ end
 
 local function json_response(status, code, message)
   return { status = status, headers = { ["content-type"] = "application/json" },
-    body = cjson.encode({ code = code, message = message, httpStatus = status }) }
+    body = cjson.encode({ code = code, message = message, context = {}, httpStatus = status }) }
 end
 
 local function is_page(req)

@@ -13,6 +13,7 @@ local V = require "moonbox.lib.validate"
 local json = require "moonbox.server.api_json"
 local api_errors = require "moonbox.server.api_errors"
 local router_mod = require "moonbox.server.api_router"
+local sse = require "moonbox.server.api_sse"
 
 local M = {}
 
@@ -119,7 +120,8 @@ function H.execute(ctx)
   return in_session(ctx, true, function(s)
     local f = ctx:take(EXEC_FIELDS)
     finish_body(ctx)
-    local r = s:exec(f.command, exec_options(f))
+    local opts = exec_options(f)
+    local r = sse.while_connected(ctx.res, function() return s:exec(f.command, opts) end) -- (see api.lua H.exec)
     return 200, { success = r.success, exitCode = r.exitCode, stdout = r.stdout, stderr = r.stderr,
       command = r.command, duration = r.duration, timestamp = r.timestamp, sessionId = r.sessionId,
       timedOut = r.timedOut, truncated = r.truncated }

@@ -374,13 +374,13 @@ function Server:_on_event(kind, id, a, b)
     end
     if a.length_required then
       res:_send(411, { ["content-type"] = "application/json" }, cjson.encode({
-        code = "LENGTH_REQUIRED", httpStatus = 411,
+        code = "LENGTH_REQUIRED", httpStatus = 411, context = {},
         message = "send the request body with a Content-Length (chunked bodies are not accepted)" }))
       return
     end
     if a.too_large then
       res:_send(413, { ["content-type"] = "application/json" }, cjson.encode({
-        code = "REQUEST_TOO_LARGE", httpStatus = 413,
+        code = "REQUEST_TOO_LARGE", httpStatus = 413, context = { maxBodyBytes = self.maxBody },
         message = ("the request body is larger than %d bytes"):format(self.maxBody) }))
       return
     end
@@ -401,6 +401,7 @@ function Server:_on_event(kind, id, a, b)
       res._logged = true
       self._inflight = self._inflight - 1
       res.durationMs = now_ms() - res.startedMs
+      res.clientGone = kind == "closed" -- (set_closed follows: onDone sees it first)
       if self.onDone then
         local ok, err = pcall(self.onDone, res.req, res)
         if not ok then io.stderr:write("moonbox: http: onDone: ", errors.format(err), "\n") end

@@ -105,7 +105,7 @@ function M:done(req, res)
     req.id = ("%s-%d"):format(self.prefix, self.nextId)
   end
   if req.sandboxId and self.lastActive[req.sandboxId] then self.lastActive[req.sandboxId] = core.now() end
-  local status = res.status or (res.closed and 499) or 0
+  local status = res.status or ((res.closed or res.clientGone) and 499) or 0
   local class = ("%dxx"):format(math.floor(status / 100))
   self.requests[class] = (self.requests[class] or 0) + 1
   local ms = res.durationMs or 0
@@ -140,6 +140,10 @@ local function open_fds()
 end
 
 -- text(server) -> the Prometheus text exposition (version 0.0.4).
+
+-- A terminal whose shell has not exited (one that exited but was not
+-- closed yet holds nothing running).
+local function live_terminal(t) return not t.exited and not t.closed end
 function M:metrics(server)
   local out = {}
   local function metric(name, kind, help, samples)
@@ -155,7 +159,7 @@ function M:metrics(server)
     for _, p in pairs(sb.processes or {}) do
       if p._running and p:_running() then nproc = nproc + 1 end
     end
-    for _ in pairs(sb.terminals or {}) do nterm = nterm + 1 end
+    for t in pairs(sb.terminals or {}) do if live_terminal(t) then nterm = nterm + 1 end end
     for _ in pairs(sb.contexts or {}) do nctx = nctx + 1 end
   end
   metric("moonbox_sandboxes", "gauge", "Sandboxes this server holds (running).", { { nil, nsb } })
@@ -216,7 +220,7 @@ local function busy(self, id, sb)
   for _, p in pairs(sb.processes or {}) do
     if p._running and p:_running() then return true end
   end
-  if next(sb.terminals or {}) then return true end
+  for t in pairs(sb.terminals or {}) do if live_terminal(t) then return true end end
   return false
 end
 

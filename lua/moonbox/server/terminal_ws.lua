@@ -73,6 +73,9 @@ local function terminal_for(key, session, cols, rows)
   async.spawn(function()
     t:wait()
     if terminals[key] == entry then terminals[key] = nil end
+    -- no client to drain it to: released now (with one, handle() releases
+    -- it once its pump has sent the exit)
+    if not entry.ws then pcall(t.close, t) end
   end)
   return entry
 end
@@ -106,16 +109,24 @@ local function control(entry, ws, text)
   end
 end
 
--- handle(req, res, sandboxId, sessionId): the terminal endpoint
--- GET /v1/sandboxes/{id}/sessions/{sessionId}/terminal?cols=&rows=
-function M.handle(req, res, sandboxId, sessionId)
+-- precheck(req) -> the refusal of a request that can be refused before
+-- anything is looked up or made (no WebSocket upgrade, bad sizes), or nil.
+function M.precheck(req)
   if not req.websocket then
     return fail_response(426, "VALIDATION_FAILED", "this endpoint speaks WebSocket: send Upgrade: websocket")
   end
-  local cols, rows = size_param(req, "cols", 80), size_param(req, "rows", 24)
-  if not cols or not rows then
+  if not size_param(req, "cols", 80) or not size_param(req, "rows", 24) then
     return fail_response(400, "VALIDATION_FAILED", "cols and rows must be integers 1-65535")
   end
+  return nil
+end
+
+-- handle(req, res, sandboxId, sessionId): the terminal endpoint
+-- GET /v1/sandboxes/{id}/sessions/{sessionId}/terminal?cols=&rows=
+function M.handle(req, res, sandboxId, sessionId)
+  local refused = M.precheck(req)
+  if refused then return refused end
+  local cols, rows = size_param(req, "cols", 80), size_param(req, "rows", 24)
   local key = sandboxId .. "\0" .. sessionId
   local ok, entry = pcall(function()
     local session = moonbox.getSandbox(sandboxId):getSession(sessionId)
@@ -151,6 +162,8 @@ function M.handle(req, res, sandboxId, sessionId)
   pump_task:cancel()
   if entry.ws == ws then entry.ws = nil end
   ws:close()
+  -- an exited shell's pty and cgroup: nothing more will come
+  if t.exited and not entry.ws then pcall(t.close, t) end
 end
 
 -- Terminals held for reconnection (for tests and diagnostics).
