@@ -28,6 +28,7 @@ describe("one id rule", function()
       end
       if type(bad) == "string" then refused(router.check_id, bad, "sessionId") end
     end
+    assert.truthy(refused(V.id, 5, "id", "session id").message:find("expected a string, got number", 1, true))
     for _, good in ipairs { "a", "A-b_c.1", "...", ".a", MAX } do
       assert.equal(good, V.id(good, "field", "session id"))
       assert.equal(good, router.check_id(good, "processId"))

@@ -25,6 +25,9 @@ describe("session validation", function()
         assert.equal("VALIDATION_FAILED", err.code)
       end
       assert.is_false(sb:exists("/workspace/nul-ran").exists) -- nothing ran
+      -- an array where a map was meant is named as such
+      local _, err = pcall(sb.exec, sb, "true", { env = { "A=1" } })
+      assert.equal("env: expected a table of NAME = value, got an array", err.message)
     end)
   end)
 

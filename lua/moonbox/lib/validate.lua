@@ -75,6 +75,9 @@ function M.options(opts, allowed, field)
 end
 
 function M.env_name(name, field)
+  if type(name) == "number" then -- an array where a map of NAME = value was meant
+    fail(field or "env", "expected a table of NAME = value, got an array")
+  end
   if type(name) ~= "string" or not name:match("^[A-Za-z_][A-Za-z0-9_]*$") then
     fail(field or "env", ("invalid environment variable name %q"):format(tostring(name)))
   end
@@ -106,7 +109,8 @@ end
 -- context ids (and any of them taken from an HTTP path): 1-128 characters
 -- [A-Za-z0-9_.-], not "." or "..". what names the kind in the message.
 function M.id(id, field, what)
-  if type(id) ~= "string" or #id < 1 or #id > 128 or not id:match("^[%w_.-]+$") or id == "." or id == ".." then
+  if type(id) ~= "string" then fail(field, ("invalid %s: expected a string, got %s"):format(what or "id", type(id))) end
+  if #id < 1 or #id > 128 or not id:match("^[%w_.-]+$") or id == "." or id == ".." then
     fail(field, ("invalid %s %q: 1-128 characters [A-Za-z0-9_.-], not . or .."):format(what or "id", tostring(id)))
   end
   return id
