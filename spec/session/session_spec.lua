@@ -483,6 +483,26 @@ describe("execStream", function()
     end)
   end)
 
+  it("sends start when its command starts, not while it waits behind the session's running one", function()
+    with_sandbox(function(sb)
+      -- (first-done: in the cwd, the workspace)
+      local first = moonbox.spawn(function() return sb:exec("sleep 0.3; echo done > first-done") end)
+      moonbox.sleep(50) -- the first is running
+      local first_done_at_start, types = nil, {}
+      for ev in sb:execStream("echo second") do
+        types[#types + 1] = ev.type
+        if ev.type == "start" then
+          local f = io.open(sb.root .. "/workspace/first-done")
+          first_done_at_start = f ~= nil
+          if f then f:close() end
+        end
+      end
+      assert.equal(0, first:wait().exitCode)
+      assert.same({ "start", "stdout", "complete" }, types)
+      assert.is_true(first_done_at_start)
+    end)
+  end)
+
   it("cancel() kills the command's whole tree, reports cancelled, and keeps the session", function()
     with_sandbox(function(sb)
       sb:exec("export KEEP=k")

@@ -578,8 +578,6 @@ function Session:execStream(command, opts)
     events[tail] = ev
     if waiter then local w = waiter waiter = nil w() end
   end
-  push { type = "start", command = type(command) == "table" and table.concat(command, " ") or command,
-    timestamp = util.timestamp(), sessionId = self.id }
   local user_output = o.onOutput
   -- queued chunks count against the runtime-wide budget until the reader
   -- takes them; a stream the budget cut keeps its prefix (nothing after)
@@ -603,6 +601,10 @@ function Session:execStream(command, opts)
   local task = async.spawn(function()
     local ok, r = pcall(self.queue.run, self.queue, function(...)
       control.started = true
+      -- when it starts, not when it was asked for: a call queued behind
+      -- another of the session's waits for it
+      push { type = "start", command = type(command) == "table" and table.concat(command, " ") or command,
+        timestamp = util.timestamp(), sessionId = self.id }
       return self._run(...)
     end, self, command, o, sink)
     sink_hold, sink_push = nil, nil
