@@ -170,7 +170,15 @@ static int make_dev(const char *dst, const int *devfds, uint64_t shm_size) {
   for (size_t i = 0; i < NDEV; i++) {
     if (devfds[i] < 0) continue;
     snprintf(path, sizeof path, "%s/%s", dst, dev_nodes[i]);
-    if (attach(devfds[i], path) < 0) return -1;
+    /* a copy of the detached node: attaching the node itself would move it
+     * here from a devfs made before (a policy may ask for more than one) */
+    int copy = (int)syscall(SYS_open_tree, devfds[i], "", OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH);
+    if (copy < 0) return -1;
+    int rc = attach(copy, path);
+    int e = errno;
+    close(copy);
+    errno = e;
+    if (rc < 0) return -1;
   }
   snprintf(path, sizeof path, "%s/pts", dst);
   if (mkdirs(path, 1) < 0 ||

@@ -27,6 +27,16 @@ describe("isolation: namespaces", function()
     end)
   end)
 
+  it("gives a policy's dev mount a devfs of its own, leaving /dev whole", function()
+    with_ns(function(sb)
+      -- (the detached host nodes were moved, not copied: /dev/null went to
+      -- the second devfs and no shell could start)
+      local r = sb:exec("echo a > /dev/null && echo b > /mnt/dev/null && ls /dev/null /mnt/dev/zero && " ..
+        "head -c 3 /mnt/dev/zero | od -An -tx1")
+      assert.same({ 0, "/dev/null\n/mnt/dev/zero\n 00 00 00\n", "" }, { r.exitCode, r.stdout, r.stderr })
+    end, { policy = { mounts = { { type = "dev", dst = "/mnt/dev" } } } })
+  end)
+
   it("shares one pid namespace and one filesystem between sessions, and shows nothing else", function()
     with_ns(function(sb)
       local a, b = sb:createSession { id = "a" }, sb:createSession { id = "b" }
