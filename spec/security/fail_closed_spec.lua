@@ -231,6 +231,25 @@ end
     sh("rm -rf " .. q(tmp))
   end)
 
+  it("refuses, never drops, what only namespaces give when the sandbox has none", function()
+    run_task(function()
+      for _, case in ipairs {
+        { { network = "none" }, "network" },
+        { { policy = { mounts = { { type = "tmpfs", dst = "/mnt/t" } } } }, "policy.mounts" },
+        { { policy = { hostname = "box" } }, "policy.hostname" },
+      } do
+        local opts = case[1]
+        opts.isolation = "none"
+        local ok, err = pcall(moonbox.getSandbox, "needs-ns", opts)
+        assert.is_false(ok)
+        assert.same({ "VALIDATION_FAILED", case[2] }, { err.code, err.context.field })
+      end
+      local sb = moonbox.getSandbox("needs-ns", { isolation = "none", network = "host" })
+      assert.same({ "none", "host" }, { sb:info().isolation, sb:info().network })
+      sb:destroy()
+    end)
+  end)
+
   it("a failed getSandbox removes the directories it made", function()
     local tmp = helper.mkdtemp()
     run_task(function()

@@ -97,6 +97,22 @@ function M.getSandbox(id, opts)
     if why then userns.warn_once(why) end
     unisolated = why
   end
+  -- what only namespaces give, asked for in so many words, is refused
+  -- without them, never quietly dropped: a network of its own asked of
+  -- getSandbox, the policy's mounts, its hostname. (A preset's network
+  -- and the limits are what info() says is in force.)
+  if isolation == "none" or unisolated then
+    local field = (opts.network == "none" and "network") or (policy.mounts and next(policy.mounts) and "policy.mounts")
+      or (policy.hostname and "policy.hostname")
+    if field then
+      local what = ("%s needs the sandbox's own namespaces"):format(field == "network" and 'network = "none"' or field)
+      if isolation == "none" then
+        errors.raise("VALIDATION_FAILED", ("%s: %s, and isolation is \"none\""):format(field, what), { field = field })
+      end
+      errors.raise("ISOLATION_UNAVAILABLE", ("%s: %s, which this host cannot give (%s)")
+        :format(field, what, unisolated), { isolation = isolation, field = field })
+    end
+  end
   -- the root: checked, made, locked (docs/api.md "Sandbox roots")
   local canon = root_mod.check(root, home, default_root)
   local created = {}
