@@ -22,6 +22,17 @@ describe("policy validation", function()
       { { hooks = { onExec = "yes" } }, "policy.hooks.onExec" },
       { { network = "internet" }, "policy.network" },
       { { mounts = { { type = "overlay", dst = "/x" } } }, "policy.mounts[1].type" },
+      -- a key a mount does not take (a read-only bind is ro_bind), a map, a climb
+      { { mounts = { { type = "bind", src = "/tmp", dst = "/x", readonly = true } } }, "policy.mounts[1].readonly" },
+      { { mounts = { a = { type = "tmpfs", dst = "/x" } } }, "policy.mounts.a" },
+      { { mounts = { { type = "tmpfs", dst = "/a/../../x" } } }, "policy.mounts[1].dst" },
+      { { mounts = { { type = "proc", src = "/proc", dst = "/x" } } }, "policy.mounts[1].src" },
+      { { hostname = ("h"):rep(65) }, "policy.hostname" },
+      { { hostname = "a b" }, "policy.hostname" },
+      -- limits are integers; below these floors nothing could run
+      { { limits = { maxSessions = 1.5 } }, "policy.limits.maxSessions" },
+      { { limits = { openFiles = 5 } }, "policy.limits.openFiles" },
+      { { limits = { cpuTime = 0 } }, "policy.limits.cpuTime" },
       { { env = { ["1X"] = "y" } }, "policy.env" },
     } do
       local err = err_of(policy.validate, case[1])

@@ -38,6 +38,13 @@ local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSe
   "maxCompletedProcesses", "maxCompletedLogBytes", "maxBufferedBytes",
   "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "cpuTime", "fileSizeBytes",
   "openFiles" }
+-- Values below which nothing in the sandbox could run, refused rather than
+-- left to fail without a word.
+local LIMIT_FLOORS = {
+  openFiles = { 64, "the session shell's own fds go up to 63" },
+  cpuTime = { 1, "0 CPU seconds kills every process at once" },
+}
+local MOUNT_KEYS = { type = true, src = true, dst = true, size = true }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true }
 local MOUNT_TYPES = { bind = true, ro_bind = true, tmpfs = true, proc = true, dev = true }
 
@@ -57,7 +64,13 @@ local checks = {
     for _, k in ipairs(LIMIT_KEYS) do known[k] = true end
     for k, n in pairs(v or {}) do
       if not known[k] then invalid("limits." .. tostring(k), "unknown key" .. V.did_you_mean(k, known)) end
-      if type(n) ~= "number" or n < 0 or n ~= n then invalid("limits." .. k, "expected a number >= 0") end
+      if type(n) ~= "number" or n < 0 or n ~= n or n % 1 ~= 0 then
+        invalid("limits." .. k, "expected an integer >= 0")
+      end
+      local floor = LIMIT_FLOORS[k]
+      if floor and n < floor[1] then
+        invalid("limits." .. k, ("expected at least %d: %s"):format(floor[1], floor[2]))
+      end
     end
   end,
   env = function(v)
@@ -79,20 +92,51 @@ local checks = {
   end,
   mounts = function(v)
     expect(v, "table", "mounts")
+    local n = 0
+    for k in pairs(v or {}) do
+      n = n + 1
+      if type(k) ~= "number" then invalid("mounts." .. tostring(k), "expected a list of mounts, not a map") end
+    end
+    if n ~= #(v or {}) then invalid("mounts", "expected a list of mounts without holes") end
     for i, m in ipairs(v or {}) do
       local key = ("mounts[%d]"):format(i)
       if type(m) ~= "table" then invalid(key, "expected a table") end
+      for k in pairs(m) do
+        if not MOUNT_KEYS[k] then invalid(key .. "." .. tostring(k), "unknown key" .. V.did_you_mean(k, MOUNT_KEYS)) end
+      end
       if not MOUNT_TYPES[m.type] then invalid(key .. ".type", "expected bind, ro_bind, tmpfs, proc or dev") end
-      if type(m.dst) ~= "string" or m.dst:sub(1, 1) ~= "/" then invalid(key .. ".dst", "expected an absolute path") end
-      if (m.type == "bind" or m.type == "ro_bind") and type(m.src) ~= "string" then
-        invalid(key .. ".src", "expected a path")
+      if type(m.dst) ~= "string" or m.dst:sub(1, 1) ~= "/" or m.dst:find("\0", 1, true) then
+        invalid(key .. ".dst", "expected an absolute path")
+      end
+      for part in m.dst:gmatch("[^/]+") do
+        if part == ".." then invalid(key .. ".dst", "expected a path without ..") end
+      end
+      if m.type == "bind" or m.type == "ro_bind" then
+        if type(m.src) ~= "string" or m.src:sub(1, 1) ~= "/" or m.src:find("\0", 1, true) then
+          invalid(key .. ".src", "expected an absolute path")
+        end
+      elseif m.src ~= nil then
+        invalid(key .. ".src", ("a %s mount has no source"):format(m.type))
+      end
+      if m.size ~= nil then
+        if m.type ~= "tmpfs" and m.type ~= "dev" then
+          invalid(key .. ".size", "only a tmpfs or dev mount has a size")
+        end
+        if type(m.size) ~= "number" or m.size < 1 or m.size % 1 ~= 0 then
+          invalid(key .. ".size", "expected an integer number of bytes >= 1")
+        end
       end
     end
   end,
   network = function(v)
     if v ~= nil and v ~= "none" and v ~= "host" then invalid("network", "expected \"none\" or \"host\"") end
   end,
-  hostname = function(v) expect(v, "string", "hostname") end,
+  hostname = function(v)
+    expect(v, "string", "hostname")
+    if v ~= nil and (#v < 1 or #v > 64 or not v:match("^[%w][%w.-]*$")) then
+      invalid("hostname", "expected 1-64 letters, digits, dots and hyphens, starting with a letter or digit")
+    end
+  end,
   seccomp = function(v) expect(v, "string", "seccomp") end,
   capabilities = function(v)
     expect(v, "table", "capabilities")
