@@ -137,7 +137,7 @@ function Task:status() end
 ---@field namespaces string[] e.g. {"user", "mnt", "pid", "ipc", "uts", "net"}
 ---@field initPid? integer
 ---@field restarts integer
----@field cgroup "v2"|"v2+v1"|"none"
+---@field cgroup "v2"|"v1"|"none"
 ---@field killMode "cgroup"|"proc"
 ---@field limits Limits
 ---@field enforcement table<string, string>

@@ -76,7 +76,7 @@ describe("sandbox:info()", function()
         assert.same({}, info.namespaces)
         assert.is_nil(info.initPid)
       end
-      assert.is_true(info.cgroup == "v2" or info.cgroup == "v2+v1" or info.cgroup == "none", info.cgroup)
+      assert.is_true(info.cgroup == "v2" or info.cgroup == "v1" or info.cgroup == "none", info.cgroup)
       assert.is_table(info.limits)
       assert.equal(sb.policy.limits.commandTimeoutMs, info.limits.commandTimeoutMs)
       assert.equal(sb.policy.limits.maxSessions, info.limits.maxSessions)

@@ -27,6 +27,14 @@ describe("isolation: namespaces", function()
     end)
   end)
 
+  it("says no_new_privs is set as it is, also without a seccomp filter", function()
+    with_ns(function(sb)
+      local nnp = sb:exec("grep NoNewPrivs /proc/self/status").stdout
+      assert.equal("NoNewPrivs:\t1\n", nnp)
+      assert.same({ "none", true }, { sb:info().seccomp, sb:info().noNewPrivs })
+    end, { policy = { seccomp = "none" } })
+  end)
+
   it("gives a policy's dev mount a devfs of its own, leaving /dev whole", function()
     with_ns(function(sb)
       -- (the detached host nodes were moved, not copied: /dev/null went to

@@ -751,8 +751,10 @@ function Sandbox:info()
   end
   for k in pairs(self.limits_state.enforced) do in_force[k] = self.policy.limits[k] end
   if self.init then in_force.tmpBytes = self.policy.limits.tmpBytes end
-  local cgroup = "none"
-  if tree.mode() == "cgroup" then cgroup = self.limits_state.extra_cgroups and "v2+v1" or "v2" end
+  -- the hierarchy the sandbox's processes are tracked and killed by (the
+  -- contract's "v2"|"v1"|"none"); a v1 controller a limit also uses is in
+  -- enforcement ("cgroup v1 memory")
+  local cgroup = tree.mode() == "cgroup" and "v2" or "none"
   return {
     id = self.id, root = self.root, isolation = self.isolation, requestedIsolation = self.requested_isolation,
     network = self.network, namespaces = util.copy(self.namespaces), cgroup = cgroup,
@@ -760,7 +762,9 @@ function Sandbox:info()
     restarts = self.restarts or 0,
     killMode = tree.mode(), limits = in_force,
     enforcement = util.copy(self.limits_state.enforced), notEnforced = util.copy(self.limits_state.not_enforced),
-    seccomp = self.limits_state.seccomp_profile, noNewPrivs = self.limits_state.seccomp ~= nil,
+    -- (every process under namespaces gets no_new_privs, sandbox/spawn.lua;
+    -- without them only with a seccomp filter)
+    seccomp = self.limits_state.seccomp_profile, noNewPrivs = self.limits_state.seccomp ~= nil or self.init ~= nil,
     -- host ids of root inside (count 1: only root is mapped, to the runtime's user)
     idmap = util.copy(self.idmap),
     -- the bounding (and only) capability set of every process under
