@@ -194,6 +194,22 @@ describe("errors are always coded", function()
     os.execute("rm -rf " .. ran)
   end)
 
+  it("onCreateSession options the call cannot take are the hook's POLICY_ERROR, not the caller's mistake", function()
+    local replies = { { env = { ["9X"] = "y" } }, { cwd = "/nonexistent" }, { commandTimeoutMs = "soon" },
+      { bogus = 1 } }
+    local n = 0
+    with_bystander(function(sb)
+      for i = 1, #replies do
+        local err = helper.error_of(function() return sb:createSession { id = "s" .. i } end)
+        assert.same({ "POLICY_ERROR", "onCreateSession" }, { err.code, err.context.hook }, tostring(err))
+      end
+      assert.equal(#replies, n)
+      for _, id in ipairs(sb:listSessions()) do assert.equal("default", id) end -- none of them was made
+    end, policy_of {
+      onCreateSession = function() n = n + 1 return replies[n] end,
+    })
+  end)
+
   it("writeFile after the sandbox root vanished says FILE_NOT_FOUND, not PATH_OUTSIDE_SANDBOX", function()
     with_bystander(function(sb)
       sb:writeFile("/workspace/a.txt", "x")

@@ -628,11 +628,21 @@ function Sandbox:createSession(opts)
   local changed = policy_mod.call_hook(self.policy, "onCreateSession", "createSession", { sessionId = id },
     self, { id = id, env = env, cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
   if changed ~= nil then -- rewritten options (the id stays)
-    env = V.env(changed.env, "env")
-    commandTimeoutMs = V.timeout(changed.commandTimeoutMs, "commandTimeoutMs")
-    if changed.cwd ~= cwd and changed.cwd ~= nil then
-      cwd = self:host_path(V.path(changed.cwd, "cwd"))
-      if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
+    -- a replacement the call could not take is the hook's mistake, not the
+    -- caller's: POLICY_ERROR naming the hook and what was wrong
+    local took, err = pcall(function()
+      V.options(changed, { id = true, env = true, cwd = true, commandTimeoutMs = true }, "onCreateSession's options")
+      env = V.env(changed.env, "env")
+      commandTimeoutMs = V.timeout(changed.commandTimeoutMs, "commandTimeoutMs")
+      if changed.cwd ~= cwd and changed.cwd ~= nil then
+        cwd = self:host_path(V.path(changed.cwd, "cwd"))
+        if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
+      end
+    end)
+    if not took then
+      if not (errors.is_error(err) and err.code == "VALIDATION_FAILED") then error(err, 0) end
+      errors.raise("POLICY_ERROR", ("policy hook onCreateSession returned options createSession cannot take: %s")
+        :format(err.message), { hook = "onCreateSession", sessionId = id, field = err.context and err.context.field })
     end
   end
   self.sessions[id] = true   -- reserved: a concurrent create of this id loses
