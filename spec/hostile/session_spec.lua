@@ -210,6 +210,19 @@ describe("errors are always coded", function()
     })
   end)
 
+  it("a hook calling its own session from inside the call fails it at once instead of waiting for ever", function()
+    with_bystander(function(sb)
+      local err = helper.error_of(function()
+        return moonbox.timeout(10000, function() return sb:writeFile("f.txt", "x") end)
+      end)
+      assert.same({ "POLICY_ERROR", "onFile" }, { err.code, err.context.hook }, tostring(err))
+      assert.truthy(err.message:find("DEADLOCK", 1, true), err.message)
+      assert.equal(0, sb:exec("true").exitCode) -- the session goes on
+    end, policy_of {
+      onFile = function(s, op) if op == "writeFile" then s:exec("true") end return true end,
+    })
+  end)
+
   it("writeFile after the sandbox root vanished says FILE_NOT_FOUND, not PATH_OUTSIDE_SANDBOX", function()
     with_bystander(function(sb)
       sb:writeFile("/workspace/a.txt", "x")
