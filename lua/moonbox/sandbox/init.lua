@@ -623,7 +623,8 @@ function Sandbox:createSession(opts)
   local count = 0
   for _ in pairs(self.sessions) do count = count + 1 end
   if count >= self.policy.limits.maxSessions then
-    errors.raise("POLICY_DENIED", ("sandbox %q already has %d sessions (limits.maxSessions)"):format(self.id, count))
+    errors.raise("POLICY_DENIED", ("sandbox %q already has %d sessions (limits.maxSessions)"):format(self.id, count),
+      { limit = "maxSessions", maxSessions = self.policy.limits.maxSessions })
   end
   local changed = policy_mod.call_hook(self.policy, "onCreateSession", "createSession", { sessionId = id },
     self, { id = id, env = env, cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
@@ -716,6 +717,13 @@ function Sandbox:_default()
       table.insert(self.default_waiters, w)
       return function() w.resume = function() end end
     end, "default session")
+  end
+  -- the default session counts in limits.maxSessions like any other
+  local count = 0
+  for _ in pairs(self.sessions) do count = count + 1 end
+  if count >= self.policy.limits.maxSessions then
+    errors.raise("POLICY_DENIED", ("sandbox %q already has %d sessions (limits.maxSessions), so no default session")
+      :format(self.id, count), { limit = "maxSessions", maxSessions = self.policy.limits.maxSessions })
   end
   self.sessions.default = true -- reserved while it starts
   local ok, s = pcall(session_mod.new, self, "default", { env = self:_session_env(), cwd = self.home })
