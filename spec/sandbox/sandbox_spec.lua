@@ -25,6 +25,12 @@ describe("getSandbox", function()
       local root = helper.mkdtemp()
       local a = helper.new_sandbox { root = root }
       assert.equal(a, moonbox.getSandbox(a.id))
+      assert.equal(a, moonbox.getSandbox(a.id, { root = root }))
+      -- options for a live id are still checked: a typo is not dropped
+      local ok, err = pcall(moonbox.getSandbox, a.id, { policy = { limits = { maxSesions = 1 } } })
+      assert.is_false(ok)
+      assert.same({ "VALIDATION_FAILED", "policy.limits.maxSesions" }, { err.code, err.context.field })
+      assert.is_false((pcall(moonbox.getSandbox, a.id, { bogus = true })))
       local b = helper.new_sandbox()
       assert.are_not.equal(a, b)
       assert.are_not.equal(a.id, b.id)

@@ -64,7 +64,9 @@ local get_options = { root = true, isolation = true, network = true, env = true,
 
 function M.getSandbox(id, opts)
   V.sandbox_id(id, "id")
-  if registry[id] then return registry[id] end
+  -- (a live id returns its sandbox as it is, but the options are checked
+  -- all the same: a mistake in them is not silently dropped)
+  if registry[id] and opts == nil then return registry[id] end
   opts = V.options(opts, get_options, "getSandbox options")
   local isolation = opts.isolation or "auto"
   if isolation ~= "auto" and isolation ~= "none" and isolation ~= "namespaces" then
@@ -76,6 +78,8 @@ function M.getSandbox(id, opts)
   local policy = policy_mod.resolve(opts.policy, opts.limits)
   if opts.isolation == nil and policy.isolation then isolation = policy.isolation end
   local env = V.env(opts.env, "env") or {}
+  if opts.root ~= nil then V.path(opts.root, "root") end
+  if registry[id] then return registry[id] end
   local home = default_home()
   local default_root = home .. "/sandboxes/" .. id
   local root = opts.root and V.path(opts.root, "root") or default_root
