@@ -46,6 +46,8 @@ describe("policy validation", function()
       err_of(policy.validate, { limits = { memoryByte = 1 } }).message)
     assert.equal("policy.limts: unknown key (did you mean limits?)", err_of(policy.validate, { limts = {} }).message)
     assert.equal("policy.zzzz: unknown key", err_of(policy.validate, { zzzz = 1 }).message)
+    assert.equal("policy.hooks.onExek: unknown hook (did you mean onExec?)",
+      err_of(policy.validate, { hooks = { onExek = function() end } }).message)
   end)
 
   it("names the presets by their names; an unknown name lists them", function()

@@ -86,7 +86,7 @@ local checks = {
   hooks = function(v)
     expect(v, "table", "hooks")
     for k, fn in pairs(v or {}) do
-      if not HOOKS[k] then invalid("hooks." .. tostring(k), "unknown hook") end
+      if not HOOKS[k] then invalid("hooks." .. tostring(k), "unknown hook" .. V.did_you_mean(k, HOOKS)) end
       if type(fn) ~= "function" then invalid("hooks." .. k, "expected a function") end
     end
   end,

@@ -572,7 +572,8 @@ function Session:startProcess(command, opts)
   local running = 0
   for _, p in pairs(sb.processes) do if p:_running() then running = running + 1 end end
   if running >= sb.policy.limits.maxProcesses then
-    errors.raise("POLICY_DENIED", ("sandbox %q already runs %d processes (limits.maxProcesses)"):format(sb.id, running))
+    errors.raise("POLICY_DENIED", ("sandbox %q already runs %d processes (limits.maxProcesses)"):format(sb.id, running),
+      { limit = "maxProcesses", maxProcesses = sb.policy.limits.maxProcesses })
   end
 
   local shown = type(command) == "table" and table.concat(command, " ") or command
