@@ -20,6 +20,18 @@ function M.shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
+-- An argv as one shell line that runs it: words bash would read as they
+-- are stay bare, the others are single-quoted ({"printf", "%s", "x y"} ->
+-- printf %s 'x y'). What results show as an argv call's `command`.
+function M.shell_join(argv)
+  local words = {}
+  for i, w in ipairs(argv) do
+    w = tostring(w)
+    words[i] = w:match("^[%w%%+,./:=@_-]+$") and w or M.shell_quote(w)
+  end
+  return table.concat(words, " ")
+end
+
 -- Lexically clean an absolute path: "/a/./b/../c" -> "/a/c" (no symlinks
 -- are looked at; confinement is the kernel's job, see lib/fs.lua).
 function M.normalize(path)

@@ -576,7 +576,7 @@ function Session:startProcess(command, opts)
       { limit = "maxProcesses", maxProcesses = sb.policy.limits.maxProcesses })
   end
 
-  local shown = type(command) == "table" and table.concat(command, " ") or command
+  local shown = type(command) == "table" and util.shell_join(command) or command
   local p = new_process(sb, self, id, shown)
   p._on_output, p._on_exit, p._auto_cleanup = opts.onOutput, opts.onExit, opts.autoCleanup
   p._encoding = opts._encoding == "base64" and "base64" or nil

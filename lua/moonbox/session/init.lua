@@ -549,7 +549,7 @@ function Session:exec(command, opts)
   r.stderr = out.text("stderr")
   out.release() -- handed over: the budget has the bytes back
   r.success = r.exitCode == 0
-  r.command = type(command) == "table" and table.concat(command, " ") or command
+  r.command = type(command) == "table" and util.shell_join(command) or command
   r.sessionId = self.id
   r.truncated = out.truncated
   r.oomKilled = r.oomKilled or false
@@ -603,7 +603,7 @@ function Session:execStream(command, opts)
       control.started = true
       -- when it starts, not when it was asked for: a call queued behind
       -- another of the session's waits for it
-      push { type = "start", command = type(command) == "table" and table.concat(command, " ") or command,
+      push { type = "start", command = type(command) == "table" and util.shell_join(command) or command,
         timestamp = util.timestamp(), sessionId = self.id }
       return self._run(...)
     end, self, command, o, sink)
