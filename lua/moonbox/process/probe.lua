@@ -58,11 +58,18 @@ local function listeners(port, opts)
   return readable and found or nil
 end
 
+-- How long a member of the tree whose fds cannot be read must stay so
+-- before it is given the benefit of the doubt: a process in the middle of
+-- an execve is unreadable for a moment (its new image not yet dumpable),
+-- one that made itself non-dumpable for good.
+M.UNREADABLE_GRACE_MS = 1000
+
 -- Whether a connection to port was accepted by a listener of the process
 -- being waited for (opts.owner_pids(): the pids of its tree), and not by
 -- one of another process (a server of an earlier run still going away, a
 -- stranger on the host's network): false when the listener is someone
--- else's or gone; true when it is the tree's, or when that cannot be read.
+-- else's or gone; true when it is the tree's, or when a member's fds have
+-- been unreadable for UNREADABLE_GRACE_MS (opts keeps since when, per wait).
 local function accepted_by_owner(port, opts)
   if not (opts and opts.owner_pids) then return true end
   local inodes = listeners(port, opts)
@@ -82,7 +89,13 @@ local function accepted_by_owner(port, opts)
       end
     end
   end
-  return unreadable
+  if not unreadable then
+    opts.unreadable_since = nil
+    return false
+  end
+  local now = core.hrtime() / 1e6
+  opts.unreadable_since = opts.unreadable_since or now
+  return now - opts.unreadable_since >= M.UNREADABLE_GRACE_MS
 end
 
 function M.tcp(host, port, opts)
