@@ -72,6 +72,36 @@ describe("policy validation", function()
 end)
 
 describe("policy hooks", function()
+  it("asks onRunCode before code runs (before a default context starts) and onTerminal before a shell", function()
+    local asked = {}
+    with_sandbox({ policy = { hooks = {
+      onRunCode = function(_, code, o)
+        asked[#asked + 1] = o.language
+        if code:find("forbidden", 1, true) then return nil, "no such code" end
+        if code == "print('asked')" then return "print('rewritten')" end
+        return true
+      end,
+      onTerminal = function(_, o)
+        if o.shell == "sh" then return nil, "bash only" end
+        o.cols = 100
+        return o
+      end,
+    } } }, function(sb)
+      local err = err_of(sb.runCode, sb, "print('forbidden')", { language = "lua" })
+      assert.same({ "POLICY_DENIED", "onRunCode" }, { err.code, err.context.hook })
+      assert.same({}, sb:listCodeContexts()) -- denied before any interpreter started
+      local r = sb:runCode("print('asked')", { language = "lua" })
+      assert.same({ "rewritten\n" }, r.logs.stdout)
+      assert.equal("POLICY_DENIED", err_of(sb.runCodeStream, sb, "print('forbidden')", { language = "lua" }).code)
+      assert.same({ "lua", "lua", "lua" }, asked)
+      assert.same({ "POLICY_DENIED", "onTerminal" }, { err_of(sb.terminal, sb, { shell = "sh" }).code,
+        err_of(sb.terminal, sb, { shell = "sh" }).context.hook })
+      local t = sb:terminal {}
+      assert.equal(100, t.cols)
+      t:close()
+    end)
+  end)
+
   it("deny with a reason, or rewrite, for sessions, exec, processes and env", function()
     with_sandbox({ policy = { hooks = {
       onCreateSession = function(_, opts) if opts.id == "forbidden" then return nil, "not that one" end return opts end,

@@ -45,7 +45,8 @@ local LIMIT_FLOORS = {
   cpuTime = { 1, "0 CPU seconds kills every process at once" },
 }
 local MOUNT_KEYS = { type = true, src = true, dst = true, size = true }
-local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true }
+local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true,
+  onRunCode = true, onTerminal = true }
 local MOUNT_TYPES = { bind = true, ro_bind = true, tmpfs = true, proc = true, dev = true }
 
 local function invalid(key, message)
@@ -301,6 +302,8 @@ local REPLACEMENT = {
   onFile = function(v)
     return type(v) == "string" and v ~= "" and not v:find("\0", 1, true), "an empty path or one with a NUL byte"
   end,
+  onRunCode = function(v) return type(v) == "string", "a " .. type(v) .. " where code was expected" end,
+  onTerminal = function(v) return type(v) == "table" end,
 }
 
 -- call_hook(policy, name, what, context, ...) -> the hook's replacement

@@ -817,6 +817,8 @@ function SessionMethods:terminal(opts) end
 ---@field onFile? fun(session: Session, op: string, path: string): string?, string?
 ---@field onStartProcess? fun(session: Session, command: string|string[], opts: ProcessOptions): (string|string[])?, string?
 ---@field onEnv? fun(session: Session, map: table<string, string|false>): table<string, string|false>?, string?
+---@field onRunCode? fun(session: Session, code: string, opts: {language: string, context: string?}): string?, string?
+---@field onTerminal? fun(session: Session, opts: table): table?, string?
 
 ---A policy (docs/policy.md).
 ---@class Policy

@@ -366,21 +366,22 @@ local function prepare(session, code, opts)
   V.timeout(opts.timeout, "timeout")
   for _, cb in ipairs { "onStdout", "onStderr", "onResult", "onError" } do V.type(opts[cb], "function", cb, true) end
   local ctx
-  if opts.context ~= nil then
-    ctx = find_context(session.sandbox, opts.context)
-  else
-    local language = opts.language or "python"
-    if not LANGUAGES[language] then
+  if opts.context ~= nil then ctx = find_context(session.sandbox, opts.context) end
+  local language = ctx and ctx.language or opts.language or "python"
+  if not LANGUAGES[language] then
     V.fail("language", "expected \"python\", \"javascript\", \"typescript\" or \"lua\"")
   end
-    ctx = default_context(session, language)
-  end
-  return ctx, opts
+  -- the policy's say, before a default context (an interpreter) is started
+  local changed = require("moonbox.policy").call_hook(session.sandbox.policy, "onRunCode", "runCode",
+    { language = language }, session, code, { language = language, context = ctx and ctx.id })
+  if changed ~= nil then code = changed end
+  ctx = ctx or default_context(session, language)
+  return ctx, opts, code
 end
 
 function Session:runCode(code, opts)
   local ctx
-  ctx, opts = prepare(self, code, opts)
+  ctx, opts, code = prepare(self, code, opts)
   local limit = self.sandbox.policy.limits.maxOutputBytes
   local function emit(ev)
     local cb = ({ stdout = opts.onStdout, stderr = opts.onStderr })[ev.type]
@@ -396,7 +397,7 @@ end
 -- then one complete, delivered as they happen.
 function Session:runCodeStream(code, opts)
   local ctx
-  ctx, opts = prepare(self, code, opts)
+  ctx, opts, code = prepare(self, code, opts)
   local limit = self.sandbox.policy.limits.maxOutputBytes
   local events, head, tail, waiter = {}, 1, 0, nil
   local function push(ev)

@@ -26,9 +26,22 @@ local function check_size(cols, rows)
   end
 end
 
+local terminal_options = { cols = true, rows = true, shell = true, env = true }
+
 function Session:terminal(opts)
   self:_check_live()
-  opts = V.options(opts, { cols = true, rows = true, shell = true, env = true }, "terminal options")
+  opts = V.options(opts, terminal_options, "terminal options")
+  -- the policy's say (a table replaces the options, checked the same way)
+  local changed = require("moonbox.policy").call_hook(self.sandbox.policy, "onTerminal", "terminal", nil, self,
+    util.copy(opts))
+  if changed ~= nil then
+    local took, err = pcall(V.options, changed, terminal_options, "onTerminal's options")
+    if not took then
+      errors.raise("POLICY_ERROR", "policy hook onTerminal returned options terminal cannot take: " ..
+        tostring(err.message or err), { hook = "onTerminal" })
+    end
+    opts = changed
+  end
   local cols, rows = opts.cols or 80, opts.rows or 24
   check_size(cols, rows)
   local shell = opts.shell or "bash"
