@@ -102,4 +102,13 @@ describe("checkChanges", function()
       assert.equal("expired", r2.reason)
     end)
   end)
+
+  it("is named checkChanges to the policy's onFile, not watch", function()
+    local ops = {}
+    with_sandbox(function(sb)
+      sb:mkdir("/workspace/d")
+      sb:checkChanges("/workspace/d")
+      assert.same({ "mkdir", "checkChanges" }, ops)
+    end, { policy = { hooks = { onFile = function(_, op, path) ops[#ops + 1] = op return path end } } })
+  end)
 end)

@@ -80,14 +80,9 @@ function Session:checkChanges(path, opts)
       all[oldest_key].iter.close()
       all[oldest_key] = nil
     end
-    local ok, iter = pcall(self.watch, self, path, { recursive = opts.recursive, include = include, exclude = exclude })
-    if not ok then
-      -- the watch's error, named after this call
-      if type(iter) == "table" and type(iter.message) == "string" then
-        iter.message = iter.message:gsub("^watch ", "checkChanges ")
-      end
-      error(iter, 0)
-    end
+    -- (its errors, and the policy's onFile, name this call)
+    local iter = require("moonbox.files.watch").watch_as(self, path,
+      { recursive = opts.recursive, include = include, exclude = exclude }, "checkChanges")
     made = made + 1
     st = { id = ("changes-%d-%d"):format(made, now), count = 0, iter = iter }
     all[key], created = st, true

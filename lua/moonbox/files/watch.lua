@@ -372,11 +372,11 @@ local watch_options = { recursive = true, include = true, exclude = true }
 -- :cancel()), until the iterator is garbage collected, until the watched
 -- path itself is deleted (a last "delete" event, then the loop ends), or
 -- until the session is deleted or the sandbox destroyed.
-function Session:watch(path, opts)
+local function watch_as(self, path, opts, op)
   self:_check_live()
   V.path(path)
   opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").watch, "watch")
-  opts = V.options(opts, watch_options, "watch options")
+  opts = V.options(opts, watch_options, op .. " options")
   local recursive = boolean_option(opts.recursive, "recursive")
   local include = glob_list(opts.include, "include")
   local exclude = glob_list(opts.exclude, "exclude") or {}
@@ -388,12 +388,12 @@ function Session:watch(path, opts)
     if not named then exclude[#exclude + 1] = { glob = name, segs = compile_glob(name) } end
   end
   local w = queued(self, function()
-    local t = target(self, "watch", path)
+    local t = target(self, op, path)
     local root = root_of(self.sandbox)
     local st, msg, code = afs.stat_beneath(root, t.rel)
-    check("watch", t.view, st, msg, code)
+    check(op, t.view, st, msg, code)
     if st.type ~= "directory" and st.type ~= "file" then
-      fail("watch", t.view, "EINVAL: not a file or directory", "EINVAL")
+      fail(op, t.view, "EINVAL: not a file or directory", "EINVAL")
     end
     local rootfd = root
     local watch = setmetatable({
@@ -429,10 +429,10 @@ function Session:watch(path, opts)
     if not wd then
       watch.handle:close()
       if code == "ENOSPC" then -- from inotify: out of watches, not of disk space
-        errors.raise("FILESYSTEM_ERROR", ("watch %s: the inotify watch limit is reached (fs.inotify.max_user_watches)")
-          :format(t.view), { path = t.view, errno = code })
+        errors.raise("FILESYSTEM_ERROR", ("%s %s: the inotify watch limit is reached (fs.inotify.max_user_watches)")
+          :format(op, t.view), { path = t.view, errno = code })
       end
-      fail("watch", t.view, msg, code)
+      fail(op, t.view, msg, code)
     end
     watch.root_wd = wd
     self._watches = self._watches or {}
@@ -453,6 +453,12 @@ function Session:watch(path, opts)
     __call = function() return w:_next() end,
   })
 end
+
+function Session:watch(path, opts) return watch_as(self, path, opts, "watch") end
+
+-- watch_as(session, path, opts, op): the same, its errors and the policy's
+-- onFile naming the calling op (checkChanges keeps a watch of its own).
+M.watch_as = watch_as
 
 -- A deleted session (or destroyed sandbox) takes its watches with it.
 local function end_watches(session)
