@@ -33,6 +33,30 @@ local function wait_foreground(t, comm)
 end
 
 describe("terminal", function()
+  it("lets go of the pty of a shell that exited, closed or not; what it printed can still be read", function()
+    with_sandbox(function(sb)
+      local function ptys()
+        local n = 0
+        for _, fd in ipairs(core.readdir("/proc/self/fd") or {}) do
+          local l = core.readlink("/proc/self/fd/" .. fd) or ""
+          if l:find("ptmx", 1, true) or l:find("/pts/", 1, true) then n = n + 1 end
+        end
+        return n
+      end
+      local before = ptys()
+      local last
+      for _ = 1, 5 do
+        last = sb:terminal {}
+        last:write("echo bye-$((6*7)); exit 3\n")
+        assert.equal(3, last:wait())
+      end
+      assert.is_true(helper.eventually(function() return ptys() == before end, 5000), "ptys held: " .. ptys())
+      local out, chunk = "", last:read()
+      while chunk do out = out .. chunk chunk = last:read() end
+      assert.matches("bye%-42", out)
+    end)
+  end)
+
   it("rejects bad sizes", function()
     with_sandbox(function(sb)
       local ok, err = pcall(sb.terminal, sb, { cols = 0 })

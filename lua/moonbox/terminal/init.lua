@@ -141,6 +141,10 @@ function Terminal:_maybe_done()
   self._exit_waiters = {}
   for _, w in ipairs(waiters) do w() end
   if self._reader then local r = self._reader self._reader = nil r() end
+  -- exited and drained: nothing more can come, the pty's fd goes now (what
+  -- was read is kept for read()); a terminal never closed held it until
+  -- its sandbox ended
+  if self.eof and self._stream and not self._stream:is_closing() then self._stream:close() end
 end
 
 function Terminal:write(data)
