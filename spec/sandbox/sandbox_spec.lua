@@ -40,6 +40,27 @@ describe("getSandbox", function()
     end)
   end)
 
+  it("destroy: the running call and those queued behind it raise SANDBOX_DESTROYED; none of the queued runs", function()
+    run_task(function()
+      local sb = helper.new_sandbox()
+      local s = sb:createSession { id = "a" }
+      local running = moonbox.spawn(function() return pcall(s.exec, s, "sleep 30") end)
+      local queued = {}
+      for i = 1, 3 do
+        queued[i] = moonbox.spawn(function() return pcall(s.exec, s, "echo ran" .. i .. " >> ranlog") end)
+      end
+      moonbox.sleep(300) -- the first runs, the others wait for it
+      sb:destroy { keepFiles = true }
+      for _, t in ipairs { running, queued[1], queued[2], queued[3] } do
+        local ok, err = t:wait()
+        assert.is_false(ok)
+        assert.equal("SANDBOX_DESTROYED", err.code, tostring(err))
+      end
+      assert.is_false(exists(sb.root .. "/workspace/ranlog"))
+      helper.sh("rm -rf '" .. sb.root .. "'")
+    end)
+  end)
+
   it("refuses an id outside the rule with VALIDATION_FAILED, making nothing", function()
     run_task(function()
       for _, id in ipairs { "", "-x", "x-", "UPPER", "a/b", ("a"):rep(64), 42 } do

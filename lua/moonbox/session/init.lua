@@ -258,6 +258,11 @@ function Session:_run(command, opts, sink)
   if self.destroyed then
     errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
   end
+  -- a call that waited in the queue while its sandbox was being destroyed
+  -- never starts (nor a new shell for it: destroy is killing everything)
+  if sb.destroyed then
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(sb.id), { id = sb.id, sessionId = self.id })
+  end
   if not self.shell or not self.shell:usable() then
     if self.shell then self.shell:wait_exit(2000) end -- it reported its own exit
     self:_start_shell()
@@ -439,6 +444,10 @@ function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grac
       { sessionId = self.id })
   end
   local sb = self.sandbox
+  if sb.destroyed then -- (its init died because destroy killed it: no rebuild follows)
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while the command ran"):format(sb.id),
+      { id = sb.id, sessionId = self.id })
+  end
   if info and sb.init and (sb.init_generation ~= info.generation or (record.died and not sb:_init_alive())) then
     -- the sandbox's init died under the command (and every process with
     -- it): said once, to the calls that were running; the next call
@@ -602,9 +611,12 @@ function Session:execStream(command, opts)
     local ok, r = pcall(self.queue.run, self.queue, function(...)
       control.started = true
       -- when it starts, not when it was asked for: a call queued behind
-      -- another of the session's waits for it
-      push { type = "start", command = type(command) == "table" and util.shell_join(command) or command,
-        timestamp = util.timestamp(), sessionId = self.id }
+      -- another of the session's waits for it (and one that will not
+      -- start, its session or sandbox gone meanwhile, has none)
+      if not (self.destroyed or self.sandbox.destroyed) then
+        push { type = "start", command = type(command) == "table" and util.shell_join(command) or command,
+          timestamp = util.timestamp(), sessionId = self.id }
+      end
       return self._run(...)
     end, self, command, o, sink)
     sink_hold, sink_push = nil, nil
