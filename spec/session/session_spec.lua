@@ -506,6 +506,22 @@ describe("execStream", function()
     end)
   end)
 
+  it("a reader cancelled while it waits (moonbox.timeout) ends the command, setsid'd children too", function()
+    with_sandbox(function(sb)
+      sb:exec("export KEEP=k")
+      local ok, err = pcall(moonbox.timeout, 300, function()
+        for _ in sb:execStream("echo x; setsid sleep 9042 & sleep 9044") do end
+      end)
+      assert.is_false(ok)
+      assert.equal("TIMEOUT", err.code)
+      -- the session is not held by the command nobody reads any more
+      local r = moonbox.timeout(10000, function()
+        return sb:exec("pgrep -f 'sleep 904[24]' || echo none; echo $KEEP")
+      end)
+      assert.equal("none\nk\n", r.stdout)
+    end)
+  end)
+
   it("cancel() kills the command's whole tree, reports cancelled, and keeps the session", function()
     with_sandbox(function(sb)
       sb:exec("export KEEP=k")

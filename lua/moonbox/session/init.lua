@@ -639,10 +639,16 @@ function Session:execStream(command, opts)
   local iter = setmetatable({ task = task, cancel = cancel }, {
     __call = function()
       while head > tail do
-        async.await(function(resume)
+        local ok, err = pcall(async.await, function(resume)
           waiter = resume
           return function() waiter = nil end
         end, "execStream iteration")
+        if not ok then
+          -- the reading task was cancelled (moonbox.timeout, task:cancel):
+          -- the command is ended as iterator.cancel() would end it
+          cancel()
+          error(err, 0)
+        end
       end
       local ev = events[head]
       events[head] = nil
