@@ -11,6 +11,20 @@ local function code_of(fn, ...)
 end
 
 describe("code contexts", function()
+  it("kills the code of a cancelled run; the next run goes ahead in a fresh interpreter", function()
+    with_sandbox(function(sb)
+      for _, language in ipairs { "lua", "python" } do
+        local c = sb:createCodeContext { language = language }
+        local spin = language == "lua" and "while true do end" or "while True: pass"
+        local ok, err = pcall(moonbox.timeout, 300, function() return sb:runCode(spin, { context = c }) end)
+        assert.same({ false, "TIMEOUT" }, { ok, err.code })
+        local r = moonbox.timeout(20000, function() return sb:runCode("print(6*7)", { context = c }) end)
+        assert.same({ "42\n" }, r.logs.stdout)
+        assert.equal(1, r.executionCount) -- a fresh interpreter
+      end
+    end)
+  end)
+
   it("validates and reports unknown contexts", function()
     with_sandbox(function(sb)
       assert.equal("VALIDATION_FAILED", code_of(sb.createCodeContext, sb, { language = "cobol" }))

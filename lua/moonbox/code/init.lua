@@ -326,8 +326,18 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
     k.requests:write(cjson.encode { id = id, code = code } .. "\n")
     return function() if timer and not timer:is_closing() then timer:close() end end
   end, "runCode")
-  if not awaited then -- the caller's task was cancelled: its output no longer counts
-    k.sink = nil
+  if not awaited then
+    -- the caller's task was cancelled (moonbox.timeout, task:cancel): its
+    -- output no longer counts, and its code must not go on holding the
+    -- context: the interpreter and what it started are killed (on a task
+    -- of their own: this one is cancelled) and the next run starts a fresh
+    -- one, as after a timeout
+    k.sink, k.on_message = nil, nil
+    if ctx.kernel == k then
+      ctx.kernel = nil
+      ctx.executionCount = 0
+    end
+    async.spawn(function() pcall(k.kill, k) end)
     hold:release()
     error(outcome, 0)
   end
