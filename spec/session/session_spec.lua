@@ -522,6 +522,18 @@ describe("execStream", function()
     end)
   end)
 
+  it("past maxOutputBytes keeps the part that fits and nothing after: a prefix, never a stream with holes", function()
+    with_sandbox(function(sb)
+      local out, last = "", nil
+      for ev in sb:execStream("head -c 3000 /dev/zero | tr '\\0' a; sleep 0.2; echo END", { maxOutputBytes = 1000 }) do
+        if ev.type == "stdout" then out = out .. ev.data end
+        last = ev
+      end
+      assert.equal(("a"):rep(1000), out)
+      assert.same({ "complete", 0, true }, { last.type, last.exitCode, last.truncated })
+    end)
+  end)
+
   it("cancel() kills the command's whole tree, reports cancelled, and keeps the session", function()
     with_sandbox(function(sb)
       sb:exec("export KEEP=k")

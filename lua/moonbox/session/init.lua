@@ -597,7 +597,15 @@ function Session:execStream(command, opts)
   local function sink(stream, data)
     if user_output then user_output(stream, data) end
     if not sink_hold then return end
-    if queued[stream] + #data > limit or cut[stream] then truncated = true return end
+    if cut[stream] then truncated = true return end
+    -- past the bound: the part that fits, then nothing more of this stream
+    -- (a reader gets a prefix, never a stream with holes in it)
+    local room = limit - queued[stream]
+    if #data > room then
+      truncated, cut[stream] = true, true
+      if room <= 0 then return end
+      data = data:sub(1, room)
+    end
     local granted = sink_hold:take(#data)
     if granted < #data then
       truncated, cut[stream] = true, true
