@@ -255,13 +255,13 @@ function Session:_run(command, opts, sink)
   local sb = self.sandbox
   local started, timestamp = util.now_ms(), util.timestamp()
   local generation = sb.init_generation -- moves on when the sandbox's init dies
-  if self.destroyed then
-    errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
-  end
   -- a call that waited in the queue while its sandbox was being destroyed
   -- never starts (nor a new shell for it: destroy is killing everything)
   if sb.destroyed then
     errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(sb.id), { id = sb.id, sessionId = self.id })
+  end
+  if self.destroyed then
+    errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
   end
   if not self.shell or not self.shell:usable() then
     if self.shell then self.shell:wait_exit(2000) end -- it reported its own exit
@@ -439,14 +439,16 @@ function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grac
     self:_finish_kill(sh, grace_deadline)
   end
 
+  local sb = self.sandbox
+  -- (first: a destroy also ends every session, and its init died because
+  -- destroy killed it: no rebuild follows)
+  if sb.destroyed then
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while the command ran"):format(sb.id),
+      { id = sb.id, sessionId = self.id })
+  end
   if self.destroyed then
     errors.raise("SESSION_DESTROYED", ("session %q was deleted while the command ran"):format(self.id),
       { sessionId = self.id })
-  end
-  local sb = self.sandbox
-  if sb.destroyed then -- (its init died because destroy killed it: no rebuild follows)
-    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while the command ran"):format(sb.id),
-      { id = sb.id, sessionId = self.id })
   end
   if info and sb.init and (sb.init_generation ~= info.generation or (record.died and not sb:_init_alive())) then
     -- the sandbox's init died under the command (and every process with
