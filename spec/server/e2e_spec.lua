@@ -39,9 +39,12 @@ local function curl(...)
   local _, out, wait = start_curl { "-i", ... }
   local text = helper.read_all(out)
   out:close()
-  assert.equal(0, wait())
+  local code = wait()
   local head, body = text:match("^(.-)\r\n\r\n(.*)$")
-  local status = tonumber(head:match("^HTTP/%S+ (%d+)"))
+  local status = head and tonumber(head:match("^HTTP/%S+ (%d+)"))
+  -- (55, "failed sending data": a server that refuses a body too large
+  -- answers and closes before curl has sent it all; the answer is there)
+  assert(code == 0 or (code == 55 and status == 413), "curl exited " .. tostring(code))
   local headers = {}
   for name, value in head:gmatch("\r\n([^:\r\n]+):%s*([^\r\n]*)") do headers[name:lower()] = value end
   return status, headers, body
