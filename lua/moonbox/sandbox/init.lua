@@ -624,12 +624,7 @@ function Sandbox:createSession(opts)
   if self.sessions[id] then
     errors.raise("SESSION_ALREADY_EXISTS", ("session %q already exists"):format(id), { sessionId = id })
   end
-  local count = 0
-  for _ in pairs(self.sessions) do count = count + 1 end
-  if count >= self.policy.limits.maxSessions then
-    errors.raise("POLICY_DENIED", ("sandbox %q already has %d sessions (limits.maxSessions)"):format(self.id, count),
-      { limit = "maxSessions", maxSessions = self.policy.limits.maxSessions })
-  end
+  self:_check_session_room("")
   local changed = policy_mod.call_hook(self.policy, "onCreateSession", "createSession", { sessionId = id },
     self, { id = id, env = env, cwd = cwd, commandTimeoutMs = opts.commandTimeoutMs })
   if changed ~= nil then -- rewritten options (the id stays)
@@ -663,6 +658,17 @@ function Sandbox:createSession(opts)
   end
   self.sessions[id] = session
   return session
+end
+
+-- POLICY_DENIED when the sandbox already has limits.maxSessions sessions
+-- (the default one included); why: the message's tail.
+function Sandbox:_check_session_room(why)
+  local count = 0
+  for _ in pairs(self.sessions) do count = count + 1 end
+  if count >= self.policy.limits.maxSessions then
+    errors.raise("POLICY_DENIED", ("sandbox %q already has %d sessions (limits.maxSessions)%s"):format(self.id, count,
+      why), { limit = "maxSessions", maxSessions = self.policy.limits.maxSessions })
+  end
 end
 
 function Sandbox:getSession(id)
@@ -722,13 +728,7 @@ function Sandbox:_default()
       return function() w.resume = function() end end
     end, "default session")
   end
-  -- the default session counts in limits.maxSessions like any other
-  local count = 0
-  for _ in pairs(self.sessions) do count = count + 1 end
-  if count >= self.policy.limits.maxSessions then
-    errors.raise("POLICY_DENIED", ("sandbox %q already has %d sessions (limits.maxSessions), so no default session")
-      :format(self.id, count), { limit = "maxSessions", maxSessions = self.policy.limits.maxSessions })
-  end
+  self:_check_session_room(", so no default session") -- it counts like any other
   self.sessions.default = true -- reserved while it starts
   local ok, s = pcall(session_mod.new, self, "default", { env = self:_session_env(), cwd = self.home })
   if ok and self.destroyed then -- destroyed while it started: it must not outlive the sandbox
