@@ -147,6 +147,32 @@ describe("moonbox serve as a service", function()
       end)
     end)
 
+  it("cancels a plain runCode whose client hung up: its interpreter's tree is killed, the next run answers", function()
+    run_task(function()
+      local s = serve {}
+      local ok, err = pcall(function()
+        local code = cjson.encode { language = "python",
+          code = "import subprocess\nsubprocess.run(['sleep', '31'])\nopen('/workspace/after', 'w')" }
+        local c = raw_request(s, "POST", "/v1/sandboxes/code-gone/code", code)
+        assert.is_true(helper.eventually(function()
+          local _, body = s.call("POST", "/v1/sandboxes/code-gone/exec", '{"command":"pgrep -x sleep"}')
+          return body and cjson.decode(body).exitCode == 0
+        end))
+        c:close()
+        local status, body = s.call("POST", "/v1/sandboxes/code-gone/code", '{"language":"python","code":"6*7"}')
+        assert.equal(200, status)
+        assert.equal("42", cjson.decode(body).results[1].text)
+        status, body = s.call("POST", "/v1/sandboxes/code-gone/exec",
+          '{"command":"pgrep -x sleep || echo none; ls /workspace"}')
+        assert.equal(200, status)
+        assert.equal("none\n", cjson.decode(body).stdout)
+        assert.is_true(helper.eventually(function() return s.stderr():match('"route":"/v1/sandboxes/{id}/code"[^\n]*"status":499') ~= nil end))
+      end)
+      s.stop()
+      assert(ok, err)
+    end)
+  end)
+
   it("writes one JSON line per request to stderr, or to --access-log FILE, or nowhere with off", function()
     run_task(function()
       local s = serve {}

@@ -558,7 +558,10 @@ function H.run_code(ctx)
   check_query(ctx)
   local s = ctx:session(true)
   local f = ctx:take { code = "string" }
-  return 200, code_result(s:runCode(f.code, ctx:rest()))
+  local opts = ctx:rest()
+  -- a run whose client hung up is cancelled: its interpreter is killed and
+  -- the context's next run starts a fresh one (as after a timeout)
+  return 200, code_result(sse.while_connected(ctx.res, function() return s:runCode(f.code, opts) end))
 end
 
 function H.run_code_stream(ctx)
