@@ -33,6 +33,7 @@ describe("policy validation", function()
       { { limits = { maxSessions = 1.5 } }, "policy.limits.maxSessions" },
       { { limits = { openFiles = 5 } }, "policy.limits.openFiles" },
       { { limits = { cpuTime = 0 } }, "policy.limits.cpuTime" },
+      { { limits = { memoryBytes = 1000 } }, "policy.limits.memoryBytes" },
       { { env = { ["1X"] = "y" } }, "policy.env" },
     } do
       local err = err_of(policy.validate, case[1])

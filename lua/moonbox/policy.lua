@@ -43,6 +43,7 @@ local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSe
 local LIMIT_FLOORS = {
   openFiles = { 64, "the session shell's own fds go up to 63" },
   cpuTime = { 1, "0 CPU seconds kills every process at once" },
+  memoryBytes = { 1048576, "below 1 MiB the OOM killer ends the session shell before it runs anything" },
 }
 local MOUNT_KEYS = { type = true, src = true, dst = true, size = true }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true,
