@@ -338,6 +338,41 @@ describe("moonbox (the command)", function()
     assert.is_true(ms >= 200, "exited after " .. ms .. " ms")
   end)
 
+  it("an unisolated sandbox's processes die with a runtime killed by SIGKILL, setsid or not", function()
+    local dir = helper.mkdtemp()
+    local root = dir .. "/root"
+    local path = script(([[
+      local m = require "moonbox"
+      local sb = m.getSandbox("guard-box", { isolation = "none", root = %q })
+      sb:exec("setsid sh -c 'echo $$ > pid; exec sleep 4321' </dev/null >/dev/null 2>&1 &")
+      while not sb:exists("pid").exists do m.sleep(10) end
+      print("ready " .. require("moonbox.process.tree").mode())
+      io.stdout:flush()
+      m.sleep(600000)
+    ]]):format(root))
+    local out = dir .. "/out"
+    -- (started through a shell that exits: the runtime and what it leaves
+    -- are not this process's to reap)
+    local runtime = tonumber(helper.sh(("%s %s > %s 2>&1 & echo $!"):format(quote(BIN), quote(path), quote(out))))
+    run_task(function()
+      assert.is_true(helper.eventually(function() return helper.sh("cat " .. quote(out)):match("^ready") end, 20000),
+        helper.sh("cat " .. quote(out)))
+      local pid = tonumber(helper.sh("cat " .. quote(root .. "/workspace/pid")))
+      assert.is_true(helper.pid_alive(pid))
+      helper.sh("kill -KILL " .. runtime)
+      if helper.sh("cat " .. quote(out)) == "ready cgroup" then
+        assert.is_true(helper.eventually(function() return not helper.pid_alive(pid) end))
+        assert.equal("", helper.sh("pgrep -f 'sleep 432[1]'"))
+      else
+        -- proc mode (docs/processes.md): without a cgroup tree nothing
+        -- reaches a process that left its shell's session
+        helper.sh("kill -KILL " .. pid)
+      end
+    end)
+    os.remove(path)
+    helper.sh("rm -rf " .. quote(dir))
+  end)
+
   it("moonbox.versions() inside agrees with --version", function()
     local out, _, status = moonbox_cmd("-e", [[
       local v = require("moonbox").versions()

@@ -594,8 +594,66 @@ function M.await_removals(sleep, limit_ms)
   return removing_count == 0
 end
 
+-- A runtime ended by SIGKILL (or a crash) runs no cleanup. A namespaced
+-- sandbox dies with its init (PR_SET_PDEATHSIG); an unisolated one's
+-- commands that left their shell's session would live on. So while an
+-- unisolated sandbox exists, a guard runs: a shell outside our cgroups
+-- reading a pipe only the runtime holds. At its EOF (the runtime gone,
+-- however) it kills everything under our base cgroup. When the last such
+-- sandbox is destroyed, the pipe is closed and the guard awaited.
+local guard, guard_users = nil, 0
+function M.guard_base()
+  if M.mode() ~= "cgroup" then return true end
+  if not guard then
+    local g = { waiters = {} }
+    local proc, pipes, code = core.spawn {
+      args = { "moonbox-guard", "-c", 'read -r _; echo 1 > "$0/cgroup.kill"', base_dir },
+      file = "/bin/sh", env = { "PATH=/usr/bin:/bin" }, cwd = "/",
+      stdio = { [0] = "in" }, setsid = true,
+      on_exit = function()
+        g.exited = true
+        if guard == g then guard = nil end
+        for _, w in ipairs(g.waiters) do w() end
+      end,
+    }
+    if not proc then return nil, pipes, code end
+    g.pipe = pipes[0]
+    guard = g
+  end
+  guard_users = guard_users + 1
+  return true
+end
+
+local function close_guard(g)
+  if g.pipe then
+    g.pipe:close() -- EOF: it kills an already empty cgroup and exits
+    g.pipe = nil
+  end
+end
+
+-- unguard(): one unisolated sandbox fewer; after the last, the guard is
+-- closed and (in a task) awaited, so that no process of ours outlives it.
+function M.unguard()
+  if guard_users == 0 then return end
+  guard_users = guard_users - 1
+  local g = guard
+  if guard_users > 0 or not g then return end
+  guard = nil
+  close_guard(g)
+  local async = require "moonbox.async"
+  if g.exited or not async.in_task() then return end
+  async.await(function(resume)
+    local t = core.timer()
+    local function stop() if not t:is_closing() then t:close() end end
+    g.waiters[#g.waiters + 1] = function() stop() resume() end
+    t:start(2000, 0, function() stop() resume() end)
+    return stop
+  end, "runtime exit guard")
+end
+
 -- Shutdown: kill and remove everything under our base cgroup.
 function M.cleanup(sleep)
+  if guard then close_guard(guard) end
   if mode == "cgroup" and base_dir then
     M.await_removals(sleep)
     M.kill_cgroup(base_dir)

@@ -188,6 +188,13 @@ function M.getSandbox(id, opts)
   -- whatever fails from here takes back what getSandbox made (below)
   ok, err = pcall(function()
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
+  if isolation == "none" or unisolated then
+    local guarded, why, code = tree.guard_base()
+    if not guarded then
+      errors.raise("SANDBOX_START_FAILED", "cannot start the runtime's exit guard: " .. tostring(why), { errno = code })
+    end
+    self.guarded = true
+  end
   self.limits_state = limits.setup(self)
   if isolation ~= "none" and not unisolated then
     local network = opts.network or policy.network or "none"
@@ -265,6 +272,7 @@ function M.getSandbox(id, opts)
     if self.init then pcall(self.init.close, self.init) end
     if self.limits_state then limits.cleanup(self.limits_state, async.sleep) end
     if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
+    if self.guarded then tree.unguard() end
     root_mod.undo(lock, created)
     error(err, 0)
   end
@@ -910,6 +918,7 @@ function Sandbox:destroy(opts)
     remove_cgroups()
   end
   limits.cleanup(self.limits_state, async.sleep)
+  if self.guarded then tree.unguard() end
   root_mod.unlock(self.root_lock)
   if not locked then error(lock_err, 0) end
   if not removed then
