@@ -143,4 +143,37 @@ describe("lua/moonbox/types.lua", function()
       if not ok then error(err, 0) end
     end)
   end)
+  it("lists for every public method the parameters lib/arity.lua checks calls against", function()
+    local declared = {} -- "Class.name" -> "a, b"
+    for cls, name, params in types_text:gmatch("\nfunction ([%w_]+):([%w_]+)%(([^)]*)%)") do
+      if cls == "SessionMethods" then cls = "Session" end
+      declared[cls .. "." .. name] = params
+    end
+    local arity = require "moonbox.lib.arity"
+    local count = 0
+    for kind, methods in pairs(arity.params) do
+      for name, params in pairs(methods) do
+        count = count + 1
+        assert.equal(declared[kind .. "." .. name], table.concat(params, ", "), kind .. "." .. name)
+      end
+    end
+    for key in pairs(declared) do
+      local kind, name = key:match("^(%w+)%.(%w+)$")
+      if arity.params[kind] then assert.truthy(arity.params[kind][name], "lib/arity.lua lacks " .. key) end
+    end
+    assert.is_true(count >= 50)
+    -- and a call past them is refused, naming the argument
+    run_task(function()
+      local sb = helper.new_sandbox { isolation = "none" }
+      local ok, err = pcall(function()
+        sb:writeFile("f", "x")
+        local e = helper.error_of(sb.exists, sb, "f", "other-session")
+        assert.equal("VALIDATION_FAILED", e.code)
+        assert.equal("exists argument 2", e.context.field)
+        assert.is_true(sb:exists("f", nil).exists) -- a trailing nil is no argument
+      end)
+      sb:destroy()
+      if not ok then error(err, 0) end
+    end)
+  end)
 end)

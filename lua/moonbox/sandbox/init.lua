@@ -13,6 +13,7 @@ local util = require "moonbox.lib.util"
 local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
 local isolation_mod = require "moonbox.sandbox.isolation"
+local arity = require "moonbox.lib.arity"
 local fs = require "moonbox.lib.fs"
 local prewarm = require "moonbox.sandbox.prewarm"
 local root_mod = require "moonbox.sandbox.root"
@@ -943,6 +944,8 @@ end
 -- Session method (its parts' included) the sandbox does not define itself
 -- gets a forwarder, made here once both classes are complete.
 local Session = session_mod.Session
+arity.guard(Session, "Session")
+arity.guard(Sandbox, "Sandbox")
 for name, method in pairs(Session) do
   if type(name) == "string" and not name:match("^_") and type(method) == "function"
     and rawget(Sandbox, name) == nil then

@@ -558,10 +558,9 @@ function H.run_code(ctx)
   check_query(ctx)
   local s = ctx:session(true)
   local f = ctx:take { code = "string" }
-  local opts = ctx:rest()
-  -- a run whose client hung up is cancelled: its interpreter is killed and
-  -- the context's next run starts a fresh one (as after a timeout)
-  return 200, code_result(sse.while_connected(ctx.res, function() return s:runCode(f.code, opts) end))
+  -- (a run whose client hung up finishes in its context, as a code
+  -- stream's does: killing it would lose the context's state)
+  return 200, code_result(s:runCode(f.code, ctx:rest()))
 end
 
 function H.run_code_stream(ctx)

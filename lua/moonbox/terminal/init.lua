@@ -232,4 +232,7 @@ function M.install(class, hooks)
   compose.add(hooks, "sandbox_end", M.close_all)
 end
 
+
+require("moonbox.lib.arity").guard(Terminal, "Terminal")
+
 return M
