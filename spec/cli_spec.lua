@@ -87,6 +87,21 @@ describe("moonbox (the command)", function()
     assert.equals(1, status)
   end)
 
+  it("an uncaught error value of the script's own prints its text and where it was raised, exit 1", function()
+    for code, text in pairs {
+      ["error({code = 'X', message = 'boom'})"] = "X: boom",
+      ["error(setmetatable({}, {__tostring = function() return 'custom' end}))"] = "custom",
+      ["error({1, 2})"] = "(error object is a table value)",
+      ["require('moonbox').spawn(function() error({message = 'in a task'}) end):wait()"] = "in a task",
+    } do
+      local out, err, status = moonbox_cmd("-e", code)
+      assert.equals("", out)
+      assert.equals("moonbox: " .. text .. "\nstack traceback:\n", err:match("^.-\n.-\n"), code)
+      assert.matches("(command line):1:", err, 1, true)
+      assert.equals(1, status)
+    end
+  end)
+
   it("a failing task nobody waited for fails the run", function()
     local out, err, status = moonbox_cmd("-e", [[
       local m = require "moonbox"

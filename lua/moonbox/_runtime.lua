@@ -92,7 +92,21 @@ function M.main(chunk, drive, ...)
   if drive then
     watch_signals()
     local ok, err = xpcall(async.run, function(e)
-      if errors.is_error(e) or type(e) ~= "string" then return e end
+      if errors.is_error(e) then return e end
+      if type(e) ~= "string" then
+        -- an error value of the script's own: its text (as __tostring or a
+        -- {code, message} table gives it), then where its task raised it
+        local where = async.traceback_of(e)
+        local mt = getmetatable(e)
+        if type(e) == "table" and not (mt and mt.__tostring) and e.message ~= nil then
+          e = (e.code ~= nil and tostring(e.code) .. ": " or "") .. tostring(e.message)
+        elseif mt and mt.__tostring then
+          e = tostring(e)
+        else
+          e = ("(error object is a %s value)"):format(type(e))
+        end
+        if where then return e .. "\n" .. where end
+      end
       -- a task's error already carries the task's traceback: the runner's own adds nothing
       if e:find("\nstack traceback:\n", 1, true) then return e end
       return debug.traceback(e, 2)

@@ -19,6 +19,11 @@ local unpack = unpack -- LuaJIT
 local Task = {}
 Task.__index = Task
 
+-- error value (a table of the script's own) -> where its task raised it,
+-- for the CLI's report of an uncaught error; the value stays as raised
+local tracebacks = setmetatable({}, { __mode = "k" })
+function M.traceback_of(err) return tracebacks[err] end
+
 local function finish(task, ok, results)
   task.done, task.ok = true, ok
   live = live - 1
@@ -32,6 +37,8 @@ local function finish(task, ok, results)
       if not err.traceback then err.traceback = debug.traceback(task.co, "", 0):sub(2) end
     elseif type(err) == "string" or type(err) == "number" then
       err = debug.traceback(task.co, tostring(err), 0)
+    elseif type(err) == "table" and not tracebacks[err] then
+      tracebacks[err] = debug.traceback(task.co, "", 0):sub(2)
     end -- any other value (a table with its own code, ...) is kept as raised
     task.err = err
     if #task.waiters == 0 and not (errors.is_error(err) and err.code == "CANCELLED") then

@@ -13,7 +13,8 @@ describe("checkChanges", function()
       sb:mkdir("/workspace/d")
       fails("VALIDATION_FAILED", sb.checkChanges, sb, "/workspace/d", { since = "nonsense" })
       fails("VALIDATION_FAILED", sb.checkChanges, sb, "/workspace/d", { bogus = true })
-      fails("VALIDATION_FAILED", sb.checkChanges, sb, "/workspace/d", { include = "x" })
+      fails("VALIDATION_FAILED", sb.checkChanges, sb, "/workspace/d", { include = 5 })
+      assert.equal("unchanged", sb:checkChanges("/workspace/d", { include = "*.c" }).status) -- (as watch takes it)
       assert.matches("^checkChanges /workspace/missing: ", fails("FILE_NOT_FOUND", sb.checkChanges, sb,
         "/workspace/missing").message)
       local v = sb:checkChanges("/workspace/d").version
@@ -100,6 +101,14 @@ describe("checkChanges", function()
       assert.is_true(ok, tostring(r2))
       assert.equal("resync", r2.status)
       assert.equal("expired", r2.reason)
+      -- a version this runtime never made: restarted, with a state or without
+      for _, path in ipairs { "/workspace/d", "/workspace" } do
+        local r3 = s:checkChanges(path, { since = "changes-999999-1:0" })
+        assert.equal("resync", r3.status)
+        assert.equal("restarted", r3.reason)
+      end
+      -- options are checked also where a state exists already
+      assert.equal("VALIDATION_FAILED", helper.error_of(s.checkChanges, s, "/workspace/d", { recursive = "yes" }).code)
     end)
   end)
 

@@ -1023,6 +1023,14 @@ describe("files: gitCheckout", function()
     end)
   end)
 
+  it("names the directory as git does: repo/.git, repo.git and repo/ are repo", function()
+    local git = require "moonbox.files.git"
+    for _, url in ipairs { "/workspace/repo/.git", "file:///w/repo/.git/", "https://h/x/repo.git", "/w/repo/",
+                           "git@h:o/repo.git" } do
+      assert.equal("repo", git.check_git_url(url), url)
+    end
+  end)
+
   it("maps git's messages to error codes", function()
     local cases = {
       { "fatal: Remote branch x not found in upstream origin", "GIT_BRANCH_NOT_FOUND" },

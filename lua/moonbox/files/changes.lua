@@ -20,6 +20,7 @@ M.MAX_STATES = 64 -- kept watches per sandbox; past it the least recently used g
 
 local states = setmetatable({}, { __mode = "k" }) -- sandbox -> key -> state
 local made = 0
+local loaded_ms = util.now_ms() -- every state id this runtime makes is stamped at or after it
 
 local function key_of(session, path, recursive, include, exclude)
   local abs = path
@@ -30,6 +31,7 @@ end
 
 local function list_option(v, field)
   if v == nil then return nil end
+  if type(v) == "string" then v = { v } end -- (as watch takes it)
   if type(v) ~= "table" then V.fail(field, "expected an array of glob strings") end
   for i, g in ipairs(v) do V.type(g, "string", ("%s[%d]"):format(field, i)) end
   return v
@@ -48,6 +50,9 @@ function Session:checkChanges(path, opts)
   V.path(path)
   opts = V.options(opts, { since = true, recursive = true, include = true, exclude = true }, "checkChanges options")
   V.type(opts.since, "string", "since", true)
+  V.type(opts.recursive, "boolean", "recursive", true)
+  local since_id, since_count
+  if opts.since ~= nil then since_id, since_count = parse_version(opts.since) end
   local include, exclude = list_option(opts.include, "include"), list_option(opts.exclude, "exclude")
   local sb, now = self.sandbox, util.now_ms()
   states[sb] = states[sb] or {}
@@ -61,7 +66,7 @@ function Session:checkChanges(path, opts)
     end
   end
   local key = key_of(self, path, opts.recursive == true, include, exclude)
-  local st, created = all[key], false
+  local st = all[key]
   if st then
     async.sleep(0) -- one turn of the loop: changes already made are queued
     local n, ended = st.iter.drain()
@@ -85,7 +90,7 @@ function Session:checkChanges(path, opts)
       { recursive = opts.recursive, include = include, exclude = exclude }, "checkChanges")
     made = made + 1
     st = { id = ("changes-%d-%d"):format(made, now), count = 0, iter = iter }
-    all[key], created = st, true
+    all[key] = st
   end
   st.used = now
   local version = ("%s:%d"):format(st.id, st.count)
@@ -94,9 +99,12 @@ function Session:checkChanges(path, opts)
     r.status = "unchanged"
     return r
   end
-  local id, count = parse_version(opts.since)
+  local id, count = since_id, since_count
   if id ~= st.id then
-    r.status, r.reason = "resync", created and "expired" or "restarted"
+    -- expired: a state this runtime made, gone since; restarted: not ours
+    local n, stamp = id:match("^changes%-(%d+)%-(%d+)$")
+    local ours = n and tonumber(n) <= made and tonumber(stamp) >= loaded_ms
+    r.status, r.reason = "resync", ours and "expired" or "restarted"
   elseif count > st.count then
     errors.raise("VALIDATION_FAILED", "since refers to a newer version than the current state",
       { since = opts.since, version = version })

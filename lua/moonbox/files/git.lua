@@ -35,7 +35,9 @@ local function check_git_url(url)
   elseif not (url:match("^[%w._-]+@[%w._-]+:.") or url:sub(1, 1) == "/") then
     invalid_url(url, "expected scheme://host/path, user@host:path or an absolute path")
   end
-  local name = url:gsub("[/\\]+$", ""):gsub("%.git$", ""):match("([^/:]+)$")
+  -- (as git names the directory: "repo/.git", "repo.git" and "repo/" are "repo")
+  local name = url:gsub("[/\\]+$", ""):gsub("/%.git$", ""):gsub("[/\\]+$", ""):gsub("%.git$", "")
+    :match("([^/:]+)$")
   if not name or name == "." or name == ".." then invalid_url(url, "no repository name in it") end
   return name
 end

@@ -271,12 +271,18 @@ local function proc_pass(sb, session_id)
 end
 
 -- kill(signal); scan: a tree.proc_table() to reuse.
-function Process:_kill(signal, scan)
+-- signal name or number -> its number; anything else is VALIDATION_FAILED
+local function check_signal(signal)
   if signal ~= nil and type(signal) ~= "string" and type(signal) ~= "number" then
     V.fail("signal", "expected a signal name or number")
   end
   local ok, signum = pcall(core.signum, signal or "SIGTERM")
   if not ok then V.fail("signal", ("unknown signal %s"):format(tostring(signal))) end
+  return signum
+end
+
+function Process:_kill(signal, scan)
+  local signum = check_signal(signal)
   -- one /proc pass (proc mode) for the check and the signal
   if not scan and in_proc_tree(self) then scan = tree.proc_table() end
   if not self:_alive(scan) then return { success = false, processId = self.id, status = self.status } end
@@ -377,6 +383,7 @@ function Process:waitForLog(pattern, timeout_ms, opts)
   if pattern == "" then V.fail("pattern", "pattern is empty") end
   V.timeout(timeout_ms, "timeoutMs")
   opts = V.options(opts, { plain = true }, "waitForLog options")
+  V.type(opts.plain, "boolean", "plain", true)
   local cfg = M.LOG_SEARCH
   if #pattern > cfg.maxPatternBytes then
     V.fail("pattern", ("pattern is longer than %d bytes"):format(cfg.maxPatternBytes))
@@ -546,6 +553,7 @@ function Session:startProcess(command, opts)
   V.timeout(opts.timeout, "timeout")
   V.type(opts.stdin, "string", "stdin", true)
   V.type(opts.processId, "string", "processId", true)
+  V.type(opts.autoCleanup, "boolean", "autoCleanup", true)
   for _, cb in ipairs { "onOutput", "onExit", "onStart" } do V.type(opts[cb], "function", cb, true) end
   local cwd = self.cwd
   if opts.cwd ~= nil then
@@ -781,6 +789,7 @@ end
 
 function Session:killAllProcesses(signal)
   self:_check_live()
+  check_signal(signal) -- (also when nothing runs to send it to)
   -- a process whose own pid ended counts while its tree lives
   local n, scan, signalled = 0, proc_pass(self.sandbox), {}
   for _, p in pairs(self.sandbox.processes) do

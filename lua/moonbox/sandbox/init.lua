@@ -80,7 +80,13 @@ function M.getSandbox(id, opts)
   if opts.isolation == nil and policy.isolation then isolation = policy.isolation end
   local env = V.env(opts.env, "env") or {}
   if opts.root ~= nil then V.path(opts.root, "root") end
-  if registry[id] then return registry[id] end
+  local live = registry[id]
+  if live then
+    if opts.root ~= nil and root_mod.canonical(opts.root) ~= live.root_canon then
+      V.fail("root", ("sandbox %q is live with its root at %s, not %s"):format(id, live.root, opts.root))
+    end
+    return live
+  end
   local home = default_home()
   local default_root = home .. "/sandboxes/" .. id
   local root = opts.root and V.path(opts.root, "root") or default_root
@@ -120,6 +126,10 @@ function M.getSandbox(id, opts)
   end
   -- the root: checked, made, locked (docs/api.md "Sandbox roots")
   local canon = root_mod.check(root, home, default_root)
+  if root:sub(1, 1) ~= "/" then -- (relative to our cwd: info() says where)
+    root = canon
+    workspace = root .. "/workspace"
+  end
   local created = {}
   local ok, err = root_mod.mkdir_p(canon, created)
   if not ok then
@@ -192,7 +202,9 @@ function M.getSandbox(id, opts)
   if isolation == "none" or unisolated then
     local guarded, why, code = tree.guard_base()
     if not guarded then
-      errors.raise("SANDBOX_START_FAILED", "cannot start the runtime's exit guard: " .. tostring(why), { errno = code })
+      -- (fail closed: it is what kills this sandbox's processes should the runtime die)
+      errors.raise("ISOLATION_UNAVAILABLE", "cannot start the runtime's exit guard: " .. tostring(why),
+        { isolation = "none", errno = code })
     end
     self.guarded = true
   end
@@ -846,8 +858,9 @@ end
 -- nothing left to kill or look for. Without either, each part kills its own
 -- tree. The cgroups are removed while the thread pool removes the files.
 function Sandbox:destroy(opts)
-  if self.destroyed then return { success = true, id = self.id } end
   opts = V.options(opts, { keepFiles = true }, "destroy options")
+  V.type(opts.keepFiles, "boolean", "keepFiles", true)
+  if self.destroyed then return { success = true, id = self.id } end
   self.destroyed = true
   self.destroying = true
   registry[self.id] = nil
