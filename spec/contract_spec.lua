@@ -92,6 +92,25 @@ describe("contract: commands", function()
     end)
   end)
 
+  it("refuses a boolean option of another type, and a bad signal with nothing to send it to", function()
+    with_sandbox(function(sb)
+      local err = error_of(sb.startProcess, sb, "true", { autoCleanup = "false" })
+      assert.equal("VALIDATION_FAILED", err.code)
+      assert.equal("autoCleanup", err.context.field)
+      assert.same({}, sb:listProcesses()) -- nothing ran
+      local p = sb:startProcess("echo a.b")
+      p:waitForExit(10000)
+      assert.equal("plain", error_of(p.waitForLog, p, "a.", 1000, { plain = "no" }).context.field)
+      assert.equal("keepFiles", error_of(sb.destroy, sb, { keepFiles = "no" }).context.field)
+      sb:cleanupCompletedProcesses()
+      assert.equal("signal", error_of(sb.killAllProcesses, sb, "NOPE").context.field)
+      -- a live sandbox's root: the same one, or a mistake
+      local moonbox = require "moonbox"
+      assert.equal(sb, moonbox.getSandbox(sb.id, { root = sb:info().root }))
+      assert.equal("root", error_of(moonbox.getSandbox, sb.id, { root = "/" }).context.field)
+    end)
+  end)
+
   it("keeps the session working after a user's ERR or DEBUG trap", function()
     with_sandbox(function(sb)
       sb:exec("V=kept; trap 'echo ERR' ERR")
