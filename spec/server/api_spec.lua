@@ -690,6 +690,11 @@ describe("api code contexts", function()
       _, r, _, raw = call("POST", "/code", { body = { code = "x + 1", context = "calc" } })
       assert.equal("21", r.results[1].text)
       assert.truthy(raw:find('"stderr":[]', 1, true))
+      -- output that is not UTF-8: the array in base64, and a sibling says so
+      _, r = call("POST", "/code", { body = { code = "io.write('\\255ok')", context = "calc" } })
+      assert.equal("base64", r.logs.stdoutEncoding)
+      assert.equal("\255ok", core.base64_decode(r.logs.stdout[1]))
+      assert.is_nil(r.logs.stderrEncoding)
       local events
       status, events = call("POST", "/code/stream", { body = { code = "print('a')\nx", context = "calc" } })
       assert.equal(200, status)

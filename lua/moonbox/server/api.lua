@@ -4,6 +4,7 @@
 -- api.handle(req, res) is the request handler for moonbox.server.http; it
 -- runs as a task per request. Sandboxes are made on first use, like
 -- moonbox.getSandbox, and live as long as the server. Docs: docs/http-api.md.
+local core = require "moonbox.core"
 local moonbox = require "moonbox"
 local sandbox_mod = require "moonbox.sandbox"
 local errors = require "moonbox.errors"
@@ -210,7 +211,20 @@ local function process_info(p)
     oomKilled = p.oomKilled }
 end
 
+-- logs.stdout/stderr are arrays of raw chunks: one that is not UTF-8 puts
+-- the whole array in base64, and logs.stdoutEncoding/stderrEncoding say so
 local function code_result(r)
+  for _, stream in ipairs { "stdout", "stderr" } do
+    local list = r.logs[stream]
+    local binary = false
+    for _, s in ipairs(list) do
+      if type(s) == "string" and not core.utf8_valid(s) then binary = true end
+    end
+    if binary then
+      for i, s in ipairs(list) do list[i] = core.base64_encode(s) end
+      r.logs[stream .. "Encoding"] = "base64"
+    end
+  end
   json.array(r.logs.stdout)
   json.array(r.logs.stderr)
   json.array(r.results)
