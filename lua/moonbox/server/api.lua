@@ -140,6 +140,7 @@ end
 
 -- Query parameters: only those named in allowed (sessionId always).
 local function check_query(ctx, allowed)
+  if ctx.req.queryConflict then V.fail(ctx.req.queryConflict, "query parameter given twice, with different values") end
   for k in pairs(ctx.query) do
     if k ~= "sessionId" and not (allowed and allowed[k]) then V.fail(k, "unknown query parameter") end
   end

@@ -57,15 +57,17 @@ end
 M.url_decode = url_decode
 
 -- lws hands the query as decoded "name=value" fragments.
+-- -> query (name -> the first value), the raw query, and the first name
+-- given twice with different values (the API refuses such a request)
 local function parse_args(args)
-  local query, raw = {}, {}
+  local query, raw, conflict = {}, {}, nil
   for i, frag in ipairs(args) do
     raw[i] = frag
     local k, v = frag:match("^([^=]*)=(.*)$")
     if not k then k, v = frag, "" end
-    if query[k] == nil then query[k] = v end
+    if query[k] == nil then query[k] = v elseif query[k] ~= v then conflict = conflict or k end
   end
-  return query, table.concat(raw, "&")
+  return query, table.concat(raw, "&"), conflict
 end
 
 -- The path lws 4.1 makes of a request target: percent-decoded as a whole,
@@ -328,11 +330,11 @@ end
 
 function Server:_on_event(kind, id, a, b)
   if kind == "request" then
-    local query, raw = parse_args(a.args)
+    local query, raw, conflict = parse_args(a.args)
     local srv = self._core
     local raw_path, raw_target = M.raw_path(a.raw_line, a.method, a.path)
     local req = {
-      method = a.method, path = a.path, query = query, rawQuery = raw,
+      method = a.method, path = a.path, query = query, rawQuery = raw, queryConflict = conflict,
       rawPath = raw_path, rawTarget = raw_target,
       headers = setmetatable(a.headers, { __index = function(_, name)
         return type(name) == "string" and srv:header(id, name:lower()) or nil

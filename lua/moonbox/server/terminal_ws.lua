@@ -111,12 +111,24 @@ end
 
 -- precheck(req) -> the refusal of a request that can be refused before
 -- anything is looked up or made (no WebSocket upgrade, bad sizes), or nil.
+local TERMINAL_QUERY = { cols = true, rows = true, access_token = true, token = true }
+
 function M.precheck(req)
   if not req.websocket then
     return fail_response(426, "VALIDATION_FAILED", "this endpoint speaks WebSocket: send Upgrade: websocket")
   end
   if not size_param(req, "cols", 80) or not size_param(req, "rows", 24) then
     return fail_response(400, "VALIDATION_FAILED", "cols and rows must be integers 1-65535")
+  end
+  if req.queryConflict then
+    return fail_response(400, "VALIDATION_FAILED", req.queryConflict .. ": query parameter given twice, with different values",
+      { field = req.queryConflict })
+  end
+  for k in pairs(req.query or {}) do
+    -- (access_token, token: a browser's WebSocket cannot send Authorization)
+    if not TERMINAL_QUERY[k] then
+      return fail_response(400, "VALIDATION_FAILED", k .. ": unknown query parameter", { field = k })
+    end
   end
   return nil
 end
