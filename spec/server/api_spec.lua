@@ -795,7 +795,8 @@ describe("api sandbox", function()
       status = request("GET", base .. "/sessions/default/terminal", { websocket = true, query = { cols = "0" } })
       assert.equal(400, status)
       -- an unknown query parameter, as on every other route
-      local _, refused = request("GET", base .. "/sessions/default/terminal", { websocket = true, query = { bogus = "1" } })
+      local _, refused = request("GET", base .. "/sessions/default/terminal",
+        { websocket = true, query = { bogus = "1" } })
       assert.same({ "VALIDATION_FAILED", "bogus" }, { refused.code, refused.context.field })
       assert_error(404, "SANDBOX_NOT_FOUND", request("GET", base .. "/sessions/build/terminal", { websocket = true }))
       assert_error(404, "SANDBOX_NOT_FOUND", request("GET", base))

@@ -121,8 +121,8 @@ function M.precheck(req)
     return fail_response(400, "VALIDATION_FAILED", "cols and rows must be integers 1-65535")
   end
   if req.queryConflict then
-    return fail_response(400, "VALIDATION_FAILED", req.queryConflict .. ": query parameter given twice, with different values",
-      { field = req.queryConflict })
+    return fail_response(400, "VALIDATION_FAILED",
+      req.queryConflict .. ": query parameter given twice, with different values", { field = req.queryConflict })
   end
   for k in pairs(req.query or {}) do
     -- (access_token, token: a browser's WebSocket cannot send Authorization)
