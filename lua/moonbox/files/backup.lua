@@ -207,6 +207,10 @@ function Sandbox:createBackup(opts)
     V.fail("gitignore", "not supported: list what to leave out in excludes")
   end
   local s = self:getSession("default")
+  -- (the caller's mistake, before mksquashfs would fail on it as ours)
+  if not s:exists(dir).exists then
+    errors.raise("FILE_NOT_FOUND", ("createBackup: %s does not exist"):format(dir), { path = dir })
+  end
   local id = random_id()
   check("FILESYSTEM_ERROR", sandbox_mod.mkdir_p(dir_of_backups()))
   local tmp = "/workspace/.moonbox-backup-" .. id .. ".sqsh"
