@@ -45,7 +45,7 @@ describe("backups", function()
       fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "relative" })
       fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "/workspace", bogus = 1 })
       fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "/workspace", ttl = 0 })
-      fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "/workspace", gitignore = true })
+      fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "/workspace", gitignore = "yes" })
       fails("VALIDATION_FAILED", sb.createBackup, sb, { dir = "/workspace", excludes = "x" })
       fails("INVALID_BACKUP_CONFIG", sb.createBackup, sb, { dir = "/workspace", compression = "brotli" })
       fails("VALIDATION_FAILED", sb.restoreBackup, sb, "../x")
@@ -60,6 +60,24 @@ describe("backups", function()
       fails("FILE_NOT_FOUND", sb.createBackup, sb, { dir = "/workspace/none" })
       assert.equal(before, #moonbox.listBackups())
       assert.equal("", sh(sb, "ls -A"))
+    end)
+  end)
+
+  it("gitignore = true leaves out what git ignores there; outside a git work tree nothing", function()
+    with_sandbox(function(sb)
+      sh(sb, "mkdir -p r/build r/src && cd r && git init -q && printf 'build/\\n*.log\\nweird*\\n' > .gitignore"
+        .. " && echo x > build/out && echo y > src/a.c && echo z > src/debug.log && echo w > 'weird[1]'"
+        .. " && echo k > keep.txt && mkdir -p ../plain && echo 1 > ../plain/f.log")
+      local b = sb:createBackup { dir = "/workspace/r", gitignore = true }
+      local p = sb:createBackup { dir = "/workspace/plain", gitignore = true }
+      sh(sb, "rm -rf r/* plain")
+      sb:restoreBackup(b)
+      sb:restoreBackup(p)
+      assert.equal("./.gitignore\n./keep.txt\n./src\n./src/a.c\n",
+        sh(sb, "cd r && find . -mindepth 1 -path ./.git -prune -o -print | sort"))
+      assert.equal("1\n", sh(sb, "cat plain/f.log"))
+      moonbox.deleteBackup(b.id)
+      moonbox.deleteBackup(p.id)
     end)
   end)
 

@@ -326,11 +326,8 @@ function H.backup_create(ctx)
     local f = ctx:take { dir = "string", archivePath = "string", gitignore = "boolean?", excludes = "table?",
       compression = "string?", compressThreads = "number?" }
     finish_body(ctx)
-    if f.gitignore then
-      errors.raise("INVALID_BACKUP_CONFIG", "gitignore is not supported here: list what to leave out in excludes", {})
-    end
     local r = require("moonbox.files.backup").archive(s, f.dir, f.archivePath,
-      { excludes = f.excludes, compression = f.compression })
+      { excludes = f.excludes, compression = f.compression, gitignore = f.gitignore })
     return 200, { success = true, sizeBytes = r.sizeBytes, archivePath = r.archivePath, timestamp = now() }
   end)
 end
