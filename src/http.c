@@ -1133,6 +1133,11 @@ static int on_lws(struct lws *wsi, enum lws_callback_reasons reason, void *user,
     long long length = 0;
     if (lws_hdr_copy(wsi, cl, sizeof cl, WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0) length = atoll(cl);
     int chunked = lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0;
+    /* "Connection: close" is the client's to ask (RFC 9112 9.6); lws 4.1
+     * honours it only on some paths (not a POST without a length) */
+    char connection[64];
+    if (lws_hdr_copy(wsi, connection, sizeof connection, WSI_TOKEN_CONNECTION) > 0 && strcasestr(connection, "close"))
+      c->close_after = 1;
     if (c->over) {
       c->close_after = 1; /* answered 503 without reading a body */
       if (length > 0) c->too_large = 1;

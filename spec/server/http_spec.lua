@@ -163,6 +163,20 @@ describe("moonbox.server.http", function()
     end)
   end)
 
+  it("closes after the response when the client asks (Connection: close), also a POST without a body", function()
+    with_server({}, function() return { status = 200, body = "ok" } end, function(server)
+      for _, head in ipairs { "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                              "POST / HTTP/1.1\r\nHost: x\r\nConnection: Close\r\nContent-Length: 0\r\n\r\n",
+                              "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" } do
+        local conn = client.connect(port_of(server))
+        conn:send(head)
+        assert.equal(200, (conn:response()))
+        assert.is_true(conn:wait_eof(), head) -- (the idle timeout is 30 s, the wait 10)
+        conn:close()
+      end
+    end)
+  end)
+
   it("gives the handler the path as sent (req.rawPath): %2F and dot segments kept, also when kept alive", function()
     local seen = {}
     with_server({}, function(req)
