@@ -60,3 +60,12 @@ describe("env values", function()
     end)
   end)
 end)
+
+describe("commands", function()
+  it("say what is wrong with a table that is no argv array", function()
+    assert.equals("command: argv is empty", refused(V.command, {}))
+    assert.equals("command: expected an argv array (1-based, no other keys)", refused(V.command, { ["1"] = "echo" }))
+    assert.equals("command[2]: expected a string", refused(V.command, { "echo", true }))
+  end)
+end)
+

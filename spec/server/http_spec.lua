@@ -698,6 +698,8 @@ describe("moonbox serve", function()
       -- health answers without a token, and says nothing else
       local healthz = curl("-i", url .. "/healthz")
       local readyz = curl(url .. "/readyz")
+      local post = curl("-X", "POST", url .. "/healthz")
+      local double = curl("-H", "Authorization: Bearer " .. token, url .. "/v1/sandboxes/x//sessions")
       assert.equal(0, stop())
       assert.same({ "401", "401", "401", "401", "401", "401" }, codes)
       assert.matches("^HTTP/1%.1 200", page)
@@ -709,6 +711,8 @@ describe("moonbox serve", function()
       assert.matches("^HTTP/1%.1 200", healthz)
       assert.equal('{"status":"ok"}\n', healthz:match("\r\n\r\n(.*)$"))
       assert.equal('{"status":"ready"}\n', readyz)
+      assert.same({ "GET", "HEAD" }, cjson.decode(post).context.allow)
+      assert.equal("/v1/sandboxes/x//sessions", cjson.decode(double).context.path) -- as sent
     end)
   end)
 

@@ -149,7 +149,9 @@ function M.command(cmd, field)
     if cmd:find("\0", 1, true) then fail(field, "contains a NUL byte") end
     return cmd
   elseif type(cmd) == "table" then
-    if #cmd == 0 then fail(field, "argv is empty") end
+    if #cmd == 0 then
+      fail(field, next(cmd) == nil and "argv is empty" or "expected an argv array (1-based, no other keys)")
+    end
     for i = 1, #cmd do
       if type(cmd[i]) ~= "string" and type(cmd[i]) ~= "number" then
         fail(("%s[%d]"):format(field, i), "expected a string")

@@ -633,8 +633,10 @@ local function dispatch(req, res)
         { method = req.method, allow = json.array(allow) }))
       return reply(status, body, { allow = table.concat(allow, ", ") })
     end
+    -- (the path as sent: routing is on it, "//sessions" included)
+    local path = req.rawPath or req.path
     local status, body = api_errors.body(errors.new("NOT_FOUND", ("no route for %s %s"):format(
-      tostring(req.method), tostring(req.path)), { method = req.method, path = req.path }))
+      tostring(req.method), tostring(path)), { method = req.method, path = path }))
     return reply(status, body)
   end
   req.route = route.pattern -- for the access log and /metrics (moonbox.server.service)

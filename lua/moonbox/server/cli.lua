@@ -84,9 +84,9 @@ function M.constant_time_equal(a, b)
   return diff == 0
 end
 
-local function json_response(status, code, message)
+local function json_response(status, code, message, context)
   return { status = status, headers = { ["content-type"] = "application/json" },
-    body = cjson.encode({ code = code, message = message, context = {}, httpStatus = status }) }
+    body = cjson.encode({ code = code, message = message, context = context or {}, httpStatus = status }) }
 end
 
 local function is_page(req)
@@ -138,7 +138,7 @@ end
 local function health_route(req)
   if req.path ~= "/healthz" and req.path ~= "/readyz" then return nil end
   if req.method ~= "GET" and req.method ~= "HEAD" then
-    local r = json_response(405, "METHOD_NOT_ALLOWED", "GET only")
+    local r = json_response(405, "METHOD_NOT_ALLOWED", "GET only", { allow = { "GET", "HEAD" } })
     r.headers.allow = "GET, HEAD"
     return r
   end
@@ -239,7 +239,7 @@ function M.app(opts)
     if req.path == "/metrics" and app.service and app.server then
       req.route = "/metrics"
       if req.method ~= "GET" and req.method ~= "HEAD" then
-        local r = json_response(405, "METHOD_NOT_ALLOWED", "GET only")
+        local r = json_response(405, "METHOD_NOT_ALLOWED", "GET only", { allow = { "GET", "HEAD" } })
         r.headers.allow = "GET, HEAD"
         return r
       end
