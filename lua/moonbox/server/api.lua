@@ -67,6 +67,12 @@ local function creates(req)
   return req.method ~= "GET" and req.method ~= "HEAD" and req.method ~= "DELETE"
 end
 
+-- The request's sandbox is live, or kept on disk (made again on use).
+function Ctx:sandbox_exists()
+  local id = self.params.id
+  return self._sandbox ~= nil or sandbox_mod.all()[id] ~= nil or util.is_dir(sandbox_root(id))
+end
+
 function Ctx:sandbox()
   if not self._sandbox then
     local id = self.params.id

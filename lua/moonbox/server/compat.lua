@@ -239,7 +239,16 @@ function H.process_start(ctx)
   end)
 end
 
+-- A read or DELETE of a sandbox that does not exist makes none (API.md:
+-- reads never create a sandbox); it answers as the empty sandbox would.
+local function absent(ctx) return not ctx.may_create and not ctx:sandbox_exists() end
+
+local function no_process(id)
+  errors.raise("PROCESS_NOT_FOUND", ("process %q does not exist"):format(id), { processId = id })
+end
+
 function H.process_list(ctx)
+  if absent(ctx) then return 200, { success = true, processes = json.array(), count = 0, timestamp = now() } end
   local list = json.array()
   for i, p in ipairs(default_session(ctx):listProcesses()) do list[i] = process_info(p) end
   return 200, { success = true, processes = list, count = #list, timestamp = now() }
@@ -247,6 +256,7 @@ end
 
 function H.process_get(ctx)
   local id = process_id(ctx)
+  if absent(ctx) then no_process(id) end
   local p = default_session(ctx):getProcess(id)
   if not p then errors.raise("PROCESS_NOT_FOUND", ("process %q does not exist"):format(id), { processId = id }) end
   return 200, { success = true, process = process_info(p), timestamp = now() }
@@ -254,17 +264,19 @@ end
 
 function H.process_kill(ctx)
   local id = process_id(ctx)
+  if absent(ctx) then no_process(id) end
   local r = default_session(ctx):killProcess(id)
   return 200, { success = r.success ~= false, processId = id, signal = r.signal, timestamp = now() }
 end
 
 function H.process_kill_all(ctx)
-  local n = default_session(ctx):killAllProcesses()
+  local n = absent(ctx) and 0 or default_session(ctx):killAllProcesses()
   return 200, { success = true, cleanedCount = n, killedCount = n, timestamp = now() }
 end
 
 function H.process_logs(ctx)
   local id = process_id(ctx)
+  if absent(ctx) then no_process(id) end
   local r = default_session(ctx):getProcessLogs(id)
   return 200, { success = true, processId = id, stdout = r.stdout, stderr = r.stderr, truncated = r.truncated,
     timestamp = now() }
@@ -293,6 +305,7 @@ end
 
 function H.context_list(ctx)
   local list = json.array()
+  if absent(ctx) then return 200, { success = true, contexts = list, timestamp = now() } end
   for i, c in ipairs(default_session(ctx):listCodeContexts()) do
     list[i] = { id = c.id, language = c.language, cwd = c.cwd }
   end
@@ -301,6 +314,9 @@ end
 
 function H.context_delete(ctx)
   local id = router_mod.check_id(ctx.params.contextId, "contextId")
+  if absent(ctx) then
+    errors.raise("CONTEXT_NOT_FOUND", ("code context %q does not exist"):format(id), { contextId = id })
+  end
   default_session(ctx):deleteCodeContext(id)
   return 200, { success = true, contextId = id, timestamp = now() }
 end
@@ -355,9 +371,10 @@ function M.install(router)
   local streams = require "moonbox.server.compat_sse"
   local function wrap(fn)
     return function(ctx)
-      -- the protocol has no missing container: every route, reads too, makes
-      -- the sandbox on first use (/v1's reads find existing ones only)
-      ctx.may_create = true
+      -- writes make the sandbox on first use; reads and DELETEs never do
+      -- (they answer as the empty sandbox would, absent() above), except
+      -- /commands, which asks the sandbox's own shell
+      if fn == H.commands then ctx.may_create = true end
       local ok, status, value = pcall(fn, ctx)
       if not ok then return M.reply(M.error_body(status)) end
       if status == nil then return nil end -- streamed
