@@ -247,13 +247,19 @@ describe("moonbox.all", function()
     end)
   end)
 
-  it("with several failures raises the one listed first", function()
+  it("with several failures raises the first in time, as Promise.all rejects with", function()
     run_task(function()
       local ok, err = pcall(moonbox.all,
-        function() moonbox.sleep(20) errors.raise("E_FIRST", "listed first, fails last") end,
+        function() moonbox.sleep(50) errors.raise("E_FIRST", "listed first, fails last") end,
         function() moonbox.sleep(1) errors.raise("E_SECOND", "fails first") end)
       assert.is_false(ok)
-      assert.equals("E_FIRST", err.code)
+      assert.equals("E_SECOND", err.code)
+      -- one that fails at once, before its turn to be waited for
+      ok, err = pcall(moonbox.all,
+        function() moonbox.sleep(5) error("late") end,
+        function() error("at once") end)
+      assert.is_false(ok)
+      assert.matches("at once", err)
     end)
   end)
 

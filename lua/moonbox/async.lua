@@ -24,8 +24,12 @@ Task.__index = Task
 local tracebacks = setmetatable({}, { __mode = "k" })
 function M.traceback_of(err) return tracebacks[err] end
 
+local finished = 0 -- tasks finished so far: the order all() reports errors in
+
 local function finish(task, ok, results)
   task.done, task.ok = true, ok
+  finished = finished + 1
+  task.finish_seq = finished
   live = live - 1
   live_tasks[task] = nil
   if ok then
@@ -171,10 +175,12 @@ function M.all(...)
   local fns = select("#", ...) == 1 and type((...)) == "table" and (...) or { ... }
   local tasks = {}
   for i, fn in ipairs(fns) do tasks[i] = M.spawn(fn) end
-  local results, first_err = {}, nil
+  -- (the first error in time, as Promise.all rejects with)
+  local results, first_err, first_seq = {}, nil, math.huge
   for i, t in ipairs(tasks) do
     local ok, r = pcall(t.wait, t)
-    if ok then results[i] = r elseif first_err == nil then first_err = r end
+    local seq = t.finish_seq or math.huge
+    if ok then results[i] = r elseif first_err == nil or seq < first_seq then first_err, first_seq = r, seq end
     if not ok and not t.done then
       -- the wait itself failed: we were cancelled, and so is the rest
       for _, u in ipairs(tasks) do u:cancel() end
