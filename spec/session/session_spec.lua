@@ -52,6 +52,30 @@ describe("session validation", function()
     end)
   end)
 
+  it("deleteSession ends the session's terminals and code contexts with everything else it started", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession { id = "gone" }
+      local keep = sb:createSession { id = "kept" }
+      local t, other = s:terminal {}, keep:terminal {}
+      t:write("sleep 1001 & echo $! > t.pid\n")
+      local ctx = s:createCodeContext { language = "lua" }
+      local kept_ctx = keep:createCodeContext { language = "lua" }
+      assert.is_nil(s:runCode("x = 1", { context = ctx }).error)
+      assert.is_true(helper.eventually(function() return sb:exists("t.pid").exists end))
+      local job = tonumber(sb:readFile("t.pid").content)
+      sb:deleteSession("gone")
+      assert.equal(137, t:wait())
+      assert.is_false(helper.pid_alive(job, sb))
+      assert.equal("CONTEXT_NOT_FOUND", helper.error_of(keep.runCode, keep, "x", { context = ctx.id }).code)
+      -- the other session's are untouched
+      assert.equal("2", keep:runCode("1 + 1", { context = kept_ctx }).results[1].text)
+      other:write("echo still-$((6*7))\n")
+      local seen = ""
+      assert.is_true(helper.eventually(function() seen = seen .. (other:read() or "") return seen:find("still%-42") end))
+      other:close()
+    end)
+  end)
+
   it("deleteSession('default') resets it: its shell, jobs and processes die, the next call gets a fresh one", function()
     with_sandbox(function(sb)
       -- never used: nothing to kill, and nothing is created by it

@@ -164,6 +164,16 @@ local function public(ctx)
     sessionId = ctx.sessionId }
 end
 
+-- ctx is gone from its sandbox (CONTEXT_NOT_FOUND from now on), its interpreter killed
+local function drop_context(sb, ctx)
+  sb.contexts[ctx.id] = nil
+  if sb.default_contexts and sb.default_contexts[ctx.language] == ctx.id then
+    sb.default_contexts[ctx.language] = nil
+  end
+  ctx.deleted = true
+  if ctx.kernel then ctx.kernel:kill() end
+end
+
 local function ensure_kernel(ctx)
   if ctx.kernel and not ctx.kernel.dead then return ctx.kernel end
   ctx.generation = ctx.generation + 1
@@ -235,12 +245,7 @@ end
 function Session:deleteCodeContext(ref)
   self:_check_live()
   local ctx = find_context(self.sandbox, ref)
-  self.sandbox.contexts[ctx.id] = nil
-  if self.sandbox.default_contexts and self.sandbox.default_contexts[ctx.language] == ctx.id then
-    self.sandbox.default_contexts[ctx.language] = nil
-  end
-  ctx.deleted = true
-  if ctx.kernel then ctx.kernel:kill() end
+  drop_context(self.sandbox, ctx)
   return { success = true, contextId = ctx.id }
 end
 
@@ -445,10 +450,22 @@ function M.kill_all(sb)
   end
 end
 
+-- deleteSession(id): the interpreters of the contexts the session made go
+-- with everything else it started (their ids are CONTEXT_NOT_FOUND after)
+function M.kill_session(sb, session_id)
+  if session_id == nil then return end -- (destroy: kill_all, once the sessions are gone)
+  local mine = {}
+  for _, ctx in pairs(sb.contexts or {}) do
+    if ctx.sessionId == session_id then mine[#mine + 1] = ctx end
+  end
+  for _, ctx in ipairs(mine) do drop_context(sb, ctx) end
+end
+
 -- A part of Session (lib/compose.lua): the code calls; a sandbox's
--- interpreters stop once its sessions are gone.
+-- interpreters stop once its sessions are gone, a session's with it.
 function M.install(class, hooks)
   compose.methods(class, Session, "code")
+  compose.add(hooks, "session_ending", M.kill_session)
   compose.add(hooks, "sandbox_end", M.kill_all)
 end
 

@@ -225,10 +225,19 @@ function M.close_all(sb)
   for t in pairs(sb.terminals or {}) do pcall(t.close, t) end
 end
 
+-- deleteSession(id): the session's terminals go with everything else it started
+function M.close_session(sb, session_id)
+  if session_id == nil then return end -- (destroy: close_all, once the sessions are gone)
+  for t in pairs(sb.terminals or {}) do
+    if t.sessionId == session_id then pcall(t.close, t) end
+  end
+end
+
 -- A part of Session (lib/compose.lua): session:terminal(); a sandbox's
--- terminals close once its sessions are gone.
+-- terminals close once its sessions are gone, a session's with it.
 function M.install(class, hooks)
   compose.methods(class, Session, "terminal")
+  compose.add(hooks, "session_ending", M.close_session)
   compose.add(hooks, "sandbox_end", M.close_all)
 end
 
