@@ -813,6 +813,21 @@ describe("files: watch", function()
     end)
   end)
 
+  it("reports nothing at the old path of a directory moved out of the tree, whatever happens in it next", function()
+    with_sandbox(function(sb)
+      sb:exec("mkdir -p w/d out")
+      local it = sb:watch("/workspace/w", { recursive = true })
+      -- at once after the move: within the wait for a moved-in half
+      sb:exec("mv w/d out/d && echo x > out/d/x.txt && touch w/END")
+      local kinds = {}
+      for _, ev in ipairs(events_until(it, is("create", "/workspace/w/END"))) do
+        kinds[#kinds + 1] = ev.type .. " " .. ev.path
+      end
+      assert.same({ "delete /workspace/w/d", "create /workspace/w/END" }, kinds)
+      it:close()
+    end)
+  end)
+
   it("follows new subdirectories when recursive, also ones filled before their watch is in place", function()
     with_sandbox(function(sb)
       sb:mkdir("w")

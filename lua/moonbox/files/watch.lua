@@ -275,6 +275,14 @@ function Watch:_on_event(err, name, ev, errcode)
   end
   local dir = self.wds[ev.wd]
   if not dir then return end
+  local p = self.pending
+  if p and p.isdir and (dir == p.rel or dir:sub(1, #p.rel + 1) == p.rel .. "/") then
+    -- from inside a directory whose moved_from came alone: a rename's two
+    -- halves are queued together, so it left the tree (and this event
+    -- happened out there, not at the path it used to have)
+    self:_flush_pending()
+    return
+  end
   if ev.ignored then
     self.wds[ev.wd] = nil
     if self.dirs[dir] == ev.wd then self.dirs[dir] = nil end
