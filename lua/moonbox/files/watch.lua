@@ -275,8 +275,8 @@ function Watch:_on_event(err, name, ev, errcode)
   end
   local dir = self.wds[ev.wd]
   if not dir then return end
-  local p = self.pending
-  if p and p.isdir and (dir == p.rel or dir:sub(1, #p.rel + 1) == p.rel .. "/") then
+  local pend = self.pending
+  if pend and pend.isdir and (dir == pend.rel or dir:sub(1, #pend.rel + 1) == pend.rel .. "/") then
     -- from inside a directory whose moved_from came alone: a rename's two
     -- halves are queued together, so it left the tree (and this event
     -- happened out there, not at the path it used to have)
