@@ -58,8 +58,23 @@ describe("backups", function()
     with_sandbox(function(sb)
       local before = #moonbox.listBackups()
       fails("FILE_NOT_FOUND", sb.createBackup, sb, { dir = "/workspace/none" })
+      sb:writeFile("/workspace/plain.txt", "x")
+      fails("NOT_DIRECTORY", sb.createBackup, sb, { dir = "/workspace/plain.txt" })
+      sb:deleteFile("/workspace/plain.txt")
       assert.equal(before, #moonbox.listBackups())
       assert.equal("", sh(sb, "ls -A"))
+    end)
+  end)
+
+  it("takes the seed's globstars in excludes: **/x at any depth, x/** as x", function()
+    with_sandbox(function(sb)
+      sh(sb, "mkdir -p g/sub/deep g/node_modules/x g/build && touch g/a.log g/sub/b.log g/sub/deep/c.log"
+        .. " g/node_modules/x/m.js g/build/o g/keep")
+      local b = sb:createBackup { dir = "/workspace/g", excludes = { "**/*.log", "**/node_modules/**", "build/**" } }
+      sh(sb, "rm -rf g")
+      sb:restoreBackup(b)
+      assert.equal("./keep\n./sub\n./sub/deep\n", sh(sb, "cd g && find . -mindepth 1 | sort"))
+      moonbox.deleteBackup(b.id)
     end)
   end)
 

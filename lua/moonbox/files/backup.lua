@@ -104,6 +104,17 @@ local function git_ignored(session, dir)
   return out
 end
 
+-- A glob with globstars as mksquashfs's wildcards take it (the seed
+-- normalizes them too): "**/x" is "... x" (any depth), and "x/**" is x
+-- itself (a directory excluded takes its content along).
+local function mksquashfs_pattern(glob)
+  local any = false
+  while glob:sub(1, 3) == "**/" do glob, any = glob:sub(4), true end
+  while glob:sub(-3) == "/**" do glob = glob:sub(1, -4) end
+  return any and ("... " .. glob) or glob
+end
+M.mksquashfs_pattern = mksquashfs_pattern
+
 -- archive(session, dir, archive, {excludes?, compression?, gitignore?})
 --   -> {sizeBytes, archivePath}: mksquashfs of dir (a path in the sandbox)
 -- into archive (a path in the sandbox), in the sandbox.
@@ -128,7 +139,7 @@ function M.archive(session, dir, archive, opts)
   local ignored = opts.gitignore and git_ignored(session, dir) or {}
   if #excludes + #ignored > 0 then
     argv[#argv + 1] = "-e"
-    for _, e in ipairs(excludes) do argv[#argv + 1] = e end
+    for _, e in ipairs(excludes) do argv[#argv + 1] = mksquashfs_pattern(e) end
     for _, e in ipairs(ignored) do argv[#argv + 1] = e end
   end
   run(session, argv, "BACKUP_CREATE_FAILED", "mksquashfs")
@@ -229,6 +240,9 @@ function Sandbox:createBackup(opts)
   -- (the caller's mistake, before mksquashfs would fail on it as ours)
   if not s:exists(dir).exists then
     errors.raise("FILE_NOT_FOUND", ("createBackup: %s does not exist"):format(dir), { path = dir })
+  end
+  if s:exec({ "test", "-d", cmd_path(s, dir) }).exitCode ~= 0 then
+    errors.raise("NOT_DIRECTORY", ("createBackup: %s is not a directory"):format(dir), { path = dir })
   end
   local id = random_id()
   check("FILESYSTEM_ERROR", sandbox_mod.mkdir_p(dir_of_backups()))
