@@ -165,7 +165,9 @@ function Session:gitCheckout(repo_url, opts)
   if depth then argv[#argv + 1] = "--depth" argv[#argv + 1] = tostring(depth) end
   if branch then argv[#argv + 1] = "--branch" argv[#argv + 1] = branch end
   argv[#argv + 1] = "--"
-  argv[#argv + 1] = url
+  -- git ignores --depth for a plain path ("use file:// instead")
+  local plain_path = url:sub(1, 1) == "/" and url:match("^[%w/._+-]+$")
+  argv[#argv + 1] = (depth and plain_path) and ("file://" .. url) or url
   argv[#argv + 1] = t.host
   local r
   local sb = self.sandbox
