@@ -30,6 +30,10 @@ describe("code contexts", function()
       assert.equal("VALIDATION_FAILED", code_of(sb.createCodeContext, sb, { language = "cobol" }))
       assert.equal("CONTEXT_NOT_FOUND", code_of(sb.runCode, sb, "1", { context = "nope" }))
       assert.equal("CONTEXT_NOT_FOUND", code_of(sb.deleteCodeContext, sb, "nope"))
+      -- a context runs its own language: another one named with it is a mistake
+      local c = sb:createCodeContext { language = "lua" }
+      assert.equal("VALIDATION_FAILED", code_of(sb.runCode, sb, "1", { context = c, language = "python" }))
+      assert.equal("1", sb:runCode("1", { context = c, language = "lua" }).results[1].text)
     end)
   end)
 

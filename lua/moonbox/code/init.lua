@@ -382,6 +382,10 @@ local function prepare(session, code, opts)
   for _, cb in ipairs { "onStdout", "onStderr", "onResult", "onError" } do V.type(opts[cb], "function", cb, true) end
   local ctx
   if opts.context ~= nil then ctx = find_context(session.sandbox, opts.context) end
+  V.type(opts.language, "string", "language", true)
+  if ctx and opts.language ~= nil and opts.language ~= ctx.language then
+    V.fail("language", ("context %s runs %s, not %s"):format(ctx.id, ctx.language, opts.language))
+  end
   local language = ctx and ctx.language or opts.language or "python"
   if not LANGUAGES[language] then
     V.fail("language", "expected \"python\", \"javascript\", \"typescript\" or \"lua\"")

@@ -233,6 +233,10 @@ function Sandbox:createBackup(opts)
   opts = V.options(opts, create_options, "createBackup options")
   local dir = check_dir(opts.dir, "dir")
   V.type(opts.name, "string", "name", true)
+  -- (as the seed's: at most 256 characters, no control characters)
+  if opts.name and (#opts.name > 256 or opts.name:find("%c")) then
+    V.fail("name", "expected at most 256 characters, none of them a control character")
+  end
   local ttl = opts.ttl == nil and M.DEFAULT_TTL or opts.ttl
   if type(ttl) ~= "number" or ttl <= 0 or ttl ~= ttl then V.fail("ttl", "expected a number of seconds > 0") end
   V.type(opts.gitignore, "boolean", "gitignore", true)
