@@ -61,6 +61,21 @@ describe("getSandbox", function()
     end)
   end)
 
+  it("destroying the last unisolated sandbox leaves every other sandbox's processes running", function()
+    -- (its exit guard stands down: it kills the runtime's cgroups only
+    -- when the runtime dies, process/tree.lua)
+    with_sandbox(function(sb)
+      local p = sb:startProcess("sleep 600")
+      local loose = helper.new_sandbox { isolation = "none" }
+      assert.equal(0, loose:exec("true").exitCode)
+      loose:destroy()
+      moonbox.sleep(100)
+      assert.equal("running", p:getStatus())
+      assert.equal("ok\n", sb:exec("echo ok").stdout)
+      p:kill("SIGKILL")
+    end)
+  end)
+
   it("refuses an id outside the rule with VALIDATION_FAILED, making nothing", function()
     run_task(function()
       for _, id in ipairs { "", "-x", "x-", "UPPER", "a/b", ("a"):rep(64), 42 } do

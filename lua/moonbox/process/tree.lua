@@ -598,16 +598,18 @@ end
 -- sandbox dies with its init (PR_SET_PDEATHSIG); an unisolated one's
 -- commands that left their shell's session would live on. So while an
 -- unisolated sandbox exists, a guard runs: a shell outside our cgroups
--- reading a pipe only the runtime holds. At its EOF (the runtime gone,
--- however) it kills everything under our base cgroup. When the last such
--- sandbox is destroyed, the pipe is closed and the guard awaited.
+-- reading a pipe only the runtime holds. At its EOF without a line (the
+-- runtime gone, however) it kills everything under our base cgroup. When
+-- the last such sandbox is destroyed, the runtime writes it a line (stand
+-- down: the namespaced sandboxes under the base live on), closes the pipe
+-- and awaits it.
 local guard, guard_users = nil, 0
 function M.guard_base()
   if M.mode() ~= "cgroup" then return true end
   if not guard then
     local g = { waiters = {} }
     local proc, pipes, code = core.spawn {
-      args = { "moonbox-guard", "-c", 'read -r _; echo 1 > "$0/cgroup.kill"', base_dir },
+      args = { "moonbox-guard", "-c", 'read -r _ || echo 1 > "$0/cgroup.kill"', base_dir },
       file = "/bin/sh", env = { "PATH=/usr/bin:/bin" }, cwd = "/",
       stdio = { [0] = "in" }, setsid = true,
       on_exit = function()
@@ -626,8 +628,10 @@ end
 
 local function close_guard(g)
   if g.pipe then
-    g.pipe:close() -- EOF: it kills an already empty cgroup and exits
+    local pipe = g.pipe
     g.pipe = nil
+    -- (closed once the line is out: a close drops queued writes)
+    pipe:write("stand down\n", function() if not pipe:is_closing() then pipe:close() end end)
   end
 end
 
