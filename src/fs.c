@@ -121,6 +121,7 @@ static void push_uv_stat(lua_State *L, const uv_stat_t *st) {
   SET_NUM(L, "ino", st->st_ino);
   SET_NUM(L, "dev", st->st_dev);
   SET_NUM(L, "nlink", st->st_nlink);
+  SET_NUM(L, "blocks", st->st_blocks); /* 512-byte units allocated: what a sparse file really holds */
 }
 
 static void push_sys_stat(lua_State *L, const struct stat *st) {
@@ -137,6 +138,7 @@ static void push_sys_stat(lua_State *L, const struct stat *st) {
   SET_NUM(L, "ino", st->st_ino);
   SET_NUM(L, "dev", st->st_dev);
   SET_NUM(L, "nlink", st->st_nlink);
+  SET_NUM(L, "blocks", st->st_blocks); /* 512-byte units allocated: what a sparse file really holds */
 }
 
 static void push_entry(lua_State *L, int i, const char *name, const char *type) {
@@ -689,14 +691,14 @@ static int meets_proc_link(int dirfd, const char *path, unsigned long long resol
 }
 
 /* openat2 under the rules: with their credentials, and the fd kept only when
- * it lies on an allowed mount. Under rules with a mount check, a non-O_PATH
- * open is made O_NONBLOCK | O_NOCTTY (a fifo or a tty swapped in must not
- * block the thread or become the runtime's terminal), and O_NONBLOCK is
- * cleared again afterwards unless asked for. */
+ * it lies on an allowed mount. Under any rules, a non-O_PATH open is made
+ * O_NONBLOCK | O_NOCTTY (a fifo or a tty swapped in must not block the
+ * thread or become the runtime's terminal: an unisolated sandbox's too),
+ * and O_NONBLOCK is cleared again afterwards unless asked for. */
 static int rules_openat2(const confine_rules *r, int dirfd, const char *path, unsigned long long flags,
                          unsigned long long mode, unsigned long long resolve) {
   unsigned long long extra = 0;
-  if (r && r->mnt_mask && !(flags & O_PATH)) extra = (O_NONBLOCK | O_NOCTTY) & ~flags;
+  if (r && !(flags & O_PATH)) extra = (O_NONBLOCK | O_NOCTTY) & ~flags;
   saved_creds s;
   if (creds_enter(r, &s) < 0) return -1;
   int fd = openat2_fd(dirfd, path, flags | extra, mode, resolve);

@@ -68,6 +68,26 @@ describe("backups", function()
     end)
   end)
 
+  it("takes out only a regular file the sandbox itself may read, whatever it puts at the archive's name", function()
+    with_sandbox(function(sb)
+      -- mksquashfs is the sandbox's own to replace (its PATH): the archive's
+      -- name becomes a link out, a fifo (which would block the copy), or a
+      -- sparse file posing as 10 GB for the host's disk
+      sh(sb, "mkdir -p bin d && echo x > d/f")
+      sb:setEnvVars { PATH = sb:host_path("/workspace") .. "/bin:/usr/bin:/bin" }
+      for _, make in ipairs { 'ln -sf /proc/vmallocinfo "$2"', 'ln -sf ../../proc/vmallocinfo "$2"',
+                              'mkfifo "$2"', 'truncate -s 10G "$2"' } do
+        sb:writeFile("bin/mksquashfs", "#!/bin/sh\n" .. make .. "\n")
+        sh(sb, "chmod +x bin/mksquashfs")
+        local before = #moonbox.listBackups()
+        local err = helper.error_of(sb.createBackup, sb, { dir = "/workspace/d" })
+        assert.is_table(err, make)
+        assert.equal("BACKUP_CREATE_FAILED", err.code, make)
+        assert.equal(before, #moonbox.listBackups())
+      end
+    end)
+  end)
+
   it("takes the seed's globstars in excludes: **/x at any depth, x/** as x", function()
     with_sandbox(function(sb)
       sh(sb, "mkdir -p g/sub/deep g/node_modules/x g/build && touch g/a.log g/sub/b.log g/sub/deep/c.log"

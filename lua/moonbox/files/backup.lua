@@ -175,11 +175,15 @@ end
 
 -- ---- the home's store ---------------------------------------------------------------
 
--- Copy src (an open fd) to dst (an open fd), in chunks, on the thread pool.
-local function copy_fd(src, dst, code)
+-- Copy src (an open fd) to dst (an open fd), in chunks, on the thread pool;
+-- at most limit bytes (src's size when it was checked: a file the sandbox
+-- keeps growing is not followed).
+local function copy_fd(src, dst, code, limit)
   local offset = 0
   while true do
-    local data = check(code, fs.read(src, M.COPY_CHUNK, offset))
+    if limit and offset >= limit then return offset end
+    local want = limit and math.min(M.COPY_CHUNK, limit - offset) or M.COPY_CHUNK
+    local data = check(code, fs.read(src, want, offset))
     if data == "" then return offset end
     check(code, fs.write_all(dst, data, offset))
     offset = offset + #data
@@ -254,15 +258,27 @@ function Sandbox:createBackup(opts)
   local ok, err = pcall(function()
     local made = M.archive(s, dir, tmp, { excludes = opts.excludes, compression = opts.compression,
       gitignore = opts.gitignore })
-    -- out of the sandbox, confined: the name cannot lead anywhere else
-    local src = check("BACKUP_CREATE_FAILED", fs.open_beneath(self.fs_root, rel_of(self, tmp), "r"))
+    -- out of the sandbox, as the file API reads: confined to its mounts,
+    -- with its root's credentials (never the runtime's: mksquashfs and the
+    -- name are the sandbox's to replace, with a link to what only host root
+    -- may read), a fifo or device refused without blocking, a sparse file
+    -- (a few blocks posing as terabytes for the host's disk) refused
+    local src = check("BACKUP_CREATE_FAILED", fs.open_beneath(self.fs_conf or self.fs_root, rel_of(self, tmp), "r"))
+    local st, smsg, scode = fs.fstat(src)
+    local why = not st and smsg or st.type ~= "file" and "it is not a regular file"
+      or (st.blocks or 0) * 512 * 2 + 65536 < st.size and "it is sparse, not what mksquashfs writes"
+    if why then
+      fs.close(src)
+      errors.raise("BACKUP_CREATE_FAILED", ("the archive %s cannot be taken out of the sandbox: %s"):format(tmp, why),
+        { id = id, errno = scode })
+    end
     local part = archive_path(id) .. ".part"
     local dst, msg, code = fs.open(part, "wx", 384)
     if not dst then
       fs.close(src)
       check("BACKUP_CREATE_FAILED", nil, msg, code)
     end
-    local copied = pcall(copy_fd, src, dst, "BACKUP_CREATE_FAILED")
+    local copied = pcall(copy_fd, src, dst, "BACKUP_CREATE_FAILED", st.size)
     fs.close(src)
     check("BACKUP_CREATE_FAILED", fs.close(dst))
     if not copied then
@@ -335,8 +351,8 @@ function Sandbox:restoreBackup(backup)
   local ok, err = pcall(function()
     local src = check("BACKUP_RESTORE_FAILED", fs.open(archive_path(id), "r"))
     -- into the sandbox, confined, a new file (O_EXCL: never through a name it
-    -- made); readable by the sandbox's root, whichever host id that is
-    local dst, msg, code = fs.open_beneath(self.fs_root, rel_of(self, tmp), "wx", 420)
+    -- made), made with its root's credentials: the sandbox's root owns it
+    local dst, msg, code = fs.open_beneath(self.fs_conf or self.fs_root, rel_of(self, tmp), "wx", 420)
     if not dst then
       fs.close(src)
       check("BACKUP_RESTORE_FAILED", nil, msg, code)
