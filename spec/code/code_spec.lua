@@ -25,6 +25,23 @@ describe("code contexts", function()
     end)
   end)
 
+  it("bounds what code writing to the kernel's own message fd can make the runtime keep", function()
+    with_sandbox(function(sb)
+      -- one endless line: the interpreter is ended, the context's next run is fresh
+      local r = sb:runCode("import os\nfor i in range(10**6): os.write(4, b'A' * 65536)", { language = "python" })
+      assert.equal("InterpreterDied", r.error.name)
+      assert.matches("protocol message longer than", r.error.message)
+      -- many forged results: together no more than maxOutputBytes
+      r = sb:runCode("import os, json\nfor i in range(50): os.write(4, (json.dumps({'type': 'result', " ..
+        "'data': {'text': 'x' * 30000}}) + '\\n').encode())", { language = "python" })
+      local total = 0
+      for _, res in ipairs(r.results) do total = total + #(res.text or "") end
+      assert.is_true(total <= 100000, total)
+      assert.is_true(r.truncated)
+      assert.equal("42", sb:runCode("40 + 2", { language = "python" }).results[1].text)
+    end, { limits = { maxOutputBytes = 100000 } })
+  end)
+
   it("validates and reports unknown contexts", function()
     with_sandbox(function(sb)
       assert.equal("VALIDATION_FAILED", code_of(sb.createCodeContext, sb, { language = "cobol" }))

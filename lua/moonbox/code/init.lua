@@ -63,7 +63,12 @@ local Kernel = {}
 Kernel.__index = Kernel
 
 local function start_kernel(ctx)
-  local k = setmetatable({ buf = "", waiting = nil, dead = false, ready = false }, Kernel)
+  -- the longest protocol line taken: a result's representations are cut
+  -- at maxOutputBytes each, so a bigger line is no kernel's (user code can
+  -- write to the kernel's message fd: it is in the same process)
+  local max_line = 4 * (ctx.sandbox.policy.limits.maxOutputBytes or 0) + 1048576
+  local k = setmetatable({ buf = {}, buffered = 0, max_line = max_line, waiting = nil, dead = false,
+    ready = false }, Kernel)
   local argv = interpreter(ctx.language, ctx.env, ctx.sandbox)
   if tree.mode() == "cgroup" then
     k.cgroup = tree.create(ctx.sandbox.cgroup_name .. "/c-" .. ctx.id .. "-" .. ctx.generation)
@@ -99,16 +104,39 @@ function Kernel:_deliver(msg)
   end
 end
 
+-- Protocol lines, one JSON message each. Kept as a chunk list until a
+-- newline comes; a line past max_line ends the interpreter (its run reports
+-- InterpreterDied with the reason) rather than the runtime's memory.
 function Kernel:_message_data(data)
-  if not data then return end
-  self.buf = self.buf .. data
+  if not data or self.protocol_error then return end
+  if not data:find("\n", 1, true) then
+    self.buffered = self.buffered + #data
+    if self.buffered > self.max_line then
+      self.buf, self.buffered = {}, 0
+      self.protocol_error = ("a protocol message longer than %d bytes (code wrote to the kernel's message fd?)")
+        :format(self.max_line)
+      if self.cgroup then tree.kill_cgroup(self.cgroup) end
+      core.kill(self.pid, "SIGKILL")
+      return
+    end
+    self.buf[#self.buf + 1] = data
+    return
+  end
+  self.buf[#self.buf + 1] = data
+  local text = table.concat(self.buf)
+  self.buf, self.buffered = {}, 0
+  local from = 1
   while true do
-    local nl = self.buf:find("\n", 1, true)
+    local nl = text:find("\n", from, true)
     if not nl then break end
-    local line = self.buf:sub(1, nl - 1)
-    self.buf = self.buf:sub(nl + 1)
-    local msg = cjson.decode(line)
-    if type(msg) == "table" then self:_deliver(msg) end
+    local ok, msg = pcall(cjson.decode, text:sub(from, nl - 1))
+    from = nl + 1
+    if ok and type(msg) == "table" then self:_deliver(msg) end
+  end
+  if from <= #text then
+    local rest = text:sub(from)
+    if #rest > self.max_line then return self:_message_data(rest) end -- (the cap, as above)
+    self.buf[1], self.buffered = rest, #rest
   end
 end
 
@@ -275,7 +303,7 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
   ctx.lastUsed = util.timestamp()
   local id = ctx.executionCount + 1
   local exec = { code = code, logs = { stdout = {}, stderr = {} }, results = {}, executionCount = id }
-  local sizes, truncated = { stdout = 0, stderr = 0 }, false
+  local sizes, truncated = { stdout = 0, stderr = 0, results = 0 }, false
   local hold, cut = budget.hold(budget_ceiling), {}
   k.sink = function(stream, data)
     if cut[stream] then truncated = true return end
@@ -309,9 +337,21 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
             r.truncated, truncated = true, true
           end
         end
-        if r.json ~= nil and #(cjson.encode(r.json) or "") > limit then
-          r.json, r.truncated, truncated = nil, true, true
+        local json_size = r.json ~= nil and #(cjson.encode(r.json) or "") or 0
+        if json_size > limit then
+          r.json, r.truncated, truncated, json_size = nil, true, true, 0
         end
+        -- all of a run's results together are bounded like one stream of
+        -- output (limit), and held against the runtime-wide budget
+        local size = json_size
+        for _, value in pairs(r) do if type(value) == "string" then size = size + #value end end
+        local granted = sizes.results + size <= limit and hold:take(size) or 0
+        if granted < size then
+          hold:give(granted)
+          truncated = true
+          return
+        end
+        sizes.results = sizes.results + size
         table.insert(exec.results, r)
         emit { type = "result", result = r, timestamp = util.timestamp() }
       elseif msg.type == "error" and type(msg.error) == "table" then
@@ -361,8 +401,9 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
   else
     ctx.kernel = nil
     ctx.executionCount = 0
-    exec.error = { name = "InterpreterDied", message = ("the %s interpreter exited (code %s) while running; the " ..
-      "next run starts a fresh one"):format(ctx.language, tostring(k.exit_code)), traceback = "",
+    exec.error = { name = "InterpreterDied", message = ("the %s interpreter exited (code %s) while running%s; the " ..
+      "next run starts a fresh one"):format(ctx.language, tostring(k.exit_code),
+      k.protocol_error and (": it sent " .. k.protocol_error) or ""), traceback = "",
       exitCode = k.exit_code }
     exec.contextRestarted = true
     emit { type = "error", error = exec.error, timestamp = util.timestamp() }
