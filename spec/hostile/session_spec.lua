@@ -137,6 +137,26 @@ describe("cancelling an exec", function()
   end)
 end)
 
+describe("the status pipe", function()
+  it("a command flooding the shell's status fd costs the runtime a bounded buffer, and the session answers", function()
+    with_bystander(function(sb)
+      sb:exec("true")
+      local shell = sb:getSession("default").shell
+      -- the report builtin keeps the status pipe at fd 100 (docs/sessions.md)
+      sb:exec([[exec 5>&100; (head -c 30000000 /dev/zero | tr '\0' A >&5) >/dev/null 2>&1 & exec 5>&-]])
+      local most = 0
+      for _ = 1, 40 do
+        moonbox.sleep(25)
+        local n = 0
+        for _, chunk in ipairs(shell.status_buf) do n = n + #chunk end
+        if n > most then most = n end
+      end
+      assert.is_true(most <= 128 * 1024, most .. " bytes kept")
+      assert.equal("hi\n", sb:exec("echo hi").stdout)
+    end)
+  end)
+end)
+
 describe("errors are always coded", function()
   local function policy_of(hooks) return { policy = { hooks = hooks } } end
 

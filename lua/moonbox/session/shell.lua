@@ -580,7 +580,17 @@ function Shell:_status_data(data)
   if data == nil then return end
   local buf = self.status_buf
   buf[#buf + 1] = data
-  if not data:find("\0", 1, true) then return end
+  if not data:find("\0", 1, true) then
+    -- nothing but short records belongs here; a command that writes to the
+    -- status fd (it can dup it) gets its flood cut to the tail, never kept
+    self.status_len = (self.status_len or 0) + #data
+    if self.status_len > MAX_STATUS_BUF then
+      local tail = table.concat(buf):sub(-KEEP_STATUS_TAIL)
+      self.status_buf, self.status_len = { tail }, #tail
+    end
+    return
+  end
+  self.status_len = 0
   local text = table.concat(buf)
   if self.nonce == nil then
     -- the hello comes first; nothing of a command can precede it
