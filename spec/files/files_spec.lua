@@ -813,6 +813,26 @@ describe("files: watch", function()
     end)
   end)
 
+  it("keeps at most MAX_DIRS_PER_SANDBOX directories watched per sandbox, then says overflow once", function()
+    local watch = require "moonbox.files.watch"
+    local max = watch.MAX_DIRS_PER_SANDBOX
+    watch.MAX_DIRS_PER_SANDBOX = 5
+    local ok, err = pcall(with_sandbox, function(sb)
+      sb:exec("mkdir -p w/a w/b")
+      local it = sb:watch("/workspace/w", { recursive = true })
+      local other = sb:watch("/workspace/w", { recursive = true })
+      assert.equal(5, sb.watched_dirs) -- 3, then 2 of the second's 3
+      sb:exec("mkdir w/c w/d && touch w/c/f")
+      local evs = events_until(it, is("overflow", "/workspace/w"))
+      assert.equal("overflow", evs[#evs].type)
+      it:close()
+      other:close()
+      assert.equal(0, sb.watched_dirs)
+    end)
+    watch.MAX_DIRS_PER_SANDBOX = max
+    assert(ok, err)
+  end)
+
   it("reports nothing at the old path of a directory moved out of the tree, whatever happens in it next", function()
     with_sandbox(function(sb)
       sb:exec("mkdir -p w/d out")

@@ -18,6 +18,7 @@ local Session = {} -- this part's methods, installed by session/init.lua (M.inst
 local M = {}
 
 M.WATCH_QUEUE_MAX = 100000      -- events a watch keeps for a consumer that does not iterate
+M.MAX_DIRS_PER_SANDBOX = 8192   -- directories its watches keep watched (see Watch:_count_dirs)
 M.MOVE_PAIR_MS = 20             -- how long a moved-out entry waits for its moved-in half
 local LIST_SLICE_MS = 3         -- work on the loop between two yields (as listFiles)
 
@@ -192,11 +193,29 @@ end
 -- Watch directory rel (already known to be a directory) and, recursively,
 -- its subdirectories. With announce, everything found inside is reported as
 -- created: it appeared before the new watch was in place.
+-- The runtime's inotify watches are the runtime user's (host root's for a
+-- root runtime), shared with every process of that user: a sandbox making
+-- directories under a recursive watch gets at most MAX_DIRS_PER_SANDBOX of
+-- them watched, across its watches; past that a watch says "overflow" once
+-- (changes deeper may be missed) and watches no more of them.
+function Watch:_count_dirs(n)
+  local sb = self.sandbox
+  sb.watched_dirs = (sb.watched_dirs or 0) + n
+end
+
 function Watch:_add_tree(rootfd, rel, announce, slice)
   walk_slice(slice)
+  if (self.sandbox.watched_dirs or 0) >= M.MAX_DIRS_PER_SANDBOX then
+    if not self.dirs_capped then
+      self.dirs_capped = true
+      self:_push { type = "overflow", path = self.view, timestamp = util.timestamp() }
+    end
+    return -1 -- (not an error: the watch goes on with what it has)
+  end
   local wd, msg, code = fs.confined(self.handle:add(rootfd, rel))
   if not wd then return nil, msg, code end
   self.wds[wd] = rel
+  if not self.dirs[rel] then self:_count_dirs(1) end
   self.dirs[rel] = wd
   local entries = fs.scandir_beneath(rootfd, rel) or {}
   for _, e in ipairs(entries) do
@@ -226,6 +245,7 @@ function Watch:_forget_tree(rel, drop)
   for dir, wd in pairs(self.dirs) do
     if dir == rel or dir:sub(1, #rel + 1) == rel .. "/" then
       self.dirs[dir] = nil
+      self:_count_dirs(-1)
       self.wds[wd] = nil
       if drop then self.handle:remove(wd) end
     end
@@ -285,7 +305,10 @@ function Watch:_on_event(err, name, ev, errcode)
   end
   if ev.ignored then
     self.wds[ev.wd] = nil
-    if self.dirs[dir] == ev.wd then self.dirs[dir] = nil end
+    if self.dirs[dir] == ev.wd then
+      self.dirs[dir] = nil
+      self:_count_dirs(-1)
+    end
     return
   end
   if name == nil then
@@ -336,6 +359,10 @@ function Watch:_on_event(err, name, ev, errcode)
 end
 
 function Watch:_release()
+  for dir in pairs(self.dirs) do
+    self.dirs[dir] = nil
+    self:_count_dirs(-1)
+  end
   if self.handle and not self.handle:is_closing() then self.handle:close() end
   if self.pair_timer and not self.pair_timer:is_closing() then self.pair_timer:close() end
   local set = self.session._watches
@@ -419,6 +446,7 @@ local function watch_as(self, path, opts, op)
     if wd and not watch.is_file then
       watch.wds[wd] = t.rel
       watch.dirs[t.rel] = wd
+      watch:_count_dirs(1)
       if recursive then
         local slice = async.in_task() and { start = util.now_ms() } or nil
         for _, e in ipairs(fs.scandir_beneath(rootfd, t.rel) or {}) do
@@ -435,7 +463,7 @@ local function watch_as(self, path, opts, op)
       watch.wds[wd] = t.rel
     end
     if not wd then
-      watch.handle:close()
+      watch:_release() -- (the directories it had, uncounted again)
       if code == "ENOSPC" then -- from inotify: out of watches, not of disk space
         errors.raise("FILESYSTEM_ERROR", ("%s %s: the inotify watch limit is reached (fs.inotify.max_user_watches)")
           :format(op, t.view), { path = t.view, errno = code })
