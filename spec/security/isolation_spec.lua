@@ -27,6 +27,14 @@ describe("isolation: namespaces", function()
     end)
   end)
 
+  it("caps the inodes of every writable tmpfs by its size (one per 8 KiB), not only its bytes", function()
+    with_ns(function(sb)
+      -- (empty files cost no bytes but host kernel memory each)
+      local r = sb:exec("for d in /tmp /root /dev/shm; do stat -f -c %c $d; done")
+      assert.equal(("%d\n"):rep(3):format(2048, 2048, 2048), r.stdout)
+    end, { limits = { tmpBytes = 16 * 1024 * 1024 } })
+  end)
+
   it("says no_new_privs is set as it is, also without a seccomp filter", function()
     with_ns(function(sb)
       local nnp = sb:exec("grep NoNewPrivs /proc/self/status").stdout
