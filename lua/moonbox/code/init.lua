@@ -109,34 +109,27 @@ end
 -- InterpreterDied with the reason) rather than the runtime's memory.
 function Kernel:_message_data(data)
   if not data or self.protocol_error then return end
-  if not data:find("\n", 1, true) then
-    self.buffered = self.buffered + #data
-    if self.buffered > self.max_line then
-      self.buf, self.buffered = {}, 0
-      self.protocol_error = ("a protocol message longer than %d bytes (code wrote to the kernel's message fd?)")
-        :format(self.max_line)
-      if self.cgroup then tree.kill_cgroup(self.cgroup) end
-      core.kill(self.pid, "SIGKILL")
-      return
-    end
-    self.buf[#self.buf + 1] = data
-    return
-  end
   self.buf[#self.buf + 1] = data
-  local text = table.concat(self.buf)
-  self.buf, self.buffered = {}, 0
-  local from = 1
-  while true do
-    local nl = text:find("\n", from, true)
-    if not nl then break end
-    local ok, msg = pcall(cjson.decode, text:sub(from, nl - 1))
-    from = nl + 1
-    if ok and type(msg) == "table" then self:_deliver(msg) end
-  end
-  if from <= #text then
+  self.buffered = self.buffered + #data
+  if data:find("\n", 1, true) then
+    local text = table.concat(self.buf)
+    local from = 1
+    while true do
+      local nl = text:find("\n", from, true)
+      if not nl then break end
+      local ok, msg = pcall(cjson.decode, text:sub(from, nl - 1))
+      from = nl + 1
+      if ok and type(msg) == "table" then self:_deliver(msg) end
+    end
     local rest = text:sub(from)
-    if #rest > self.max_line then return self:_message_data(rest) end -- (the cap, as above)
-    self.buf[1], self.buffered = rest, #rest
+    self.buf, self.buffered = { rest }, #rest
+  end
+  if self.buffered > self.max_line then
+    self.buf, self.buffered = {}, 0
+    self.protocol_error = ("a protocol message longer than %d bytes (code wrote to the kernel's message fd?)")
+      :format(self.max_line)
+    if self.cgroup then tree.kill_cgroup(self.cgroup) end
+    core.kill(self.pid, "SIGKILL")
   end
 end
 

@@ -20,6 +20,7 @@ local fs = require "moonbox.lib.fs"
 local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
 local compose = require "moonbox.lib.compose"
+local root_of = require("moonbox.files.paths").root_of
 local Sandbox = {} -- this part's methods, installed by sandbox/init.lua (M.install)
 local sandbox_mod -- moonbox.sandbox, given to M.install
 
@@ -263,7 +264,7 @@ function Sandbox:createBackup(opts)
     -- name are the sandbox's to replace, with a link to what only host root
     -- may read), a fifo or device refused without blocking, a sparse file
     -- (a few blocks posing as terabytes for the host's disk) refused
-    local src = check("BACKUP_CREATE_FAILED", fs.open_beneath(self.fs_conf or self.fs_root, rel_of(self, tmp), "r"))
+    local src = check("BACKUP_CREATE_FAILED", fs.open_beneath(root_of(self), rel_of(self, tmp), "r"))
     local st, smsg, scode = fs.fstat(src)
     local why = not st and smsg or st.type ~= "file" and "it is not a regular file"
       or (st.blocks or 0) * 512 * 2 + 65536 < st.size and "it is sparse, not what mksquashfs writes"
@@ -352,7 +353,7 @@ function Sandbox:restoreBackup(backup)
     local src = check("BACKUP_RESTORE_FAILED", fs.open(archive_path(id), "r"))
     -- into the sandbox, confined, a new file (O_EXCL: never through a name it
     -- made), made with its root's credentials: the sandbox's root owns it
-    local dst, msg, code = fs.open_beneath(self.fs_conf or self.fs_root, rel_of(self, tmp), "wx", 420)
+    local dst, msg, code = fs.open_beneath(root_of(self), rel_of(self, tmp), "wx", 420)
     if not dst then
       fs.close(src)
       check("BACKUP_RESTORE_FAILED", nil, msg, code)

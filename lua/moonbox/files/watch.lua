@@ -18,7 +18,7 @@ local Session = {} -- this part's methods, installed by session/init.lua (M.inst
 local M = {}
 
 M.WATCH_QUEUE_MAX = 100000      -- events a watch keeps for a consumer that does not iterate
-M.MAX_DIRS_PER_SANDBOX = 8192   -- directories its watches keep watched (see Watch:_count_dirs)
+M.MAX_DIRS_PER_SANDBOX = 8192   -- directories its watches keep watched (see Watch:_track)
 M.MOVE_PAIR_MS = 20             -- how long a moved-out entry waits for its moved-in half
 local LIST_SLICE_MS = 3         -- work on the loop between two yields (as listFiles)
 
@@ -190,19 +190,30 @@ local function walk_slice(slice)
   end
 end
 
--- Watch directory rel (already known to be a directory) and, recursively,
--- its subdirectories. With announce, everything found inside is reported as
--- created: it appeared before the new watch was in place.
 -- The runtime's inotify watches are the runtime user's (host root's for a
 -- root runtime), shared with every process of that user: a sandbox making
 -- directories under a recursive watch gets at most MAX_DIRS_PER_SANDBOX of
--- them watched, across its watches; past that a watch says "overflow" once
--- (changes deeper may be missed) and watches no more of them.
-function Watch:_count_dirs(n)
-  local sb = self.sandbox
-  sb.watched_dirs = (sb.watched_dirs or 0) + n
+-- them watched, across its watches (sb.watched_dirs); past that a watch
+-- says "overflow" once (changes deeper may be missed) and watches no more
+-- of them. _track and _untrack are the only places self.dirs changes size.
+function Watch:_track(rel, wd)
+  self.wds[wd] = rel
+  if not self.dirs[rel] then
+    self.sandbox.watched_dirs = (self.sandbox.watched_dirs or 0) + 1
+  end
+  self.dirs[rel] = wd
 end
 
+function Watch:_untrack(rel)
+  if self.dirs[rel] then
+    self.dirs[rel] = nil
+    self.sandbox.watched_dirs = self.sandbox.watched_dirs - 1
+  end
+end
+
+-- Watch directory rel (already known to be a directory) and, recursively,
+-- its subdirectories. With announce, everything found inside is reported as
+-- created: it appeared before the new watch was in place.
 function Watch:_add_tree(rootfd, rel, announce, slice)
   walk_slice(slice)
   if (self.sandbox.watched_dirs or 0) >= M.MAX_DIRS_PER_SANDBOX then
@@ -214,9 +225,7 @@ function Watch:_add_tree(rootfd, rel, announce, slice)
   end
   local wd, msg, code = fs.confined(self.handle:add(rootfd, rel))
   if not wd then return nil, msg, code end
-  self.wds[wd] = rel
-  if not self.dirs[rel] then self:_count_dirs(1) end
-  self.dirs[rel] = wd
+  self:_track(rel, wd)
   local entries = fs.scandir_beneath(rootfd, rel) or {}
   for _, e in ipairs(entries) do
     local child = join(rel, e.name)
@@ -244,8 +253,7 @@ end
 function Watch:_forget_tree(rel, drop)
   for dir, wd in pairs(self.dirs) do
     if dir == rel or dir:sub(1, #rel + 1) == rel .. "/" then
-      self.dirs[dir] = nil
-      self:_count_dirs(-1)
+      self:_untrack(dir)
       self.wds[wd] = nil
       if drop then self.handle:remove(wd) end
     end
@@ -305,10 +313,7 @@ function Watch:_on_event(err, name, ev, errcode)
   end
   if ev.ignored then
     self.wds[ev.wd] = nil
-    if self.dirs[dir] == ev.wd then
-      self.dirs[dir] = nil
-      self:_count_dirs(-1)
-    end
+    if self.dirs[dir] == ev.wd then self:_untrack(dir) end
     return
   end
   if name == nil then
@@ -359,10 +364,7 @@ function Watch:_on_event(err, name, ev, errcode)
 end
 
 function Watch:_release()
-  for dir in pairs(self.dirs) do
-    self.dirs[dir] = nil
-    self:_count_dirs(-1)
-  end
+  for dir in pairs(self.dirs) do self:_untrack(dir) end
   if self.handle and not self.handle:is_closing() then self.handle:close() end
   if self.pair_timer and not self.pair_timer:is_closing() then self.pair_timer:close() end
   local set = self.session._watches
@@ -444,9 +446,7 @@ local function watch_as(self, path, opts, op)
       watch:_on_event(err, name, ev, errcode)
     end))
     if wd and not watch.is_file then
-      watch.wds[wd] = t.rel
-      watch.dirs[t.rel] = wd
-      watch:_count_dirs(1)
+      watch:_track(t.rel, wd)
       if recursive then
         local slice = async.in_task() and { start = util.now_ms() } or nil
         for _, e in ipairs(fs.scandir_beneath(rootfd, t.rel) or {}) do

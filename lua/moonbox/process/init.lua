@@ -956,7 +956,6 @@ function M.install(class, hooks)
   compose.add(hooks, "session_ending", M.kill_all)
 end
 
-
 require("moonbox.lib.arity").guard(Process, "Process")
 
 return M

@@ -76,11 +76,11 @@ end
 function Ctx:sandbox()
   if not self._sandbox then
     local id = self.params.id
+    if not self.may_create and not self:sandbox_exists() then
+      fail("SANDBOX_NOT_FOUND", ("sandbox %q does not exist"):format(id), { id = id })
+    end
     local live = sandbox_mod.all()
     if not live[id] then
-      if not self.may_create and not util.is_dir(sandbox_root(id)) then
-        fail("SANDBOX_NOT_FOUND", ("sandbox %q does not exist"):format(id), { id = id })
-      end
       local n = 0
       for _ in pairs(live) do n = n + 1 end
       if n >= M.config.maxSandboxes then
