@@ -44,9 +44,10 @@ static const struct {
 /* Accepts a number or a name with or without the SIG prefix; raises on junk. */
 int mb_check_signal(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TNUMBER) {
-    int n = (int)lua_tointeger(L, idx);
-    if (n < 0 || n >= NSIG) luaL_argerror(L, idx, "signal number out of range");
-    return n;
+    /* compared as a double first: 1.5 is not SIGHUP, and inf or NaN is no int */
+    lua_Number d = lua_tonumber(L, idx);
+    if (!(d >= 0 && d < NSIG) || d != (lua_Number)(int)d) luaL_argerror(L, idx, "signal number out of range");
+    return (int)d;
   }
   const char *s = luaL_checkstring(L, idx);
   for (int i = 0; signal_names[i].name; i++) {

@@ -238,8 +238,9 @@ function Process:kill(signal)
   return r
 end
 
--- Wait until procs have ended: at most the kill grace and 2 s more for the
--- SIGKILL; outside a task, not at all.
+-- Wait until procs have ended, each with its whole tree (descendants that
+-- ignore SIGTERM go at the grace's SIGKILL): at most the kill grace and 2 s
+-- more for the SIGKILL; outside a task, not at all.
 function M.await_ended(procs, sb)
   if not async.in_task() then return end
   local deadline = util.now_ms() + sb.policy.limits.killGraceMs + 2000
@@ -247,7 +248,25 @@ function M.await_ended(procs, sb)
     local left = math.floor(deadline - util.now_ms())
     if left <= 0 then break end
     if p:_running() then pcall(p.waitForExit, p, left) end
+    p:_await_tree_gone(deadline)
   end
+end
+
+-- Wait (in a task) until nothing of the tree is left or the deadline
+-- (util.now_ms()) passed: the cgroup's "populated 0" where there is one,
+-- else a /proc pass every TREE_POLL_MS.
+local TREE_POLL_MS = 20
+function Process:_await_tree_gone(deadline)
+  while self:_alive() do
+    local left = math.floor(deadline - util.now_ms())
+    if left <= 0 then return false end
+    if self._cgroup and not self._cgroup_removed then
+      if not pcall(tree.wait_empty, self._cgroup, left, async.sleep) then return false end
+    else
+      async.sleep(math.min(left, TREE_POLL_MS))
+    end
+  end
+  return true
 end
 
 -- A proc-mode process that ended but is not yet known to have left nothing
@@ -272,13 +291,22 @@ end
 
 -- kill(signal); scan: a tree.proc_table() to reuse.
 -- signal name or number -> its number; anything else is VALIDATION_FAILED
+-- ("9" is 9, as a query string gives it; 0 sends nothing and is refused)
 local function check_signal(signal)
   if signal ~= nil and type(signal) ~= "string" and type(signal) ~= "number" then
     V.fail("signal", "expected a signal name or number")
   end
+  if type(signal) == "string" and signal:match("^%d+$") then signal = tonumber(signal) end
   local ok, signum = pcall(core.signum, signal or "SIGTERM")
-  if not ok then V.fail("signal", ("unknown signal %s"):format(tostring(signal))) end
+  if not ok or signum == 0 then V.fail("signal", ("unknown signal %s"):format(tostring(signal))) end
   return signum
+end
+
+-- Signals whose default action does not end a process: sending one does
+-- not make the process's end a kill (status "killed").
+local NOT_ENDING = {}
+for _, name in ipairs { "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGWINCH" } do
+  NOT_ENDING[core.signum(name)] = true
 end
 
 function Process:_kill(signal, scan)
@@ -287,7 +315,7 @@ function Process:_kill(signal, scan)
   if not scan and in_proc_tree(self) then scan = tree.proc_table() end
   if not self:_alive(scan) then return { success = false, processId = self.id, status = self.status } end
   -- (a process that already ended keeps its status; its leftovers die)
-  if self:_running() then self._signalled = true end
+  if self:_running() and not NOT_ENDING[signum] then self._signalled = true end
   self:_signal_tree(signum, scan)
   if signal == nil and not self._timers.kill then
     local grace = self._sandbox.policy.limits.killGraceMs
