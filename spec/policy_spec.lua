@@ -59,9 +59,17 @@ describe("policy validation", function()
     assert.same({ "VALIDATION_FAILED", "policy" }, { err.code, err.context.field })
     assert.equal('policy: unknown policy "stirct": the presets are dev, strict; ' ..
       "or give a module name or a path to a .lua file", err.message)
-    with_sandbox({ policy = "strict" }, function(sb)
-      assert.equal(moonbox.policies.strict.limits.maxSessions, sb:info().limits.maxSessions)
-    end)
+    if os.getenv("MOONBOX_TEST_ISOLATION") == "none" then
+      -- its network = "none" needs namespaces: refused, never quietly the host's
+      run_task(function()
+        local e = err_of(helper.new_sandbox, { policy = "strict" })
+        assert.same({ "VALIDATION_FAILED", "policy.network" }, { e.code, e.context.field })
+      end)
+    else
+      with_sandbox({ policy = "strict" }, function(sb)
+        assert.equal(moonbox.policies.strict.limits.maxSessions, sb:info().limits.maxSessions)
+      end)
+    end
   end)
 
   it("offers presets as plain data", function()
@@ -100,6 +108,14 @@ describe("policy hooks", function()
       local t = sb:terminal {}
       assert.equal(100, t.cols)
       t:close()
+    end)
+  end)
+
+  it("env false removes a default from every shell, the prewarmed one too", function()
+    with_sandbox({ policy = { env = { LANG = false, EXTRA = "e" } } }, function(sb)
+      assert.equal("unset e\n", sb:exec("echo ${LANG-unset} $EXTRA").stdout)
+      local s = sb:createSession { id = "other" }
+      assert.equal("unset e\n", s:exec("echo ${LANG-unset} $EXTRA").stdout)
     end)
   end)
 

@@ -237,6 +237,9 @@ end
         { { network = "none" }, "network" },
         { { policy = { mounts = { { type = "tmpfs", dst = "/mnt/t" } } } }, "policy.mounts" },
         { { policy = { hostname = "box" } }, "policy.hostname" },
+        { { policy = { network = "none" } }, "policy.network" },
+        { { policy = { isolation = "none", network = "none" } }, "policy.network" },
+        { { policy = "strict" }, "policy.network" },
       } do
         local opts = case[1]
         opts.isolation = "none"
@@ -245,6 +248,10 @@ end
         assert.same({ "VALIDATION_FAILED", case[2] }, { err.code, err.context.field })
       end
       local sb = moonbox.getSandbox("needs-ns", { isolation = "none", network = "host" })
+      assert.same({ "none", "host" }, { sb:info().isolation, sb:info().network })
+      sb:destroy()
+      -- the caller's network = "host" over a policy's "none" asks for nothing namespaces alone give
+      sb = moonbox.getSandbox("needs-ns", { isolation = "none", network = "host", policy = { network = "none" } })
       assert.same({ "none", "host" }, { sb:info().isolation, sb:info().network })
       sb:destroy()
     end)

@@ -1,4 +1,5 @@
--- A strict preset: small, bounded, no host network (under isolation).
+-- A strict preset: small, bounded, no host network (which needs namespaces:
+-- with isolation "none" getSandbox refuses it).
 return {
   name = "strict",
   network = "none",

@@ -109,14 +109,16 @@ function M.getSandbox(id, opts)
     unisolated = why
   end
   -- what only namespaces give, asked for in so many words, is refused
-  -- without them, never quietly dropped: a network of its own asked of
-  -- getSandbox, the policy's mounts, its hostname. (A preset's network
-  -- and the limits are what info() says is in force.)
+  -- without them, never quietly dropped: a network of its own (asked of
+  -- getSandbox or by the policy, a preset's too), the policy's mounts, its
+  -- hostname. (The limits are what info() says is in force.)
   if isolation == "none" or unisolated then
-    local field = (opts.network == "none" and "network") or (policy.mounts and next(policy.mounts) and "policy.mounts")
-      or (policy.hostname and "policy.hostname")
+    local no_network = (opts.network or policy.network) == "none"
+    local field = (no_network and (opts.network and "network" or "policy.network"))
+      or (policy.mounts and next(policy.mounts) and "policy.mounts") or (policy.hostname and "policy.hostname")
     if field then
-      local what = ("%s needs the sandbox's own namespaces"):format(field == "network" and 'network = "none"' or field)
+      local what = ("%s needs the sandbox's own namespaces"):format(field:find("network") and 'network = "none"'
+        or field)
       if isolation == "none" then
         errors.raise("VALIDATION_FAILED", ("%s: %s, and isolation is \"none\""):format(field, what), { field = field })
       end
@@ -530,7 +532,7 @@ end
 -- env for a new shell: policy defaults < sandbox env < session env
 function Sandbox:_session_env(extra)
   local env = {}
-  for k, v in pairs(self.policy.env) do env[k] = v end
+  for k, v in pairs(self.policy.env) do env[k] = v or nil end -- (false: a default the policy removed)
   -- inside namespaces the host's home does not exist; /root is a private tmpfs
   env.HOME = env.HOME or (self.init and "/root") or os.getenv("HOME") or "/root"
   env.MOONBOX_SANDBOX = self.id

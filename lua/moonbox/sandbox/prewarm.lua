@@ -88,7 +88,7 @@ local function make()
   if not init then drop(s) return nil end
   s.init, s.namespaces = init, namespaces
   local caps = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
-  local env = { PATH = policy.env.PATH, LANG = policy.env.LANG, HOME = "/root" }
+  local env = { PATH = policy.env.PATH or nil, LANG = policy.env.LANG or nil, HOME = "/root" }
   s.shell = shell_mod.spawn {
     env = env, shell = policy.shell, deferred = true,
     cgroup = shell_cgroup, session_cgroup = session_cgroup,
