@@ -1046,6 +1046,24 @@ describe("files: gitCheckout", function()
     end)
   end)
 
+  it("asks onExec before cloning a repository only the host has, and leaves nothing when it denies", function()
+    local asked = {}
+    with_sandbox(function(sb)
+      local dir = mkdtemp()
+      sh("cd " .. dir .. " && " .. G .. "init -q --bare origin.git && " .. G .. "init -q src && cd src && " ..
+        "echo host > f && " .. G .. "add f && " .. G .. "commit -qm one && " .. G .. "push -q ../origin.git HEAD:main")
+      local err = fails("POLICY_DENIED", sb.gitCheckout, sb, dir .. "/origin.git", { targetDir = "denied" })
+      assert.truthy(err.message:find("no clones", 1, true))
+      assert.is_false(sb:exists("denied").exists)
+      assert.same({ "git", "clone" }, { asked[1][1], asked[1][2] })
+      os.execute("rm -rf " .. dir)
+    end, { policy = { hooks = { onExec = function(_, cmd)
+      asked[#asked + 1] = cmd
+      if type(cmd) == "table" and cmd[2] == "clone" then return nil, "no clones" end
+      return cmd
+    end } } })
+  end)
+
   it("raises GIT_REPOSITORY_NOT_FOUND, GIT_BRANCH_NOT_FOUND and INVALID_GIT_URL", function()
     with_origin(function(sb, url)
       local err = fails("GIT_REPOSITORY_NOT_FOUND", sb.gitCheckout, sb, url .. "-missing")

@@ -10,6 +10,7 @@ local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
 local compose = require "moonbox.lib.compose"
 local paths = require "moonbox.files.paths"
+local policy_mod = require "moonbox.policy"
 local fail, root_of, target, queued = paths.fail, paths.root_of, paths.target, paths.queued
 local Session = {} -- this part's methods, installed by session/init.lua (M.install)
 
@@ -179,6 +180,14 @@ function Session:gitCheckout(repo_url, opts)
       "/workspace only, not %s"):format(url, t.view), { repoUrl = repo_url, targetDir = t.view })
   end
   if host_only then
+    -- the policy's onExec is asked as for a clone the session runs; the
+    -- clone runs on the host, so a rewrite cannot be honoured: refused
+    local changed = policy_mod.call_hook(sb.policy, "onExec", "gitCheckout", { command = argv }, self, argv,
+      { timeout = opts.timeout, env = git_env })
+    if changed ~= nil and changed ~= argv then
+      errors.raise("POLICY_DENIED", ("git clone %s: the onExec hook rewrote a clone of a repository only the host " ..
+        "has, which runs on the host and cannot be rewritten"):format(url), { repoUrl = repo_url, hook = "onExec" })
+    end
     -- clone next to the workspace on the host (not inside it, where the
     -- sandbox could plant a symlink), then move it in with a confined rename
     sb.clone_seq = (sb.clone_seq or 0) + 1
