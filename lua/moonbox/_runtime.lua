@@ -93,6 +93,11 @@ function M.main(chunk, drive, ...)
     watch_signals()
     local ok, err = xpcall(async.run, function(e)
       if errors.is_error(e) then return e end
+      if type(e) == "string" or type(e) == "number" then
+        -- a task's: where the task raised it (the runner's own adds nothing)
+        local where = async.traceback_of(e)
+        if where then return tostring(e) .. "\n" .. where end
+      end
       if type(e) ~= "string" then
         -- an error value of the script's own: its text (as __tostring or a
         -- {code, message} table gives it), then where its task raised it

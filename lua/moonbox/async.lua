@@ -20,9 +20,22 @@ local Task = {}
 Task.__index = Task
 
 -- error value (a table of the script's own) -> where its task raised it,
--- for the CLI's report of an uncaught error; the value stays as raised
+-- for the CLI's report of an uncaught error; the value stays as raised.
+-- A string or number cannot carry it: the last few are kept by value.
 local tracebacks = setmetatable({}, { __mode = "k" })
-function M.traceback_of(err) return tracebacks[err] end
+local by_value, by_value_order, BY_VALUE_MAX = {}, {}, 16
+local function keep_traceback(err, tb)
+  if type(err) == "table" then tracebacks[err] = tb return end
+  if by_value[err] == nil then
+    by_value_order[#by_value_order + 1] = err
+    if #by_value_order > BY_VALUE_MAX then by_value[table.remove(by_value_order, 1)] = nil end
+  end
+  by_value[err] = tb
+end
+function M.traceback_of(err)
+  if type(err) == "table" then return tracebacks[err] end
+  return by_value[err]
+end
 
 local finished = 0 -- tasks finished so far: the order all() reports errors in
 
@@ -40,9 +53,10 @@ local function finish(task, ok, results)
       -- (debug.traceback returns a nil message as it is: pass "" and drop its "\n")
       if not err.traceback then err.traceback = debug.traceback(task.co, "", 0):sub(2) end
     elseif type(err) == "string" or type(err) == "number" then
-      err = debug.traceback(task.co, tostring(err), 0)
+      -- re-raised as it was raised (moonbox.run, task:wait, all)
+      if M.traceback_of(err) == nil then keep_traceback(err, debug.traceback(task.co, "", 0):sub(2)) end
     elseif type(err) == "table" and not tracebacks[err] then
-      tracebacks[err] = debug.traceback(task.co, "", 0):sub(2)
+      keep_traceback(err, debug.traceback(task.co, "", 0):sub(2))
     end -- any other value (a table with its own code, ...) is kept as raised
     task.err = err
     if #task.waiters == 0 and not (errors.is_error(err) and err.code == "CANCELLED") then
@@ -227,6 +241,29 @@ core.set_error_handler(function(err)
   io.stderr:write("moonbox: error in callback: ", errors.format(err), "\n")
   callback_errors[#callback_errors + 1] = err
 end)
+
+-- user_callback(where, fn, ...) -> ok: a script's callback (onOutput,
+-- onExit, onData, ...) run protected, so that what the runtime does after
+-- it (keeping the chunk, telling streams) still happens. Its error is
+-- printed with where it was raised and, like an uncaught task error,
+-- fails the run (moonbox.run raises the first once everything finished).
+local function note_traceback(e)
+  if not errors.is_error(e) and M.traceback_of(e) == nil and (type(e) == "string" or type(e) == "number"
+    or type(e) == "table") then
+    keep_traceback(e, debug.traceback("", 2):sub(2))
+  end
+  return e
+end
+function M.user_callback(where, fn, ...)
+  local ok, err = xpcall(fn, note_traceback, ...)
+  if not ok then
+    local where_raised = not errors.is_error(err) and M.traceback_of(err)
+    io.stderr:write("moonbox: error in ", where, ": ", errors.format(err), where_raised and ("\n" .. where_raised)
+      or "", "\n")
+    callback_errors[#callback_errors + 1] = err
+  end
+  return ok
+end
 
 -- Nothing can wake the waiting tasks: finish each with a DEADLOCK error
 -- (its traceback shows where it waits) after running its pending cleanup,

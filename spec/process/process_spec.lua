@@ -308,6 +308,34 @@ describe("logs", function()
   end)
 end)
 
+describe("callbacks that raise", function()
+  it("lose nothing: streams and logs get every chunk, and the run fails once everything finished", function()
+    local seen = {}
+    local ok, err = pcall(moonbox.run, function()
+      local sb = helper.new_sandbox()
+      local cmd = "for i in 1 2 3; do echo $i; sleep 0.02; done"
+      local r = sb:exec(cmd, { onOutput = function() error("exec-cb", 0) end })
+      seen.exec = r.stdout
+      local evs = {}
+      for ev in sb:execStream(cmd, { onOutput = function() error("stream-cb", 0) end }) do
+        if ev.type == "stdout" then evs[#evs + 1] = ev.data end
+      end
+      seen.stream = table.concat(evs)
+      local p = sb:startProcess(cmd, { onOutput = function() error("proc-cb", 0) end,
+        onExit = function() error("exit-cb", 0) end })
+      local got = {}
+      for ev in sb:streamProcessLogs(p.id) do got[#got + 1] = ev.data or ("exit " .. ev.exitCode) end
+      seen.process = table.concat(got)
+      seen.logs = p:getLogs().stdout
+      sb:destroy()
+    end)
+    assert.is_false(ok)
+    assert.equal("exec-cb", err) -- the first, as raised
+    assert.same({ exec = "1\n2\n3\n", stream = "1\n2\n3\n", process = "1\n2\n3\nexit 0", logs = "1\n2\n3\n" },
+      seen)
+  end)
+end)
+
 describe("waitForLog patterns (issue #14: nothing stalls the loop)", function()
   local loop_lag_during = helper.loop_stall
 

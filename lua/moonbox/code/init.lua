@@ -437,10 +437,12 @@ function Session:runCode(code, opts)
   ctx, opts, code = prepare(self, code, opts)
   local limit = self.sandbox.policy.limits.maxOutputBytes
   local function emit(ev)
-    local cb = ({ stdout = opts.onStdout, stderr = opts.onStderr })[ev.type]
-    if cb then cb(ev.text)
-    elseif ev.type == "result" and opts.onResult then opts.onResult(ev.result)
-    elseif ev.type == "error" and opts.onError then opts.onError(ev.error) end
+    local name = ({ stdout = "onStdout", stderr = "onStderr", result = "onResult", error = "onError" })[ev.type]
+    local cb = name and opts[name]
+    if not cb then return end
+    local arg = ev.text
+    if ev.type == "result" then arg = ev.result elseif ev.type == "error" then arg = ev.error end
+    async.user_callback(name, cb, arg)
   end
   return ctx.queue:run(run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit,
     self.sandbox.policy.limits.maxBufferedBytes)

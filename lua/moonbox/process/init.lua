@@ -58,7 +58,7 @@ end
 
 function Process:_output(stream, data)
   self._logs[stream]:append(data)
-  if self._on_output then self._on_output(stream, data) end
+  if self._on_output then async.user_callback("onOutput", self._on_output, stream, data) end
   notify(self._listeners, stream, data)
 end
 
@@ -112,10 +112,7 @@ function Process:_exit_told(code, scan)
   if scan ~= false and not (next(self._timers) and self:_alive(scan)) then self:_close_timers() end
   if self._cgroup then self:_alive() end -- an empty cgroup is removed now
   M.completed(self, scan) -- (before anyone is told: a waiter sees the bounds applied)
-  if self._on_exit then
-    local ok, err = pcall(self._on_exit, code)
-    if not ok then io.stderr:write("moonbox: onExit: ", errors.format(err), "\n") end
-  end
+  if self._on_exit then async.user_callback("onExit", self._on_exit, code) end
   notify(self._listeners, "exit", code)
   local waiters = self._exit_waiters
   self._exit_waiters = {}
@@ -676,8 +673,7 @@ function Session:startProcess(command, opts)
     end)
   end
   if opts.onStart then
-    local ok, err = pcall(opts.onStart, p)
-    if not ok then io.stderr:write("moonbox: onStart: ", errors.format(err), "\n") end
+    async.user_callback("onStart", opts.onStart, p)
   end
   return p
 end

@@ -516,7 +516,7 @@ local function collector(limit, on_output, budget_ceiling)
       if not b then b = core.bytes() c.bufs[stream] = b end
       b:append(data)
       c.size[stream] = c.size[stream] + #data
-      if on_output then on_output(stream, data) end
+      if on_output then async.user_callback("onOutput", on_output, stream, data) end
     end
   end
   return c
@@ -597,7 +597,7 @@ function Session:execStream(command, opts)
   -- the command is done, the sink lets go of the queue and the hold)
   local sink_hold, sink_push = hold, push
   local function sink(stream, data)
-    if user_output then user_output(stream, data) end
+    if user_output then async.user_callback("onOutput", user_output, stream, data) end
     if not sink_hold then return end
     if cut[stream] then truncated = true return end
     -- past the bound: the part that fits, then nothing more of this stream

@@ -109,7 +109,7 @@ end
 
 function Terminal:_data(data)
   if self._resize_guard then self:_keep_size() end
-  for _, fn in ipairs(self.listeners) do fn(data) end
+  for _, fn in ipairs(self.listeners) do async.user_callback("onData", fn, data) end
   self.chunks[#self.chunks + 1] = data
   self.buffered = self.buffered + #data
   while self.buffered > MAX_BUFFERED and #self.chunks > 1 do
