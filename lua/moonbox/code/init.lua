@@ -471,13 +471,16 @@ function Session:runCodeStream(code, opts)
     end
     push(false)
   end)
+  local ended = false
   return setmetatable({ task = task }, { __call = function()
+    if ended then return nil end -- (called again after the end: nil again, never a wait)
     while head > tail do
       async.await(function(resume) waiter = resume return function() waiter = nil end end, "runCodeStream")
     end
     local ev = events[head]
     events[head] = nil
     head = head + 1
+    if not ev then ended = true end
     return ev or nil
   end })
 end

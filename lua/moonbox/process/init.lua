@@ -901,8 +901,10 @@ function Session:streamProcessLogs(id)
     hold:release()
     push(false)
   end
+  local ended = false
   return setmetatable({ close = close, cancel = close }, {
     __call = function()
+      if ended then return nil end -- (called again after the end: nil again, never a wait)
       while head > tail do
         async.await(function(resume)
           waiter = resume
@@ -913,6 +915,7 @@ function Session:streamProcessLogs(id)
       events[head] = nil
       head = head + 1
       if not ev then
+        ended = true
         hold:release()
         return nil
       end

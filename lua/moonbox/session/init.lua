@@ -646,8 +646,10 @@ function Session:execStream(command, opts)
     elseif not control.started then task:cancel() end -- still queued: it never runs
     -- (started but not yet running: _run sees control.cancelled and stops)
   end
+  local ended = false
   local iter = setmetatable({ task = task, cancel = cancel }, {
     __call = function()
+      if ended then return nil end -- (called again after the end: nil again, never a wait)
       while head > tail do
         local ok, err = pcall(async.await, function(resume)
           waiter = resume
@@ -663,7 +665,11 @@ function Session:execStream(command, opts)
       local ev = events[head]
       events[head] = nil
       head = head + 1
-      if not ev then hold:release() return nil end
+      if not ev then
+        ended = true
+        hold:release()
+        return nil
+      end
       if ev._size then
         queued[ev.type] = queued[ev.type] - ev._size
         hold:give(ev._size)
