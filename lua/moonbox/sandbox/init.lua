@@ -735,22 +735,28 @@ function Sandbox:deleteSession(id)
   return { success = true, sessionId = id, timestamp = util.timestamp() }
 end
 
--- The default session, made on first use. Making it may wait (it adopts the
--- warm spare shell); tasks that ask meanwhile wait for that one instead of
--- making (and leaking) shells of their own.
-function Sandbox:_default()
-  while true do
-    self:_check_live()
-    local s = self.sessions.default
-    if type(s) == "table" then return s end
-    if s ~= true then break end
+-- The default session, once one that is starting has started (or failed
+-- to); nil when there is none.
+function Sandbox:_default_settled()
+  while self.sessions.default == true do
     async.await(function(resume)
       self.default_waiters = self.default_waiters or {}
       local w = { resume = resume }
       table.insert(self.default_waiters, w)
       return function() w.resume = function() end end
     end, "default session")
+    self:_check_live()
   end
+  return self.sessions.default or nil
+end
+
+-- The default session, made on first use. Making it may wait (it adopts the
+-- warm spare shell); tasks that ask meanwhile wait for that one instead of
+-- making (and leaking) shells of their own.
+function Sandbox:_default()
+  self:_check_live()
+  local s = self:_default_settled()
+  if s then return s end
   self:_check_session_room(", so no default session") -- it counts like any other
   self.sessions.default = true -- reserved while it starts
   local ok, s = pcall(session_mod.new, self, "default", { env = self:_session_env(), cwd = self.home })
@@ -771,7 +777,8 @@ end
 function Sandbox:setEnvVars(map)
   self:_check_live()
   local env = V.env(V.type(map, "table", "envVars"), "envVars")
-  local default = type(self.sessions.default) == "table" and self.sessions.default or nil
+  -- a default session that is starting took its env before this call: wait for it
+  local default = self:_default_settled()
   -- the policy sees (and may rewrite or refuse) what later sessions get too
   env = session_mod.env_hook(self, default or self, env)
   for k, v in pairs(env) do self.env[k] = v end
