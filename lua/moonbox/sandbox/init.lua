@@ -755,8 +755,8 @@ end
 -- making (and leaking) shells of their own.
 function Sandbox:_default()
   self:_check_live()
-  local s = self:_default_settled()
-  if s then return s end
+  local existing = self:_default_settled()
+  if existing then return existing end
   self:_check_session_room(", so no default session") -- it counts like any other
   self.sessions.default = true -- reserved while it starts
   local ok, s = pcall(session_mod.new, self, "default", { env = self:_session_env(), cwd = self.home })
