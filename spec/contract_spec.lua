@@ -161,6 +161,39 @@ describe("contract: commands", function()
   end)
 end)
 
+describe("contract: a script's own traps", function()
+  it("trap lists only the user's traps, the kept EXIT one included", function()
+    with_sandbox(function(sb)
+      assert.equal("", sb:exec("trap -p").stdout)
+      assert.equal("", sb:exec("trap").stdout)
+      local r = sb:exec("trap 'echo it'\\''s mine' EXIT; trap 'echo int' INT; trap -p EXIT; echo --; trap")
+      assert.equal("trap -- 'echo it'\\''s mine' EXIT\n--\ntrap -- 'echo it'\\''s mine' EXIT\n" ..
+        "trap -- 'echo int' SIGINT\n", r.stdout)
+      -- the session's interrupt signal is refused, also as a number a reset takes
+      for _, cmd in ipairs { "trap 'echo x' RTMIN+3", "trap - SIGRTMIN+3", "trap 37 TERM" } do
+        r = sb:exec(cmd)
+        assert.equal(1, r.exitCode, cmd)
+        assert.truthy(r.stderr:find("used by the session shell itself", 1, true), cmd)
+      end
+    end)
+  end)
+
+  it("a USR1 trap or kill -USR1 $$ is the script's own: timeouts still end the command, the signal kills as in bash", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:exec("V=keep; trap 'echo got-usr1' USR1")
+      local r = s:exec("sleep 10; touch after-timeout; echo after", { timeout = 300 })
+      assert.same({ 124, true, "" }, { r.exitCode, r.timedOut, r.stdout })
+      assert.equal("keep\n", s:exec("echo $V").stdout)
+      assert.equal("got-usr1\nstill\n", s:exec("kill -USR1 $$; echo still").stdout)
+      local s2 = sb:createSession {}
+      r = s2:exec("kill -USR1 $$; echo after")
+      assert.same({ 138, false, "" }, { r.exitCode, r.timedOut, r.stdout })
+      assert.is_false(sb:exists("after-timeout").exists)
+    end)
+  end)
+end)
+
 describe("contract: sessions", function()
   it("a sandbox setEnvVars that comes while the default session starts reaches it", function()
     with_sandbox(function(sb)

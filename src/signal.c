@@ -2,6 +2,7 @@
 #include "private.h"
 
 #include <signal.h>
+#include <strings.h>
 #include <string.h>
 
 #define SIGNAL "moonbox.signal"
@@ -41,6 +42,27 @@ static const struct {
                     {"SIGSYS", SIGSYS},
                     {NULL, 0}};
 
+/* "SIGRTMIN", "SIGRTMIN+N", "SIGRTMAX-N" (the SIG optional, any case), as
+ * bash and kill(1) name them: libc's SIGRTMIN is a call, not a constant
+ * (glibc keeps the first two for itself); 0 when s is none of them. */
+static int realtime_signal(const char *s) {
+  if (strncasecmp(s, "SIG", 3) == 0) s += 3;
+  int base, sign;
+  if (strncasecmp(s, "RTMIN", 5) == 0) base = SIGRTMIN, sign = 1;
+  else if (strncasecmp(s, "RTMAX", 5) == 0) base = SIGRTMAX, sign = -1;
+  else return 0;
+  s += 5;
+  if (!*s) return base;
+  if (*s != (sign > 0 ? '+' : '-') || !s[1] || strlen(s + 1) > 2) return 0;
+  int n = 0;
+  for (const char *p = s + 1; *p; p++) {
+    if (*p < '0' || *p > '9') return 0;
+    n = n * 10 + (*p - '0');
+  }
+  int sig = base + sign * n;
+  return sig >= SIGRTMIN && sig <= SIGRTMAX ? sig : 0;
+}
+
 /* Accepts a number or a name with or without the SIG prefix; raises on junk. */
 int mb_check_signal(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TNUMBER) {
@@ -54,6 +76,8 @@ int mb_check_signal(lua_State *L, int idx) {
     if (strcasecmp(s, signal_names[i].name) == 0 || strcasecmp(s, signal_names[i].name + 3) == 0)
       return signal_names[i].num;
   }
+  int rt = realtime_signal(s);
+  if (rt > 0) return rt;
   return luaL_argerror(L, idx, lua_pushfstring(L, "unknown signal '%s'", s));
 }
 
@@ -101,7 +125,9 @@ static int signame(lua_State *L) {
       lua_pushstring(L, signal_names[i].name);
       return 1;
     }
-  lua_pushnil(L);
+  if (n == SIGRTMIN) lua_pushstring(L, "SIGRTMIN");
+  else if (n > SIGRTMIN && n <= SIGRTMAX) lua_pushfstring(L, "SIGRTMIN+%d", n - SIGRTMIN);
+  else lua_pushnil(L);
   return 1;
 }
 

@@ -58,21 +58,51 @@ __mb_id=0
 # (this script is sourced at a body's depth: its BASH_SOURCE is as long)
 __mb_top=${#BASH_SOURCE[@]}; readonly __mb_top
 # shellcheck disable=SC2218
-builtin trap 'if [ -n "${__mb_in-}" ] && [ "${FUNCNAME[0]-}" != __mb_report ]; then [ "${#BASH_SOURCE[@]}" -le "$__mb_top" ] || builtin trap '\''if [ "${BASH_COMMAND%% *}" = __mb_report ]; then builtin trap - DEBUG; else return 124; fi'\'' DEBUG; return 124; fi' USR1
+# (SIGRTMIN+3, not a signal a script traps or sends: a user's USR1 trap or
+# `kill -USR1 $$` is the user's business, as in any bash)
+builtin trap 'if [ -n "${__mb_in-}" ] && [ "${FUNCNAME[0]-}" != __mb_report ]; then [ "${#BASH_SOURCE[@]}" -le "$__mb_top" ] || builtin trap '\''if [ "${BASH_COMMAND%% *}" = __mb_report ]; then builtin trap - DEBUG; else return 124; fi'\'' DEBUG; return 124; fi' RTMIN+3
+# the session's own two traps as `trap -p` prints them: left out of a
+# user's listing (the trap function below)
+# (and the KILL the builtin ignores, src/bash/spawn_builtin.c)
+__mb_trap_exit=$(builtin trap -p EXIT) __mb_trap_int=$(builtin trap -p RTMIN+3) __mb_trap_kill=$(builtin trap -p KILL)
+readonly __mb_trap_exit __mb_trap_int __mb_trap_kill
+# `trap` and `trap -p [SIG...]` list the user's traps: the kept EXIT action
+# in the place bash prints it, the session's own two left out. The
+# interrupt's signal is refused, as `enable` refuses the builtins.
+__mb_is_exit() { case "$1" in [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) return 0 ;; esac; return 1; }
+__mb_trap_list() { local __mb_l __mb_s __mb_x=0
+  [ "$#" -eq 0 ] && __mb_x=1
+  for __mb_s in "$@"; do __mb_is_exit "$__mb_s" && __mb_x=1; done
+  __mb_l="$(builtin trap -p "$@")"$'\n'
+  __mb_l=${__mb_l/"$__mb_trap_exit"$'\n'/}
+  __mb_l=${__mb_l/"$__mb_trap_int"$'\n'/}
+  [ -z "$__mb_trap_kill" ] || __mb_l=${__mb_l/"$__mb_trap_kill"$'\n'/}
+  [ "$__mb_x" = 1 ] && [ -n "$__mb_user_exit" ] &&
+    builtin printf "trap -- '%s' EXIT\n" "${__mb_user_exit//\'/\'\\\'\'}"
+  [ "$__mb_l" = $'\n' ] || builtin printf '%s' "$__mb_l"; }
 # `trap ... EXIT` from a command would replace the trap above, and with it
 # the report of the shell's exit (cwd, exports, the command's exit status):
 # EXIT (0, SIGEXIT) actions are kept aside for it to run instead
 # shellcheck disable=SC2064
 trap() { local __mb_a=("$@") __mb_rest=() __mb_sig __mb_set=0
   [ "${__mb_a[0]-}" = -- ] && __mb_a=("${__mb_a[@]:1}")
+  if [ "$#" -eq 0 ]; then __mb_trap_list; return; fi
+  if [ "${__mb_a[0]-}" = -p ]; then __mb_trap_list "${__mb_a[@]:1}"; return; fi
   case "${__mb_a[0]-}" in -?*) builtin trap "$@"; return ;; esac
+  # (the signals: all but the action; all when there is one word, or the
+  # first is a number, which bash then takes for a signal to reset)
+  __mb_rest=("${__mb_a[@]:1}")
+  case "${__mb_a[0]-}" in *[!0-9]*|'') [ "${#__mb_a[@]}" -lt 2 ] && __mb_rest=("${__mb_a[@]}") ;; *) __mb_rest=("${__mb_a[@]}") ;; esac
+  for __mb_sig in "${__mb_rest[@]}"; do case "$__mb_sig" in [Ss][Ii][Gg][Rr][Tt][Mm][Ii][Nn]+3|[Rr][Tt][Mm][Ii][Nn]+3|37)
+    builtin echo "trap: $__mb_sig: used by the session shell itself (timeouts)" >&2; return 1 ;; esac; done
+  __mb_rest=()
   if [ "${#__mb_a[@]}" -lt 2 ]; then
-    case "${__mb_a[0]-}" in [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) __mb_user_exit=; return 0 ;; esac
+    if __mb_is_exit "${__mb_a[0]-}"; then __mb_user_exit=; return 0; fi
     builtin trap "$@"; return
   fi
-  for __mb_sig in "${__mb_a[@]:1}"; do case "$__mb_sig" in
-    [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) __mb_set=1 ;; *) __mb_rest+=("$__mb_sig") ;;
-  esac; done
+  for __mb_sig in "${__mb_a[@]:1}"; do
+    if __mb_is_exit "$__mb_sig"; then __mb_set=1; else __mb_rest+=("$__mb_sig"); fi
+  done
   if [ "$__mb_set" = 1 ]; then [ "${__mb_a[0]}" = - ] && __mb_user_exit= || __mb_user_exit=${__mb_a[0]}; fi
   [ "${#__mb_rest[@]}" -eq 0 ] || builtin trap -- "${__mb_a[0]}" "${__mb_rest[@]}"
 }

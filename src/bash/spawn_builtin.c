@@ -217,7 +217,7 @@ static int mb_run_builtin(WORD_LIST *list) {
   int argc = read_words(body, buf, argv);
   char *path = argc > 0 ? external_command(argv[0]) : NULL;
   if (path) {
-    /* no body is being sourced: the timeout trap (USR1) has nothing to
+    /* no body is being sourced: the timeout trap (SIGRTMIN+3) has nothing to
      * return from, and the command's death is the end of it */
     bind_variable("__mb_in", "", 0);
     int status = spawn_and_wait(body, path, argv);

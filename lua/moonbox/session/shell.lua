@@ -896,12 +896,14 @@ end
 
 -- A command that timed out runs in the shell itself (a sourced body): its
 -- processes are killed, but bash would go on with the body's next command.
--- SIGUSR1 makes the shell's trap return from the body (a builtin loop too),
--- so nothing of the command runs after its timeout and the shell keeps its
--- state. Outside a body (a subshell's, or the report) the trap does nothing.
+-- SIGRTMIN+3 makes the shell's trap return from the body (a builtin loop
+-- too), so nothing of the command runs after its timeout and the shell
+-- keeps its state. Outside a body (a subshell's, or the report) the trap
+-- does nothing. (Not SIGUSR1: a script's own USR1 trap would replace it.)
+local INTERRUPT_SIGNAL = "SIGRTMIN+3"
 function Shell:interrupt()
   if self.dead then return end
-  core.kill(self.pid, "SIGUSR1")
+  core.kill(self.pid, INTERRUPT_SIGNAL)
 end
 
 function Shell:kill(sig)
