@@ -178,7 +178,7 @@ describe("contract: a script's own traps", function()
     end)
   end)
 
-  it("a USR1 trap or kill -USR1 $$ is the script's own: a timeout still ends the command, USR1 kills as in bash", function()
+  it("a USR1 trap or kill -USR1 $$ is the script's own: a timeout still ends the command, USR1 kills", function()
     with_sandbox(function(sb)
       local s = sb:createSession {}
       s:exec("V=keep; trap 'echo got-usr1' USR1")
