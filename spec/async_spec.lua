@@ -206,11 +206,11 @@ end)
 describe("moonbox.sleep", function()
   it("rejects a negative, NaN or non-number duration", function()
     run_task(function()
-      for _, ms in ipairs { -1, 0 / 0, "10" } do
+      for _, ms in ipairs { -1, 0 / 0, "10", math.huge } do
         local ok, err = pcall(moonbox.sleep, ms)
         assert.is_false(ok)
         assert.equals("VALIDATION_FAILED", err.code)
-        assert.equals("sleep: ms must be a number >= 0", err.message)
+        assert.equals("sleep: ms must be a finite number >= 0", err.message)
       end
     end)
   end)
@@ -223,6 +223,33 @@ describe("moonbox.sleep", function()
       assert.is_true(elapsed_since(t0) >= 30)
       moonbox.sleep(0)
     end)
+  end)
+end)
+
+describe("argument checks", function()
+  it("all refuses a nil or a non-function in any place before running any; run and sleep check theirs", function()
+    local ran = false
+    run_task(function()
+      local moon = require "moonbox"
+      for _, args in ipairs { { function() ran = true end, 42 }, { function() ran = true end, nil, function() end } } do
+        local ok, err = pcall(moon.all, args[1], args[2], args[3])
+        assert.is_false(ok)
+        assert.equal("VALIDATION_FAILED", err.code)
+        assert.matches("all: function 2", err.message)
+      end
+      assert.is_false(ran)
+      local ok, err = pcall(moon.sleep, math.huge)
+      assert.same({ false, "VALIDATION_FAILED" }, { ok, err.code })
+    end)
+    local ok, err = pcall(moonbox.run, "x")
+    assert.same({ false, "VALIDATION_FAILED" }, { ok, err.code })
+    assert.matches("^run:", err.message)
+    ok, err = pcall(moonbox.all, function() end)
+    assert.same({ false, "NOT_IN_TASK" }, { ok, err.code })
+    assert.matches("moonbox.all", err.message, 1, true)
+    ok, err = pcall(moonbox.getSandbox, "never-made")
+    assert.same({ false, "NOT_IN_TASK" }, { ok, err.code })
+    assert.matches("moonbox.getSandbox", err.message, 1, true)
   end)
 end)
 

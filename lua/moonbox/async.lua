@@ -81,7 +81,7 @@ end
 -- Start fn(...) as a task; it runs at once until its first wait.
 function M.spawn(fn, ...)
   if type(fn) ~= "function" then
-    errors.raise("VALIDATION_FAILED", "spawn: expected a function, got " .. type(fn))
+    errors.raise("VALIDATION_FAILED", "spawn: expected a function, got " .. type(fn), { field = "fn" })
   end
   local task = setmetatable({ co = coroutine.create(fn), waiters = {}, done = false }, Task)
   live = live + 1
@@ -173,8 +173,8 @@ function Task:status()
 end
 
 function M.sleep(ms)
-  if type(ms) ~= "number" or ms < 0 or ms ~= ms then
-    errors.raise("VALIDATION_FAILED", "sleep: ms must be a number >= 0")
+  if type(ms) ~= "number" or ms < 0 or ms ~= ms or ms == math.huge then
+    errors.raise("VALIDATION_FAILED", "sleep: ms must be a finite number >= 0", { field = "ms" })
   end
   M.await(function(resume)
     local timer = core.timer()
@@ -186,9 +186,22 @@ end
 -- all(f1, f2, ...) or all{f1, f2}: run concurrently; first results in order;
 -- the first error is raised once every function has settled.
 function M.all(...)
-  local fns = select("#", ...) == 1 and type((...)) == "table" and (...) or { ... }
+  local n = select("#", ...)
+  local fns = { ... }
+  if n == 1 and type(fns[1]) == "table" then
+    fns = fns[1]
+    n = #fns
+  end
+  -- every argument checked before any runs (a nil had ended the list)
+  for i = 1, n do
+    if type(fns[i]) ~= "function" then
+      errors.raise("VALIDATION_FAILED", ("all: function %d: expected a function, got %s"):format(i, type(fns[i])),
+        { field = "functions[" .. i .. "]" })
+    end
+  end
+  M.check_task("moonbox.all")
   local tasks = {}
-  for i, fn in ipairs(fns) do tasks[i] = M.spawn(fn) end
+  for i = 1, n do tasks[i] = M.spawn(fns[i]) end
   -- (the first error in time, as Promise.all rejects with)
   local results, first_err, first_seq = {}, nil, math.huge
   for i, t in ipairs(tasks) do
@@ -295,6 +308,9 @@ end
 
 -- run(fn, ...): fn's results, or its error re-raised.
 function M.run(fn, ...)
+  if type(fn) ~= "function" then
+    errors.raise("VALIDATION_FAILED", "run: expected a function, got " .. type(fn), { field = "fn" })
+  end
   if M.in_task() then return M.spawn(fn, ...):wait() end
   local task = M.spawn(fn, ...)
   local drove, drive_err = pcall(M.drive)

@@ -69,6 +69,7 @@ function M.getSandbox(id, opts)
   -- all the same: a mistake in them is not silently dropped)
   if registry[id] and opts == nil then return registry[id] end
   opts = V.options(opts, get_options, "getSandbox options")
+  if not registry[id] then async.check_task("moonbox.getSandbox") end -- (making one waits)
   local isolation = opts.isolation or "auto"
   if isolation ~= "auto" and isolation ~= "none" and isolation ~= "namespaces" then
     V.fail("isolation", "expected \"auto\", \"namespaces\" or \"none\"")
