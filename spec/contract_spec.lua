@@ -194,6 +194,21 @@ describe("contract: a script's own traps", function()
   end)
 end)
 
+describe("contract: the names the session shell's protocol calls", function()
+  it("an alias or function named eval, builtin or __mb_run does not take later commands' place", function()
+    with_sandbox(function(sb)
+      for _, def in ipairs { "alias eval='echo ev'", "eval() { :; }", "alias builtin='echo nope'", "builtin() { :; }",
+        "__mb_run() { :; }", "alias __mb_report=true" } do
+        local s = sb:createSession {}
+        local r = s:exec(def, { timeout = 10000 })
+        assert.same({ 0, false }, { r.exitCode, r.timedOut }, def)
+        r = s:exec("echo alive; type -t eval builtin", { timeout = 10000 })
+        assert.same({ 0, "alive\nbuiltin\nbuiltin\n" }, { r.exitCode, r.stdout }, def)
+      end
+    end)
+  end)
+end)
+
 describe("contract: sessions", function()
   it("a sandbox setEnvVars that comes while the default session starts reaches it", function()
     with_sandbox(function(sb)

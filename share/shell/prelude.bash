@@ -31,10 +31,13 @@ __mb_report_p() { builtin export -p >|@ENV@; builtin printf '\n%s %s %s\0%s\0' "
 # with the builtin every record carries the runtime's nonce (see
 # report_builtin.c); the hello tells the runtime the first one, before any
 # command runs. Without it records are not authenticated.
-# (status 1: __mb_rep was disabled, `builtin enable -d`; the same report is
-# also __mb_run -r. A refused report is status 3.)
+# (status 1 or 127: __mb_rep was disabled or deleted, `builtin enable -d`;
+# the same report is also __mb_run -r. A refused report is status 3. Not
+# `builtin __mb_rep`: a function named builtin would take the report's
+# place, and the report is what removes such a function, see
+# report_builtin.c keep_protocol_names.)
 if [ -n "$__mb_b" ]; then
-  __mb_report() { __mb_in=; builtin __mb_rep "$1" "$2" "$3" @ENV@ || { [ $? = 1 ] && builtin __mb_run -r "$1" "$2" "$3" @ENV@; }; }
+  __mb_report() { __mb_in=; __mb_rep "$1" "$2" "$3" @ENV@ || case $? in 1|127) builtin __mb_run -r "$1" "$2" "$3" @ENV@ ;; esac; }
   builtin __mb_rep -h
 else
   __mb_report() { __mb_in=; __mb_report_p "$@"; }

@@ -59,6 +59,7 @@
 
 #include "mb_builtins.h"
 #include "version.h"
+#include <alias.h>
 
 #define NONCE_HEX 32
 
@@ -186,6 +187,20 @@ static int hello(void) {
 
 /* Also `__mb_run -r ...` (spawn_builtin.c): a command that disables
  * __mb_rep (`builtin enable -d`) must not cost the session its reports. */
+/* The names the runtime's control line and command shapes call (`eval
+ * "$__mb_cN"`, `builtin __mb_run`, `__mb_report`): a function or an alias a
+ * command gave one of them would take every later command's place (the
+ * session would hang, or run the alias instead), so they go after the
+ * command that made them, as each report is written. */
+static void keep_protocol_names(void) {
+  static char *const names[] = {"eval", "builtin", "__mb_run", "__mb_rep", "__mb_report", NULL};
+  for (int i = 0; names[i]; i++) {
+    if (find_alias(names[i])) remove_alias(names[i]);
+    SHELL_VAR *f = find_function(names[i]);
+    if (f && !readonly_p(f)) unbind_func(names[i]);
+  }
+}
+
 int mb_rep_builtin(WORD_LIST *list) {
   if (list && !list->next && strcmp(list->word->word, "-h") == 0) return hello();
   char *args[4];
@@ -221,6 +236,7 @@ int mb_rep_builtin(WORD_LIST *list) {
   }
   char next[NONCE_HEX + 1];
   if (new_nonce(next) < 0) return REFUSED;
+  keep_protocol_names();
   int changed = report_env(args[3]);
   /* after a failed rewrite the file may hold anything: say it changed, so
    * the runtime reads it rather than trusting its copy (and the next report
