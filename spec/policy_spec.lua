@@ -111,6 +111,17 @@ describe("policy hooks", function()
     end)
   end)
 
+  it("a hook's wrong replacement is POLICY_ERROR saying what is wrong with it", function()
+    for _, case in ipairs {
+      { "echo a\0b", "a command with a NUL byte" }, { "  ", "a blank command" }, { {}, "an empty argv" },
+      { { x = 1 }, "a table that is not an argv" }, { { "ls", {} }, "an argv with a table word" },
+    } do
+      local err = err_of(policy.call_hook, { hooks = { onExec = function() return case[1] end } }, "onExec", "exec", {})
+      assert.equal("POLICY_ERROR", err.code)
+      assert.truthy(err.message:find(case[2], 1, true), err.message)
+    end
+  end)
+
   it("env false removes a default from every shell, the prewarmed one too", function()
     with_sandbox({ policy = { env = { LANG = false, EXTRA = "e" } } }, function(sb)
       assert.equal("unset e\n", sb:exec("echo ${LANG-unset} $EXTRA").stdout)

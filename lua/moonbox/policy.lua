@@ -279,10 +279,13 @@ end
 -- What each hook may return besides `true` (allowed unchanged): a
 -- replacement, checked here. Anything else is the hook's bug: POLICY_ERROR.
 local function check_command(v)
-  if type(v) == "string" then return v:find("%S") ~= nil and not v:find("\0", 1, true), "a blank command" end
+  if type(v) == "string" then
+    if v:find("\0", 1, true) then return false, "a command with a NUL byte" end
+    return v:find("%S") ~= nil, "a blank command"
+  end
   if type(v) ~= "table" then return false end
   local n = #v
-  if n == 0 then return false, "an empty argv" end
+  if n == 0 then return false, next(v) == nil and "an empty argv" or "a table that is not an argv (no word 1)" end
   for k, w in pairs(v) do
     if type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0 then return false, "an argv with a non-array key" end
     if type(w) ~= "string" and type(w) ~= "number" then return false, "an argv with a " .. type(w) .. " word" end

@@ -234,7 +234,9 @@ function Session:createCodeContext(opts)
     V.id(id, "id", "code context id")
   end
   sb.contexts = sb.contexts or {}
-  if sb.contexts[id] then errors.raise("CONTEXT_ALREADY_EXISTS", ("context %q exists"):format(id)) end
+  if sb.contexts[id] then
+    errors.raise("CONTEXT_ALREADY_EXISTS", ("context %q exists"):format(id), { contextId = id })
+  end
   local now = util.timestamp()
   local ctx = { id = id, language = language, cwd = sb:view_path(host_cwd), host_cwd = host_cwd, env = env,
     timeout = opts.timeout, createdAt = now, lastUsed = now, sandbox = sb, sessionId = self.id,

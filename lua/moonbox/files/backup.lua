@@ -400,7 +400,8 @@ function M.getSandbox(id, opts)
   if expired then errors.raise("BACKUP_EXPIRED", ("backup %s has expired"):format(bid), { id = bid }) end
   if not meta then errors.raise("BACKUP_NOT_FOUND", ("backup %s does not exist"):format(bid), { id = bid }) end
   if type(id) == "string" and sandbox_mod.all()[id] then
-    V.fail("from", ("sandbox %q already exists: from starts a new sandbox (use sandbox:restoreBackup)"):format(id))
+    V.fail("from", ("sandbox %q already exists: from starts a new sandbox (to restore into it: " ..
+      "sandbox:restoreBackup, over HTTP POST /v1/sandboxes/%s/backups/restore)"):format(id, id))
   end
   local rest = {}
   for k, v in pairs(opts) do if k ~= "from" then rest[k] = v end end

@@ -50,7 +50,7 @@ M.gitCheckout = {
 M.createSession = {
   name = "not supported: a session is named by its id",
   isolation = "not supported: sessions of a sandbox share it; isolation is getSandbox's option "
-    .. "(isolation = \"auto\"|\"none\") and each sandbox has its own",
+    .. "(isolation = \"auto\"|\"namespaces\"|\"none\") and each sandbox has its own",
 }
 
 M.runCode = {

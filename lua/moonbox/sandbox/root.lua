@@ -135,8 +135,10 @@ function M.lock(id, canon)
   if fd then return { fd = fd, path = path, made = not existed } end
   if code == "EAGAIN" then
     local pid = tonumber((holder or ""):match("^%s*(%d+)"))
-    errors.raise("SANDBOX_IN_USE", ("sandbox %q is in use by another runtime (pid %s) at %s")
-      :format(id, pid and tostring(pid) or "unknown", canon), { id = id, root = canon, pid = pid })
+    local by = pid == core.getpid() and "another sandbox of this runtime"
+      or ("another runtime (pid %s)"):format(pid and tostring(pid) or "unknown")
+    errors.raise("SANDBOX_IN_USE", ("sandbox %q: its root %s is in use by %s"):format(id, canon, by),
+      { id = id, root = canon, pid = pid })
   end
   errors.raise("FILESYSTEM_ERROR", "cannot lock the sandbox root: " .. tostring(msg), { root = canon, errno = code })
 end
