@@ -822,7 +822,8 @@ function Sandbox:info()
     idmap = util.copy(self.idmap),
     -- the bounding (and only) capability set of every process under
     -- namespaces; unisolated processes are the runtime's, with its own
-    capabilities = self.init and util.copy(self.policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES) or nil,
+    capabilities = self.init and isolation_mod.cap_names(self.policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
+      or nil,
   }
 end
 

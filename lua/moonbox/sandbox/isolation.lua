@@ -36,6 +36,20 @@ local CAP_NUMBERS = { chown = 0, dac_override = 1, dac_read_search = 2, fowner =
   block_suspend = 36, audit_read = 37, perfmon = 38, bpf = 39, checkpoint_restore = 40 }
 M.CAP_NUMBERS = CAP_NUMBERS
 
+-- The names as info() reports them: lower case, no CAP_ prefix, known ones
+-- only (cap_numbers' reading of them), once each.
+function M.cap_names(names)
+  local out, seen = {}, {}
+  for _, name in ipairs(names) do
+    local short = name:lower():gsub("^cap_", "")
+    if CAP_NUMBERS[short] and not seen[short] then
+      seen[short] = true
+      out[#out + 1] = short
+    end
+  end
+  return out
+end
+
 function M.cap_numbers(names)
   local out = {}
   for _, name in ipairs(names) do
