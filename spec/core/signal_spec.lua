@@ -37,7 +37,28 @@ describe("core.signum / core.signame", function()
 
   it("signame returns nil for a number without a name", function()
     assert.is_nil(core.signame(0))
-    assert.is_nil(core.signame(63))
+    assert.is_nil(core.signame(32)) -- (glibc's own, below SIGRTMIN)
+    assert.is_nil(core.signame(65))
+  end)
+
+  it("names the real-time signals as bash and kill(1) do, from SIGRTMIN (34 with glibc)", function()
+    assert.equals(34, core.signum("SIGRTMIN"))
+    assert.equals(37, core.signum("SIGRTMIN+3"))
+    assert.equals(37, core.signum("rtmin+3"))
+    assert.equals(63, core.signum("SIGRTMAX-1"))
+    assert.equals("SIGRTMIN+3", core.signame(37))
+    assert.equals("SIGRTMIN+29", core.signame(63))
+    for _, bad in ipairs { "SIGRTMIN+", "SIGRTMIN+31", "SIGRTMIN-1", "RTMAX+1", "SIGRTMIN+x", "SIGRTMIN+003" } do
+      assert.is_false(pcall(core.signum, bad), bad)
+    end
+  end)
+
+  it("refuses a number that is not a whole signal number", function()
+    for _, n in ipairs { 1.5, 0 / 0, math.huge, -0.5 } do
+      local ok, err = pcall(core.signum, n)
+      assert.is_false(ok)
+      assert.matches("signal number out of range", err, 1, true)
+    end
   end)
 
   it("maps names with or without the SIG prefix, in any case, to numbers", function()
