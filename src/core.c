@@ -352,6 +352,11 @@ static int core_gc(lua_State *L) {
     if (!uv_is_closing(&h->uv.handle)) uv_close(&h->uv.handle, on_close);
   while (core->handles) uv_run(core->loop, UV_RUN_NOWAIT);
   uv_run(core->loop, UV_RUN_NOWAIT); /* the SIGCHLD watcher's close callback */
+  /* Requests still on the thread pool (a file call, a /proc scan) call
+   * back with this struct: it must outlive them (their callbacks see dead
+   * and touch no Lua). A host's loop is not ours to run to its end, but
+   * every request ends: run it until none is left. */
+  while (!core->own_loop && core->loop->active_reqs.count > 0) uv_run(core->loop, UV_RUN_ONCE);
   if (core->own_loop) {
     uv_run(core->loop, UV_RUN_DEFAULT);
     uv_loop_close(core->loop);
