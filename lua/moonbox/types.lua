@@ -397,7 +397,8 @@ function Session:setEnvVars(map) end
 ---A background process.
 ---@class Process
 ---@field id string
----@field pid integer
+---@field pid integer the host's pid (the runtime's and a host-side script's view)
+---@field sandboxPid integer the pid the sandbox's own processes see (beyond)
 ---@field command string
 ---@field status ProcessStatus
 ---@field startTime string
@@ -754,7 +755,8 @@ function SessionMethods:deleteCodeContext(id) end
 
 ---An interactive shell on a pty.
 ---@class Terminal
----@field pid integer
+---@field pid integer the host's pid
+---@field sandboxPid integer the pid inside the sandbox (beyond)
 local Terminal = {}
 
 ---@param data string

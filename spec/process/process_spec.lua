@@ -22,6 +22,22 @@ describe("startProcess", function()
     end)
   end)
 
+  it("gives the pid the sandbox sees (sandboxPid) beside the host's (pid), for processes and terminals", function()
+    with_sandbox(function(sb)
+      local p = sb:startProcess("echo $$; sleep 100")
+      local seen = tonumber(p:waitForLog("^%d+", 10000).match)
+      assert.equal(seen, p.sandboxPid)
+      assert.equal(0, sb:exec("kill -0 " .. p.sandboxPid).exitCode)
+      assert.equal(sb:info().isolation == "namespaces", p.sandboxPid ~= p.pid)
+      local t = sb:terminal {}
+      t:write("echo TP=$$\n")
+      local out = ""
+      while not out:find("TP=%d+") do out = out .. assert(t:read()) end
+      assert.equal(t.sandboxPid, tonumber(out:match("TP=(%d+)")))
+      t:close()
+    end)
+  end)
+
   it("refuses a duplicate live processId and bad arguments", function()
     with_sandbox(function(sb)
       sb:startProcess("sleep 5", { processId = "web" })

@@ -649,6 +649,9 @@ function Session:startProcess(command, opts)
     return p
   end
   p.pid = proc:pid()
+  -- (beyond) the pid the sandbox's own processes see (`kill`, `ps` inside);
+  -- pid is the host's, as the runtime and a host-side script use it
+  if sb.init then p.sandboxPid = sb.init:inside_pid(p.pid) else p.sandboxPid = p.pid end
   p._proc = proc
   p.status = "running"
   if opts.stdin then

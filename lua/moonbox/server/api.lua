@@ -213,8 +213,8 @@ local function text_event(ev)
 end
 
 local function process_info(p)
-  return { id = p.id, pid = p.pid, command = p.command, status = p.status, startTime = p.startTime,
-    endTime = p.endTime, exitCode = p.exitCode, sessionId = p.sessionId, error = p.error,
+  return { id = p.id, pid = p.pid, sandboxPid = p.sandboxPid, command = p.command, status = p.status,
+    startTime = p.startTime, endTime = p.endTime, exitCode = p.exitCode, sessionId = p.sessionId, error = p.error,
     oomKilled = p.oomKilled }
 end
 

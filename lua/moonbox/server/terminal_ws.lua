@@ -157,8 +157,8 @@ function M.handle(req, res, sandboxId, sessionId)
   local t = entry.t
   -- what is unread is also in the replay: drop it, then replay, then go live
   if #t.chunks > 0 then t:read() end
-  send_json(ws, { type = "ready", cols = t.cols, rows = t.rows, pid = t.pid, sessionId = sessionId,
-    replayBytes = entry.replay_len })
+  send_json(ws, { type = "ready", cols = t.cols, rows = t.rows, pid = t.pid, sandboxPid = t.sandboxPid,
+    sessionId = sessionId, replayBytes = entry.replay_len })
   if entry.replay_len > 0 then ws:send(table.concat(entry.replay), true) end
   local pump_task = async.spawn(pump, entry, ws)
   for data, is_binary in ws:messages() do
