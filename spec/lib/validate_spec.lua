@@ -21,7 +21,7 @@ describe("unknown options", function()
     assert.equals("exec options.onoutput: unknown option (did you mean onOutput?)",
       refused(V.options, { onoutput = print }, exec_options, "exec options"))
     local _, context = refused(V.options, { timout = 1 }, exec_options, "exec options")
-    assert.same({ field = "exec options.timout" }, context)
+    assert.same({ field = "timout", options = "exec options" }, context)
   end)
 
   it("suggest nothing when no known option is near", function()

@@ -19,6 +19,11 @@ describe("startProcess", function()
       assert.equal("error", p.status)
       assert.truthy(p.error:find("ENOENT", 1, true))
       assert.is_nil(p.pid)
+      -- a wait for it says so, not "exited (code nil)"
+      local ok, err = pcall(p.waitForLog, p, "x", 1000)
+      assert.is_false(ok)
+      assert.equal("PROCESS_EXITED_BEFORE_READY", err.code)
+      assert.truthy(err.message:find("could not start (ENOENT", 1, true), err.message)
     end)
   end)
 

@@ -68,7 +68,10 @@ function M.options(opts, allowed, field)
   if type(opts) ~= "table" then fail(field, "expected a table, got " .. type(opts)) end
   for k in pairs(opts) do
     if not allowed[k] then
-      fail(field .. "." .. tostring(k), "unknown option" .. M.did_you_mean(k, allowed))
+      -- (context.field is the key itself, as the caller wrote it; the
+      -- message says whose option it is)
+      local message = ("%s.%s: unknown option%s"):format(field, tostring(k), M.did_you_mean(k, allowed))
+      errors.raise("VALIDATION_FAILED", message, { field = tostring(k), options = field })
     end
   end
   return opts

@@ -329,6 +329,12 @@ end
 
 function Process:getStatus() return self.status end
 
+-- "exited (code 3)", or for one that never started "could not start (...)"
+function Process:_how_ended()
+  if self.status == "error" then return ("could not start (%s)"):format(tostring(self.error)) end
+  return ("exited (code %s)"):format(tostring(self.exitCode))
+end
+
 function Process:getLogs()
   local r = { stdout = self._logs.stdout:text(), stderr = self._logs.stderr:text(),
     truncated = self._logs.stdout.truncated or self._logs.stderr.truncated }
@@ -493,8 +499,8 @@ function Process:waitForLog(pattern, timeout_ms, opts)
       local found = search()
       if found then return found end
       if not self:_running() then
-        errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q exited (code %s) before %s"):format(
-          self.id, tostring(self.exitCode), what), { processId = self.id, exitCode = self.exitCode })
+        errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q %s before %s"):format(self.id, self:_how_ended(),
+          what), { processId = self.id, exitCode = self.exitCode, status = self.status })
       end
       if deadline and util.now_ms() >= deadline then timed_out() end
       if not changed then
@@ -549,8 +555,8 @@ function Process:waitForPort(port, opts)
   while true do
     if probe[mode](host, port, probe_opts) then return { success = true, port = port, mode = mode } end
     if not self:_running() then
-      errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q exited (code %s) before port %d was ready"):format(
-        self.id, tostring(self.exitCode), port), { processId = self.id, exitCode = self.exitCode, port = port })
+      errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q %s before port %d was ready"):format(self.id,
+        self:_how_ended(), port), { processId = self.id, exitCode = self.exitCode, status = self.status, port = port })
     end
     if deadline and util.now_ms() >= deadline then
       errors.raise("PROCESS_READY_TIMEOUT", ("process %q: port %d (%s) not ready within %d ms"):format(
