@@ -236,6 +236,11 @@ describe("files: errors", function()
     end
     local ok, err = pcall(with_sandbox, function(sb)
       fails("NO_SPACE", sb.writeFile, sb, "small/big.bin", ("x"):rep(1024 * 1024))
+      -- the file the failed write made is gone; one that was there stays
+      assert.is_false(sb:exists("small/big.bin").exists)
+      sb:writeFile("small/old.txt", "old")
+      fails("NO_SPACE", sb.writeFile, sb, "small/old.txt", ("x"):rep(1024 * 1024))
+      assert.is_true(sb:exists("small/old.txt").exists)
       -- destroy removes the whole tree, and a mount point in it cannot go
       os.execute("umount " .. root .. "/workspace/small")
     end, { root = root })

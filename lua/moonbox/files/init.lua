@@ -230,8 +230,19 @@ function Session:writeFile(path, content, opts)
   local ok, result = pcall(queued, self, function()
     local timestamp = util.timestamp()
     local t = target(self, "writeFile", path)
-    local file = open_beneath("writeFile", t.view, root_of(self.sandbox), t.rel, "w")
-    using(file, function() file:write_all(data) end)
+    local root = root_of(self.sandbox)
+    -- made by this call, or there before: a write that fails (NO_SPACE,
+    -- a cancel) takes back a file it made, and leaves no part of its own
+    local fd, msg, code = fs.open_beneath(root, t.rel, "wx")
+    local made = fd ~= nil
+    if code == "EEXIST" then fd, msg, code = fs.open_beneath(root, t.rel, "w") end
+    check("writeFile", t.view, fd, msg, code)
+    local file = setmetatable({ fd = fd, op = "writeFile", view = t.view }, File)
+    local wrote, err = pcall(using, file, function() file:write_all(data) end)
+    if not wrote then
+      if made then pcall(afs.unlink_beneath, root, t.rel) end
+      error(err, 0)
+    end
     file:close()
     return { success = true, path = t.view, timestamp = timestamp }
   end)
