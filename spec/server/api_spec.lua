@@ -145,6 +145,11 @@ describe("api routing", function()
         { rawPath = base .. "/sessions/a%2F..%2Fb" }))
       assert_error(400, "VALIDATION_FAILED", call("POST", "/exec", { body = { command = "true", sessionId = "../x" } }))
       assert_error(400, "VALIDATION_FAILED", call("GET", "/processes", { query = { sessionId = "a/b" } }))
+      -- a sessionId in the query and another in the body: refused, not the body's silently
+      local st, b = call("POST", "/exec",
+        { query = { sessionId = "s1" }, body = { command = "true", sessionId = "s2" } })
+      assert_error(400, "VALIDATION_FAILED", st, b)
+      assert.equal("sessionId", b.context.field)
       assert_error(400, "VALIDATION_FAILED", request("GET", "/v1/sandboxes/Not-Valid!"))
       assert_error(400, "VALIDATION_FAILED", request("GET", "/v1/sandboxes/..", { rawPath = "/v1/sandboxes/%2E%2E" }))
     end)

@@ -174,6 +174,11 @@ function Ctx:session(from_body)
   if self._session then return self._session end
   local id
   if from_body then id = self:take({ sessionId = "string?" }).sessionId end
+  if id ~= nil and self.query.sessionId ~= nil and self.query.sessionId ~= id then
+    -- (as for a query parameter given twice with different values)
+    fail("VALIDATION_FAILED", ("sessionId: %q in the query and %q in the body"):format(
+      self.query.sessionId, id), { field = "sessionId" })
+  end
   id = id or self.query.sessionId
   if id == nil then
     self._session = self:sandbox():getSession("default")
