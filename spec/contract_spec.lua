@@ -296,4 +296,21 @@ describe("contract: code interpreter", function()
       assert.same({ "a b\n" }, sb:runCode("print('a', 'b')", { language = "python" }).logs.stdout)
     end)
   end)
+
+  it("gives onStdout and onStderr the seed's OutputMessage {text, timestamp}, which also reads as its text", function()
+    with_sandbox(function(sb)
+      local texts, joined, stamps, errs = {}, "", {}, {}
+      sb:runCode("print('out'); import sys; print('err', file=sys.stderr)", { language = "python",
+        onStdout = function(m)
+          texts[#texts + 1] = m.text
+          joined = joined .. m
+          stamps[#stamps + 1] = m.timestamp
+        end,
+        onStderr = function(m) errs[#errs + 1] = tostring(m) end })
+      assert.same({ "out\n" }, texts)
+      assert.equal("out\n", joined)
+      assert.matches("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ$", stamps[1])
+      assert.same({ "err\n" }, errs)
+    end)
+  end)
 end)

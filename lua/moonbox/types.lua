@@ -695,12 +695,18 @@ function SessionMethods:checkChanges(path, opts) end
 ---@field message string
 ---@field traceback string|string[]
 
+---A chunk of a run's output, as the seed's OutputMessage (tostring and ..
+---give its text).
+---@class OutputMessage
+---@field text string
+---@field timestamp string ISO-8601 UTC
+
 ---@class RunCodeOptions
 ---@field context? CodeContext|string a context or its id
 ---@field language? CodeLanguage the default context of this language when no context
 ---@field timeout? number ms
----@field onStdout? fun(text: string)
----@field onStderr? fun(text: string)
+---@field onStdout? fun(output: OutputMessage)
+---@field onStderr? fun(output: OutputMessage)
 ---@field onResult? fun(result: CodeResult)
 ---@field onError? fun(error: CodeError)
 

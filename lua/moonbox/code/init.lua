@@ -434,6 +434,14 @@ local function prepare(session, code, opts)
   return ctx, opts, code
 end
 
+-- What onStdout/onStderr get: the seed's OutputMessage, {text, timestamp};
+-- it also reads as its text (tostring, ..), for a callback written for a
+-- string.
+local OutputMessage = {
+  __tostring = function(m) return m.text end,
+  __concat = function(a, b) return tostring(a) .. tostring(b) end,
+}
+
 function Session:runCode(code, opts)
   local ctx
   ctx, opts, code = prepare(self, code, opts)
@@ -442,8 +450,10 @@ function Session:runCode(code, opts)
     local name = ({ stdout = "onStdout", stderr = "onStderr", result = "onResult", error = "onError" })[ev.type]
     local cb = name and opts[name]
     if not cb then return end
-    local arg = ev.text
-    if ev.type == "result" then arg = ev.result elseif ev.type == "error" then arg = ev.error end
+    local arg
+    if ev.type == "result" then arg = ev.result
+    elseif ev.type == "error" then arg = ev.error
+    else arg = setmetatable({ text = ev.text, timestamp = ev.timestamp }, OutputMessage) end
     async.user_callback(name, cb, arg)
   end
   return ctx.queue:run(run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit,
