@@ -13,7 +13,6 @@
  *         cgroups = {dir, ...} (joined by the init before anything else),
  *         on_exit(exit_code, term_signal) (the init itself ended)
  *   init:pid()           host pid of the init
- *   init:inside_pid(host) the pid inside of a running child of the init (nil if unknown)
  *   init:socket(kind)    "tcp4" | "tcp6": an unconnected socket in the sandbox's network namespace
  *   init:kill(signal)    signal the init (SIGKILL ends the whole sandbox)
  *   init:close()         stop serving: the init exits, and the pid namespace with it
@@ -822,9 +821,11 @@ static int ask(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_request r
 }
 
 /* Called by core.spawn for spec.sandbox: the init forks and runs the plan.
- * Returns 0 with *host_pid, or 0 with fail filled in (the child's set-up
- * failed and is already reaped), or an errno for a transport failure. */
-int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *host_pid, mb_child_report *fail) {
+ * Returns 0 with *host_pid and *inside_pid (the pid the sandbox sees), or 0
+ * with fail filled in (the child's set-up failed and is already reaped), or
+ * an errno for a transport failure. */
+int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *host_pid, pid_t *inside_pid,
+                    mb_child_report *fail) {
   mb_handle *h;
   nsinit_state *st = check_live(L, idx, &h);
   if (!usable(h, st)) return ESRCH;
@@ -843,6 +844,7 @@ int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *hos
   if (r.stage || r.err) return 0;
   if (host <= 0) return EPROTO;
   *host_pid = host;
+  *inside_pid = r.pid;
   lua_rawgeti(L, LUA_REGISTRYINDEX, st->pids_ref);
   lua_pushinteger(L, host);
   lua_rawseti(L, -2, r.pid);
@@ -852,25 +854,6 @@ int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *hos
 
 static int nsinit_pid(lua_State *L) {
   lua_pushinteger(L, check_live(L, 1, NULL)->pid);
-  return 1;
-}
-
-/* init:inside_pid(host_pid) -> the pid the sandbox's own processes see for
- * a child of the init that still runs (the table holds it until its exit
- * is told), or nil. */
-static int nsinit_inside_pid(lua_State *L) {
-  nsinit_state *st = check_live(L, 1, NULL);
-  lua_Integer host = luaL_checkinteger(L, 2);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, st->pids_ref);
-  lua_pushnil(L);
-  while (lua_next(L, -2) != 0) {
-    if (lua_tointeger(L, -1) == host) {
-      lua_pop(L, 1); /* the key stays on top */
-      return 1;
-    }
-    lua_pop(L, 1);
-  }
-  lua_pushnil(L);
   return 1;
 }
 
@@ -997,15 +980,9 @@ static int nsinit_new(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg nsinit_methods[] = {{"pid", nsinit_pid},
-                                          {"inside_pid", nsinit_inside_pid},
-                                          {"socket", nsinit_socket},
-                                          {"kill", nsinit_kill},
-                                          {"close", nsinit_close},
-                                          {"finish", nsinit_finish},
-                                          {"hold", nsinit_hold},
-                                          {"give", nsinit_give},
-                                          {NULL, NULL}};
+static const luaL_Reg nsinit_methods[] = {
+  {"pid", nsinit_pid},       {"socket", nsinit_socket}, {"kill", nsinit_kill}, {"close", nsinit_close},
+  {"finish", nsinit_finish}, {"hold", nsinit_hold},     {"give", nsinit_give}, {NULL, NULL}};
 
 void mb_open_nsinit(lua_State *L) {
   find_init();

@@ -165,7 +165,8 @@ int mb_stream_push_fd(lua_State *L, int fd, int is_pty);
  * child inside a sandbox through nsinit_host.c, which reports the children
  * its init started back to spawn.c's process objects. */
 /* nsinit_host.c: start plan inside the sandbox init at idx. */
-int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *host_pid, mb_child_report *fail);
+int mb_nsinit_spawn(lua_State *L, int idx, const mb_child_plan *plan, pid_t *host_pid, pid_t *inside_pid,
+                    mb_child_report *fail);
 /* spawn.c: a process object for pid, tracked until exit (pushed). */
 int mb_spawn_track(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx);
 /* spawn.c: pid exited with status: call its exit callback. */

@@ -24,6 +24,7 @@
 
 typedef struct {
   pid_t pid;
+  pid_t inside_pid; /* the pid in the sandbox's pid namespace (pid outside one) */
   int exited;
   int exit_code;
   int term_signal;
@@ -322,7 +323,7 @@ static int plan_fd(lua_State *L, spawn_job *job, int target, int vidx) {
 static int process_new(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx) {
   mb_process *pr = (mb_process *)lua_newuserdata(L, sizeof(mb_process));
   memset(pr, 0, sizeof *pr);
-  pr->pid = pid;
+  pr->pid = pr->inside_pid = pid;
   pr->core = core;
   pr->exit_ref = LUA_NOREF;
   luaL_getmetatable(L, PROCESS);
@@ -595,11 +596,11 @@ static int spawn(lua_State *L) {
     job_cleanup(&job);
     return mb_push_error(L, rc, fail_detail);
   }
-  pid_t pid;
+  pid_t pid, inside = 0;
   mb_child_report r = {0, 0};
   int failed = 0;
   if (sandbox_idx) {
-    int e = mb_nsinit_spawn(L, sandbox_idx, p, &pid, &r);
+    int e = mb_nsinit_spawn(L, sandbox_idx, p, &pid, &inside, &r);
     if (e) {
       job_cleanup(&job);
       return mb_push_errno(L, e, "spawn in sandbox");
@@ -630,6 +631,7 @@ static int spawn(lua_State *L) {
 
   /* Success: the process object, then a table of our ends of new pipes. */
   mb_spawn_track(L, core, pid, exit_cb_idx);
+  if (sandbox_idx) ((mb_process *)lua_touserdata(L, -1))->inside_pid = inside;
   lua_newtable(L);
   for (int i = 0; i < p->nfds; i++) {
     int fd = job.pipe_parent_end[i];
@@ -650,6 +652,13 @@ static mb_process *check_process(lua_State *L) { return (mb_process *)luaL_check
 
 static int process_pid(lua_State *L) {
   lua_pushinteger(L, check_process(L)->pid);
+  return 1;
+}
+
+/* process:sandbox_pid(): the pid the sandbox's own processes see (a sandbox
+ * init's child), else the same as pid() */
+static int process_sandbox_pid(lua_State *L) {
+  lua_pushinteger(L, check_process(L)->inside_pid);
   return 1;
 }
 
@@ -696,8 +705,11 @@ static int spawn_stats(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg process_methods[] = {
-  {"pid", process_pid}, {"kill", process_kill}, {"status", process_status}, {NULL, NULL}};
+static const luaL_Reg process_methods[] = {{"pid", process_pid},
+                                           {"sandbox_pid", process_sandbox_pid},
+                                           {"kill", process_kill},
+                                           {"status", process_status},
+                                           {NULL, NULL}};
 
 void mb_open_spawn(lua_State *L) {
   mb_fd_slots_reserve();

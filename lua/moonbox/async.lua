@@ -21,7 +21,9 @@ Task.__index = Task
 
 -- error value (a table of the script's own) -> where its task raised it,
 -- for the CLI's report of an uncaught error; the value stays as raised.
--- A string or number cannot carry it: the last few are kept by value.
+-- A string or number cannot carry it: the last 16 distinct values are kept
+-- by value (a value raised again keeps where it was first raised, as a
+-- table does).
 local tracebacks = setmetatable({}, { __mode = "k" })
 local by_value, by_value_order, BY_VALUE_MAX = {}, {}, 16
 local function keep_traceback(err, tb)

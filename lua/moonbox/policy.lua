@@ -142,9 +142,9 @@ local checks = {
   seccomp = function(v) expect(v, "string", "seccomp") end,
   capabilities = function(v)
     expect(v, "table", "capabilities")
-    local known = require("moonbox.sandbox.isolation").CAP_NUMBERS
+    local isolation = require "moonbox.sandbox.isolation"
     for i, c in ipairs(v or {}) do
-      if type(c) ~= "string" or not known[(c:lower():gsub("^cap_", ""))] then
+      if type(c) ~= "string" or not isolation.CAP_NUMBERS[isolation.cap_short_name(c)] then
         invalid(("capabilities[%d]"):format(i), ("unknown capability %q"):format(tostring(c)))
       end
     end

@@ -87,18 +87,17 @@ __mb_trap_list() { local __mb_l __mb_s __mb_x=0
 # the report of the shell's exit (cwd, exports, the command's exit status):
 # EXIT (0, SIGEXIT) actions are kept aside for it to run instead
 # shellcheck disable=SC2064
-trap() { local __mb_a=("$@") __mb_rest=() __mb_sig __mb_set=0
+trap() { local __mb_a=("$@") __mb_rest=() __mb_sigs __mb_sig __mb_set=0
   [ "${__mb_a[0]-}" = -- ] && __mb_a=("${__mb_a[@]:1}")
   if [ "$#" -eq 0 ]; then __mb_trap_list; return; fi
   if [ "${__mb_a[0]-}" = -p ]; then __mb_trap_list "${__mb_a[@]:1}"; return; fi
   case "${__mb_a[0]-}" in -?*) builtin trap "$@"; return ;; esac
   # (the signals: all but the action; all when there is one word, or the
   # first is a number, which bash then takes for a signal to reset)
-  __mb_rest=("${__mb_a[@]:1}")
-  case "${__mb_a[0]-}" in *[!0-9]*|'') [ "${#__mb_a[@]}" -lt 2 ] && __mb_rest=("${__mb_a[@]}") ;; *) __mb_rest=("${__mb_a[@]}") ;; esac
-  for __mb_sig in "${__mb_rest[@]}"; do case "$__mb_sig" in [Ss][Ii][Gg][Rr][Tt][Mm][Ii][Nn]+3|[Rr][Tt][Mm][Ii][Nn]+3|37)
+  __mb_sigs=("${__mb_a[@]:1}")
+  case "${__mb_a[0]-}" in *[!0-9]*|'') [ "${#__mb_a[@]}" -lt 2 ] && __mb_sigs=("${__mb_a[@]}") ;; *) __mb_sigs=("${__mb_a[@]}") ;; esac
+  for __mb_sig in "${__mb_sigs[@]}"; do case "$__mb_sig" in [Ss][Ii][Gg][Rr][Tt][Mm][Ii][Nn]+3|[Rr][Tt][Mm][Ii][Nn]+3|37)
     builtin echo "trap: $__mb_sig: used by the session shell itself (timeouts)" >&2; return 1 ;; esac; done
-  __mb_rest=()
   if [ "${#__mb_a[@]}" -lt 2 ]; then
     if __mb_is_exit "${__mb_a[0]-}"; then __mb_user_exit=; return 0; fi
     builtin trap "$@"; return

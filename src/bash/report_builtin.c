@@ -185,8 +185,6 @@ static int hello(void) {
   return write_all(status_fd, record, (size_t)n) < 0 ? REFUSED : EXECUTION_SUCCESS;
 }
 
-/* Also `__mb_run -r ...` (spawn_builtin.c): a command that disables
- * __mb_rep (`builtin enable -d`) must not cost the session its reports. */
 /* The names the runtime's control line and command shapes call (`eval
  * "$__mb_cN"`, `builtin __mb_run`, `__mb_report`): a function or an alias a
  * command gave one of them would take every later command's place (the
@@ -201,6 +199,8 @@ static void keep_protocol_names(void) {
   }
 }
 
+/* Also `__mb_run -r ...` (spawn_builtin.c): a command that disables
+ * __mb_rep (`builtin enable -d`) must not cost the session its reports. */
 int mb_rep_builtin(WORD_LIST *list) {
   if (list && !list->next && strcmp(list->word->word, "-h") == 0) return hello();
   char *args[4];

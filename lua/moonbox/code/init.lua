@@ -441,13 +441,14 @@ local OutputMessage = {
   __tostring = function(m) return m.text end,
   __concat = function(a, b) return tostring(a) .. tostring(b) end,
 }
+local CALLBACK_OF = { stdout = "onStdout", stderr = "onStderr", result = "onResult", error = "onError" }
 
 function Session:runCode(code, opts)
   local ctx
   ctx, opts, code = prepare(self, code, opts)
   local limit = self.sandbox.policy.limits.maxOutputBytes
   local function emit(ev)
-    local name = ({ stdout = "onStdout", stderr = "onStderr", result = "onResult", error = "onError" })[ev.type]
+    local name = CALLBACK_OF[ev.type]
     local cb = name and opts[name]
     if not cb then return end
     local arg

@@ -215,14 +215,22 @@ function Process:_signal_tree(sig, scan)
   end)
 end
 
--- Wait (in a task) until nothing of the tree is left, at most ~2 s: the
--- SIGKILLed processes take a moment to exit.
-function Process:_wait_tree_gone()
-  for _ = 1, KILL_PASSES do
-    if not self:_alive() then return true end
-    async.sleep(KILL_PASS_MS)
+-- Wait (in a task) until nothing of the tree is left or deadline
+-- (util.now_ms(); default ~2 s from now: SIGKILLed processes take a moment
+-- to exit): the cgroup's "populated 0" where there is one, else a /proc
+-- pass every KILL_PASS_MS.
+function Process:_wait_tree_gone(deadline)
+  deadline = deadline or util.now_ms() + KILL_PASSES * KILL_PASS_MS
+  while self:_alive() do
+    local left = math.floor(deadline - util.now_ms())
+    if left <= 0 then return false end
+    if self._cgroup and not self._cgroup_removed then
+      if not pcall(tree.wait_empty, self._cgroup, left, async.sleep) then return false end
+    else
+      async.sleep(math.min(left, KILL_PASS_MS))
+    end
   end
-  return not self:_alive()
+  return true
 end
 
 -- kill(signal?): an explicit signal is sent to the whole tree, and that is
@@ -245,25 +253,8 @@ function M.await_ended(procs, sb)
     local left = math.floor(deadline - util.now_ms())
     if left <= 0 then break end
     if p:_running() then pcall(p.waitForExit, p, left) end
-    p:_await_tree_gone(deadline)
+    p:_wait_tree_gone(deadline)
   end
-end
-
--- Wait (in a task) until nothing of the tree is left or the deadline
--- (util.now_ms()) passed: the cgroup's "populated 0" where there is one,
--- else a /proc pass every TREE_POLL_MS.
-local TREE_POLL_MS = 20
-function Process:_await_tree_gone(deadline)
-  while self:_alive() do
-    local left = math.floor(deadline - util.now_ms())
-    if left <= 0 then return false end
-    if self._cgroup and not self._cgroup_removed then
-      if not pcall(tree.wait_empty, self._cgroup, left, async.sleep) then return false end
-    else
-      async.sleep(math.min(left, TREE_POLL_MS))
-    end
-  end
-  return true
 end
 
 -- A proc-mode process that ended but is not yet known to have left nothing
@@ -657,7 +648,7 @@ function Session:startProcess(command, opts)
   p.pid = proc:pid()
   -- (beyond) the pid the sandbox's own processes see (`kill`, `ps` inside);
   -- pid is the host's, as the runtime and a host-side script use it
-  if sb.init then p.sandboxPid = sb.init:inside_pid(p.pid) else p.sandboxPid = p.pid end
+  p.sandboxPid = proc:sandbox_pid()
   p._proc = proc
   p.status = "running"
   if opts.stdin then

@@ -36,12 +36,16 @@ local CAP_NUMBERS = { chown = 0, dac_override = 1, dac_read_search = 2, fowner =
   block_suspend = 36, audit_read = 37, perfmon = 38, bpf = 39, checkpoint_restore = 40 }
 M.CAP_NUMBERS = CAP_NUMBERS
 
+-- "CAP_CHOWN", "chown" -> "chown": how a policy may spell one
+local function short_name(name) return (name:lower():gsub("^cap_", "")) end
+M.cap_short_name = short_name
+
 -- The names as info() reports them: lower case, no CAP_ prefix, known ones
 -- only (cap_numbers' reading of them), once each.
 function M.cap_names(names)
   local out, seen = {}, {}
   for _, name in ipairs(names) do
-    local short = name:lower():gsub("^cap_", "")
+    local short = short_name(name)
     if CAP_NUMBERS[short] and not seen[short] then
       seen[short] = true
       out[#out + 1] = short
@@ -53,7 +57,7 @@ end
 function M.cap_numbers(names)
   local out = {}
   for _, name in ipairs(names) do
-    local n = CAP_NUMBERS[(name:lower():gsub("^cap_", ""))]
+    local n = CAP_NUMBERS[short_name(name)]
     if n then out[#out + 1] = n end
   end
   return out

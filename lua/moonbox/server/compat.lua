@@ -107,8 +107,7 @@ local function now() return util.timestamp() end
 
 -- (the seed's pid is the container's: the sandbox's own view)
 local function process_info(p)
-  return { id = p.id, pid = p.sandboxPid or p.pid, command = p.command, status = p.status,
-    startTime = p.startTime,
+  return { id = p.id, pid = p.sandboxPid, command = p.command, status = p.status, startTime = p.startTime,
     endTime = p.endTime, exitCode = p.exitCode, sessionId = p.sessionId }
 end
 
@@ -237,8 +236,7 @@ function H.process_start(ctx)
     local o = exec_options(f)
     o.processId, o.autoCleanup = f.processId, f.autoCleanup
     local p = s:startProcess(f.command, o)
-    return 200, { success = true, processId = p.id, pid = p.sandboxPid or p.pid, command = p.command,
-      timestamp = now() }
+    return 200, { success = true, processId = p.id, pid = p.sandboxPid, command = p.command, timestamp = now() }
   end)
 end
 

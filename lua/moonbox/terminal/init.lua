@@ -87,8 +87,7 @@ function Session:terminal(opts)
     errors.raise("VALIDATION_FAILED", ("cannot start shell %q: %s"):format(shell, tostring(err)), { errno = code })
   end
   t.pid, t._proc = proc:pid(), proc
-  -- (beyond) as a process's
-  if sb.init then t.sandboxPid = sb.init:inside_pid(t.pid) else t.sandboxPid = t.pid end
+  t.sandboxPid = proc:sandbox_pid() -- (beyond) as a process's
   t._master_fd = master
   t._stream = core.stream_open(master, true)
   t._stream:read_start(function(_, data)
