@@ -684,6 +684,7 @@ function Session:exists(path)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "exists", path)
+    if t.not_there then return { success = true, path = t.view, exists = false, timestamp = timestamp } end
     local st, msg, code = afs.stat_beneath(root_of(self.sandbox), t.rel)
     if not st and code ~= "ENOENT" and code ~= "ENOTDIR" and code ~= "ELOOP" then
       fail("exists", t.view, msg, code)

@@ -175,7 +175,21 @@ local function target(self, op, path)
   local t = resolve(self, path, follow)
   local changed = policy_mod.call_hook(self.sandbox.policy, "onFile", op, { op = op, path = t.view }, self, op, t.view)
   if changed ~= nil and changed ~= t.view then
-    t = resolve(self, V.path(changed, "path"), follow)
+    path = V.path(changed, "path")
+    t = resolve(self, path, follow)
+  end
+  -- A trailing slash names a directory, as it does to the kernel (whose
+  -- open of "f/" is ENOTDIR): resolution drops it, so it is judged here.
+  if path:find("[^/]/+$") and t.rel ~= "." then
+    local st = afs.stat_beneath(root_of(self.sandbox), t.rel)
+    if st and st.type ~= "directory" then
+      if op == "exists" then t.not_there = true return t end
+      errors.raise("NOT_DIRECTORY", ("%s %s: not a directory"):format(op, path), { path = t.view, errno = "ENOTDIR" })
+    end
+    if not st and op == "writeFile" then
+      errors.raise("IS_DIRECTORY", ("writeFile %s: a path ending in / names a directory"):format(path),
+        { path = t.view, errno = "EISDIR" })
+    end
   end
   return t
 end
