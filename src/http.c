@@ -75,6 +75,8 @@ typedef struct conn {
   uint64_t deadline; /* loop time (ms) the client must act by, 0: none */
   int kill;          /* the deadline passed: hang up at the next chance */
   char *reject_body, *reject_type;
+  char *reject_headers; /* "name:\0value\0" pairs, reject_headers_len bytes */
+  size_t reject_headers_len;
   out_chunk *head, *tail;
   size_t queued;
   uv_poll_t *poll;  /* lws's uv poll handle for the socket (see raw heads) */
@@ -253,7 +255,9 @@ static void request_reset(conn *c) {
   c->responding = c->finishing = 0;
   free(c->reject_body);
   free(c->reject_type);
-  c->reject_body = c->reject_type = NULL;
+  free(c->reject_headers);
+  c->reject_body = c->reject_type = c->reject_headers = NULL;
+  c->reject_headers_len = 0;
   c->reject_status = 0;
   queue_free(c);
 }
@@ -1082,11 +1086,19 @@ static int write_ws(conn *c) {
 static int write_reject(conn *c) {
   struct lws *wsi = c->wsi;
   size_t blen = c->reject_body ? strlen(c->reject_body) : 0;
-  unsigned char buf[LWS_PRE + 1024], *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
+  unsigned char buf[LWS_PRE + 2048], *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
   if (lws_add_http_common_headers(wsi, (unsigned int)c->reject_status, c->reject_type ? c->reject_type : "text/plain",
-                                  blen, &p, end) ||
-      lws_finalize_write_http_header(wsi, start, &p, end))
+                                  blen, &p, end))
     return -1;
+  for (size_t at = 0; at < c->reject_headers_len;) {
+    const char *name = c->reject_headers + at;
+    const char *value = name + strlen(name) + 1;
+    at = (size_t)(value - c->reject_headers) + strlen(value) + 1;
+    if (lws_add_http_header_by_name(wsi, (const unsigned char *)name, (const unsigned char *)value, (int)strlen(value),
+                                    &p, end))
+      return -1;
+  }
+  if (lws_finalize_write_http_header(wsi, start, &p, end)) return -1;
   if (blen) {
     out_chunk *ch = chunk_new(OUT_BODY, c->reject_body, blen);
     if (!ch) return -1;
@@ -1690,9 +1702,51 @@ static int server_ws_close(lua_State *L) {
   return 1;
 }
 
-/* server:ws_reject(id, status, content_type, body): refuse a WebSocket
- * upgrade with a plain response. Only while the "request" event for it is
- * being delivered; afterwards the upgrade has happened (returns false). */
+/* The extra headers of a refused upgrade ({name = value}) as "name:\0value\0"
+ * pairs in one allocation, checked as add_header checks a response's; NULL
+ * with *len 0 for none, 1 for a bad table, 2 when out of memory. */
+static char *reject_headers(lua_State *L, int idx, size_t *len) {
+  *len = 0;
+  if (lua_isnoneornil(L, idx)) return NULL;
+  luaL_checktype(L, idx, LUA_TTABLE);
+  size_t cap = 0;
+  for (lua_pushnil(L); lua_next(L, idx); lua_pop(L, 1)) {
+    size_t klen, vlen;
+    if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING) goto bad;
+    const char *k = lua_tolstring(L, -2, &klen);
+    const char *v = lua_tolstring(L, -1, &vlen);
+    if (klen == 0 || klen > 200 || vlen > 1000 || strcspn(k, ": \r\n") != klen || strcspn(v, "\r\n") != vlen) goto bad;
+    cap += klen + vlen + 3;
+  }
+  if (cap == 0) return NULL;
+  char *buf = malloc(cap), *at = buf;
+  if (!buf) {
+    *len = 2;
+    return NULL;
+  }
+  for (lua_pushnil(L); lua_next(L, idx); lua_pop(L, 1)) {
+    size_t klen, vlen;
+    const char *k = lua_tolstring(L, -2, &klen);
+    const char *v = lua_tolstring(L, -1, &vlen);
+    memcpy(at, k, klen);
+    at += klen;
+    *at++ = ':';
+    *at++ = 0;
+    memcpy(at, v, vlen + 1);
+    at += vlen + 1;
+  }
+  *len = cap;
+  return buf;
+bad:
+  lua_pop(L, 2);
+  *len = 1;
+  return NULL;
+}
+
+/* server:ws_reject(id, status, content_type, body[, headers]): refuse a
+ * WebSocket upgrade with a plain response. Only while the "request" event
+ * for it is being delivered; afterwards the upgrade has happened (returns
+ * false). */
 static int server_ws_reject(lua_State *L) {
   server *s = check_server(L, 1);
   lua_Integer id = luaL_checkinteger(L, 2);
@@ -1700,15 +1754,23 @@ static int server_ws_reject(lua_State *L) {
   const char *ctype = luaL_optstring(L, 4, "text/plain");
   const char *body = luaL_optstring(L, 5, "");
   if (status < 100 || status > 999) return luaL_argerror(L, 3, "status must be 100-999");
+  size_t hlen;
+  char *headers = reject_headers(L, 6, &hlen);
+  if (!headers && hlen == 1) return luaL_argerror(L, 6, "headers must map names to one-line values");
+  if (!headers && hlen == 2) return luaL_error(L, "out of memory");
   conn *c = s ? conn_by_id(s, id) : NULL;
   if (!c || !c->is_ws || c->established) {
+    free(headers);
     lua_pushboolean(L, 0);
     return 1;
   }
   free(c->reject_body);
   free(c->reject_type);
+  free(c->reject_headers);
   c->reject_body = strdup(body);
   c->reject_type = strdup(ctype);
+  c->reject_headers = headers;
+  c->reject_headers_len = headers ? hlen : 0;
   c->reject_status = status;
   lua_pushboolean(L, 1);
   return 1;

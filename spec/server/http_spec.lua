@@ -584,7 +584,9 @@ describe("moonbox serve", function()
         local conn = client.connect(port_of(server))
         conn:send("GET /app HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" ..
           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
-        assert.equal(401, (conn:response()))
+        local wstatus, wheaders = conn:response()
+        assert.equal(401, wstatus)
+        assert.equal('Bearer realm="moonbox"', wheaders["www-authenticate"]) -- as on every 401
         conn:close()
       end)
     assert.is_true(cli.constant_time_equal(TOKEN, TOKEN))

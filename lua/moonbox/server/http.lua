@@ -151,7 +151,7 @@ function Response:_send(status, headers, body)
   ctype = ctype or "text/plain; charset=utf-8"
   if self.req.websocket then
     if self._handshake then
-      self._server._core:ws_reject(self._id, status, ctype, body)
+      self._server._core:ws_reject(self._id, status, ctype, body, h)
     else -- already upgraded: the nearest thing to a status is a close code
       local code = (status >= 100 and status <= 999) and 4000 + status or 1011
       self._server._core:ws_close(self._id, code, body:sub(1, 120))
