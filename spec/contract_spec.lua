@@ -194,6 +194,26 @@ describe("contract: a script's own traps", function()
   end)
 end)
 
+describe("contract: the session shell's own descriptors", function()
+  it("ulimit refuses an open-files limit the shell could not run commands under; a subshell may", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      local before = s:exec("ulimit -Sn").stdout
+      for _, cmd in ipairs { "ulimit -n 3", "ulimit -Sn 8", "ulimit -n 12", "set -e; ulimit -n4" } do
+        local r = s:exec(cmd)
+        assert.same({ 1, "" }, { r.exitCode, r.stdout }, cmd)
+        assert.truthy(r.stderr:find("would leave the session shell unable to run commands", 1, true), cmd)
+      end
+      assert.same({ 0, "after\n" }, { s:exec("echo after").exitCode, s:exec("echo after").stdout })
+      assert.equal(before, s:exec("ulimit -Sn").stdout)
+      assert.equal("5\nsub\n", s:exec("(ulimit -n 5; ulimit -n); echo sub").stdout)
+      assert.equal("40\n", s:exec("ulimit -Sn 40 && ulimit -Sn").stdout)
+      assert.equal("v\n", s:exec("ulimit -v unlimited; echo v").stdout)
+      assert.equal("ok\n", s:exec("echo ok").stdout)
+    end)
+  end)
+end)
+
 describe("contract: the names the session shell's protocol calls", function()
   it("an alias or function named eval, builtin or __mb_run does not take later commands' place", function()
     with_sandbox(function(sb)

@@ -113,6 +113,17 @@ trap() { local __mb_a=("$@") __mb_rest=() __mb_sigs __mb_sig __mb_set=0
 enable() { local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in __mb_run|__mb_rep)
   builtin echo "enable: $__mb_w: used by the session shell itself" >&2; return 1 ;; esac; done
   builtin enable "$@"; }
+# every command's redirections need descriptors above 9 (bash keeps its
+# copies of 0-2 there): in the session shell itself (not a subshell)
+# `ulimit` refuses to leave fewer than 16 open files, which would fail every
+# later command with exit 1 and no output (the change is tried in a
+# subshell first, whatever its syntax)
+ulimit() { if [ "$BASHPID" = "$$" ]; then case "$*" in *n*) local __mb_l __mb_w
+  __mb_l=$(builtin ulimit "$@" >/dev/null 2>&1 && { builtin ulimit -Sn; builtin ulimit -Hn; }; :)
+  for __mb_w in $__mb_l; do case "$__mb_w" in *[!0-9]*|'') ;; *) if [ "$__mb_w" -lt 16 ]; then
+    builtin echo "ulimit: $__mb_w open files would leave the session shell unable to run commands (it needs 16); use a subshell: ( ulimit ...; command )" >&2
+    return 1; fi ;; esac; done ;; esac; fi
+  builtin ulimit "$@"; }
 # bash reads this script through its own fd (it opened /dev/fd/60): the
 # inherited fd 60 is closed once here, not redirected away per command
 exec 60<&-
