@@ -121,11 +121,16 @@ struct server {
   int max_conns;
   int idle_secs;
   int64_t idle_ms;
-  int close_requested; /* close() was called */
-  int draining;        /* drain() was called: new connections are refused at accept */
-  int overflow;        /* connections past max_conns still accepted, to be answered 503 */
-  lua_Integer refused; /* connections hung up at accept (past max_conns + overflow, draining) */
-  int destroying;      /* lws_context_destroy was called */
+  int close_requested;       /* close() was called */
+  int draining;              /* drain() was called: new connections are refused at accept */
+  int overflow;              /* connections past max_conns still accepted, to be answered 503 */
+  lua_Integer refused;       /* connections hung up at accept (past max_conns + overflow, draining) */
+  uv_poll_t *listen_poll;    /* lws's poll of the listening socket, once found (see accept pauses) */
+  int listen_walks;          /* searches for it so far (a uv_walk each; two at most) */
+  uint64_t accept_resume;    /* loop time to poll the listening socket again; 0: not paused */
+  uint64_t accept_logged;    /* loop time of the last line about a failed accept */
+  lua_Integer accept_failed; /* accepts the kernel refused (out of fds or memory) */
+  int destroying;            /* lws_context_destroy was called */
   char unix_path[108];
   struct server *next_server; /* the core's live servers, for teardown */
 };
@@ -334,6 +339,102 @@ static void hook_poll(conn *c) {
              ((pe & POLLPRI) ? UV_PRIORITIZED : 0) | UV_DISCONNECT;
     uv_poll_start(c->poll, ev, on_conn_poll);
   }
+}
+
+/* ---- accept pauses --------------------------------------------------------------
+ * lws 4.1 answers a failed accept (EMFILE: the runtime is out of fds) with a
+ * log line and nothing else; the listening socket stays readable, so the
+ * loop would spin on it at full CPU, printing the line each time. Its poll
+ * is stopped instead for ACCEPT_PAUSE_MS at a time (the connections wait in
+ * the kernel's backlog), the failures counted and reported once in a while;
+ * everything else goes on being served. */
+#define ACCEPT_PAUSE_MS 100
+#define ACCEPT_LOG_EVERY_MS 10000
+static server *accepting;        /* the server whose listening socket lws is servicing */
+static uv_poll_cb lws_listen_cb; /* lws's callback for it */
+static void on_listen_poll(uv_poll_t *p, int status, int events);
+
+static int is_listener(int fd, const server *s) {
+  int acc = 0;
+  socklen_t len = sizeof acc;
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len) < 0 || !acc) return 0;
+  struct sockaddr_storage ss;
+  len = sizeof ss;
+  if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0) return 0;
+  if (ss.ss_family == AF_UNIX)
+    return s->unix_path[0] && strcmp(((struct sockaddr_un *)&ss)->sun_path, s->unix_path) == 0;
+  if (ss.ss_family == AF_INET && s->vh)
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port) == lws_get_vhost_listen_port(s->vh);
+  return 0;
+}
+
+static void find_listen(uv_handle_t *h, void *arg) {
+  server *s = (server *)arg;
+  uv_os_fd_t fd;
+  if (s->listen_poll || h->type != UV_POLL || uv_is_closing(h)) return;
+  if (uv_fileno(h, &fd) == 0 && is_listener(fd, s)) s->listen_poll = (uv_poll_t *)h;
+}
+
+/* Wrap lws's poll callback for the listening socket (again, if lws restarted it). */
+static void hook_listen(server *s) {
+  if (!s->listen_poll) {
+    if (s->listen_walks >= 2 || s->destroying) return;
+    s->listen_walks++;
+    uv_walk(srv_core(s)->loop, find_listen, s);
+    if (!s->listen_poll) return;
+  }
+  uv_poll_t *p = s->listen_poll;
+  if (uv_is_closing((uv_handle_t *)p) || !p->poll_cb || p->poll_cb == on_listen_poll) return;
+  if (lws_listen_cb && p->poll_cb != lws_listen_cb) return; /* not lws's: leave it alone */
+  lws_listen_cb = p->poll_cb;
+  p->poll_cb = on_listen_poll;
+}
+
+static server *server_by_listen(uv_poll_t *p) {
+  for (server *s = live_servers; s; s = s->next_server)
+    if (s->listen_poll == p) return s;
+  return NULL;
+}
+
+static void on_listen_poll(uv_poll_t *p, int status, int events) {
+  server *prev = accepting;
+  accepting = server_by_listen(p);
+  if (lws_listen_cb) lws_listen_cb(p, status, events);
+  accepting = prev;
+}
+
+/* lws said accept failed (inside on_listen_poll): stop polling for a while */
+static void pause_accept(server *s, const char *line) {
+  uint64_t now = uv_now(srv_core(s)->loop);
+  s->accept_failed++;
+  if (s->listen_poll && !uv_is_closing((uv_handle_t *)s->listen_poll)) {
+    uv_poll_stop(s->listen_poll);
+    s->accept_resume = now + ACCEPT_PAUSE_MS;
+  }
+  if (!s->accept_logged || now - s->accept_logged >= ACCEPT_LOG_EVERY_MS) {
+    s->accept_logged = now;
+    size_t n = strcspn(line, "\n");
+    fprintf(stderr, "moonbox: http: %.*s: not accepting for %d ms at a time until it succeeds (%lld so far)\n", (int)n,
+            line, ACCEPT_PAUSE_MS, (long long)s->accept_failed);
+  }
+}
+
+/* From the loop's prepare and the service tick: poll again after a pause
+ * (lws restarts the poll itself when a connection closes: it is stopped
+ * again until the pause is over). */
+static void resume_accept(server *s) {
+  if (!s->accept_resume) return;
+  uv_poll_t *p = s->listen_poll;
+  if (!p || s->destroying || uv_is_closing((uv_handle_t *)p)) {
+    s->accept_resume = 0;
+    return;
+  }
+  if (uv_now(srv_core(s)->loop) < s->accept_resume) {
+    if (uv_is_active((uv_handle_t *)p)) uv_poll_stop(p);
+    return;
+  }
+  s->accept_resume = 0;
+  uv_poll_start(p, UV_READABLE, on_listen_poll);
 }
 
 /* ---- the request stream scanner ---- */
@@ -787,6 +888,8 @@ static void on_rehook(uv_prepare_t *p) {
   server *s = (server *)p->data;
   servicing = NULL;
   for (conn *c = s->conns; c; c = c->next) hook_poll(c);
+  hook_listen(s);
+  resume_accept(s);
 }
 
 static void on_conn_poll(uv_poll_t *p, int status, int events) {
@@ -1277,6 +1380,8 @@ static void forget_socket_file(server *s) {
 static void destroy_context(server *s) {
   if (s->destroying) return;
   s->destroying = s->close_requested = 1;
+  s->listen_poll = NULL; /* lws closes it */
+  s->accept_resume = 0;
   if (s->rehook_on) {
     s->rehook_on = 0;
     uv_close((uv_handle_t *)&s->rehook, NULL); /* finish_context waits for it */
@@ -1311,6 +1416,7 @@ static void finish_context(server *s, uv_loop_t *loop) {
 static void on_service_tick(uv_timer_t *t) {
   server *s = (server *)((mb_handle *)t->data)->extra;
   uint64_t now = uv_now(t->loop);
+  resume_accept(s);
   for (int again = 1; again && !s->close_requested;) {
     again = 0;
     for (conn *c = s->conns; c; c = c->next) {
@@ -1416,6 +1522,14 @@ static void lws_log_to_stderr(int level, const char *line) {
   if (servicing && !servicing->id && strstr(line, "Ran out of header data space")) {
     refuse_head(servicing);
     return;
+  }
+  if (strncmp(line, "accept: ", 8) == 0) {
+    /* (lws's own callback, where it restarted the poll before the rehook) */
+    server *s = accepting ? accepting : (live_servers && !live_servers->next_server ? live_servers : NULL);
+    if (s) {
+      pause_accept(s, line);
+      return;
+    }
   }
   fprintf(stderr, "moonbox: lws: %s", line);
 }
@@ -1540,6 +1654,7 @@ static int http_listen(lua_State *L) {
   s->wake_on = 1;
   uv_timer_start(&h->uv.timer, on_service_tick, 1000, 1000);
   uv_unref(&h->uv.handle); /* the listening socket keeps the loop alive, not this */
+  hook_listen(s);
   return 1;
 }
 
@@ -1835,11 +1950,13 @@ static int server_drain(lua_State *L) {
   return 0;
 }
 
-/* server:refused() -> connections hung up at accept so far */
+/* server:refused() -> connections hung up at accept so far, accepts the
+ * kernel refused (each pauses accepting, see accept pauses) */
 static int server_refused(lua_State *L) {
   server *s = check_server(L, 1);
   lua_pushinteger(L, s ? s->refused : 0);
-  return 1;
+  lua_pushinteger(L, s ? s->accept_failed : 0);
+  return 2;
 }
 
 /* server:close([callback]): stop listening, drop every connection; the

@@ -8,12 +8,15 @@ local client = require "server.client"
 
 local curl = client.curl
 
--- serve(args) -> {url, port, token, home, stop() -> exit code, stderr()}
-local function serve(args)
+-- serve(args[, wrapper]) -> {url, port, token, home, stop() -> exit code, stderr()}
+-- (wrapper: a command the server runs under, e.g. {"prlimit", "--nofile=64"})
+local function serve(args, wrapper)
   local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
   local home = helper.mkdtemp()
   local exit, err = {}, { buf = "" }
-  local argv = { bin, "serve", "--listen", "127.0.0.1:0" }
+  local argv = {}
+  for _, a in ipairs(wrapper or {}) do argv[#argv + 1] = a end
+  for _, a in ipairs { bin, "serve", "--listen", "127.0.0.1:0" } do argv[#argv + 1] = a end
   for _, a in ipairs(args or {}) do argv[#argv + 1] = a end
   local proc, pipes = assert(core.spawn {
     args = argv, env = client.env { HOME = home, MOONBOX_HOME = home },
@@ -255,6 +258,33 @@ describe("moonbox serve as a service", function()
       assert(ok, err)
     end)
   end)
+
+  it("out of fds, pauses accepting instead of spinning on it: counted, one line on stderr, serving once fds free",
+    function()
+      run_task(function()
+        -- (lws alone would retry the failed accept at once, for ever: a full
+        -- CPU and a line on stderr each time)
+        local s = serve({ "--prewarm", "off", "--access-log", "off" }, { "prlimit", "--nofile=64", "--" })
+        local ok, err = pcall(function()
+          local held = {}
+          for i = 1, 80 do held[i] = client.connect(s.port) end
+          moonbox.sleep(1500)
+          for _, h in ipairs(held) do h:close() end
+          local text
+          assert.is_true(helper.eventually(function()
+            local code, t = s.call("GET", "/metrics")
+            text = t
+            return code == 200
+          end))
+          assert.truthy(sample(text, 'moonbox_http_rejections_total{reason="accept_failed"}') >= 1, text)
+          local _, lines = s.stderr():gsub("accept: ", "")
+          assert.truthy(lines >= 1 and lines <= 3, s.stderr():sub(1, 2000))
+          assert.matches("not accepting for 100 ms at a time", s.stderr())
+        end)
+        s.stop()
+        assert(ok, err)
+      end)
+    end)
 
   it("refuses a write that would make sandbox N+1 past --max-sandboxes with 403 POLICY_DENIED", function()
     run_task(function()

@@ -469,7 +469,11 @@ end
 function Server:inflight() return self._inflight end
 
 -- Connections hung up at accept so far.
-function Server:refused() return self.closed and 0 or self._core:refused() end
+-- connections hung up at accept, and accepts the kernel refused (out of fds)
+function Server:refused()
+  if self.closed then return 0, 0 end
+  return self._core:refused()
+end
 
 function Server:connections()
   return self.closed and 0 or self._core:connections()

@@ -198,7 +198,8 @@ function M:metrics(server)
   for class, n in pairs(self.requests) do classes[#classes + 1] = { ('{code="%s"}'):format(class), n } end
   table.sort(classes, function(a, b) return a[1] < b[1] end)
   metric("moonbox_http_requests_total", "counter", "Requests answered, by status class.", classes)
-  local rej = { { '{reason="accept"}', server:refused() } }
+  local hung_up, accept_failed = server:refused()
+  local rej = { { '{reason="accept"}', hung_up }, { '{reason="accept_failed"}', accept_failed } }
   local reasons = {}
   for reason in pairs(self.rejections) do reasons[#reasons + 1] = reason end
   table.sort(reasons)
@@ -207,7 +208,7 @@ function M:metrics(server)
   end
   metric("moonbox_http_rejections_total", "counter",
     "Requests and connections refused, by reason (accept: hung up at accept, past --max-connections " ..
-    "and its overflow or while stopping).", rej)
+    "and its overflow or while stopping; accept_failed: accepts the kernel refused, out of fds).", rej)
   return table.concat(out)
 end
 
