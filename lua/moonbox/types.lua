@@ -146,6 +146,7 @@ function Task:status() end
 ---@field noNewPrivs boolean
 ---@field idmap {uid: integer, gid: integer, count: integer}
 ---@field capabilities? string[]
+---@field openFiles {soft: number, hard: number, open: integer?} the runtime's RLIMIT_NOFILE and fds open (math.huge: unlimited)
 
 ---@class DestroyOptions
 ---@field keepFiles? boolean keep the root on disk

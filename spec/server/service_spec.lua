@@ -245,6 +245,15 @@ describe("moonbox serve as a service", function()
         assert.equal("max_connections", e.context.reason)
         assert.is_true(c:wait_eof())
         c:close()
+        -- the probes are still answered (a liveness probe's 503 would restart
+        -- a busy pod), each on a connection that then closes
+        for _, path in ipairs { "/healthz", "/readyz" } do
+          c = client.connect(s.port)
+          c:send(("GET %s HTTP/1.1\r\nHost: x\r\n\r\n"):format(path))
+          assert.equal(200, (c:response()), path)
+          assert.is_true(c:wait_eof())
+          c:close()
+        end
         for _, h in ipairs(held) do h:close() end
         local text
         assert.is_true(helper.eventually(function()
@@ -290,7 +299,13 @@ describe("moonbox serve as a service", function()
     run_task(function()
       local s = serve { "--max-sandboxes", "1" }
       local ok, err = pcall(function()
+        assert.equal('200 {"status":"ready"}\n', curl("-s", "-w", "%{http_code}", "-o", "/dev/null", s.url .. "/readyz")
+          .. " " .. curl("-s", s.url .. "/readyz"))
         assert.equal(200, (s.call("POST", "/v1/sandboxes/one/exec", '{"command":"true"}')))
+        -- full: not ready to make a sandbox (the one it holds still answers)
+        local rbody = curl("-s", "-w", "\n%{http_code}", s.url .. "/readyz")
+        assert.equal('{"status":"not ready","reason":"max_sandboxes"}\n\n503', rbody)
+        assert.equal('{"status":"ok"}\n', curl("-s", s.url .. "/healthz"))
         local code, body = s.call("POST", "/v1/sandboxes/two/exec", '{"command":"true"}')
         assert.equal(403, code)
         local e = cjson.decode(body)

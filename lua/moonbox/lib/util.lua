@@ -46,6 +46,16 @@ function M.normalize(path)
   return "/" .. table.concat(parts, "/")
 end
 
+-- fd_limits() -> soft, hard, open: the process's RLIMIT_NOFILE (math.huge
+-- for unlimited) and how many fds it has open (nil where /proc is missing).
+function M.fd_limits()
+  local text = M.read_file("/proc/self/limits") or ""
+  local soft, hard = text:match("Max open files%s+(%S+)%s+(%S+)")
+  local function num(v) return v == "unlimited" and math.huge or tonumber(v) end
+  local list = core.readdir("/proc/self/fd")
+  return num(soft), num(hard), type(list) == "table" and #list or nil
+end
+
 function M.read_file(path)
   local f = io.open(path, "rb")
   if not f then return nil end

@@ -808,7 +808,11 @@ function Sandbox:info()
   -- contract's "v2"|"v1"|"none"); a v1 controller a limit also uses is in
   -- enforcement ("cgroup v1 memory")
   local cgroup = tree.mode() == "cgroup" and "v2" or "none"
+  local soft, hard, open = util.fd_limits()
   return {
+    -- the runtime's own fd limit (raised to the hard one by the moonbox
+    -- executable at start) and use, shared by all its sandboxes
+    openFiles = { soft = soft, hard = hard, open = open },
     id = self.id, root = self.root, isolation = self.isolation, requestedIsolation = self.requested_isolation,
     network = self.network, namespaces = util.copy(self.namespaces), cgroup = cgroup,
     isolationError = self.isolation_error, initPid = self.init and not self.init_dead and self.init_pid or nil,

@@ -133,17 +133,42 @@ function M.new_token()
   return require("moonbox.lib.util").random_hex(16)
 end
 
--- GET /healthz (the process serves) and GET /readyz (it takes requests):
--- answered without a token, they say nothing else.
-local function health_route(req)
+-- fds a new sandbox needs at least (its init's socket, the root fd, a
+-- session's pipe, the spawns' short-lived ones), kept free for /readyz
+M.READY_FD_MARGIN = 64
+
+-- Why this server could not make a sandbox now, or nil: it is stopping, it
+-- holds --max-sandboxes, or it is about out of fds.
+function M.not_ready_reason(server)
+  if server and server.draining then return "shutting_down" end
+  local ok, api = pcall(require, "moonbox.server.api")
+  if ok then
+    local n = 0
+    for _ in pairs(require("moonbox.sandbox").all()) do n = n + 1 end
+    if n >= api.config.maxSandboxes then return "max_sandboxes" end
+  end
+  local soft, _, open = require("moonbox.lib.util").fd_limits()
+  if soft and open and open + M.READY_FD_MARGIN > soft then return "open_files" end
+  return nil
+end
+
+-- GET /healthz (the process serves) and GET /readyz (it can make a sandbox
+-- now: 503 with the reason when not): answered without a token, they say
+-- nothing else.
+local function health_route(req, server)
   if req.path ~= "/healthz" and req.path ~= "/readyz" then return nil end
   if req.method ~= "GET" and req.method ~= "HEAD" then
-    local r = json_response(405, "METHOD_NOT_ALLOWED", "GET only", { allow = { "GET", "HEAD" } })
+    local r = json_response(405, "METHOD_NOT_ALLOWED", "GET or HEAD only", { allow = { "GET", "HEAD" } })
     r.headers.allow = "GET, HEAD"
     return r
   end
-  return { status = 200, headers = { ["content-type"] = "application/json", ["cache-control"] = "no-store" },
-    body = req.path == "/healthz" and '{"status":"ok"}\n' or '{"status":"ready"}\n' }
+  local headers = { ["content-type"] = "application/json", ["cache-control"] = "no-store" }
+  if req.path == "/healthz" then return { status = 200, headers = headers, body = '{"status":"ok"}\n' } end
+  local why = M.not_ready_reason(server)
+  if why then
+    return { status = 503, headers = headers, body = cjson.encode { status = "not ready", reason = why } .. "\n" }
+  end
+  return { status = 200, headers = headers, body = '{"status":"ready"}\n' }
 end
 
 -- ---- the page ---------------------------------------------------------------------
@@ -215,7 +240,7 @@ function M.app(opts)
   local app = { token = opts.token, user = opts.userHandler, service = opts.service, server = opts.server }
   app.page, app.vendor = opts.page, opts.vendor or {}
   local function route(req, res)
-    local health = health_route(req)
+    local health = health_route(req, app.server and app.server())
     if health then
       req.route = req.path
       return health
@@ -367,6 +392,8 @@ function M.start(opts)
   }
   server = http.listen({ listen = opts.listen, maxBody = opts.maxBody, maxConnections = opts.maxConnections,
     idleTimeoutMs = opts.idleTimeoutMs }, handler)
+  -- a liveness probe answered 503 past --max-connections would restart a busy pod
+  server.alwaysAnswer = { ["/healthz"] = true, ["/readyz"] = true, ["/metrics"] = true }
   server.onDone = function(req, res) service:done(req, res) end
   server.onReject = function(reason) service:reject(reason) end
   server.service = service

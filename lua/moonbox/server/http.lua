@@ -346,8 +346,14 @@ function Server:_on_event(kind, id, a, b)
     self._live[id] = res
     self._inflight = self._inflight + 1
     -- past maxConnections (src/http.c takes a few more connections to say
-    -- so), and while the server drains for a stop: 503, and the connection closes
-    if a.over_limit or self.draining then
+    -- so), and while the server drains for a stop: 503, and the connection
+    -- closes; but for the paths in alwaysAnswer (health probes, which a
+    -- full server must still answer), answered as usual on a connection that
+    -- then closes
+    local probe = a.over_limit and not self.draining and not a.websocket and self.alwaysAnswer
+      and self.alwaysAnswer[a.path] and (a.method == "GET" or a.method == "HEAD")
+    if probe then srv:hangup(id) end
+    if (a.over_limit or self.draining) and not probe then
       local reason = a.over_limit and "max_connections" or "shutting_down"
       if self.onReject then pcall(self.onReject, reason, req) end
       if not a.websocket then srv:hangup(id) end

@@ -192,6 +192,11 @@ function M:metrics(server)
     { { nil, budget.limit(require("moonbox.policy").resolve(nil).limits.maxBufferedBytes) } })
   local fds = open_fds()
   if fds then metric("moonbox_open_fds", "gauge", "Open file descriptors of the runtime.", { { nil, fds } }) end
+  local soft = require("moonbox.lib.util").fd_limits()
+  if soft and soft < math.huge then
+    metric("moonbox_open_fds_limit", "gauge", "The runtime's RLIMIT_NOFILE (soft; raised to the hard limit at start).",
+      { { nil, soft } })
+  end
   metric("moonbox_http_connections", "gauge", "Open client connections.", { { nil, server:connections() } })
   metric("moonbox_http_requests_in_flight", "gauge", "Requests being answered.", { { nil, server:inflight() } })
   local classes = {}
