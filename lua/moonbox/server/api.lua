@@ -664,10 +664,22 @@ local function dispatch(req, res)
   return reply(status, value)
 end
 
+-- What a call cut short by the server's stop raises (its sandbox, session
+-- or task ended under it), when M.stopping() says the server is stopping.
+local CUT_BY_STOP = { SANDBOX_DESTROYED = true, SESSION_DESTROYED = true, CANCELLED = true }
+
 -- handle(req, res) -> {status, headers, body}, or nil after streaming on res.
 function M.handle(req, res)
   local ok, result = pcall(dispatch, req, res)
   if ok then return result end
+  -- a request still running at the end of the shutdown grace: the server
+  -- stopped, not the sandbox (its workspace is kept); 503 as for a request
+  -- that comes during the stop, not the 409 a destroyed sandbox would be
+  if M.stopping and M.stopping() and errors.is_error(result) and CUT_BY_STOP[result.code] then
+    return reply(503, { code = "SHUTTING_DOWN", httpStatus = 503, context = { reason = "shutting_down" },
+      message = "the server stopped while the request ran (the sandbox's files are kept); retry later" },
+      { ["retry-after"] = "1", connection = "close" })
+  end
   return reply(api_errors.body(result))
 end
 

@@ -386,6 +386,7 @@ function M.start(opts)
     api.on_reject = function(reason) service:reject(reason) end
   end
   local server
+  if api_ok then api.stopping = function() return server ~= nil and server.draining == true end end
   local handler = M.app {
     token = token, userHandler = opts.handler and load_handler(opts.handler), page = page, vendor = vendor,
     service = service, server = function() return server end,
