@@ -805,6 +805,8 @@ describe("api sandbox", function()
       assert.equal(404, (request("GET", base .. "/api/process/p1/logs")))
       assert.equal(404, (request("DELETE", base .. "/api/contexts/c1")))
       assert.equal(200, (request("GET", base .. "/api/ping")))
+      -- the one read only the sandbox's shell could answer
+      assert_error(404, "SANDBOX_NOT_FOUND", request("GET", base .. "/api/commands"))
       assert_error(404, "SANDBOX_NOT_FOUND", request("GET", base)) -- none was made
     end)
   end)

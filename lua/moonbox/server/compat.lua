@@ -373,9 +373,8 @@ function M.install(router)
   local function wrap(fn)
     return function(ctx)
       -- writes make the sandbox on first use; reads and DELETEs never do
-      -- (they answer as the empty sandbox would, absent() above), except
-      -- /commands, which asks the sandbox's own shell
-      if fn == H.commands then ctx.may_create = true end
+      -- (they answer as the empty sandbox would, absent() above; /commands,
+      -- which must ask the sandbox's own shell, is 404 SANDBOX_NOT_FOUND)
       local ok, status, value = pcall(fn, ctx)
       if not ok then return M.reply(M.error_body(status)) end
       if status == nil then return nil end -- streamed
