@@ -235,6 +235,12 @@ describe("api request checks", function()
     assert.equal(409, api_errors.status("SANDBOX_IN_USE"))
     assert.equal(501, api_errors.status("ISOLATION_UNAVAILABLE"))
     assert.equal(503, api_errors.status("SANDBOX_RESTARTED"))
+    -- the same codes from a failure of the moment (out of fds) can be retried
+    local tstatus, tbody = api_errors.body(require("moonbox.errors").new("ISOLATION_UNAVAILABLE",
+      "cannot create the sandbox's namespaces: too many open files", { errno = "EMFILE" }))
+    assert.same({ 503, 503, "ISOLATION_UNAVAILABLE" }, { tstatus, tbody.httpStatus, tbody.code })
+    assert.equal(501, (api_errors.body(require("moonbox.errors").new("ISOLATION_UNAVAILABLE", "no userns",
+      { errno = "EPERM" }))))
     local pstatus, pbody = api_errors.body(require("moonbox.errors").new("POLICY_ERROR",
       "policy hook onExec failed: boom", { hook = "onExec" }))
     assert.same({ 500, "POLICY_ERROR", 500, "onExec" }, { pstatus, pbody.code, pbody.httpStatus, pbody.context.hook })

@@ -51,6 +51,11 @@ function M.status(code)
   return M.STATUS[code] or 500
 end
 
+-- A failure of the moment: the runtime out of fds, memory or processes.
+-- Whatever the code (ISOLATION_UNAVAILABLE, SHELL_START_FAILED, ...), its
+-- status is 503, which clients retry, not a lasting 501 or a 500.
+M.TRANSIENT_ERRNO = { EMFILE = true, ENFILE = true, ENOMEM = true, EAGAIN = true }
+
 -- body(err) -> status, {code, message, context, httpStatus}
 function M.body(err)
   if not errors.is_error(err) then
@@ -58,6 +63,7 @@ function M.body(err)
     return 500, { code = "INTERNAL_ERROR", message = "internal error", context = {}, httpStatus = 500 }
   end
   local status = M.status(err.code)
+  if status >= 500 and type(err.context) == "table" and M.TRANSIENT_ERRNO[err.context.errno] then status = 503 end
   if status == 500 and err.code ~= "FILESYSTEM_ERROR" and err.code ~= "GIT_CLONE_FAILED" then
     io.stderr:write("moonbox api: ", errors.format(err), "\n")
   end
