@@ -264,7 +264,7 @@ function M.app(opts)
     if req.path == "/metrics" and app.service and app.server then
       req.route = "/metrics"
       if req.method ~= "GET" and req.method ~= "HEAD" then
-        local r = json_response(405, "METHOD_NOT_ALLOWED", "GET only", { allow = { "GET", "HEAD" } })
+        local r = json_response(405, "METHOD_NOT_ALLOWED", "GET or HEAD only", { allow = { "GET", "HEAD" } })
         r.headers.allow = "GET, HEAD"
         return r
       end

@@ -35,7 +35,8 @@ end
 function M.new(opts)
   local self = {
     opts = opts or {},
-    rejections = {},        -- reason -> count
+    -- reason -> count; every reason from the start (a counter reads 0 before it first moves)
+    rejections = { max_connections = 0, shutting_down = 0, max_sandboxes = 0, unauthorized = 0 },
     requests = {},          -- status class ("2xx") -> count
     exec = { count = 0, sum = 0, buckets = {} },
     active = {},            -- sandbox id -> requests running for it
