@@ -229,6 +229,40 @@ describe("contract: the names the session shell's protocol calls", function()
   end)
 end)
 
+describe("contract: sandboxes", function()
+  local moonbox = require "moonbox"
+  local iso = os.getenv("MOONBOX_TEST_ISOLATION")
+
+  it("two first getSandbox calls for one id, at once, get the same sandbox", function()
+    run_task(function()
+      local root = helper.mkdtemp()
+      local id = ("spec-twice-%d"):format(core.getpid())
+      local r = moonbox.all(function() return moonbox.getSandbox(id, { root = root, isolation = iso }) end,
+        function() return moonbox.getSandbox(id, { root = root, isolation = iso }) end)
+      assert.equal(r[1], r[2])
+      assert.equal("x\n", r[1]:exec("echo x").stdout)
+      r[1]:destroy({ keepFiles = false })
+    end)
+  end)
+
+  it("getSandbox while that id's sandbox is being destroyed waits for the destroy, then makes it anew", function()
+    run_task(function()
+      local root = helper.mkdtemp()
+      local id = ("spec-redo-%d"):format(core.getpid())
+      local sb = moonbox.getSandbox(id, { root = root, isolation = iso })
+      sb:writeFile("kept.txt", "k")
+      local r = moonbox.all(function() return sb:destroy({ keepFiles = true }) end,
+        function() return moonbox.getSandbox(id, { root = root, isolation = iso }) end)
+      local again = r[2]
+      assert.is_true(r[1].success)
+      assert.are_not.equal(sb, again)
+      assert.equal("k", again:readFile("kept.txt").content) -- destroy kept the files
+      assert.equal(again, moonbox.getSandbox(id))
+      again:destroy({ keepFiles = false })
+    end)
+  end)
+end)
+
 describe("contract: sessions", function()
   it("a sandbox setEnvVars that comes while the default session starts reaches it", function()
     with_sandbox(function(sb)

@@ -63,13 +63,40 @@ local normalize = util.normalize
 
 local get_options = { root = true, isolation = true, network = true, env = true, policy = true, limits = true }
 
+-- One making or destroying of a sandbox id at a time (a FIFO lock per id,
+-- dropped when nobody holds or waits for it): two first getSandbox calls
+-- for one id get the one sandbox the first makes, and a getSandbox while
+-- that id's sandbox is being destroyed waits for the destroy, then makes it
+-- anew (the root's lock is free again by then).
+local id_locks = {}
+local function with_id_lock(id, fn)
+  if not async.in_task() then return fn() end -- (nothing else runs meanwhile)
+  local q = id_locks[id]
+  if not q then
+    q = require("moonbox.session.queue").new()
+    id_locks[id] = q
+  end
+  local ok, result = pcall(q.run, q, fn)
+  if id_locks[id] == q and not q.busy and #q.waiters == 0 then id_locks[id] = nil end
+  if not ok then error(result, 0) end
+  return result
+end
+
+local make_sandbox
+
 function M.getSandbox(id, opts)
   V.sandbox_id(id, "id")
   -- (a live id returns its sandbox as it is, but the options are checked
   -- all the same: a mistake in them is not silently dropped)
   if registry[id] and opts == nil then return registry[id] end
   opts = V.options(opts, get_options, "getSandbox options")
-  if not registry[id] then async.check_task("moonbox.getSandbox") end -- (making one waits)
+  if registry[id] then return make_sandbox(id, opts) end -- (checks the options against it)
+  async.check_task("moonbox.getSandbox") -- (making one waits)
+  return with_id_lock(id, function() return make_sandbox(id, opts) end)
+end
+
+-- The live sandbox of id (options checked against it), or a new one.
+function make_sandbox(id, opts)
   local isolation = opts.isolation or "auto"
   if isolation ~= "auto" and isolation ~= "none" and isolation ~= "namespaces" then
     V.fail("isolation", "expected \"auto\", \"namespaces\" or \"none\"")
@@ -880,6 +907,11 @@ function Sandbox:destroy(opts)
   self.destroying = true
   registry[self.id] = nil
   dying[self] = true
+  -- (taken at once: nothing else of this id can hold it while it was live)
+  return with_id_lock(self.id, function() return self:_destroy_now(opts) end)
+end
+
+function Sandbox:_destroy_now(opts)
   -- the root's lock, back from the init before it dies, when the files are
   -- to go (kept, they are released with the init); lost to another runtime
   -- (our init died, and it took the root): its files stay
