@@ -261,6 +261,51 @@ describe("contract: sandboxes", function()
       again:destroy({ keepFiles = false })
     end)
   end)
+
+  it("calls that a destroy cuts short raise coded errors, never a raw string", function()
+    run_task(function()
+      local function raised(what, fn, ...)
+        local ok, err = pcall(fn, ...)
+        assert(not ok, what .. ": expected an error")
+        return err
+      end
+      local function coded(err, what)
+        assert.is_table(err, what .. ": " .. tostring(err))
+        assert.is_string(err.code, what)
+        return err.code
+      end
+      -- runCode whose default context is still starting
+      local sb = helper.new_sandbox()
+      local r = moonbox.all(function() return raised("runCode", sb.runCode, sb, "1+1", { language = "python" }) end,
+        function() moonbox.sleep(20) sb:destroy() end)
+      assert.equal("SANDBOX_DESTROYED", coded(r[1], "runCode"))
+      -- runCode running
+      sb = helper.new_sandbox()
+      sb:runCode("0", { language = "python" })
+      r = moonbox.all(function() return raised("runCode running", sb.runCode, sb, "import time\ntime.sleep(5)") end,
+        function() moonbox.sleep(200) sb:destroy() end)
+      assert.equal("SANDBOX_DESTROYED", coded(r[1], "runCode running"))
+      -- createSession, with a warm spare shell or not
+      sb = helper.new_sandbox()
+      sb:createSession {}
+      r = moonbox.all(function() return { pcall(sb.createSession, sb, { id = "x" }) } end,
+        function() sb:destroy() end)
+      -- (made before the destroy took it, or refused)
+      if not r[1][1] then assert.equal("SANDBOX_DESTROYED", coded(r[1][2], "createSession")) end
+      -- waitForPort of a process the destroy kills
+      sb = helper.new_sandbox()
+      local p = sb:startProcess("sleep 30")
+      r = moonbox.all(function() return raised("waitForPort", p.waitForPort, p, 1, { timeout = 5000 }) end,
+        function() moonbox.sleep(50) sb:destroy() end)
+      assert.equal("PROCESS_EXITED_BEFORE_READY", coded(r[1], "waitForPort"))
+      -- runCode whose default context is deleted while it starts
+      sb = helper.new_sandbox()
+      r = moonbox.all(function() return raised("runCode, context deleted", sb.runCode, sb, "1+1", { language = "python" }) end,
+        function() moonbox.sleep(5) sb:deleteCodeContext("default-python") end)
+      assert.equal("CONTEXT_NOT_FOUND", coded(r[1], "runCode, context deleted"))
+      sb:destroy()
+    end)
+  end)
 end)
 
 describe("contract: sessions", function()

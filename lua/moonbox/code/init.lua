@@ -208,6 +208,21 @@ local function ensure_kernel(ctx)
   return k
 end
 
+-- A call whose sandbox was destroyed, or whose session was deleted, while
+-- it ran says so, whatever the interpreter's end looked like from here
+-- (killed by the destroy: "did not start", or an InterpreterDied result).
+local function check_ended(session, what)
+  local sb = session.sandbox
+  if sb.destroyed then
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while %s ran"):format(sb.id, what),
+      { id = sb.id, sessionId = session.id })
+  end
+  if session.destroyed then
+    errors.raise("SESSION_DESTROYED", ("session %q was deleted while %s ran"):format(session.id, what),
+      { sessionId = session.id })
+  end
+end
+
 local context_options = { language = true, cwd = true, envVars = true, timeout = true, id = true }
 
 function Session:createCodeContext(opts)
@@ -243,7 +258,11 @@ function Session:createCodeContext(opts)
     queue = queue_mod.new(), generation = 0, executionCount = 0 }
   sb.contexts[id] = ctx
   local ok, err = pcall(ensure_kernel, ctx)
-  if not ok then sb.contexts[id] = nil error(err, 0) end
+  if not ok then
+    if sb.contexts[id] == ctx then sb.contexts[id] = nil end
+    check_ended(self, "createCodeContext")
+    error(err, 0)
+  end
   return public(ctx)
 end
 
@@ -284,7 +303,12 @@ local function default_context(session, language)
   if id and sb.contexts and sb.contexts[id] then return sb.contexts[id] end
   local c = session:createCodeContext { language = language, id = "default-" .. language }
   sb.default_contexts[language] = c.id
-  return sb.contexts[c.id]
+  local ctx = sb.contexts and sb.contexts[c.id]
+  if not ctx then -- (deleted while its interpreter started)
+    check_ended(session, "runCode")
+    errors.raise("CONTEXT_NOT_FOUND", ("context %q was deleted while it started"):format(c.id), { contextId = c.id })
+  end
+  return ctx
 end
 
 -- One run: send the request, collect output/results until "done", the
@@ -457,8 +481,11 @@ function Session:runCode(code, opts)
     else arg = setmetatable({ text = ev.text, timestamp = ev.timestamp }, OutputMessage) end
     async.user_callback(name, cb, arg)
   end
-  return ctx.queue:run(run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit,
+  local ok, result = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit,
     self.sandbox.policy.limits.maxBufferedBytes)
+  check_ended(self, "runCode")
+  if not ok then error(result, 0) end
+  return result
 end
 
 -- runCodeStream(code, opts) -> iterator of stdout/stderr/result/error events
@@ -476,6 +503,8 @@ function Session:runCodeStream(code, opts)
   local task = async.spawn(function()
     local ok, exec = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, push,
       self.sandbox.policy.limits.maxBufferedBytes)
+    local ended_ok, ended_err = pcall(check_ended, self, "runCodeStream")
+    if not ended_ok then ok, exec = false, ended_err end
     if ok then
       push { type = "complete", executionCount = exec.executionCount, error = exec.error,
         contextRestarted = exec.contextRestarted, timestamp = util.timestamp() }

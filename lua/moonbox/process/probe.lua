@@ -16,7 +16,10 @@ function M.connect(host, port, opts, what)
   local sb = opts and opts.sandbox
   local sock
   if sb and sb.init and sb.network == "none" then
-    local s, msg = sb.init:socket(host:find(":", 1, true) and "tcp6" or "tcp4")
+    -- (an init a destroy closed meanwhile raises: the probe fails, and the
+    -- wait sees its process gone)
+    local made, s, msg = pcall(sb.init.socket, sb.init, host:find(":", 1, true) and "tcp6" or "tcp4")
+    if not made then s, msg = nil, "the sandbox's init is gone" end
     if not s then return nil, "cannot make a socket in the sandbox: " .. tostring(msg) end
     sock = s
   end

@@ -610,6 +610,10 @@ end
 -- A session shell (session/shell.lua spawn) started in this sandbox; under namespaces
 -- its per-command pipes are FIFOs in a directory of its own under .run.
 function Sandbox:_spawn_shell(opts)
+  -- (a createSession that waited while the sandbox was destroyed)
+  if self.destroyed then
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
+  end
   if self.init then
     self.shell_seq = self.shell_seq + 1
     local name = "sh-" .. self.shell_seq
