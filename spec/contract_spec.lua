@@ -300,7 +300,8 @@ describe("contract: sandboxes", function()
       assert.equal("PROCESS_EXITED_BEFORE_READY", coded(r[1], "waitForPort"))
       -- runCode whose default context is deleted while it starts
       sb = helper.new_sandbox()
-      r = moonbox.all(function() return raised("runCode, context deleted", sb.runCode, sb, "1+1", { language = "python" }) end,
+      r = moonbox.all(
+        function() return raised("runCode, context deleted", sb.runCode, sb, "1+1", { language = "python" }) end,
         function() moonbox.sleep(5) sb:deleteCodeContext("default-python") end)
       assert.equal("CONTEXT_NOT_FOUND", coded(r[1], "runCode, context deleted"))
       sb:destroy()
