@@ -1158,6 +1158,40 @@ describe("files: gitCheckout", function()
     end)
   end)
 
+  it("a destroy or deleteSession ends a clone under way, the host-side one too: coded error, no git left", function()
+    run_task(function()
+      local dir = mkdtemp()
+      -- big enough to be still cloning when the destroy comes
+      sh("cd " .. dir .. " && " .. G .. "init -q src && cd src && head -c 60000000 /dev/urandom > big && " ..
+        G .. "add big && " .. G .. "commit -qm big")
+      local url = "file://" .. dir .. "/src"
+      local function gits() return helper.sh("pgrep -f '[g]it.* clone .*" .. dir .. "/src' || true") end
+      for _, how in ipairs { "destroy", "deleteSession" } do
+        local sb = new_sandbox()
+        local s = sb:createSession { id = "cloner" }
+        local r = moonbox.all(function() return { pcall(s.gitCheckout, s, url, { targetDir = "r" }) } end,
+          function()
+            assert.is_true(helper.eventually(function() return gits() ~= "" end))
+            if how == "destroy" then sb:destroy() else sb:deleteSession("cloner") end
+            return gits()
+          end)
+        assert.is_false(r[1][1], how)
+        assert.is_table(r[1][2], how .. ": " .. tostring(r[1][2]))
+        local want = how == "destroy" and "SANDBOX_DESTROYED" or "SESSION_DESTROYED"
+        assert.equal(want, r[1][2].code, how .. ": " .. tostring(r[1][2].message))
+        assert.equal("", r[2], how .. ": git still running when the call returned")
+        if how == "destroy" then
+          assert.is_nil(io.open(sb.root), "the root is not made again")
+        else
+          assert.is_false(sb:exists("r").exists)
+          assert.equal("", sb:exec("ls -A /workspace").stdout)
+          sb:destroy()
+        end
+      end
+      os.execute("rm -rf " .. dir)
+    end)
+  end)
+
   it("raises GIT_CLONE_FAILED after a timeout and removes the partial clone", function()
     with_origin(function(sb, url)
       local err = fails("GIT_CLONE_FAILED", sb.gitCheckout, sb, url, { targetDir = "slow", timeout = 1 })

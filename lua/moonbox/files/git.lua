@@ -95,8 +95,15 @@ local function host_only_repo(sb, url)
   return not sb:_dir_exists(path) and util.is_dir(path)
 end
 
--- git (or another program, argv[1]) on the host; -> {exitCode, stderr, timedOut}
-local function host_git(argv, timeout_ms)
+-- Host-side clones running now: proc -> {sb, session_id, exited}. A
+-- destroy or deleteSession kills theirs (they run outside the sandbox, so
+-- its kill does not reach them) and waits for them to be gone before the
+-- root can be removed.
+local host_running = {}
+
+-- git (or another program, argv[1]) on the host, for session; ->
+-- {exitCode, stderr, timedOut}
+local function host_git(argv, timeout_ms, session)
   local env = { PATH = "/usr/local/bin:/usr/bin:/bin", HOME = os.getenv("HOME") or "/", GIT_TERMINAL_PROMPT = "0",
     LC_ALL = "C" }
   local err_parts, timed_out = {}, false
@@ -105,10 +112,18 @@ local function host_git(argv, timeout_ms)
     local done = 0
     local exit_code
     local function finish() done = done + 1 if done == 2 then resume(exit_code) end end
+    local entry = { sb = session.sandbox, session_id = session.id, waiters = {} }
     proc, pipes, code = core.spawn { args = argv, file = argv[1], env = env, setsid = true, pdeathsig = "SIGKILL",
       stdio = { [0] = "null", [1] = "null", [2] = "pipe" },
-      on_exit = function(c) exit_code = c finish() end }
+      on_exit = function(c)
+        exit_code = c
+        if proc then host_running[proc] = nil end
+        entry.exited = true
+        for _, w in ipairs(entry.waiters) do w() end
+        finish()
+      end }
     if not proc then return resume(nil) end
+    if not entry.exited then host_running[proc] = entry end
     pipes[2]:read_start(function(_, data)
       if data then err_parts[#err_parts + 1] = data else pipes[2]:close() finish() end
     end)
@@ -197,13 +212,24 @@ function Session:gitCheckout(repo_url, opts)
     fs.remove_tree(sb.root, tmp)
     assert(core.mkdir(sb.root .. "/" .. tmp, 448))
     argv[#argv] = sb.root .. "/" .. tmp .. "/repo"
-    r = host_git(argv, opts.timeout)
+    r = host_git(argv, opts.timeout, self)
+    if sb.destroyed or self.destroyed then
+      -- killed by the destroy or deleteSession (kill_host_clones): the
+      -- partial clone goes, nothing else is made in a root that may be gone
+      fs.remove_tree(sb.root, tmp)
+      if sb.destroyed then
+        errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while gitCheckout ran"):format(sb.id),
+          { id = sb.id, sessionId = self.id })
+      end
+      errors.raise("SESSION_DESTROYED", ("session %q was deleted while gitCheckout ran"):format(self.id),
+        { sessionId = self.id })
+    end
     local creds = sb:_fs_creds()
     if r.exitCode == 0 and not r.timedOut and creds then
       -- the sandbox's root owns what it gets; the clone lies in a directory
       -- only the runtime reaches, where a plain chown -R cannot be raced
       local c = host_git({ "chown", "-R", "-h", "--", ("%d:%d"):format(creds.uid, creds.gid),
-        sb.root .. "/" .. tmp .. "/repo" })
+        sb.root .. "/" .. tmp .. "/repo" }, nil, self)
       if c.exitCode ~= 0 then
         r = { exitCode = 128, stderr = "fatal: cannot give the clone to the sandbox's user: " .. c.stderr }
       end
@@ -226,7 +252,14 @@ function Session:gitCheckout(repo_url, opts)
     end
     fs.remove_tree(sb.root, tmp)
   else
-    r = self:exec(argv, { timeout = opts.timeout, env = git_env })
+    local ran, res = pcall(self.exec, self, argv, { timeout = opts.timeout, env = git_env })
+    if not ran then
+      -- cut short (deleteSession, a cancel): no partial clone is left in a
+      -- sandbox that lives on (a destroyed one's root is not touched)
+      if not existed and not sb.destroyed then pcall(fs.remove_tree, root_of(sb), t.rel, "in_root") end
+      error(res, 0)
+    end
+    r = res
   end
   local context = { repoUrl = repo_url, branch = branch, targetDir = t.view, exitCode = r.exitCode,
     stderr = r.stderr }
@@ -251,9 +284,32 @@ function Session:gitCheckout(repo_url, opts)
   return { success = true, repoUrl = repo_url, branch = checked_out, targetDir = t.view, timestamp = timestamp }
 end
 
--- A part of Session (lib/compose.lua): gitCheckout.
-function M.install(class)
+-- deleteSession (session_id) or destroy (nil): its host-side clones are
+-- killed, and gone when this returns (at most 2 s)
+function M.kill_host_clones(sb, session_id)
+  local mine = {}
+  for proc, e in pairs(host_running) do
+    if e.sb == sb and (session_id == nil or e.session_id == session_id) then mine[#mine + 1] = { proc, e } end
+  end
+  for _, pe in ipairs(mine) do pcall(core.kill, -pe[1]:pid(), "SIGKILL") end
+  for _, pe in ipairs(mine) do
+    local e = pe[2]
+    if not e.exited and async.in_task() then
+      async.await(function(resume)
+        local t = core.timer()
+        local function done() if not t:is_closing() then t:close() end resume() end
+        e.waiters[#e.waiters + 1] = done
+        t:start(2000, 0, done)
+      end, "gitCheckout's end")
+    end
+  end
+end
+
+-- A part of Session (lib/compose.lua): gitCheckout; its host-side clones
+-- end with the session and the sandbox.
+function M.install(class, hooks)
   compose.methods(class, Session, "git")
+  compose.add(hooks, "session_ending", M.kill_host_clones)
 end
 
 return M
