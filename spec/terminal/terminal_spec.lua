@@ -132,6 +132,7 @@ describe("terminal", function()
   it("ends with the shell's exit code and read returns nil afterwards", function()
     with_sandbox(function(sb)
       local t = sb:terminal {}
+      local cgroup = t._cgroup -- (cgroup mode)
       local seen = {}
       t:onData(function(d) seen[#seen + 1] = d end)
       t:write("exit 3\n")
@@ -139,6 +140,10 @@ describe("terminal", function()
       while t:read() do end
       assert.is_nil(t:read())
       assert.is_true(#seen > 0)
+      -- its cgroup goes with it, not only at close() or the sandbox's end
+      if cgroup then
+        assert.is_true(helper.eventually(function() return not util.is_dir(cgroup) end), cgroup)
+      end
       t:close()
     end)
   end)

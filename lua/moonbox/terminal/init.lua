@@ -146,6 +146,12 @@ function Terminal:_maybe_done()
   -- was read is kept for read()); a terminal never closed held it until
   -- its sandbox ended
   if self.eof and self._stream and not self._stream:is_closing() then self._stream:close() end
+  -- and its cgroup, once nothing of it runs (a background job it left
+  -- keeps it, and dies with close() or the sandbox)
+  if self._cgroup and not tree.populated(self._cgroup) then
+    tree.remove_later(self._cgroup)
+    self._cgroup = nil
+  end
 end
 
 function Terminal:write(data)
