@@ -130,6 +130,7 @@ struct server {
   uint64_t accept_resume;    /* loop time to poll the listening socket again; 0: not paused */
   uint64_t accept_logged;    /* loop time of the last line about a failed accept */
   lua_Integer accept_failed; /* accepts the kernel refused (out of fds or memory) */
+  int heads_400, heads_431;  /* heads answered straight on the socket, not yet reported to Lua */
   int destroying;            /* lws_context_destroy was called */
   char unix_path[108];
   struct server *next_server; /* the core's live servers, for teardown */
@@ -890,6 +891,10 @@ static void on_rehook(uv_prepare_t *p) {
   for (conn *c = s->conns; c; c = c->next) hook_poll(c);
   hook_listen(s);
   resume_accept(s);
+  /* heads answered 400/431 on the socket itself (inside lws): told to Lua
+   * here, outside lws, as "refused" events (the access log, /metrics) */
+  for (; s->heads_400 > 0 && !s->destroying; s->heads_400--) emit_simple(s, "refused", 400);
+  for (; s->heads_431 > 0 && !s->destroying; s->heads_431--) emit_simple(s, "refused", 431);
 }
 
 static void on_conn_poll(uv_poll_t *p, int status, int events) {
@@ -931,6 +936,7 @@ static void refuse_head(conn *c) {
   int fd = lws_get_socket_fd(c->wsi);
   if (c->head_refused || fd < 0) return;
   c->head_refused = 1;
+  c->srv->heads_431++;
   char sink[16384];
   for (int i = 0; i < 64 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
   int n = snprintf(resp, sizeof resp,
@@ -948,6 +954,7 @@ static void refuse_bad(conn *c, const char *why) {
   int fd = lws_get_socket_fd(c->wsi);
   if (c->head_refused || fd < 0) return;
   c->head_refused = 1;
+  c->srv->heads_400++;
   char sink[16384];
   for (int i = 0; i < 64 && lws_recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
   int bn = snprintf(body, sizeof body,

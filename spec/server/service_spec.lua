@@ -214,6 +214,30 @@ describe("moonbox serve as a service", function()
         assert.equal("/v1/sandboxes/{id}/processes", c.route)
         assert.equal(404, c.status) -- a read never creates the sandbox
         assert.not_matches('"route"', f.stderr())
+        -- heads the server answers itself, before any request is made of
+        -- them (a smuggling-shaped head, one too large), are logged too
+        local c1 = client.connect(s.port)
+        c1:send("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx")
+        assert.equal(400, (c1:response()))
+        c1:close()
+        local c2 = client.connect(s.port)
+        c2:send("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-Big: " .. ("a"):rep(9000) .. "\r\n\r\n")
+        assert.equal(431, (c2:response()))
+        c2:close()
+        local refused = {}
+        assert.is_true(helper.eventually(function()
+          refused = {}
+          for line in s.stderr():gmatch("[^\n]+") do
+            if line:match('^{.*"status":4[03]') then
+              local l = cjson.decode(line)
+              if l.status == 400 or l.status == 431 then refused[#refused + 1] = l end
+            end
+          end
+          return #refused >= 2
+        end))
+        assert.same({ 400, 431 }, { refused[1].status, refused[2].status })
+        assert.equal(cjson.null, refused[1].route)
+        assert.equal("string", type(refused[1].requestId))
       end)
       s.stop()
       f.stop()

@@ -166,7 +166,7 @@ local function health_route(req, server)
   if req.path == "/healthz" then return { status = 200, headers = headers, body = '{"status":"ok"}\n' } end
   local why = M.not_ready_reason(server)
   if why then
-    return { status = 503, headers = headers, body = cjson.encode { status = "not ready", reason = why } .. "\n" }
+    return { status = 503, headers = headers, body = ('{"status":"not ready","reason":"%s"}\n'):format(why) }
   end
   return { status = 200, headers = headers, body = '{"status":"ready"}\n' }
 end

@@ -401,6 +401,14 @@ function Server:_on_event(kind, id, a, b)
   elseif kind == "drain" then
     local res = self._live[id]
     if res then wake(res) end
+  elseif kind == "refused" then
+    -- a head src/http.c answered itself (400 smuggling-shaped, 431 too
+    -- large; id is the status): no request was made of it, but it is counted
+    -- and logged like one
+    if self.onDone then
+      local ok, err = pcall(self.onDone, {}, { status = id, bytes = 0, durationMs = 0 })
+      if not ok then io.stderr:write("moonbox: http: onDone: ", errors.format(err), "\n") end
+    end
   elseif kind == "done" or kind == "closed" then
     local res = self._live[id]
     self._live[id] = nil
