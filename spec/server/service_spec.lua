@@ -415,6 +415,32 @@ describe("moonbox serve as a service", function()
     end)
   end)
 
+  it("idle expiry: a terminal at its prompt with no socket does not keep its sandbox, one running a command does",
+    function()
+      run_task(function()
+        local s = serve { "--idle-timeout-s", "1" }
+        local ok, err = pcall(function()
+          local ws = s.url:gsub("^http:", "ws:")
+          local function term(id, steps)
+            client.ws_client(("%s/v1/sandboxes/%s/sessions/default/terminal?access_token=%s"):format(ws, id, s.token),
+              steps)
+          end
+          term("t-busy", { { expect = '"type":"ready"' }, { binary = "sleep 600\n" }, { close = 1000 } })
+          term("t-idle", { { expect = '"type":"ready"' }, { binary = "echo hi\n" }, { expect = "hi" },
+            { close = 1000 } })
+          local list
+          assert.is_true(helper.eventually(function()
+            local _, body = s.call("GET", "/v1/sandboxes")
+            list = cjson.decode(body)
+            return #list == 1
+          end, 20000), "the sandbox with an idle terminal was not stopped")
+          assert.equal("t-busy", list[1].id)
+        end)
+        s.stop()
+        assert(ok, err)
+      end)
+    end)
+
   it("SIGTERM: lets a running stream finish, refuses new requests, keeps workspaces, exits 0", function()
     run_task(function()
       local s = serve { "--shutdown-grace-s", "60" }

@@ -145,6 +145,16 @@ end
 -- A terminal whose shell has not exited (one that exited but was not
 -- closed yet holds nothing running).
 local function live_terminal(t) return not t.exited and not t.closed end
+
+-- A live terminal running something: its pty's foreground process group
+-- is not its shell's (the shell at its prompt is idle; a socket attached
+-- to it is a request running, counted on its own).
+local function terminal_busy(t)
+  if not live_terminal(t) then return false end
+  local stat = t.pid and util.read_file("/proc/" .. t.pid .. "/stat")
+  local tpgid = stat and tonumber(stat:match("%) %S %d+ %d+ %d+ %-?%d+ (%-?%d+)"))
+  return tpgid == nil or (tpgid > 0 and tpgid ~= t.pid)
+end
 function M:metrics(server)
   local out = {}
   local function metric(name, kind, help, samples)
@@ -227,7 +237,7 @@ local function busy(self, id, sb)
   for _, p in pairs(sb.processes or {}) do
     if p._running and p:_running() then return true end
   end
-  for t in pairs(sb.terminals or {}) do if live_terminal(t) then return true end end
+  for t in pairs(sb.terminals or {}) do if terminal_busy(t) then return true end end
   return false
 end
 
