@@ -79,9 +79,7 @@ function Process:_exited(code, signal)
     self.oomKilled = true
   end
   self.endTime = util.timestamp()
-  -- (a clean exit that a kill raced, or that a handler of the signal made,
-  -- is a completion: "killed" means the end was the signal's)
-  if self._signalled and ((signal or 0) ~= 0 or code ~= 0) then self.status = "killed"
+  if self._signalled then self.status = "killed"
   elseif code == 0 then self.status = "completed"
   else self.status = "failed" end
   self._term_signal = signal
