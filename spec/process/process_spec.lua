@@ -149,6 +149,12 @@ describe("kill", function()
       -- q ends by the SIGKILL after the grace, the sleep by SIGTERM
       assert.equal(2, sb:killAllProcesses())
       for _, x in ipairs(sb:listProcesses()) do assert.equal("killed", x.status, x.command) end
+      -- API.md: killed when it ended after moonbox signalled it, also by a
+      -- handler of the signal that exits 0
+      local h = sb:startProcess("trap 'exit 0' TERM; echo ready; while :; do sleep 0.05; done")
+      h:waitForLog("ready", 10000)
+      h:kill()
+      assert.same({ "killed", 0 }, { h.status, h.exitCode })
     end, { limits = { killGraceMs = 200 } })
   end)
 
