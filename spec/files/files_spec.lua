@@ -757,6 +757,30 @@ describe("files: listFiles and exists", function()
     end)
   end)
 
+  it("walks a deep tree holding one directory fd at a time, in the same order", function()
+    with_sandbox(function(sb)
+      -- 400 nested directories, a file and a sibling at the bottom
+      local r = sb:exec("d=deep; for i in $(seq 400); do d=$d/a; done; mkdir -p $d && touch $d/f deep/z")
+      assert.equal(0, r.exitCode, r.stderr)
+      local base = helper.fd_count()
+      local peak, done = base, false
+      local res = moonbox.all(function()
+        local ok, l = pcall(sb.listFiles, sb, "deep", { recursive = true })
+        done = true
+        if not ok then error(l, 0) end
+        return l
+      end, function()
+        while not done do peak = math.max(peak, helper.fd_count()) moonbox.sleep(1) end
+      end)[1]
+      assert.equal(402, res.count)
+      assert.equal("a", res.files[1].relativePath)
+      assert.equal(("a/"):rep(399) .. "a", res.files[400].relativePath)
+      assert.equal(("a/"):rep(400) .. "f", res.files[401].relativePath)
+      assert.equal("z", res.files[402].relativePath) -- the top directory's next entry, after the subtree
+      assert.is_true(peak - base < 16, ("%d fds open during the walk, %d before"):format(peak, base))
+    end)
+  end)
+
   it("caps the entries at limit and says so with truncated; refuses a bad limit", function()
     with_sandbox(function(sb)
       sb:exec("mkdir -p d/sub && touch d/a d/b d/c d/sub/x d/sub/y d/.h")

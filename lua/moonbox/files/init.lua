@@ -659,7 +659,17 @@ function Session:listFiles(path, opts)
                 type = st.type, size = st.size, modifiedAt = util.timestamp(st.mtime),
                 mode = mode_string(st.mode), permissions = permissions(st),
               }
-              if recursive and st.type == "directory" then walk(rel, relative) end
+              if recursive and st.type == "directory" then
+                -- one directory fd at a time, whatever the depth (a chain of
+                -- 2,000 directories held 2,000 of the runtime's fds): this
+                -- one is opened again after its subdirectory (its sorted
+                -- entries are in memory already); gone meanwhile, it ends here
+                fs.close_dir(fd)
+                fd = nil
+                walk(rel, relative)
+                fd = fs.open_beneath(root, dir_rel, O_PATH)
+                if not fd then return end
+              end
             elseif scode ~= "ENOENT" then
               fail("listFiles", view_of(sb, rel), smsg, scode)
             end
@@ -667,7 +677,7 @@ function Session:listFiles(path, opts)
         end
       end)
       dirlist:close()
-      fs.close_dir(fd)
+      if fd then fs.close_dir(fd) end
       if not ok then error(err, 0) end
     end
     walk(t.rel, "")
