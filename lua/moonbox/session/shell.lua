@@ -77,7 +77,13 @@ local M = {}
 M.live = {}
 
 local CONTROL_FD, STATUS_FD, PRELUDE_FD, BUILTIN_FD = 60, 1, 62, 63
-local MAX_ENV_BYTES = 16 * 1024 * 1024 -- far past what execve would take
+-- The exported environment kept per session (what a restarted shell gets
+-- back): at most what execve passes to a program (ARG_MAX with the usual
+-- 8 MiB stack: 2 MiB for arguments and environment together). Past it every
+-- program the shell starts fails with E2BIG anyway, and the runtime would
+-- hold megabytes per session and restore a shell that could not start.
+local MAX_ENV_BYTES = 2 * 1024 * 1024
+M.MAX_ENV_BYTES = MAX_ENV_BYTES
 local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-pages-soft
 local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 local SLOT_NAMES = {}
@@ -410,14 +416,21 @@ function Shell:_open_env_file()
 end
 
 -- The env file's content ("" when it cannot be read: what the sandbox put
--- in its place is not followed, nor waited for).
+-- in its place is not followed, nor waited for); nil when it is larger than
+-- MAX_ENV_BYTES (the exports known before are kept).
 function Shell:_read_env()
-  if self.env_fd then return core.pread_all(self.env_fd, MAX_ENV_BYTES) or "" end
-  if not self.rundir then return "" end
-  local dir = self:_dir()
-  local fd = dir and core.open_fd("env", "r", dir)
-  local text = fd and core.pread_all(fd, MAX_ENV_BYTES) or ""
-  if fd then core.close_fd(fd) end
+  local text
+  if self.env_fd then
+    text = core.pread_all(self.env_fd, MAX_ENV_BYTES + 1) or ""
+  elseif self.rundir then
+    local dir = self:_dir()
+    local fd = dir and core.open_fd("env", "r", dir)
+    text = fd and core.pread_all(fd, MAX_ENV_BYTES + 1) or ""
+    if fd then core.close_fd(fd) end
+  else
+    return ""
+  end
+  if #text > MAX_ENV_BYTES then return nil end
   return text
 end
 
@@ -566,7 +579,7 @@ local MAX_STATUS_BUF = 64 * 1024
 local KEEP_STATUS_TAIL = 8192 -- past a record's head and the longest PWD (4096)
 
 function Shell:_record(id, status, kind, flag, pwd)
-  if flag ~= "-" or not self.exports then self.exports = self:_read_env() end
+  if flag ~= "-" or not self.exports then self.exports = self:_read_env() or self.exports or "" end
   self:_release_dir()
   local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
     pwd = pwd, exports = self.exports }
