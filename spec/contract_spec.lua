@@ -335,6 +335,28 @@ describe("contract: sessions", function()
       assert.equal("set\n", sb:createSession {}:exec("echo ${SQ-unset}").stdout)
     end)
   end)
+
+  it("deleteSession of a session still being made deletes it once made, not SESSION_NOT_FOUND", function()
+    with_sandbox(function(sb)
+      local moonbox = require "moonbox"
+      sb:createSession {}
+      -- a warm spare shell: the next createSession adopts it, and waits meanwhile
+      assert.is_true(helper.eventually(function() return sb.spare ~= nil end))
+      local seen
+      local r = moonbox.all(function() return { pcall(sb.createSession, sb, { id = "late" }) } end,
+        function()
+          seen = type(sb.sessions.late)
+          return { pcall(sb.deleteSession, sb, "late") }
+        end)
+      assert.equal("boolean", seen, "the delete came while the session was being made") -- (reserved: true)
+      assert.is_true(r[1][1], tostring(r[1][2]))
+      assert.is_true(r[2][1], tostring(r[2][2] and r[2][2].code))
+      assert.same({ true, "late" }, { r[2][2].success, r[2][2].sessionId })
+      assert.equal("SESSION_NOT_FOUND", helper.error_of(sb.getSession, sb, "late").code)
+      assert.is_table(helper.error_of(r[1][2].exec, r[1][2], "true")) -- the session made is gone
+      assert.equal("x\n", sb:createSession({ id = "late" }):exec("echo x").stdout) -- the id is free
+    end)
+  end)
 end)
 
 describe("contract: streams", function()

@@ -707,12 +707,31 @@ function Sandbox:createSession(opts)
     session:_destroy()
     ok, session = false, errors.new("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
   end
-  if not ok then
-    self.sessions[id] = nil
-    error(session, 0)
+  self.sessions[id] = ok and session or nil
+  -- (a deleteSession of this id that came meanwhile goes on now)
+  local waiters = self.session_waiters and self.session_waiters[id]
+  if waiters then
+    self.session_waiters[id] = nil
+    for _, w in ipairs(waiters) do w.resume() end
   end
-  self.sessions[id] = session
+  if not ok then error(session, 0) end
   return session
+end
+
+-- A session being made (its id reserved, createSession under way): wait
+-- until it is made or has failed.
+function Sandbox:_session_settled(id)
+  while self.sessions[id] == true do
+    async.await(function(resume)
+      self.session_waiters = self.session_waiters or {}
+      local list = self.session_waiters[id] or {}
+      self.session_waiters[id] = list
+      local w = { resume = resume }
+      list[#list + 1] = w
+      return function() w.resume = function() end end
+    end, "session being made")
+    self:_check_live()
+  end
 end
 
 -- POLICY_DENIED when the sandbox already has limits.maxSessions sessions
@@ -757,6 +776,8 @@ function Sandbox:deleteSession(id)
     end
     s = self:_default()
   else
+    -- one still being made is deleted once made (not SESSION_NOT_FOUND)
+    if self.sessions[id] == true then self:_session_settled(id) end
     s = self:getSession(id)
   end
   self.sessions[id] = nil
