@@ -113,6 +113,14 @@ describe("moonbox serve as a service", function()
         assert.equal(1, sample(text, "moonbox_http_requests_in_flight")) -- this one
         assert.truthy(sample(text, 'moonbox_http_rejections_total{reason="unauthorized"}') >= 1)
         assert.equal(0, sample(text, 'moonbox_http_rejections_total{reason="accept"}'))
+        -- every reason reads 0 before it first moves (a series that appears
+        -- later reads as a counter reset)
+        for _, reason in ipairs { "accept_failed", "max_connections", "shutting_down", "max_sandboxes" } do
+          assert.equal(0, sample(text, ('moonbox_http_rejections_total{reason="%s"}'):format(reason)), reason)
+        end
+        assert.truthy(sample(text, "moonbox_open_fds_limit") >= sample(text, "moonbox_open_fds"))
+        local post = curl("-s", "-X", "POST", "-H", s.auth, s.url .. "/metrics")
+        assert.matches("GET or HEAD only", post)
         assert.truthy(sample(text, "moonbox_http_buffered_bytes"))
         -- every sample line is "name{labels} number"
         for line in text:gmatch("[^\n]+") do
