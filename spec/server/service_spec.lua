@@ -54,6 +54,16 @@ local function serve(args, wrapper)
     return exit.code
   end
   function s.stderr() return err.buf end
+  -- the /metrics text, once the server answers it (after a flood of connections)
+  function s.metrics()
+    local body
+    assert.is_true(helper.eventually(function()
+      local code, t = s.call("GET", "/metrics")
+      body = t
+      return code == 200
+    end))
+    return body
+  end
   -- status, body of a request with the token
   function s.call(method, path, body)
     local argv2 = { "-o", "-", "-w", "\n%{http_code}", "-H", s.auth, "-X", method }
@@ -287,12 +297,7 @@ describe("moonbox serve as a service", function()
           c:close()
         end
         for _, h in ipairs(held) do h:close() end
-        local text
-        assert.is_true(helper.eventually(function()
-          local code, t = s.call("GET", "/metrics")
-          text = t
-          return code == 200
-        end))
+        local text = s.metrics()
         assert.truthy(sample(text, 'moonbox_http_rejections_total{reason="max_connections"}') >= 1)
       end)
       s.stop()
@@ -311,12 +316,7 @@ describe("moonbox serve as a service", function()
           for i = 1, 80 do held[i] = client.connect(s.port) end
           moonbox.sleep(1500)
           for _, h in ipairs(held) do h:close() end
-          local text
-          assert.is_true(helper.eventually(function()
-            local code, t = s.call("GET", "/metrics")
-            text = t
-            return code == 200
-          end))
+          local text = s.metrics()
           assert.truthy(sample(text, 'moonbox_http_rejections_total{reason="accept_failed"}') >= 1, text)
           local _, lines = s.stderr():gsub("accept: ", "")
           assert.truthy(lines >= 1 and lines <= 3, s.stderr():sub(1, 2000))

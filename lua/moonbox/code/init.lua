@@ -208,21 +208,6 @@ local function ensure_kernel(ctx)
   return k
 end
 
--- A call whose sandbox was destroyed, or whose session was deleted, while
--- it ran says so, whatever the interpreter's end looked like from here
--- (killed by the destroy: "did not start", or an InterpreterDied result).
-local function check_ended(session, what)
-  local sb = session.sandbox
-  if sb.destroyed then
-    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while %s ran"):format(sb.id, what),
-      { id = sb.id, sessionId = session.id })
-  end
-  if session.destroyed then
-    errors.raise("SESSION_DESTROYED", ("session %q was deleted while %s ran"):format(session.id, what),
-      { sessionId = session.id })
-  end
-end
-
 local context_options = { language = true, cwd = true, envVars = true, timeout = true, id = true }
 
 function Session:createCodeContext(opts)
@@ -260,7 +245,8 @@ function Session:createCodeContext(opts)
   local ok, err = pcall(ensure_kernel, ctx)
   if not ok then
     if sb.contexts[id] == ctx then sb.contexts[id] = nil end
-    check_ended(self, "createCodeContext")
+    -- (a destroy that killed the interpreter is said as such, not as "did not start")
+    self:_check_ended("createCodeContext")
     error(err, 0)
   end
   return public(ctx)
@@ -305,7 +291,7 @@ local function default_context(session, language)
   sb.default_contexts[language] = c.id
   local ctx = sb.contexts and sb.contexts[c.id]
   if not ctx then -- (deleted while its interpreter started)
-    check_ended(session, "runCode")
+    session:_check_ended("runCode")
     errors.raise("CONTEXT_NOT_FOUND", ("context %q was deleted while it started"):format(c.id), { contextId = c.id })
   end
   return ctx
@@ -483,7 +469,7 @@ function Session:runCode(code, opts)
   end
   local ok, result = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit,
     self.sandbox.policy.limits.maxBufferedBytes)
-  check_ended(self, "runCode")
+  self:_check_ended("runCode")
   if not ok then error(result, 0) end
   return result
 end
@@ -503,7 +489,7 @@ function Session:runCodeStream(code, opts)
   local task = async.spawn(function()
     local ok, exec = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, push,
       self.sandbox.policy.limits.maxBufferedBytes)
-    local ended_ok, ended_err = pcall(check_ended, self, "runCodeStream")
+    local ended_ok, ended_err = pcall(self._check_ended, self, "runCodeStream")
     if not ended_ok then ok, exec = false, ended_err end
     if ok then
       push { type = "complete", executionCount = exec.executionCount, error = exec.error,

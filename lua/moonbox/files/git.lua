@@ -217,12 +217,7 @@ function Session:gitCheckout(repo_url, opts)
       -- killed by the destroy or deleteSession (kill_host_clones): the
       -- partial clone goes, nothing else is made in a root that may be gone
       fs.remove_tree(sb.root, tmp)
-      if sb.destroyed then
-        errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while gitCheckout ran"):format(sb.id),
-          { id = sb.id, sessionId = self.id })
-      end
-      errors.raise("SESSION_DESTROYED", ("session %q was deleted while gitCheckout ran"):format(self.id),
-        { sessionId = self.id })
+      self:_check_ended("gitCheckout")
     end
     local creds = sb:_fs_creds()
     if r.exitCode == 0 and not r.timedOut and creds then

@@ -133,6 +133,13 @@ function M.new_token()
   return require("moonbox.lib.util").random_hex(16)
 end
 
+-- 405 for the GET-only routes (/healthz, /readyz, /metrics)
+local function get_or_head_only()
+  local r = json_response(405, "METHOD_NOT_ALLOWED", "GET or HEAD only", { allow = { "GET", "HEAD" } })
+  r.headers.allow = "GET, HEAD"
+  return r
+end
+
 -- fds a new sandbox needs at least (its init's socket, the root fd, a
 -- session's pipe, the spawns' short-lived ones), kept free for /readyz
 M.READY_FD_MARGIN = 64
@@ -157,11 +164,7 @@ end
 -- nothing else.
 local function health_route(req, server)
   if req.path ~= "/healthz" and req.path ~= "/readyz" then return nil end
-  if req.method ~= "GET" and req.method ~= "HEAD" then
-    local r = json_response(405, "METHOD_NOT_ALLOWED", "GET or HEAD only", { allow = { "GET", "HEAD" } })
-    r.headers.allow = "GET, HEAD"
-    return r
-  end
+  if req.method ~= "GET" and req.method ~= "HEAD" then return get_or_head_only() end
   local headers = { ["content-type"] = "application/json", ["cache-control"] = "no-store" }
   if req.path == "/healthz" then return { status = 200, headers = headers, body = '{"status":"ok"}\n' } end
   local why = M.not_ready_reason(server)
@@ -263,11 +266,7 @@ function M.app(opts)
     end
     if req.path == "/metrics" and app.service and app.server then
       req.route = "/metrics"
-      if req.method ~= "GET" and req.method ~= "HEAD" then
-        local r = json_response(405, "METHOD_NOT_ALLOWED", "GET or HEAD only", { allow = { "GET", "HEAD" } })
-        r.headers.allow = "GET, HEAD"
-        return r
-      end
+      if req.method ~= "GET" and req.method ~= "HEAD" then return get_or_head_only() end
       return { status = 200, headers = { ["content-type"] = "text/plain; version=0.0.4; charset=utf-8",
         ["cache-control"] = "no-store" }, body = app.service:metrics(app.server()) }
     end

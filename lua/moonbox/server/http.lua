@@ -482,8 +482,7 @@ end
 -- Requests being answered now (their handler runs or their response is being sent).
 function Server:inflight() return self._inflight end
 
--- Connections hung up at accept so far.
--- connections hung up at accept, and accepts the kernel refused (out of fds)
+-- Connections hung up at accept so far, and accepts the kernel refused (out of fds).
 function Server:refused()
   if self.closed then return 0, 0 end
   return self._core:refused()

@@ -8,7 +8,6 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
-local fs = require "moonbox.lib.fs"
 local util = require "moonbox.lib.util"
 local cjson = require "cjson.safe"
 
@@ -135,11 +134,6 @@ end
 
 -- ---- /metrics ------------------------------------------------------------------------
 
-local function open_fds()
-  local ok, list = pcall(fs.scandir, "/proc/self/fd")
-  return ok and type(list) == "table" and #list or nil
-end
-
 -- text(server) -> the Prometheus text exposition (version 0.0.4).
 
 -- A terminal whose shell has not exited (one that exited but was not
@@ -155,6 +149,7 @@ local function terminal_busy(t)
   local tpgid = stat and tonumber(stat:match("%) %S %d+ %d+ %d+ %-?%d+ (%-?%d+)"))
   return tpgid == nil or (tpgid > 0 and tpgid ~= t.pid)
 end
+
 function M:metrics(server)
   local out = {}
   local function metric(name, kind, help, samples)
@@ -201,9 +196,8 @@ function M:metrics(server)
   metric("moonbox_buffered_bytes_limit", "gauge", "The ceiling for that (--max-buffered-bytes, or the " ..
     "default policy's limits.maxBufferedBytes, or a quarter of RAM).",
     { { nil, budget.limit(require("moonbox.policy").resolve(nil).limits.maxBufferedBytes) } })
-  local fds = open_fds()
+  local soft, _, fds = util.fd_limits()
   if fds then metric("moonbox_open_fds", "gauge", "Open file descriptors of the runtime.", { { nil, fds } }) end
-  local soft = require("moonbox.lib.util").fd_limits()
   if soft and soft < math.huge then
     metric("moonbox_open_fds_limit", "gauge", "The runtime's RLIMIT_NOFILE (soft; raised to the hard limit at start).",
       { { nil, soft } })

@@ -111,6 +111,21 @@ function Session:_check_live()
   if self.sandbox.init_dead then self.sandbox:_revive() end
 end
 
+-- A call whose sandbox was destroyed, or whose session was deleted, while
+-- it ran says so (SANDBOX_DESTROYED, SESSION_DESTROYED), whatever its own
+-- end looked like from here; what: "the command", "runCode", ...
+function Session:_check_ended(what)
+  local sb = self.sandbox
+  if sb.destroyed then
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while %s ran"):format(sb.id, what),
+      { id = sb.id, sessionId = self.id })
+  end
+  if self.destroyed then
+    errors.raise("SESSION_DESTROYED", ("session %q was deleted while %s ran"):format(self.id, what),
+      { sessionId = self.id })
+  end
+end
+
 -- Last known exported env as a map (parsed lazily from `export -p`).
 function Session:current_env()
   if self.exports_text then
@@ -442,14 +457,7 @@ function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grac
   local sb = self.sandbox
   -- (first: a destroy also ends every session, and its init died because
   -- destroy killed it: no rebuild follows)
-  if sb.destroyed then
-    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while the command ran"):format(sb.id),
-      { id = sb.id, sessionId = self.id })
-  end
-  if self.destroyed then
-    errors.raise("SESSION_DESTROYED", ("session %q was deleted while the command ran"):format(self.id),
-      { sessionId = self.id })
-  end
+  self:_check_ended("the command")
   if info and sb.init and (sb.init_generation ~= info.generation or (record.died and not sb:_init_alive())) then
     -- the sandbox's init died under the command (and every process with
     -- it): said once, to the calls that were running; the next call

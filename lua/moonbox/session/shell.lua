@@ -83,7 +83,6 @@ local CONTROL_FD, STATUS_FD, PRELUDE_FD, BUILTIN_FD = 60, 1, 62, 63
 -- program the shell starts fails with E2BIG anyway, and the runtime would
 -- hold megabytes per session and restore a shell that could not start.
 local MAX_ENV_BYTES = 2 * 1024 * 1024
-M.MAX_ENV_BYTES = MAX_ENV_BYTES
 local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-pages-soft
 local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 local SLOT_NAMES = {}
