@@ -146,7 +146,8 @@ local function live_terminal(t) return not t.exited and not t.closed end
 local function terminal_busy(t)
   if not live_terminal(t) then return false end
   local stat = t.pid and util.read_file("/proc/" .. t.pid .. "/stat")
-  local tpgid = stat and tonumber(stat:match("%) %S %d+ %d+ %d+ %-?%d+ (%-?%d+)"))
+  -- (after the last ")": the command name, which the tenant sets, may hold one)
+  local tpgid = stat and tonumber(stat:match("^.*%) %S %d+ %d+ %d+ %-?%d+ (%-?%d+)"))
   return tpgid == nil or (tpgid > 0 and tpgid ~= t.pid)
 end
 
