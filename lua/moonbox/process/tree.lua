@@ -19,7 +19,8 @@ local mode
 -- pid_alive(pid) -> a process with that pid runs (not a zombie)
 local function pid_alive(pid)
   local stat = util.read_file("/proc/" .. pid .. "/stat")
-  return stat ~= nil and not stat:match("%) Z ")
+  -- (the state follows the last ")": a command name may hold ") Z ")
+  return stat ~= nil and stat:match("^.*%) (%a)") ~= "Z"
 end
 M.pid_alive = pid_alive
 
