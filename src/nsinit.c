@@ -41,6 +41,9 @@
 #ifndef MOVE_MOUNT_F_EMPTY_PATH
 #define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
 #endif
+#ifndef MOVE_MOUNT_T_EMPTY_PATH
+#define MOVE_MOUNT_T_EMPTY_PATH 0x00000040
+#endif
 #ifndef MOUNT_ATTR_RDONLY
 #define MOUNT_ATTR_RDONLY 0x00000001
 #define MOUNT_ATTR_NOSUID 0x00000002
@@ -53,8 +56,8 @@ struct mb_mount_attr {
   uint64_t attr_set, attr_clr, propagation, userns_fd;
 };
 
-static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
-#define NDEV (sizeof dev_nodes / sizeof dev_nodes[0])
+#define NDEV MB_NSINIT_NDEV
+#define dev_nodes mb_nsinit_dev_nodes
 
 static void report(const mb_nsinit_plan *p, int stage, int err, int index) {
   mb_nsinit_report r = {stage, err, index};
@@ -106,25 +109,14 @@ static int touch(const char *path) {
 static int old_tmp_fd = -1;
 
 static int detach(const char *src, int readonly, int devices) {
-  int dirfd = AT_FDCWD;
-  int flags = OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE;
+  int dirfd = AT_FDCWD, at_flags = 0;
   if (old_tmp_fd >= 0 && strncmp(src, "/tmp", 4) == 0 && (src[4] == '/' || src[4] == 0)) {
     dirfd = old_tmp_fd;
     src += 4;
     while (*src == '/') src++;
-    if (!*src) flags |= AT_EMPTY_PATH;
+    if (!*src) at_flags = AT_EMPTY_PATH;
   }
-  int fd = (int)syscall(SYS_open_tree, dirfd, src, flags);
-  if (fd < 0) return -1;
-  struct mb_mount_attr attr = {
-    MOUNT_ATTR_NOSUID | (devices ? 0 : MOUNT_ATTR_NODEV) | (readonly ? MOUNT_ATTR_RDONLY : 0), 0, 0, 0};
-  if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    return -1;
-  }
-  return fd;
+  return mb_detach_tree(dirfd, src, at_flags, readonly, devices);
 }
 
 /* Attach a detached tree at dst, creating a directory or an empty file to
@@ -171,12 +163,24 @@ static int write_file(const char *dst, const char *data, size_t len) {
 /* A minimal, read-only /dev: a few host device nodes bound in, a private
  * devpts with its own ptmx, a tmpfs /dev/shm (of shm_size bytes), and the
  * usual symlinks. */
-static int make_dev(const char *dst, const int *devfds, uint64_t shm_size) {
+static char dev_first[NDEV][PATH_MAX]; /* (zygote) where each node was first attached */
+
+static int make_dev(const char *dst, const int *devfds, uint64_t shm_size, int zygote) {
   char path[PATH_MAX];
   if (mkdirs(dst, 1) < 0 || mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536") < 0) return -1;
   for (size_t i = 0; i < NDEV; i++) {
     if (devfds[i] < 0) continue;
     snprintf(path, sizeof path, "%s/%s", dst, dev_nodes[i]);
+    if (zygote) {
+      /* the runtime's node (of its own detached tree, which we may attach
+       * but not copy): moved into the first devfs, bound from there into
+       * any later one (a policy may ask for more than one) */
+      int rc = dev_first[i][0] ? (touch(path) < 0 ? -1 : mount(dev_first[i], path, NULL, MS_BIND, NULL))
+                               : attach(devfds[i], path);
+      if (rc < 0) return -1;
+      if (!dev_first[i][0]) snprintf(dev_first[i], sizeof dev_first[i], "%s", path);
+      continue;
+    }
     /* a copy of the detached node: attaching the node itself would move it
      * here from a devfs made before (a policy may ask for more than one) */
     int copy = (int)syscall(SYS_open_tree, devfds[i], "", OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH);
@@ -256,6 +260,40 @@ static int srcfd[MB_NSINIT_MAX_MOUNTS];
 static int devfd[NDEV];
 static int pre_err, pre_index = -1; /* the first failure of detach_sources, reported after "go" */
 
+/* The zygote's init: the runtime's detached trees (MB_NSINIT_TREE) into
+ * srcfd and devfd. */
+static int receive_trees(int sock_fd, int nmounts) {
+  for (;;) {
+    mb_nsinit_tree t;
+    union {
+      char buf[CMSG_SPACE(sizeof(int))];
+      struct cmsghdr align;
+    } u;
+    struct iovec iov = {&t, sizeof t};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    ssize_t n;
+    do n = recvmsg(sock_fd, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) return -1;
+    int fd = -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+      memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    errno = EPROTO;
+    if (n != (ssize_t)sizeof t || t.kind != MB_NSINIT_TREE || (msg.msg_flags & MSG_CTRUNC)) return -1;
+    if (t.index == -1 && fd < 0) return 0;
+    int i = t.index, d = i - MB_NSINIT_MAX_MOUNTS;
+    if (fd >= 0 && i >= 0 && i < nmounts && srcfd[i] < 0) srcfd[i] = fd;
+    else if (fd >= 0 && d >= 0 && d < (int)NDEV && devfd[d] < 0) devfd[d] = fd;
+    else return -1;
+  }
+}
+
 /* Before the id maps are written (our credentials are still the runtime's,
  * so the runtime's path permissions apply): detach every bind source, since
  * mounting the new root may hide them and the sandbox's ids may not reach
@@ -266,6 +304,10 @@ static void detach_sources(const mb_nsinit_plan *p) {
   for (size_t i = 0; i < NDEV; i++) devfd[i] = -1;
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
     pre_err = errno;
+    return;
+  }
+  if (p->zygote) {
+    if (receive_trees(p->sock_fd, p->nmounts) < 0) pre_err = errno;
     return;
   }
   for (int i = 0; i < p->nmounts; i++) {
@@ -316,7 +358,7 @@ static void setup_root(const mb_nsinit_plan *p) {
     case MB_MOUNT_PROC:
       rc = mkdirs(dst, 1) < 0 ? -1 : mount("proc", dst, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
       break;
-    case MB_MOUNT_DEV: rc = make_dev(dst, devfd, m->size); break;
+    case MB_MOUNT_DEV: rc = make_dev(dst, devfd, m->size, p->zygote); break;
     case MB_MOUNT_SYMLINK: rc = mkdirs(dst, 0) < 0 ? -1 : symlink(m->src, dst); break;
     case MB_MOUNT_FILE: rc = write_file(dst, m->data, m->data_len); break;
     case MB_MOUNT_DIR: rc = mkdirs(dst, 1); break;
@@ -335,12 +377,31 @@ static void setup_root(const mb_nsinit_plan *p) {
   if (mask_dir_ready && (umount2(MASK_DIR, MNT_DETACH) < 0 || rmdir(MASK_DIR) < 0)) die(p, MB_NSINIT_MOUNT, -1);
 }
 
-/* From the new root's directory (our cwd): pivot_root(".", "."), the old
- * root ends up on top, then goes away; the root becomes read-only. Every
- * process of the namespace whose root or cwd was the old root moves too. */
-static int pivot_into_root(void) {
-  if (syscall(SYS_pivot_root, ".", ".") < 0) return -1;
-  if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) return -1;
+/* From the new root's directory (our cwd), into it; the root becomes
+ * read-only. Cloned from the zygote, the namespace's root is an empty tmpfs
+ * (src/zygote.c): the new root, our root already, moves over it. Else the
+ * namespace is a copy of the host's, whose root must go: pivot_root(".",
+ * "."), the old root ends up on top, then goes away (pivot_root walks every
+ * task on the host, which the zygote spares). Only the init runs yet. */
+static int zroot_fd = -1; /* (zygote) the namespace's empty root, which the new root goes over */
+
+/* (zygote) Into the new root (our cwd) at once, while it is still a mount
+ * at /tmp of the namespace: what a spare starts before its finish lives in
+ * it too, as pivot_root would have moved it there. */
+static int chroot_built(void) {
+  zroot_fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  return zroot_fd < 0 ? -1 : chroot(".");
+}
+
+static int pivot_into_root(const mb_nsinit_plan *p) {
+  if (p->zygote) {
+    if (syscall(SYS_move_mount, AT_FDCWD, ".", zroot_fd, "", MOVE_MOUNT_T_EMPTY_PATH) < 0 || chdir("/") < 0) return -1;
+    close(zroot_fd);
+    zroot_fd = -1;
+  } else {
+    if (syscall(SYS_pivot_root, ".", ".") < 0) return -1;
+    if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) return -1;
+  }
   return mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL);
 }
 
@@ -503,6 +564,7 @@ out:
 }
 
 static int pivoted;
+static mb_nsinit_plan plan; /* read once at start (read_plan) */
 
 static void do_finish(int sock_fd, const mb_nsinit_finish *f, int passed) {
   mb_nsinit_reply r = {0, 0, 0, 0};
@@ -524,7 +586,7 @@ static void do_finish(int sock_fd, const mb_nsinit_finish *f, int passed) {
         (hostname[0] && write_file("etc/hostname", line, (size_t)n) < 0)) {
       r.stage = MB_NSINIT_MOUNT;
       r.err = errno;
-    } else if (pivot_into_root() < 0) {
+    } else if (pivot_into_root(&plan) < 0) {
       r.stage = MB_NSINIT_PIVOT;
       r.err = errno;
     } else {
@@ -683,6 +745,7 @@ static int read_plan(mb_nsinit_plan *p) {
   p->loopback = w->loopback;
   p->defer_pivot = w->defer_pivot;
   p->drop_groups = w->drop_groups;
+  p->zygote = w->zygote;
   p->first_cgroup_joined = w->first_cgroup_joined;
   for (int i = 0; i < w->ncgroups; i++) p->cgroup_fds[i] = MB_NSINIT_FD_CGROUP + i;
   if (wire_string(base, size, w->hostname_off, &p->hostname) < 0) return -1;
@@ -716,7 +779,6 @@ static int read_plan(mb_nsinit_plan *p) {
 int main(int argc, char **argv) {
   (void)argc;
   (void)argv;
-  static mb_nsinit_plan plan;
   mb_nsinit_plan *p = &plan;
   p->report_fd = MB_NSINIT_FD_REPORT; /* for die() until the plan is read */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) die(p, MB_NSINIT_PDEATHSIG, -1);
@@ -741,8 +803,9 @@ int main(int argc, char **argv) {
   if (p->hostname && sethostname(p->hostname, strlen(p->hostname)) < 0) die(p, MB_NSINIT_HOSTNAME, -1);
   if (p->loopback && loopback_up() < 0) die(p, MB_NSINIT_LOOPBACK, -1);
   setup_root(p);
+  if (p->zygote && chroot_built() < 0) die(p, MB_NSINIT_PIVOT, -1);
   if (!p->defer_pivot) {
-    if (pivot_into_root() < 0) die(p, MB_NSINIT_PIVOT, -1);
+    if (pivot_into_root(p) < 0) die(p, MB_NSINIT_PIVOT, -1);
     pivoted = 1;
   }
   setsid();

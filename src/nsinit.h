@@ -5,7 +5,7 @@
  * small moonbox-init binary (src/nsinit.c), so the runtime never keeps a
  * copy-on-write twin of its heap (see nsinit_host.c). The plan arrives as
  * bytes in a memfd (mb_nsinit_wire below) on a fixed fd. The init
- * assembles the root filesystem from the mount plan, pivots into it, then
+ * assembles the root filesystem from the mount plan, enters it, then
  * serves one socket (one fd of the runtime per sandbox, for runtimes of
  * thousands), which carries
  *   requests: the runtime sends one, the init answers it (spawn a child
@@ -25,6 +25,10 @@
 
 #define MB_NSINIT_MAX_MOUNTS 128
 #define MB_NSINIT_MAX_CGROUPS 8
+
+/* the host's device nodes a sandbox's /dev gets (MB_MOUNT_DEV) */
+#define MB_NSINIT_NDEV 6
+static const char *const mb_nsinit_dev_nodes[MB_NSINIT_NDEV] = {"null", "zero", "full", "random", "urandom", "tty"};
 
 /* The fds moonbox-init starts with (besides the runtime's stdio), in this
  * order; nothing else is open. MB_NSINIT_FD_CGROUP + i: the i-th cgroup.procs. */
@@ -73,6 +77,8 @@ typedef struct {
   int report_fd;                         /* write end: one mb_nsinit_report, then closed */
   int defer_pivot;                       /* build the root but stay outside it until MB_NSINIT_FINISH */
   int drop_groups;                       /* setgroups(0, NULL) once the maps are written (setgroups allowed) */
+  int zygote; /* cloned from the zygote (src/zygote.c): the binds come as MB_NSINIT_TREE messages, and the new root is
+                 entered by a move onto "/" and chroot, not pivot_root */
 } mb_nsinit_plan;
 
 enum mb_nsinit_stage {
@@ -99,7 +105,7 @@ typedef struct {
   int32_t first_cgroup_joined; /* written by the pre-exec child: born in the first cgroup */
   int32_t ncgroups;
   int64_t hostname_off;
-  int32_t nmounts, pad;
+  int32_t nmounts, zygote;
   struct {
     int32_t type, optional;
     int64_t src_off, dst_off, data_off;
@@ -120,13 +126,23 @@ typedef struct {
 } mb_nsinit_request;
 /* A pre-built init (defer_pivot) becomes a sandbox's: its hostname, one more
  * bind (the workspace: a detached tree passed as SCM_RIGHTS when the runtime
- * could make one, else src opened by the init), then pivot_root. */
+ * could make one, else src opened by the init), then it enters the root. */
 typedef struct {
   int32_t type;
   char hostname[65];
   char src[4096];
   char dst[256];
 } mb_nsinit_finish;
+
+/* An init cloned from the zygote cannot see the host's paths: the runtime
+ * detaches the sources of its binds and its device nodes and sends them,
+ * before "go", one per message with its fd (SCM_RIGHTS), so that it holds
+ * one at a time: index names the mount, or the device node index -
+ * MB_NSINIT_MAX_MOUNTS; a message with index -1 and no fd ends them. */
+#define MB_NSINIT_TREE 0x54
+typedef struct {
+  int32_t kind, index;
+} mb_nsinit_tree;
 
 /* what the init sends, told apart by kind */
 enum { MB_NSINIT_REPLY = 0x52, MB_NSINIT_EVENT = 0x45 };

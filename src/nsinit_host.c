@@ -1,6 +1,8 @@
 /* The runtime's side of a sandbox init (nsinit.h): start it in new
- * namespaces, map its ids, wait for its root filesystem, then ask it to
- * spawn children (core.spawn{sandbox = init}) and collect their exits.
+ * namespaces (cloned from the zygote's mount namespace where there is one,
+ * src/zygote.c, with its bind sources detached here), map its ids, wait
+ * for its root filesystem, then ask it to spawn children
+ * (core.spawn{sandbox = init}) and collect their exits.
  *
  *   core.sandbox_init(spec) -> init | nil, message, CODE
  *   spec: namespaces = {"user", "mnt", "pid", "ipc", "uts", "net"}, hostname,
@@ -299,6 +301,7 @@ static int pack_plan(const mb_nsinit_plan *p, int ncgroups, int *out) {
   w->clone_flags = p->clone_flags;
   w->loopback = p->loopback;
   w->defer_pivot = p->defer_pivot;
+  w->zygote = p->zygote;
   w->drop_groups = p->drop_groups;
   w->ncgroups = ncgroups;
   w->hostname_off = p->hostname ? wire_put(&b, p->hostname, strlen(p->hostname)) : -1;
@@ -422,6 +425,99 @@ static int early_report(int rep_fd, mb_nsinit_report *r) {
   return n == (ssize_t)sizeof *r && r->stage != MB_NSINIT_READY;
 }
 
+/* ---- the zygote's inits ------------------------------------------------ */
+
+static int tree_send(int sock_fd, int index, int fd) {
+  mb_nsinit_tree t = {MB_NSINIT_TREE, index};
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  struct iovec iov = {&t, sizeof t};
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  memset(&u, 0, sizeof u);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (fd >= 0) {
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  ssize_t n;
+  do n = sendmsg(sock_fd, &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  return n < 0 ? errno : 0;
+}
+
+/* An init cloned from the zygote cannot see the host's paths: the sources
+ * of its binds and its device nodes, detached here as moonbox-init's
+ * detach_sources would, sent one at a time (one fd held, whatever the
+ * number of mounts). 0, or an errno and *failed the index of the mount
+ * whose source could not be detached. */
+static int trees_send(int sock_fd, const mb_nsinit_plan *p, int *failed) {
+  int need_dev = 0, e;
+  for (int i = 0; i < p->nmounts; i++) {
+    const mb_mount *m = &p->mounts[i];
+    if (m->type == MB_MOUNT_DEV) need_dev = 1;
+    if (m->type != MB_MOUNT_BIND && m->type != MB_MOUNT_RO_BIND) continue;
+    int fd = mb_detach_tree(AT_FDCWD, m->src, 0, m->type == MB_MOUNT_RO_BIND, 0);
+    if (fd < 0 && m->optional && errno == ENOENT) continue;
+    if (fd < 0) {
+      *failed = i;
+      return errno;
+    }
+    e = tree_send(sock_fd, i, fd);
+    close(fd);
+    if (e) return e;
+  }
+  for (int i = 0; need_dev && i < MB_NSINIT_NDEV; i++) {
+    char path[32];
+    snprintf(path, sizeof path, "/dev/%s", mb_nsinit_dev_nodes[i]);
+    int fd = mb_detach_tree(AT_FDCWD, path, 0, 0, 1);
+    if (fd < 0) continue; /* a node the host lacks: the sandbox lacks it too */
+    e = tree_send(sock_fd, MB_NSINIT_MAX_MOUNTS + i, fd);
+    close(fd);
+    if (e) return e;
+  }
+  return tree_send(sock_fd, -1, -1);
+}
+
+/* The clone of an init, on the loop's thread or the zygote's. */
+typedef struct {
+  init_exec_args *args;
+  char *stack;
+  int flags, cgroup_dir;
+  pid_t pid;
+  int err;
+} init_clone;
+
+static void clone_init(void *arg) {
+  init_clone *c = (init_clone *)arg;
+  /* born in its cgroup where the kernel can: no migration to wait for */
+  c->args->joined = c->cgroup_dir >= 0;
+  c->pid = c->args->joined
+             ? mb_clone_into_cgroup(init_exec_child, c->args, c->stack, INIT_STACK, c->flags, c->cgroup_dir)
+             : -1;
+  if (c->pid < 0) {
+    c->args->joined = 0;
+    c->pid = clone(init_exec_child, c->stack + INIT_STACK, c->flags | SIGCHLD, c->args);
+  }
+  c->err = c->pid < 0 ? errno : 0;
+}
+
+/* The zygote's namespace has no ld.so: only a static moonbox-init (not the
+ * sanitizers' build) can be exec'd from it. */
+#ifdef MOONBOX_INIT_STATIC
+#define ZYGOTE_USABLE 1
+#else
+#define ZYGOTE_USABLE 0
+#endif
+
 static int nsinit_start(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   mb_core *core = mb_core_get(L);
@@ -499,6 +595,8 @@ static int nsinit_start(lua_State *L) {
     err = errno;
     what = "socketpair";
   }
+  int tree_failed = -1;
+  p->zygote = ZYGOTE_USABLE && mb_zygote_available();
   if (!err && (err = pack_plan(p, ncgroups, &plan_fd)) != 0) what = "sandbox plan";
   pid_t pid = -1;
   if (!err) {
@@ -520,20 +618,18 @@ static int nsinit_start(lua_State *L) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    int flags = p->clone_flags | CLONE_VM | CLONE_VFORK | (shared ? CLONE_FILES : 0);
-    /* born in its cgroup where the kernel can: no migration to wait for */
-    args.joined = cgroup_dir >= 0;
-    pid = args.joined ? mb_clone_into_cgroup(init_exec_child, &args, stack, INIT_STACK, flags, cgroup_dir) : -1;
+    init_clone c = {.args = &args, .stack = stack, .cgroup_dir = cgroup_dir, .pid = -1};
+    c.flags = p->clone_flags | CLONE_VM | CLONE_VFORK | (shared ? CLONE_FILES : 0);
+    if (!p->zygote) clone_init(&c);
+    else if ((c.err = mb_zygote_run(clone_init, &c)) != 0) c.pid = -1;
+    pid = c.pid;
     if (pid < 0) {
-      args.joined = 0;
-      pid = clone(init_exec_child, stack + INIT_STACK, flags | SIGCHLD, &args);
-    }
-    if (pid < 0) {
-      err = errno;
+      err = c.err;
       what = "clone";
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     mb_fd_slots_put();
+    if (pid > 0 && p->zygote && (err = trees_send(sk[0], p, &tree_failed)) != 0) what = "sandbox mounts";
   }
   close_fd(&sk[1]);
   close_fd(&go[0]);
@@ -567,7 +663,8 @@ static int nsinit_start(lua_State *L) {
       while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
     }
     close_fd(&sk[0]);
-    if (err) return mb_push_errno(L, err, what);
+    if (err && tree_failed >= 0) r = (mb_nsinit_report){MB_NSINIT_MOUNT, err, tree_failed};
+    else if (err) return mb_push_errno(L, err, what);
     char detail[512];
     if (r.stage == MB_NSINIT_MOUNT && r.index >= 0 && r.index < p->nmounts) {
       const mb_mount *m = &p->mounts[r.index];
@@ -891,19 +988,8 @@ static int nsinit_finish(lua_State *L) {
   memcpy(f.dst, dst, dl);
   /* Detach the source here where we can (our path permissions, not the
    * sandbox's ids'); an unprivileged runtime cannot, and the init opens it. */
-  int tree = sl ? (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE) : -1;
-  if (tree >= 0) {
-    struct {
-      uint64_t attr_set, attr_clr, propagation, userns_fd;
-    } attr = {0x2 | 0x4, 0, 0, 0}; /* nosuid, nodev */
-    if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
-      int e = errno;
-      close(tree);
-      return mb_push_errno(L, e, "finish: mount_setattr");
-    }
-  } else if (errno != EPERM) {
-    return mb_push_errno(L, errno, src);
-  }
+  int tree = sl ? mb_detach_tree(AT_FDCWD, src, 0, 0, 0) : -1;
+  if (tree < 0 && sl && errno != EPERM) return mb_push_errno(L, errno, src);
   int e = send_msg(st, &f, sizeof f, &tree, tree >= 0 ? 1 : 0);
   if (tree >= 0) close(tree);
   if (e) return mb_push_errno(L, e, "finish");

@@ -172,4 +172,11 @@ int mb_spawn_track(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx);
 /* spawn.c: pid exited with status: call its exit callback. */
 int mb_spawn_deliver(mb_core *core, pid_t pid, int status);
 
+/* zygote.c: the thread sandbox inits are cloned from (nsinit_host.c), in a
+ * mount namespace rooted at an empty tmpfs. available: 1 once it runs (it
+ * starts on the first call), 0 where it cannot (not root, MOONBOX_ZYGOTE=0).
+ * run: fn(arg) on that thread, waited for; 0, or why it cannot run. */
+int mb_zygote_available(void);
+int mb_zygote_run(void (*fn)(void *), void *arg);
+
 #endif

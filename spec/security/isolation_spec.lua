@@ -139,6 +139,34 @@ describe("isolation: namespaces", function()
     end)
   end)
 
+  -- As root the init is cloned from the zygote's namespace and enters its
+  -- root by a move over that namespace's empty root and chroot, not
+  -- pivot_root (src/zygote.c): the classic chroot escape (chroot deeper,
+  -- climb "..", chroot ".") must still end in the sandbox's own root, also
+  -- from a user namespace of its own, with every capability there.
+  it("keeps a chroot escape in its own root, with seccomp off and CAP_SYS_CHROOT", function()
+    with_ns(function(sb)
+      local escape = "python3 -c \"" .. table.concat({
+        "import os",
+        "before = sorted(os.listdir('/'))",
+        "os.makedirs('/tmp/jail', exist_ok=True)",
+        "os.chroot('/tmp/jail')",
+        "[os.chdir('..') for _ in range(40)]",
+        "os.chroot('.')",
+        "after = sorted(os.listdir('/'))",
+        "print('same' if after == before else 'escaped: ' + ' '.join(after))",
+      }, "; ") .. "\""
+      local r = sb:exec(escape)
+      assert.same({ 0, "same\n", "" }, { r.exitCode, r.stdout, r.stderr })
+      r = sb:exec("unshare -Ur " .. escape)
+      assert.same({ 0, "same\n", "" }, { r.exitCode, r.stdout, r.stderr })
+      -- and the root stays read-only and mounted where it is
+      r = sb:exec("umount -l / 2>&1; touch /x 2>&1; ls /workspace >/dev/null && echo ok")
+      assert.matches("Read%-only file system", r.stdout)
+      assert.matches("ok\n$", r.stdout)
+    end, { policy = { seccomp = "none" } })
+  end)
+
   it("runs pid 1 as moonbox-init, a binary of its own: none of the runtime's memory, environment or fds", function()
     with_ns(function(sb)
       local pid = sb:info().initPid

@@ -109,6 +109,11 @@ int mb_child_main(void *plan);
  * done (no clone3, an older kernel, not x86_64): use clone() then. */
 pid_t mb_clone_into_cgroup(int (*fn)(void *), void *arg, void *stack, size_t stack_size, int flags, int cgroup_dir_fd);
 
+/* mount_tree.c: a detached recursive copy of the tree at path (under dirfd,
+ * open_tree's at_flags), nosuid, nodev unless devices, read-only if
+ * readonly; its fd (close-on-exec), or -1 with errno. */
+int mb_detach_tree(int dirfd, const char *path, int at_flags, int readonly, int devices);
+
 const char *mb_stage_name(int stage);
 
 #endif
