@@ -111,6 +111,37 @@ local function buckets(times)
   return table.concat(parts, " ")
 end
 
+-- CPU time (ms) the runtime (all its threads) and everything in its cgroup
+-- (inits, shells, their commands, exited ones too) have used: the work the
+-- items cost, whatever else the host runs meanwhile. /proc/<pid>/stat
+-- counts in USER_HZ (100 on Linux).
+local function stat_cpu_ms(pid)
+  local rest = (util.read_file("/proc/" .. pid .. "/stat") or ""):match("%) (.*)$") or ""
+  local f = {}
+  for x in rest:gmatch("%S+") do f[#f + 1] = x end
+  return ((tonumber(f[12]) or 0) + (tonumber(f[13]) or 0)) * 10 -- utime, stime (fields 14, 15)
+end
+local function work_cpu_ms()
+  local cg = 0
+  if tree.mode() == "cgroup" then
+    cg = (tonumber((util.read_file(tree.base() .. "/cpu.stat") or ""):match("usage_usec (%d+)")) or 0) / 1000
+  end
+  return stat_cpu_ms("self") + cg
+end
+-- the host's DAMON threads, whose rmap walks grow with the processes that
+-- map the same file pages (every shell maps bash and libc)
+local kdamonds = {}
+for _, name in ipairs(core.readdir("/proc") or {}) do
+  if name:match("^%d+$") and (util.read_file("/proc/" .. name .. "/comm") or ""):match("^kdamond") then
+    kdamonds[#kdamonds + 1] = name
+  end
+end
+local function kdamond_cpu_ms()
+  local t = 0
+  for _, pid in ipairs(kdamonds) do t = t + stat_cpu_ms(pid) end
+  return t
+end
+
 local function round_robin(items, count)
   local lat = {}
   for i = 1, count do
@@ -174,13 +205,24 @@ moonbox.run(function()
   if args.sandboxes > 0 then
     local M = args.sandboxes
     local before = total_rss_kb()
-    local sandboxes, times = {}, {}
+    local sandboxes, times, gets = {}, {}, {}
+    -- per slice (as buckets): CPU ms per creation, and the host's kdamond
+    local step = M >= 2000 and 1000 or math.max(1, math.floor(M / 10))
+    local cpu, damon = {}, {}
+    local cpu0, damon0, wall0 = work_cpu_ms(), kdamond_cpu_ms(), ms()
     local t0 = ms()
     for i = 1, M do
+      if i > 1 and (i - 1) % step == 0 then
+        local c, d, w = work_cpu_ms(), kdamond_cpu_ms(), ms()
+        cpu[#cpu + 1] = ("%.1f"):format((c - cpu0) / step)
+        damon[#damon + 1] = ("%.0f%%"):format(100 * (d - damon0) / (w - wall0))
+        cpu0, damon0, wall0 = c, d, w
+      end
       local t = ms()
       local ok, err = pcall(function()
         local sb = moonbox.getSandbox("scale-sb-" .. i, { root = base .. "/sb-" .. i, isolation = args.isolation,
           policy = policy(1) })
+        gets[#gets + 1] = ms() - t
         sb:exec("true")
         sandboxes[#sandboxes + 1] = sb
       end)
@@ -190,10 +232,19 @@ moonbox.run(function()
       end
       times[#times + 1] = ms() - t
     end
+    if #times % step == 0 and #times > 0 then
+      local c, d, w = work_cpu_ms(), kdamond_cpu_ms(), ms()
+      cpu[#cpu + 1] = ("%.1f"):format((c - cpu0) / step)
+      damon[#damon + 1] = ("%.0f%%"):format(100 * (d - damon0) / (w - wall0))
+    end
     local wall = ms() - t0
     local after, nprocs = total_rss_kb()
     say("sandboxes: %d created in %.1f s (%.2f ms each); creation p50 per slice: %s ms",
       #sandboxes, wall / 1000, wall / math.max(1, #sandboxes), buckets(times))
+    say("sandboxes: of which getSandbox (p50 per slice): %s ms; the rest is the first exec, which starts the "
+      .. "session's shell", buckets(gets))
+    say("sandboxes: CPU per creation per slice (runtime and the sandboxes' processes): %s ms; host kdamond: %s of "
+      .. "a CPU", table.concat(cpu, " "), table.concat(damon, " "))
     say("sandboxes: memory (PSS) +%.1f MB (%.3f MB per sandbox; %d processes); fds open %d",
       (after - before) / 1024, (after - before) / 1024 / math.max(1, #sandboxes), nprocs, fds())
     local p50, p99 = round_robin(sandboxes, args.rr or 2 * #sandboxes)

@@ -377,12 +377,6 @@ static void setup_root(const mb_nsinit_plan *p) {
   if (mask_dir_ready && (umount2(MASK_DIR, MNT_DETACH) < 0 || rmdir(MASK_DIR) < 0)) die(p, MB_NSINIT_MOUNT, -1);
 }
 
-/* From the new root's directory (our cwd), into it; the root becomes
- * read-only. Cloned from the zygote, the namespace's root is an empty tmpfs
- * (src/zygote.c): the new root, our root already, moves over it. Else the
- * namespace is a copy of the host's, whose root must go: pivot_root(".",
- * "."), the old root ends up on top, then goes away (pivot_root walks every
- * task on the host, which the zygote spares). Only the init runs yet. */
 static int zroot_fd = -1; /* (zygote) the namespace's empty root, which the new root goes over */
 
 /* (zygote) Into the new root (our cwd) at once, while it is still a mount
@@ -393,6 +387,12 @@ static int chroot_built(void) {
   return zroot_fd < 0 ? -1 : chroot(".");
 }
 
+/* From the new root's directory (our cwd), into it; the root becomes
+ * read-only. Cloned from the zygote, the namespace's root is an empty tmpfs
+ * (src/zygote.c): the new root, our root already, moves over it. Else the
+ * namespace is a copy of the host's, whose root must go: pivot_root(".",
+ * "."), the old root ends up on top, then goes away (pivot_root walks every
+ * task on the host, which the zygote spares). Only the init runs yet. */
 static int pivot_into_root(const mb_nsinit_plan *p) {
   if (p->zygote) {
     if (syscall(SYS_move_mount, AT_FDCWD, ".", zroot_fd, "", MOVE_MOUNT_T_EMPTY_PATH) < 0 || chdir("/") < 0) return -1;

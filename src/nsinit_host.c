@@ -91,7 +91,7 @@ static const char *stage_name(int stage) {
   case MB_NSINIT_HOSTNAME: return "sethostname";
   case MB_NSINIT_LOOPBACK: return "loopback up";
   case MB_NSINIT_MOUNT: return "mount";
-  case MB_NSINIT_PIVOT: return "pivot_root";
+  case MB_NSINIT_PIVOT: return "entering the new root";
   case MB_NSINIT_SIGNALS: return "signal setup";
   case MB_NSINIT_IDS: return "setresuid/setgroups";
   case MB_NSINIT_EXEC: return "exec moonbox-init";

@@ -1,5 +1,5 @@
 -- Pre-built sandboxes (opt-in: moonbox.prewarm(true)): a sandbox init with
--- its namespaces and root filesystem made ahead, pivot_root deferred, and a
+-- its namespaces and root filesystem made ahead, entering it deferred, and a
 -- session shell already started inside it. The next getSandbox whose policy
 -- builds the same root claims it: the init binds that sandbox's workspace,
 -- takes its hostname and enters the root (init:finish); the shell becomes
