@@ -36,6 +36,6 @@ PY
 holder=$!
 trap 'kill $holder 2>/dev/null; rm -f "$fifo"' EXIT INT TERM
 read -r _ < "$fifo"
-echo "(host: $(ls /proc/$holder/task | wc -l) threads held by pid $holder, $(ps -eLf | wc -l) tasks in all)"
+echo "(host: $(find /proc/$holder/task -mindepth 1 -maxdepth 1 | wc -l) threads held by pid $holder, $(ps -eLf | wc -l) tasks in all)"
 run "$THREADS idle threads, zygote" MOONBOX_ZYGOTE=1
 run "$THREADS idle threads, pivot_root" MOONBOX_ZYGOTE=0
