@@ -163,7 +163,25 @@ static int write_file(const char *dst, const char *data, size_t len) {
 /* A minimal, read-only /dev: a few host device nodes bound in, a private
  * devpts with its own ptmx, a tmpfs /dev/shm (of shm_size bytes), and the
  * usual symlinks. */
-static char dev_first[NDEV][PATH_MAX]; /* (zygote) where each node was first attached */
+/* (zygote) The runtime's device nodes, of its own detached trees, which we
+ * may attach but not copy: attached once on a small tmpfs of their own
+ * under the new root (detached again once the root is built: the binds
+ * keep them), and bound from there into every devfs (a policy may ask for
+ * more than one, and one over another). */
+#define DEV_DIR ".mb-dev"
+static int dev_dir_ready;
+
+static int stage_dev_nodes(const int *devfds) {
+  char path[64];
+  if (mkdirs(DEV_DIR, 1) < 0 || mount("tmpfs", DEV_DIR, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=4096,mode=0700") < 0)
+    return -1;
+  dev_dir_ready = 1;
+  for (size_t i = 0; i < NDEV; i++) {
+    snprintf(path, sizeof path, DEV_DIR "/%s", dev_nodes[i]);
+    if (devfds[i] >= 0 && attach(devfds[i], path) < 0) return -1;
+  }
+  return 0;
+}
 
 static int make_dev(const char *dst, const int *devfds, uint64_t shm_size, int zygote) {
   char path[PATH_MAX];
@@ -172,13 +190,11 @@ static int make_dev(const char *dst, const int *devfds, uint64_t shm_size, int z
     if (devfds[i] < 0) continue;
     snprintf(path, sizeof path, "%s/%s", dst, dev_nodes[i]);
     if (zygote) {
-      /* the runtime's node (of its own detached tree, which we may attach
-       * but not copy): moved into the first devfs, bound from there into
-       * any later one (a policy may ask for more than one) */
-      int rc = dev_first[i][0] ? (touch(path) < 0 ? -1 : mount(dev_first[i], path, NULL, MS_BIND, NULL))
-                               : attach(devfds[i], path);
-      if (rc < 0) return -1;
-      if (!dev_first[i][0]) snprintf(dev_first[i], sizeof dev_first[i], "%s", path);
+      char staged[64];
+      snprintf(staged, sizeof staged, DEV_DIR "/%s", dev_nodes[i]);
+      if ((!dev_dir_ready && stage_dev_nodes(devfds) < 0) || touch(path) < 0 ||
+          mount(staged, path, NULL, MS_BIND, NULL) < 0)
+        return -1;
       continue;
     }
     /* a copy of the detached node: attaching the node itself would move it
@@ -329,6 +345,19 @@ static void detach_sources(const mb_nsinit_plan *p) {
   if (p->defer_pivot) old_tmp_fd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
 }
 
+/* (zygote) Our namespace still holds, under the new root, the zygote's
+ * proc (of a pid namespace with no process left), which let us mount our
+ * own: the kernel lets a user namespace mount proc only where one is fully
+ * visible (mount_too_revealing), and it counts mounts no path reaches. Once
+ * ours are made, a mount over a directory of it makes it not fully visible
+ * to any namespace made below ours (where that mount is locked), so that a
+ * tenant's nested user and mount namespace can no more mount a proc without
+ * our masks than under pivot_root. Our cwd is the new root, still at /tmp
+ * of the namespace, whose /proc that proc is. */
+static int cover_zygote_proc(void) {
+  return mount("tmpfs", "/proc/sys", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4096,mode=0555");
+}
+
 static void setup_root(const mb_nsinit_plan *p) {
   if (pre_err) {
     errno = pre_err;
@@ -375,6 +404,8 @@ static void setup_root(const mb_nsinit_plan *p) {
   for (size_t i = 0; i < NDEV; i++)
     if (devfd[i] >= 0) close(devfd[i]);
   if (mask_dir_ready && (umount2(MASK_DIR, MNT_DETACH) < 0 || rmdir(MASK_DIR) < 0)) die(p, MB_NSINIT_MOUNT, -1);
+  if (dev_dir_ready && (umount2(DEV_DIR, MNT_DETACH) < 0 || rmdir(DEV_DIR) < 0)) die(p, MB_NSINIT_MOUNT, -1);
+  if (p->zygote && cover_zygote_proc() < 0) die(p, MB_NSINIT_MOUNT, -1);
 }
 
 static int zroot_fd = -1; /* (zygote) the namespace's empty root, which the new root goes over */
@@ -579,8 +610,11 @@ static void do_finish(int sock_fd, const mb_nsinit_finish *f, int passed) {
     r.err = errno;
   } else {
     int n = snprintf(line, sizeof line, "%s\n", hostname);
-    /* a tree the runtime detached (our ids may not reach src), else src */
-    int fd = passed >= 0 ? passed : (f->src[0] ? detach(f->src, 0, 0) : -1);
+    /* a tree the runtime detached (our ids may not reach src), else src;
+     * never src from the zygote's namespace: we are in the new root there,
+     * where a path names what is inside */
+    int fd = passed >= 0 ? passed : (f->src[0] && !plan.zygote ? detach(f->src, 0, 0) : -1);
+    if (fd < 0 && plan.zygote) errno = EPERM;
     passed = -1;
     if ((f->src[0] && (fd < 0 || attach(fd, rel(f->dst)) < 0)) ||
         (hostname[0] && write_file("etc/hostname", line, (size_t)n) < 0)) {

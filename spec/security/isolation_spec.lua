@@ -53,6 +53,18 @@ describe("isolation: namespaces", function()
     end, { policy = { mounts = { { type = "dev", dst = "/mnt/dev" } } } })
   end)
 
+  it("gives a second devfs over /dev real device nodes, and a third elsewhere too", function()
+    with_ns(function(sb)
+      -- (as root the nodes come from the runtime: once bound from the path
+      -- of the first devfs, which the second then covered, they were empty
+      -- files, and /dev/urandom read nothing)
+      local r = sb:exec("stat -c %F /dev/null /dev/urandom /dev2/null /dev2/zero && echo a > /dev/null && " ..
+        "head -c 8 /dev/urandom | wc -c && head -c 3 /dev2/zero | od -An -tx1 && cat /dev/null | wc -c")
+      assert.same({ 0, "character special file\ncharacter special file\ncharacter special file\n" ..
+        "character special file\n8\n 00 00 00\n0\n", "" }, { r.exitCode, r.stdout, r.stderr })
+    end, { policy = { mounts = { { type = "dev", dst = "/dev" }, { type = "dev", dst = "/dev2" } } } })
+  end)
+
   it("shares one pid namespace and one filesystem between sessions, and shows nothing else", function()
     with_ns(function(sb)
       local a, b = sb:createSession { id = "a" }, sb:createSession { id = "b" }
@@ -160,6 +172,13 @@ describe("isolation: namespaces", function()
       assert.same({ 0, "same\n", "" }, { r.exitCode, r.stdout, r.stderr })
       r = sb:exec("unshare -Ur " .. escape)
       assert.same({ 0, "same\n", "" }, { r.exitCode, r.stdout, r.stderr })
+      -- nor can a nested user, mount and pid namespace mount a proc without
+      -- the masks (as root the namespace holds the zygote's proc, under the
+      -- root; while a fully visible proc, it let any namespace below mount
+      -- a fresh one: /proc/kallsyms, a writable /proc/sys)
+      r = sb:exec("unshare -Urmpf --mount-proc cat /proc/self/stat")
+      assert.equal(1, r.exitCode)
+      assert.equal("unshare: mount /proc failed: Operation not permitted\n", r.stderr)
       -- and the root stays read-only and mounted where it is
       r = sb:exec("umount -l / 2>&1; touch /x 2>&1; ls /workspace >/dev/null && echo ok")
       assert.matches("Read%-only file system", r.stdout)
