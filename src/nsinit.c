@@ -349,13 +349,14 @@ static void detach_sources(const mb_nsinit_plan *p) {
  * proc (of a pid namespace with no process left), which let us mount our
  * own: the kernel lets a user namespace mount proc only where one is fully
  * visible (mount_too_revealing), and it counts mounts no path reaches. Once
- * ours are made, a mount over a directory of it makes it not fully visible
- * to any namespace made below ours (where that mount is locked), so that a
+ * ours are made, an empty tmpfs over it makes it not fully visible to any
+ * namespace made below ours (where that mount is locked), so that a
  * tenant's nested user and mount namespace can no more mount a proc without
- * our masks than under pivot_root. Our cwd is the new root, still at /tmp
- * of the namespace, whose /proc that proc is. */
+ * our masks than under pivot_root, and hides it from a tenant that unmounts
+ * its root. Our cwd is the new root, still at /tmp of the namespace, whose
+ * /proc that proc is. */
 static int cover_zygote_proc(void) {
-  return mount("tmpfs", "/proc/sys", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4096,mode=0555");
+  return mount("tmpfs", "/proc", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4096,mode=0555");
 }
 
 static void setup_root(const mb_nsinit_plan *p) {
