@@ -427,31 +427,36 @@ static int early_report(int rep_fd, mb_nsinit_report *r) {
 
 /* ---- the zygote's inits ------------------------------------------------ */
 
-static int tree_send(int sock_fd, int index, int fd) {
-  mb_nsinit_tree t = {MB_NSINIT_TREE, index};
+/* One message of len bytes, with nfds fds (SCM_RIGHTS), on the init's socket. */
+static int send_msg(int sock_fd, void *buf, size_t len, const int *fds, int nfds) {
   union {
-    char buf[CMSG_SPACE(sizeof(int))];
+    char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)];
     struct cmsghdr align;
   } u;
-  struct iovec iov = {&t, sizeof t};
+  struct iovec iov = {buf, len};
   struct msghdr msg;
   memset(&msg, 0, sizeof msg);
   memset(&u, 0, sizeof u);
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  if (fd >= 0) {
+  if (nfds > 0) {
     msg.msg_control = u.buf;
-    msg.msg_controllen = sizeof u.buf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
   }
   ssize_t n;
   do n = sendmsg(sock_fd, &msg, MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   return n < 0 ? errno : 0;
+}
+
+static int tree_send(int sock_fd, int index, int fd) {
+  mb_nsinit_tree t = {MB_NSINIT_TREE, index};
+  return send_msg(sock_fd, &t, sizeof t, &fd, fd >= 0 ? 1 : 0);
 }
 
 /* An init cloned from the zygote cannot see the host's paths: the sources
@@ -870,34 +875,8 @@ static int recv_reply(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_re
   }
 }
 
-static int send_msg(nsinit_state *st, void *buf, size_t len, const int *fds, int nfds) {
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  struct iovec iov = {buf, len};
-  struct msghdr msg;
-  memset(&msg, 0, sizeof msg);
-  memset(&u, 0, sizeof u);
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (nfds > 0) {
-    msg.msg_control = u.buf;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-  }
-  ssize_t n;
-  do n = sendmsg(st->sock_fd, &msg, MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
-  return n < 0 ? errno : 0;
-}
-
 static int send_request(nsinit_state *st, mb_nsinit_request req, const int *fds, int nfds) {
-  return send_msg(st, &req, sizeof req, fds, nfds);
+  return send_msg(st->sock_fd, &req, sizeof req, fds, nfds);
 }
 
 /* Requests can still be sent: not closing, not shut down, not dead. */
@@ -990,7 +969,7 @@ static int nsinit_finish(lua_State *L) {
    * sandbox's ids'); an unprivileged runtime cannot, and the init opens it. */
   int tree = sl ? mb_detach_tree(AT_FDCWD, src, 0, 0, 0) : -1;
   if (tree < 0 && sl && errno != EPERM) return mb_push_errno(L, errno, src);
-  int e = send_msg(st, &f, sizeof f, &tree, tree >= 0 ? 1 : 0);
+  int e = send_msg(st->sock_fd, &f, sizeof f, &tree, tree >= 0 ? 1 : 0);
   if (tree >= 0) close(tree);
   if (e) return mb_push_errno(L, e, "finish");
   mb_nsinit_reply r;
