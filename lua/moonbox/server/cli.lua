@@ -11,6 +11,7 @@ local errors = require "moonbox.errors"
 local http = require "moonbox.server.http"
 local fs = require "moonbox.lib.fs"
 local cjson = require "cjson.safe"
+local token_mod = require "moonbox.server.token"
 local bit = require "bit"
 
 local M = {}
@@ -94,7 +95,10 @@ local function is_page(req)
     and (req.path == "/" or req.path == "/index.html" or req.path:match("^/page/") ~= nil)
 end
 
-M.COOKIE = "moonbox_token"
+-- The page's cookie: its value is not the token but an HMAC of it that
+-- opens the page's files only (moonbox.server.token); the port proxy
+-- takes it for nothing and passes it on to no service.
+M.COOKIE = token_mod.PAGE_COOKIE
 
 local function cookie_token(req)
   local cookies = req.headers["cookie"]
@@ -104,27 +108,34 @@ local function cookie_token(req)
   end
 end
 
--- The request's token: "Authorization: Bearer <token>"; or, where a browser
--- cannot set headers (a WebSocket, the page), the query parameter
--- access_token (or token, as in the URL `moonbox serve` prints). The page
--- and its assets also take the cookie the page sets; the API does not (a
--- cookie goes along with requests other sites' pages make: CSRF).
+-- The request's token: "Authorization: Bearer <token>" (the scheme in any
+-- case, RFC 9110); or, where a browser cannot set headers (a WebSocket, the
+-- page), the query parameter access_token (or token, as in the URL
+-- `moonbox serve` prints). The page and its assets also take the cookie the
+-- page sets; the API does not (a cookie goes along with requests other
+-- sites' pages make: CSRF). -> the tokens, and the page cookie's value
 local function presented_tokens(req)
   local auth = req.headers["authorization"]
-  if auth then return { auth:match("^[Bb]earer%s+(%S+)%s*$") } end
+  if auth then
+    local scheme, cred = tostring(auth):match("^%s*(%S+)%s+(%S+)%s*$")
+    return { scheme and scheme:lower() == "bearer" and cred or nil }
+  end
   if req.websocket or is_page(req) then
     local q = req.query or {}
-    return { q.access_token, q.token, is_page(req) and cookie_token(req) or nil }
+    return { q.access_token, q.token }, is_page(req) and cookie_token(req) or nil
   end
   return {}
 end
 
--- true when one of the tokens the request presents is the server's.
+-- true when one of the tokens the request presents is the server's (or,
+-- for the page's files, its cookie is the page's).
 function M.authorized(req, token)
   local ok = false
-  for _, given in pairs(presented_tokens(req)) do
-    if type(given) == "string" and M.constant_time_equal(given, token) then ok = true end
+  local given, cookie = presented_tokens(req)
+  for _, v in pairs(given) do
+    if type(v) == "string" and M.constant_time_equal(v, token) then ok = true end
   end
+  if cookie and M.constant_time_equal(cookie, token_mod.page_cookie(token)) then ok = true end
   return ok
 end
 
@@ -283,7 +294,8 @@ function M.app(opts)
       req.route = req.path:match("^/page/") and "/page/{file}" or "/"
       -- the page's own assets load without the token in their URLs
       if app.token and page.status == 200 and (req.path == "/" or req.path == "/index.html") then
-        page.headers["set-cookie"] = ("%s=%s; Path=/; HttpOnly; SameSite=Strict"):format(M.COOKIE, app.token)
+        page.headers["set-cookie"] = ("%s=%s; Path=/; HttpOnly; SameSite=Strict"):format(M.COOKIE,
+          token_mod.page_cookie(app.token))
         page.headers["referrer-policy"] = "no-referrer"
       end
       return page

@@ -25,6 +25,7 @@ local util = require "moonbox.lib.util"
 local sandbox_mod = require "moonbox.sandbox"
 local ports = require "moonbox.sandbox.ports"
 local probe = require "moonbox.process.probe"
+local token_mod = require "moonbox.server.token"
 local cjson = require "cjson.safe"
 local bit = require "bit"
 local ffi = require "ffi"
@@ -35,7 +36,6 @@ M.READ_HIGH = 256 * 1024        -- upstream bytes read ahead of the client
 M.HIGH_WATER = 256 * 1024       -- upstream write queue before the writer waits
 M.MAX_HEADER = 64 * 1024        -- the upstream's response head
 M.MAX_WS_MESSAGE = 16 * 1024 * 1024 -- a fragmented upstream WebSocket message
-M.COOKIE = "moonbox_token"
 M.HEAD_TIMEOUT_MS = 120000      -- for the service's response head (504 PORT_TIMEOUT after)
 
 local HOP = { connection = true, ["keep-alive"] = true, ["proxy-connection"] = true, te = true,
@@ -78,35 +78,97 @@ function M.match(req)
   return { id = id, port = tonumber(port), target = rest, form = "path", prefix = prefix }
 end
 
-local function cookie_token(req)
-  local c = req.headers["cookie"]
-  if not c then return nil end
-  return (";" .. c):match(";%s*" .. M.COOKIE .. "=([^;%s]+)")
+-- ---- tokens ----------------------------------------------------------------------------
+-- What authorizes a request is what is taken out of it before it is passed
+-- on, read the same way both times: the query is split on '&' and each
+-- name percent-decoded once (as the service will), the Authorization
+-- scheme is compared without case (RFC 9110), and no cookie of ours
+-- (moonbox_*) goes on. A port's cookie is not the token: it is
+-- HMAC(token, sandbox and port) under a name of its own
+-- (moonbox.server.token), so it opens that one port of that one sandbox;
+-- the page's cookie (moonbox_token) opens no port at all.
+
+local function pct_decode(s)
+  return (s:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
 end
 
+-- The credential of an Authorization header with the Bearer scheme (any case), or nil.
 local function bearer(req)
   local auth = req.headers["authorization"]
-  return auth and auth:match("^[Bb]earer%s+(%S+)%s*$")
+  if type(auth) ~= "string" then return nil end
+  local scheme, cred = auth:match("^%s*(%S+)%s+(%S+)%s*$")
+  if scheme and scheme:lower() == "bearer" then return cred end
+  return nil
 end
 
--- The target without the access_token parameter.
-local function strip_access_token(target)
-  local path, query = target:match("^([^?]*)%??(.*)$")
-  if query == "" then return path, false end
-  local kept, found = {}, false
-  for part in query:gmatch("[^&]+") do
-    if part:match("^access_token=") or part == "access_token" then found = true else kept[#kept + 1] = part end
+-- The request's cookies: a list of {name, value, raw}.
+local function cookies(req)
+  local out = {}
+  local c = req.headers["cookie"]
+  if type(c) ~= "string" then return out end
+  for part in c:gmatch("[^;]+") do
+    local raw = part:match("^%s*(.-)%s*$")
+    local name, value = raw:match("^([^=]*)=(.*)$")
+    if raw ~= "" then out[#out + 1] = { name = name or raw, value = value or "", raw = raw } end
   end
-  if #kept == 0 then return path, found end
-  return path .. "?" .. table.concat(kept, "&"), found
+  return out
 end
 
--- The request's headers to pass on: all but hop-by-hop ones, with our token
--- and cookie taken out.
+local function ours(name)
+  return name:lower():sub(1, 8) == "moonbox_"
+end
+
+-- split_query(target, token) -> path-and-kept-query, {access_token values}:
+-- every parameter whose decoded name is access_token is taken out (its
+-- value kept for the check), and so is any that holds the token at all.
+local function split_query(target, token)
+  local path, query = target:match("^([^?]*)%??(.*)$")
+  local kept, given = {}, {}
+  for part in query:gmatch("[^&]+") do
+    local name, value = part:match("^([^=]*)=?(.*)$")
+    if pct_decode(name) == "access_token" then
+      given[#given + 1] = pct_decode(value)
+    elseif not (token and pct_decode(part):find(token, 1, true)) then
+      kept[#kept + 1] = part
+    end
+  end
+  if #kept == 0 then return path, given end
+  return path .. "?" .. table.concat(kept, "&"), given
+end
+
+-- Does the request carry the server's token (or this port's cookie)?
+-- -> true | false, and whether it came by the query (a browser to redirect).
+local function authorize(req, target, token, equal, given_query)
+  if not token then return true, false end
+  local b = bearer(req)
+  if b and equal(b, token) then return true, false end
+  for _, v in ipairs(given_query) do
+    if equal(v, token) then return true, true end
+  end
+  local name, value = token_mod.port_cookie(token, target.id, target.port)
+  for _, c in ipairs(cookies(req)) do
+    if c.name == name and equal(c.value, value) then return true, false end
+  end
+  return false, false
+end
+
+-- The request's headers to pass on: all but hop-by-hop ones, without our
+-- credentials: an Authorization that holds the token (in any scheme or
+-- case), our cookies, and any header whose value holds the token.
 -- Headers libwebsockets has no token for are not in req.headers' keys;
 -- these common ones are looked up by name (req.headers' __index).
 M.EXTRA_HEADERS = { "x-requested-with", "x-csrf-token", "x-xsrf-token", "x-request-id", "x-api-key",
   "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest", "sec-fetch-user", "priority" }
+
+local function holds(v, token)
+  if not token then return false end
+  v = tostring(v)
+  if v:find(token, 1, true) then return true end
+  -- Basic credentials hold it base64-encoded
+  local b64 = v:match("^%s*[Bb][Aa][Ss][Ii][Cc]%s+(%S+)")
+  local plain = b64 and core.base64_decode and core.base64_decode(b64)
+  return type(plain) == "string" and plain:find(token, 1, true) ~= nil
+end
 
 local function forward_headers(req, token)
   local out = {}
@@ -116,19 +178,61 @@ local function forward_headers(req, token)
   for _, k in ipairs(M.EXTRA_HEADERS) do
     if out[k] == nil then out[k] = req.headers[k] end
   end
-  if token and bearer(req) == token then out["authorization"] = nil end
+  if out["authorization"] and token and (bearer(req) == token or holds(out["authorization"], token)) then
+    out["authorization"] = nil
+  end
   if out["cookie"] then
     local kept = {}
-    for part in out["cookie"]:gmatch("[^;]+") do
-      if not part:match("^%s*" .. M.COOKIE .. "=") then kept[#kept + 1] = part:match("^%s*(.-)%s*$") end
+    for _, c in ipairs(cookies(req)) do
+      if not ours(c.name) and not holds(c.raw, token) then kept[#kept + 1] = c.raw end
     end
     out["cookie"] = #kept > 0 and table.concat(kept, "; ") or nil
+  end
+  for k, v in pairs(out) do
+    if holds(v, token) then out[k] = nil end
   end
   out["x-forwarded-host"] = req.headers["host"]
   out["x-forwarded-proto"] = "http"
   if req.peer and req.peer ~= "" then out["x-forwarded-for"] = req.peer end
   return out
 end
+
+-- An upstream Set-Cookie as the client may get it, or nil: none of ours
+-- (moonbox_*) and no Domain (host-only: no other sandbox's host-name origin
+-- shares it); in the path form its Path mapped under the port's prefix
+-- (Path=/ is the port's root), so it goes to no other port's path.
+local function client_set_cookie(v, target)
+  local name = v:match("^%s*([^=;]*)")
+  if not name or name:match("^%s*$") or ours(name:match("^%s*(.-)%s*$")) then return nil end
+  local parts, path = {}, nil
+  for attr in v:gmatch("[^;]+") do
+    attr = attr:match("^%s*(.-)%s*$")
+    if #parts == 0 then
+      parts[1] = attr
+    else
+      local key, value = attr:match("^([^=]*)=?(.*)$")
+      key = key:match("^%s*(.-)%s*$"):lower()
+      if key == "path" then
+        path = value:match("^%s*(.-)%s*$")
+      elseif key ~= "domain" and attr ~= "" then
+        parts[#parts + 1] = attr
+      end
+    end
+  end
+  if target.form == "path" then
+    if not path or path:sub(1, 1) ~= "/" then path = "/" end
+    path = target.prefix .. path:gsub("^/+", "")
+  end
+  if path then parts[#parts + 1] = "Path=" .. path end
+  return table.concat(parts, "; ")
+end
+
+-- The path form shares the server's origin with /v1, the page and every
+-- other sandbox's ports: its responses are given an opaque origin (a CSP
+-- sandbox without allow-same-origin), so a tenant's page there cannot
+-- read other paths of the server with the operator's cookies.
+M.PATH_FORM_CSP = "sandbox allow-scripts allow-forms allow-popups allow-popups-to-escape-sandbox " ..
+  "allow-modals allow-downloads allow-pointer-lock allow-presentation"
 
 -- ---- upstream ------------------------------------------------------------------------
 
@@ -237,16 +341,18 @@ local function read_head(r)
       local head = buf:sub(1, e + 1)
       local status = tonumber(head:match("^HTTP/%d%.%d (%d%d%d)"))
       if not status then return nil, "the service did not answer HTTP" end
-      local headers = {}
+      local headers, set_cookies = {}, {}
       for name, value in head:gmatch("\r\n([^:\r\n]+):[ \t]*([^\r\n]*)") do
         name = name:lower()
-        if headers[name] and name ~= "set-cookie" then
+        if name == "set-cookie" then
+          set_cookies[#set_cookies + 1] = value
+        elseif headers[name] then
           headers[name] = headers[name] .. ", " .. value
         else
-          headers[name] = value -- (several set-cookie headers: the last one)
+          headers[name] = value
         end
       end
-      return status, headers
+      return status, headers, set_cookies
     end
     if #buf > M.MAX_HEADER then return nil, "the service's response head is too large" end
   end
@@ -330,10 +436,10 @@ local function proxy_http(req, res, sb, target, token)
     lines[#lines + 1] = "Connection: close"
     if not write(stream, table.concat(lines, "\r\n") .. "\r\n\r\n") then return nil end
     if #body > 0 and not write(stream, body) then return nil end
-    local timed_out, status, headers = pcall(async.timeout, M.HEAD_TIMEOUT_MS, function()
-      local st, h = read_head(r)
-      while st and st >= 100 and st < 200 do st, h = read_head(r) end -- 100 Continue
-      return st, h
+    local timed_out, status, headers, set_cookies = pcall(async.timeout, M.HEAD_TIMEOUT_MS, function()
+      local st, h, sc = read_head(r)
+      while st and st >= 100 and st < 200 do st, h, sc = read_head(r) end -- 100 Continue
+      return st, h, sc
     end)
     if not timed_out then
       if errors.is_error(status) and status.code == "TIMEOUT" then
@@ -350,6 +456,16 @@ local function proxy_http(req, res, sb, target, token)
       if not HOP[k] and k ~= "content-type" and not k:find("[%s:]") then out[k] = v end
     end
     if headers["content-type"] then out["content-type"] = headers["content-type"] end
+    -- of several Set-Cookie headers, the last one the client may have (a known limit)
+    for i = #set_cookies, 1, -1 do
+      local c = client_set_cookie(set_cookies[i], target)
+      if c then out["set-cookie"] = c break end
+    end
+    if target.form == "path" then
+      out["service-worker-allowed"] = nil
+      local csp = out["content-security-policy"]
+      out["content-security-policy"] = (csp and csp ~= "") and (csp .. ", " .. M.PATH_FORM_CSP) or M.PATH_FORM_CSP
+    end
     if req.method == "HEAD" or status == 204 or status == 304 then
       return { status = status, headers = out, body = "" }
     end
@@ -510,8 +626,8 @@ function M.handle(req, res, target, opts)
   if target.redirect then
     return { status = 308, headers = { location = target.redirect, ["content-type"] = "text/plain" }, body = "" }
   end
-  local given = bearer(req) or cookie_token(req) or req.query.access_token
-  local authorized = not token or (given ~= nil and opts.equal(given, token))
+  local path, given = split_query(target.target, token)
+  local authorized, by_query = authorize(req, target, token, opts.equal, given)
   if not authorized and not (entry and entry.public) then
     return json(401, "UNAUTHORIZED", "a valid token is required: Authorization: Bearer, or ?access_token= once",
       { ["www-authenticate"] = 'Bearer realm="moonbox"' })
@@ -520,12 +636,15 @@ function M.handle(req, res, target, opts)
     if not sb then return json(404, "SANDBOX_NOT_FOUND", ("no sandbox %q"):format(target.id)) end
     return json(404, "PORT_NOT_EXPOSED", ("port %d of sandbox %q is not exposed"):format(target.port, target.id))
   end
-  local path, had_token = strip_access_token(target.target)
-  if had_token and token and not req.websocket and (req.method == "GET" or req.method == "HEAD") then
-    -- a browser: keep the token in a cookie for this port's URLs, and go on without it in the URL
-    local location = target.form == "path" and (target.prefix:sub(1, -2) .. path) or path
+  if by_query and not req.websocket and (req.method == "GET" or req.method == "HEAD") then
+    -- a browser: keep this port's cookie for its URLs, and go on without
+    -- the token in the URL, to a path of this origin only (a target
+    -- "//evil.example/" is the path "/evil.example/", not another host)
+    local location = target.form == "path" and (target.prefix:sub(1, -2) .. path)
+      or ("/" .. path:gsub("^[/\\%s%c]+", ""))
+    local name, value = token_mod.port_cookie(token, target.id, target.port)
     return { status = 302, body = "", headers = { location = location, ["content-type"] = "text/plain",
-      ["set-cookie"] = ("%s=%s; Path=%s; HttpOnly; SameSite=Lax"):format(M.COOKIE, token, target.prefix),
+      ["set-cookie"] = ("%s=%s; Path=%s; HttpOnly; SameSite=Lax"):format(name, value, target.prefix),
       ["cache-control"] = "no-store" } }
   end
   target.path = path
