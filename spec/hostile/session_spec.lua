@@ -338,7 +338,8 @@ end)
 describe("a command's word for being done", function()
   -- every fd of the shell a command could write a record on; not the
   -- control FIFO (bash's script fd 255, and the writer the report builtin
-  -- holds): what is written there runs at the top level, the next case
+  -- holds): what is written there would run at the top level (the report
+  -- drops it: the next cases)
   local FORGE = [[__mb_ctl=/proc/$$/fd/255
     for fd in 11 100 101 102 200 255; do [ /proc/$$/fd/$fd -ef "$__mb_ctl" ] && continue
       printf '\n%s 42 run\0/etc/forged\0' $__mb_id >&$fd
@@ -368,9 +369,9 @@ describe("a command's word for being done", function()
   it("a forging command still times out, and its tree is killed", function()
     with_bystander(function(sb)
       -- also commands written into the control FIFO, to report at the top
-      -- level once the body ends (the report is then refused: the session
-      -- waits for the timeout), through bash's script fd reopened and
-      -- through the FIFO's writer the shell holds
+      -- level once the body ends (the report drops them unread), through
+      -- bash's script fd reopened and through the FIFO's writer the shell
+      -- holds
       local inject = [[printf '__mb_report $__mb_id 42 run; sleep 16180\n' >/proc/$$/fd/255
         for fd in /proc/$$/fd/*; do [ "$fd" -ef "$__mb_ctl" ] && [ "${fd##*/}" != 255 ] || continue
           printf '__mb_report $__mb_id 42 run; sleep 16180\n' >&"${fd##*/}"; done 2>/dev/null
@@ -381,6 +382,43 @@ describe("a command's word for being done", function()
       assert.is_false(marked_alive(sb, "sleep.16180"), "the forging command outlived its timeout")
       assert.equal("ok\n", sb:exec("echo ok").stdout)
     end)
+  end)
+
+  -- hardening finding 7: the record written on every fd of the shell above 2,
+  -- the control FIFO's writer included (what lands there was refused with
+  -- the record, so exec waited for its timeout, or for ever without one),
+  -- and a command written there (to run at the top level once the body ends)
+  local FORGE_ALL = [[for f in /proc/$$/fd/*; do n=${f##*/}; [ "$n" -gt 2 ] || continue
+      printf '\n%s 42 run\0/etc/forged\0' "$__mb_id" >&"$n"
+      printf '\n%s 42 run\0/etc/forged\0' "$__mb_id" >"$f"; done 2>/dev/null
+    printf 'touch %s/injected-ran\n' "$PWD" >/proc/$$/fd/255
+    sleep 1; echo real; (exit 7)]]
+
+  local function forge_all(opts)
+    with_bystander(function(sb)
+      -- (a moonbox.timeout around the call: a session that never returns
+      -- fails the spec instead of hanging it)
+      local ok, r = pcall(moonbox.timeout, 20000, function() return sb:exec(FORGE_ALL, opts) end)
+      assert.is_true(ok, tostring(r))
+      assert.equal(7, r.exitCode)
+      assert.equal("real\n", r.stdout)
+      assert.is_false(r.timedOut)
+      -- the session goes on in its own cwd; what the command wrote into
+      -- the control FIFO never ran
+      local cwd = sb:exec("pwd").stdout
+      r = sb:exec("test -e injected-ran && echo injected-ran || echo clean; pwd")
+      assert.equal(0, r.exitCode)
+      assert.equal("clean\n" .. cwd, r.stdout)
+      assert.are_not.equal("/etc/forged\n", cwd)
+    end)
+  end
+
+  it("a record forged on every fd above 2, the control FIFO's included, leaves exec its real end", function()
+    forge_all { timeout = 8000 }
+  end)
+
+  it("... and so without a timeout", function()
+    forge_all {}
   end)
 
   it("the record's fd and nonce reach no command: not in its env, fds or a readable file", function()

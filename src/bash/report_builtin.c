@@ -26,9 +26,9 @@
  *   level (bash's sourcelevel 0: no body is being sourced) and in no trap
  *   for a `run` record, in the EXIT trap for an `exit` one. A body that
  *   calls `builtin __mb_rep` itself gets nothing written (status 3).
- * - a `run` record is refused while bytes wait on the control pipe (a
- *   command that wrote commands there to run at the top level), which are
- *   dropped.
+ * - bytes waiting on the control pipe when a `run` record is due (a
+ *   command that wrote commands there, to run at the top level) are
+ *   dropped before bash reads them; the record is written all the same.
  * What this does not stop: a command that loads native code of its own
  * into the shell (`enable -f its.so`) can read the shell's memory.
  *
@@ -170,6 +170,24 @@ static int report_env(const char *path) {
   return 1;
 }
 
+/* Drop what waits on bash's script fd (the control pipe), never blocking:
+ * a background job of the command may read the pipe too, and take what
+ * FIONREAD counted. The file description is bash's, shared with nothing
+ * but the pipe's other openers, and bash is in this builtin: O_NONBLOCK is
+ * set for the drain only. At most 1 MiB, so a writer that never stops
+ * cannot keep the shell here. */
+static void drop_pending(int fd) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || (!(flags & O_NONBLOCK) && fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)) return;
+  char junk[4096];
+  for (int i = 0; i < 256; i++) {
+    ssize_t n = read(fd, junk, sizeof junk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+  }
+  if (!(flags & O_NONBLOCK)) fcntl(fd, F_SETFL, flags);
+}
+
 /* A report refused (or that failed) is status REFUSED, not 1: 1 is what
  * `builtin __mb_rep` gives when the builtin was disabled, and the report
  * then goes through `__mb_run -r` instead. */
@@ -218,22 +236,16 @@ int mb_rep_builtin(WORD_LIST *list) {
   if (status_fd < 0 || !said_hello || exiting_reported) return REFUSED;
   if (exiting ? running_trap != 1 : (sourcelevel != 0 || running_trap != 0)) return REFUSED;
   /* The runtime sends the next command only once it has this record: bytes
-   * already waiting on the control pipe were put there by a command (it
-   * can reopen the pipe through /proc/self/fd) to run at the top level,
-   * where a report is allowed. They are dropped, and no record is written:
-   * the session waits, as for a shell that died, until its timeout. */
+   * already waiting on the control pipe were put there by the command (it
+   * can write on the FIFO's writer this module holds, or reopen bash's
+   * script fd through /proc/self/fd) to run at the top level, where a
+   * report is allowed. They are dropped before bash reads any of them, and
+   * the record is written all the same: the command did end here. (Before,
+   * the record was refused too, so a command that wrote on every fd it
+   * could reach left exec waiting for its timeout, or for ever.) */
   int pending = 0;
-  if (!exiting && default_buffered_input >= 0 && ioctl(default_buffered_input, FIONREAD, &pending) == 0 &&
-      pending > 0) {
-    char junk[4096];
-    while (pending > 0) {
-      ssize_t n = read(default_buffered_input, junk, (size_t)pending < sizeof junk ? (size_t)pending : sizeof junk);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      pending -= (int)n;
-    }
-    return REFUSED;
-  }
+  if (!exiting && default_buffered_input >= 0 && ioctl(default_buffered_input, FIONREAD, &pending) == 0 && pending > 0)
+    drop_pending(default_buffered_input);
   char next[NONCE_HEX + 1];
   if (new_nonce(next) < 0) return REFUSED;
   keep_protocol_names();
