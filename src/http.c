@@ -46,6 +46,7 @@ enum { OUT_HEADERS, OUT_BODY, OUT_TEXT, OUT_BINARY };
 typedef struct out_chunk {
   struct out_chunk *next;
   int kind;
+  int more; /* a WebSocket fragment: the message goes on in the next chunk */
   size_t len, off;
   unsigned char *data; /* points LWS_PRE into mem */
   unsigned char mem[];
@@ -65,6 +66,7 @@ typedef struct conn {
   int over;      /* accepted past max_connections: answered 503, then closed */
   int msg_binary;
   int is_ws, established;
+  int ws_out_open; /* a fragmented outgoing message is under way */
   int responding;  /* headers queued */
   int finishing;   /* no more data after the queue */
   int close_after; /* close the connection once the response is out */
@@ -187,6 +189,7 @@ static out_chunk *chunk_new(int kind, const void *data, size_t len) {
   if (!c) return NULL;
   c->next = NULL;
   c->kind = kind;
+  c->more = 0;
   c->len = len;
   c->off = 0;
   c->data = c->mem + LWS_PRE;
@@ -1161,8 +1164,11 @@ static int write_ws(conn *c) {
   struct lws *wsi = c->wsi;
   out_chunk *ch = c->head;
   if (ch) {
-    int n = lws_write(wsi, ch->data, ch->len, ch->kind == OUT_BINARY ? LWS_WRITE_BINARY : LWS_WRITE_TEXT);
+    int flags = lws_write_ws_flags(ch->kind == OUT_BINARY ? LWS_WRITE_BINARY : LWS_WRITE_TEXT, !c->ws_out_open,
+                                   !ch->more);
+    int n = lws_write(wsi, ch->data, ch->len, (enum lws_write_protocol)flags);
     if (n < (int)ch->len) return -1;
+    c->ws_out_open = ch->more;
     c->head = ch->next;
     if (!c->head) c->tail = NULL;
     c->queued -= ch->len;
@@ -1763,15 +1769,19 @@ static int server_respond(lua_State *L) {
   return 1;
 }
 
-/* server:write(id, data[, is_binary]) -> queued bytes | nil, msg, code
+/* server:write(id, data[, is_binary[, more]]) -> queued bytes | nil, msg, code
  * Body bytes of a started response, or a WebSocket message (text unless
- * is_binary). "drain" follows once everything queued is written. */
+ * is_binary). With more, a WebSocket write is a fragment: the message goes
+ * on with the next write (whose is_binary is ignored) and ends with the
+ * first write without more, so a large message never sits whole in memory.
+ * "drain" follows once everything queued is written. */
 static int server_write(lua_State *L) {
   server *s = check_server(L, 1);
   lua_Integer id = luaL_checkinteger(L, 2);
   size_t len;
   const char *data = luaL_checklstring(L, 3, &len);
   int binary = lua_toboolean(L, 4);
+  int more = lua_toboolean(L, 5);
   conn *c = s ? conn_by_id(s, id) : NULL;
   if (!c || c->finishing || c->ws_closing) return push_closed(L);
   if (!c->is_ws && !c->responding) return luaL_error(L, "write before respond");
@@ -1781,6 +1791,7 @@ static int server_write(lua_State *L) {
   }
   out_chunk *ch = chunk_new(c->is_ws ? (binary ? OUT_BINARY : OUT_TEXT) : OUT_BODY, data, len);
   if (!ch) return luaL_error(L, "out of memory");
+  ch->more = c->is_ws && more;
   queue_push(c, ch);
   if (!c->is_ws || c->established) lws_callback_on_writable(c->wsi);
   lua_pushnumber(L, (lua_Number)c->queued);
