@@ -74,6 +74,18 @@ test('utilities: ping, version, commands', async () => {
   assert.ok(commands.includes('ls'));
 });
 
+test('ping and version on a sandbox id never used answer without making the sandbox', async () => {
+  // the seed's container always answers ping (hardening finding 10)
+  const id = `unused-${process.pid}`;
+  const fresh = newClient(id);
+  assert.equal(await fresh.utils.ping(), 'pong');
+  assert.match(await fresh.utils.getVersion(), /^\d+\.\d+\.\d+/);
+  const res = await fetch(`${server.origin}/v1/sandboxes`, { headers: server.headers });
+  assert.equal(res.status, 200);
+  const list = JSON.stringify(await res.json());
+  assert.ok(!list.includes(id), `ping made the sandbox: ${list}`);
+});
+
 test('the token is required: no Authorization, no answer', async () => {
   const res = await fetch(`${server.baseUrl(BOX)}/api/ping`);
   assert.equal(res.status, 401);
