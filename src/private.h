@@ -142,6 +142,8 @@ void mb_http_teardown(mb_core *core);  /* http.c: every HTTP server's lws contex
 
 /* codec.c: the content of a core.bytes buffer at idx; 0 if it is not one (magic.c). */
 int mb_bytes_view(lua_State *L, int idx, const char **data, size_t *len);
+/* codec_pure.c (base64, UTF-8 and text scans on byte ranges) is declared in
+ * codec_pure.h instead: it needs no Lua or libuv, and spec/fuzz/ links it alone. */
 
 /* fs.c: open rel (O_PATH) under the root at idx: a confinement
  * (core.fs_confine) or a directory fd; -1 with errno on failure (fsevent.c). */
