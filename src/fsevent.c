@@ -57,6 +57,7 @@ enum { CB_CLOSE = 0, CB_EVENT = 1 };
 
 typedef struct {
   int ifd; /* the inotify fd once created (owned by the pipe), else -1 */
+  uid_t owner; /* whose fs.inotify limits the instance counts against (0: ours) */
   char buf[EVENT_BUF] __attribute__((aligned(8)));
 } fsev_state;
 
@@ -120,10 +121,16 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
 }
 
-/* core.fs_event() -> handle */
+/* core.fs_event([owner_uid]) -> handle. With owner_uid (a root runtime
+ * only), the inotify instance and its watches count against that uid's
+ * fs.inotify limits instead of the runtime's. */
 static int fs_event_new(lua_State *L) {
+  lua_Integer owner = luaL_optinteger(L, 1, 0);
+  if (owner < 0 || owner >= (lua_Integer)UINT32_MAX || (owner && geteuid() != 0))
+    return luaL_error(L, "fs_event: owner_uid needs a runtime that is root and an id below 2^32-1");
   mb_handle *h = mb_handle_new(L, FS_EVENT, sizeof(fsev_state));
   ((fsev_state *)h->extra)->ifd = -1;
+  ((fsev_state *)h->extra)->owner = (uid_t)owner;
   uv_pipe_init(h->core->loop, &h->uv.pipe, 0);
   return 1;
 }
@@ -132,8 +139,12 @@ static int fs_event_new(lua_State *L) {
 static int ensure_inotify(lua_State *L, mb_handle *h) {
   fsev_state *st = (fsev_state *)h->extra;
   if (st->ifd >= 0) return 0;
+  /* charged to the sandbox's owner id, not the runtime's user (owner.c) */
+  if (mb_owner_enter(st->owner) < 0) return mb_push_errno(L, errno, "inotify_init1 as the sandbox's owner id");
   int ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-  if (ifd < 0) return mb_push_errno(L, errno, "inotify_init1");
+  int err = errno;
+  mb_owner_leave(st->owner);
+  if (ifd < 0) return mb_push_errno(L, err, "inotify_init1");
   int rc = uv_pipe_open(&h->uv.pipe, ifd);
   if (rc < 0) {
     close(ifd);

@@ -497,12 +497,20 @@ typedef struct {
   init_exec_args *args;
   char *stack;
   int flags, cgroup_dir;
+  uid_t owner; /* the host uid to own the new user namespace; 0: ours */
   pid_t pid;
   int err;
 } init_clone;
 
 static void clone_init(void *arg) {
   init_clone *c = (init_clone *)arg;
+  /* the user namespace's owner is who the kernel charges the sandbox's
+   * per-user counters to, beside host root (src/owner.c) */
+  if (mb_owner_enter(c->owner) < 0) {
+    c->pid = -1;
+    c->err = errno;
+    return;
+  }
   /* born in its cgroup where the kernel can: no migration to wait for */
   c->args->joined = c->cgroup_dir >= 0;
   c->pid = c->args->joined
@@ -513,6 +521,7 @@ static void clone_init(void *arg) {
     c->pid = clone(init_exec_child, c->stack + INIT_STACK, c->flags | SIGCHLD, c->args);
   }
   c->err = c->pid < 0 ? errno : 0;
+  mb_owner_leave(c->owner);
 }
 
 /* The zygote's namespace has no ld.so: only a static moonbox-init (not the
@@ -566,6 +575,10 @@ static int nsinit_start(lua_State *L) {
   int deny_setgroups = strcmp(setgroups, "deny") == 0;
   p->drop_groups = !deny_setgroups;
   parse_mounts(L, 1, p);
+  lua_getfield(L, 1, "owner_uid");
+  lua_Integer owner = luaL_optinteger(L, -1, 0);
+  if (owner < 0 || owner >= (lua_Integer)UINT32_MAX || (owner && geteuid() != 0))
+    return luaL_error(L, "sandbox_init: owner_uid needs a runtime that is root and an id below 2^32-1");
   lua_getfield(L, 1, "on_exit");
   int exit_cb_idx = lua_isfunction(L, -1) ? lua_gettop(L) : 0;
 
@@ -623,7 +636,7 @@ static int nsinit_start(lua_State *L) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    init_clone c = {.args = &args, .stack = stack, .cgroup_dir = cgroup_dir, .pid = -1};
+    init_clone c = {.args = &args, .stack = stack, .cgroup_dir = cgroup_dir, .owner = (uid_t)owner, .pid = -1};
     c.flags = p->clone_flags | CLONE_VM | CLONE_VFORK | (shared ? CLONE_FILES : 0);
     if (!p->zygote) clone_init(&c);
     else if ((c.err = mb_zygote_run(clone_init, &c)) != 0) c.pid = -1;

@@ -84,6 +84,11 @@ int mb_push_error(lua_State *L, int uv_err, const char *detail);
 /* Same for a plain errno value. */
 int mb_push_errno(lua_State *L, int errnum, const char *detail);
 
+/* src/owner.c: this thread's effective uid is owner (0: unchanged) until
+ * mb_owner_leave, so what it makes is charged to owner's kernel counters */
+int mb_owner_enter(uid_t owner);
+void mb_owner_leave(uid_t owner);
+
 /* Handles. */
 mb_handle *mb_handle_new(lua_State *L, const char *type_name, size_t extra_size);
 mb_handle *mb_handle_check(lua_State *L, int idx, const char *type_name);

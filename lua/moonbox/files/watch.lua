@@ -438,7 +438,9 @@ local function watch_as(self, path, opts, op)
       recursive = recursive, include = include, exclude = exclude,
       wds = {}, dirs = {}, announced = {}, events = {}, head = 1, tail = 0,
     }, Watch)
-    watch.handle = core.fs_event()
+    -- its inotify instance counts against the sandbox's owner id, not host
+    -- root's 128 shared with every sandbox (sandbox/isolation.lua owner_uid)
+    watch.handle = core.fs_event(self.sandbox.owner_uid)
     local wd
     -- (a path swapped for a symlink since the stat above resolves outside:
     -- PATH_OUTSIDE_SANDBOX, as the stat would have said; file_race_spec)

@@ -249,6 +249,7 @@ function make_sandbox(id, opts)
       workspace, on_init_exit)
     if pre then
       init, namespaces = pre.init, pre.namespaces
+      self.owner_uid = pre.owner_uid
       self.prebuilt_shell = pre.shell
       if pre.cgroup_name then
         -- it brings its cgroup (no limits there: limits are never pre-built)
@@ -256,6 +257,8 @@ function make_sandbox(id, opts)
         self.cgroup_name = pre.cgroup_name
       end
     else
+      -- the host uid its kernel counters are charged to (isolation.lua)
+      self.owner_uid = isolation_mod.owner_uid(idmap)
       init, namespaces, code = isolation_mod.start(self, {
         network = network,
         hostname = policy.hostname or id,
@@ -263,6 +266,7 @@ function make_sandbox(id, opts)
         kernels = kernels.dir(),
         extra = policy.mounts,
         idmap = idmap,
+        owner_uid = self.owner_uid,
         userns = policy.userns,
         cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
         on_exit = on_init_exit,
@@ -461,6 +465,7 @@ function Sandbox:_revive()
     kernels = kernels.dir(),
     extra = policy.mounts,
     idmap = self.idmap,
+    owner_uid = self.owner_uid,
     userns = policy.userns,
     cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
     on_exit = function() self:_init_exited(token) end,

@@ -194,9 +194,39 @@ function M.mounts(sb, opts)
   return m
 end
 
+-- The host uid that owns a sandbox's user namespace when the runtime is
+-- root: the kernel charges the sandbox's per-user counters (inotify
+-- instances and watches above all) to that owner as well, so each sandbox
+-- gets an owner of its own, drawn at random from OWNER_IDS (ids no host
+-- account has, apart from the sandbox's mapped range): one tenant's use
+-- never counts against host root's or another tenant's. Up to four
+-- sandboxes sharing an owner would still fit in its 128 (host default)
+-- with their 32 each, so a rare collision starves nobody.
+M.OWNER_IDS = { first = 2100000000, count = 16777216 }
+
+local function random_u32()
+  local f = io.open("/dev/urandom", "rb")
+  local b = f and f:read(4)
+  if f then f:close() end
+  if not b or #b ~= 4 then return math.random(0, 2 ^ 31 - 1) end
+  local b1, b2, b3, b4 = b:byte(1, 4)
+  return ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+end
+
+function M.owner_uid(idmap)
+  if core.getuid() ~= 0 then return nil end
+  local r = M.OWNER_IDS
+  for _ = 1, 8 do
+    local uid = r.first + random_u32() % r.count
+    if uid < idmap.uid or uid >= idmap.uid + idmap.count then return uid end
+  end
+  return nil -- a policy mapped over the whole range: root owns it, as before
+end
+
 -- start(sb, opts) -> init, namespaces | nil, message, code
 -- opts: network ("none" | "host"), hostname, tmpBytes (each writable tmpfs),
--- kernels, extra (policy mounts), idmap (M.idmap), userns (policy userns),
+-- kernels, extra (policy mounts), idmap (M.idmap), owner_uid (M.owner_uid),
+-- userns (policy userns),
 -- cgroups (dirs the init joins), on_exit, deferred (build the root without
 -- the workspace and stay outside it: sandbox/prewarm.lua).
 function M.start(sb, opts)
@@ -214,6 +244,7 @@ function M.start(sb, opts)
     on_exit = opts.on_exit,
     defer_pivot = opts.deferred,
     uid_map = uid_map, gid_map = gid_map,
+    owner_uid = opts.owner_uid,
     -- an unprivileged runtime must deny setgroups to map a gid; root keeps
     -- it, and the init drops the groups it inherited
     setgroups = core.getuid() == 0 and "allow" or "deny",

@@ -79,9 +79,10 @@ local function make()
     cgroups = { dir }
   end
   s.idmap = isolation_mod.idmap(policy)
+  s.owner_uid = isolation_mod.owner_uid(s.idmap)
   local init, namespaces = isolation_mod.start({}, {
     network = network, hostname = "moonbox", tmpBytes = policy.limits.tmpBytes,
-    idmap = s.idmap, userns = policy.userns,
+    idmap = s.idmap, owner_uid = s.owner_uid, userns = policy.userns,
     kernels = kernels.dir(), extra = policy.mounts, deferred = true,
     cgroups = cgroups, on_exit = function() if s.owner then s.owner() end end,
   })
