@@ -4,7 +4,7 @@
 set -eu
 PACKAGES="build-essential cmake pkg-config git
 libluajit-5.1-dev luajit libuv1-dev lua-cjson libseccomp-dev libmagic-dev
-libwebsockets-dev libwebsockets-evlib-uv
+libwslay-dev
 lua-busted lua-check python3 python3-yaml nginx-light procps curl jq git
 python3-ipython python3-matplotlib bubblewrap bash-builtins squashfs-tools
 chromium node-typescript shellcheck clang-format"

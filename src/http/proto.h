@@ -31,14 +31,14 @@ typedef struct mbh_head {
   size_t nfields;
   uint64_t content_length; /* 0 without the header */
   int has_length;
-  int has_te;            /* Transfer-Encoding (any coding): the body is not read (411) */
-  int keep_alive;        /* the client allows another request on the connection */
-  int websocket;         /* Upgrade: websocket with Connection: upgrade */
-  int expect_continue;   /* Expect: 100-continue */
-  const char *ws_key;    /* Sec-WebSocket-Key, NULL if absent */
+  int has_te;          /* Transfer-Encoding (any coding): the body is not read (411) */
+  int keep_alive;      /* the client allows another request on the connection */
+  int websocket;       /* Upgrade: websocket with Connection: upgrade */
+  int expect_continue; /* Expect: 100-continue */
+  const char *ws_key;  /* Sec-WebSocket-Key, NULL if absent */
   size_t ws_key_len;
-  int ws_version_ok;     /* Sec-WebSocket-Version: 13 */
-  int ws_protocol;       /* Sec-WebSocket-Protocol given (no subprotocol is offered) */
+  int ws_version_ok; /* Sec-WebSocket-Version: 13 */
+  int ws_protocol;   /* Sec-WebSocket-Protocol given (no subprotocol is offered) */
 } mbh_head;
 
 enum {
