@@ -28,7 +28,7 @@ dependencies = {
 external_dependencies = {
   LIBUV = { header = "uv.h" },
   LIBSECCOMP = { header = "seccomp.h" },
-  LIBWEBSOCKETS = { header = "libwebsockets.h" },
+  LIBWSLAY = { header = "wslay/wslay.h" },
   LIBMAGIC = { header = "magic.h" },
 }
 build = {

@@ -41,7 +41,7 @@ field() { dpkg-deb -f "$deb" "$1"; }
 depends=$(field Depends)
 echo "Depends: $depends"
 has_dep() { printf '%s\n' "$depends" | tr ',' '\n' | sed 's/^ *//; s/ .*//' | grep -qx "$1"; }
-for p in libluajit-5.1-2 libuv1 libseccomp2 libwebsockets17 libwebsockets-evlib-uv libmagic1 lua-cjson bash; do
+for p in libluajit-5.1-2 libuv1 libseccomp2 libwslay1 libmagic1 lua-cjson bash; do
   has_dep "$p" || fail "Depends lacks $p"
 done
 dpkg-deb -I "$deb" >/dev/null

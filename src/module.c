@@ -16,7 +16,7 @@ static void (*const families[])(lua_State *L) = {
 
 /* When the Lua state closes: the families' own teardown, before the core
  * closes the handles still open (spawn's SIGCHLD watcher and children, then
- * the HTTP servers' lws contexts, whose handles the core closes after). */
+ * the HTTP servers' sockets, whose handles the core closes after). */
 static void teardown(mb_core *core) {
   mb_spawn_teardown(core);
   mb_http_teardown(core);

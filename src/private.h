@@ -137,11 +137,11 @@ void mb_open_fsevent(lua_State *L); /* fsevent.c */
 void mb_open_tcp(lua_State *L);     /* tcp.c */
 void mb_open_seccomp(lua_State *L); /* seccomp.c */
 void mb_open_nsinit(lua_State *L);  /* nsinit_host.c */
-void mb_open_http(lua_State *L);    /* http.c */
+void mb_open_http(lua_State *L);    /* http/lua.c */
 
 /* Teardown at core teardown (module.c's list). */
 void mb_spawn_teardown(mb_core *core); /* spawn.c: SIGCHLD watcher, tracked children */
-void mb_http_teardown(mb_core *core);  /* http.c: every HTTP server's lws context */
+void mb_http_teardown(mb_core *core);  /* http/lua.c: every HTTP server's sockets */
 
 /* ---- what one family offers another --------------------------------------- */
 

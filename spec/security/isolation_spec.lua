@@ -199,7 +199,7 @@ describe("isolation: namespaces", function()
       -- libraries is shared copy-on-write with it
       local maps = read("maps")
       assert.truthy(maps:find("/memfd:moonbox-init", 1, true), maps)
-      for _, lib in ipairs { "luajit", "libuv", "moonbox/core.so", "libmoonbox", "libwebsockets", "libseccomp" } do
+      for _, lib in ipairs { "luajit", "libuv", "moonbox/core.so", "libmoonbox", "libwslay", "libseccomp" } do
         assert.is_nil(maps:find(lib, 1, true), lib .. " in\n" .. maps)
       end
       assert.equal("", read("environ"))

@@ -208,7 +208,7 @@ describe("moonbox.server.http", function()
       for _, case in ipairs {
         { "GET", "/v1/sandboxes/rawids/sessions/a%2Fb", "sessionId" },
         { "GET", "/v1/sandboxes/rawids/sessions/..", "sessionId" },
-        { "DELETE", "/v1/sandboxes/rawids/sessions/%2E%2E", "sessionId" }, -- lws alone: DELETE the sandbox
+        { "DELETE", "/v1/sandboxes/rawids/sessions/%2E%2E", "sessionId" }, -- decoded alone: DELETE the sandbox
         { "GET", "/v1/sandboxes/rawids/sessions/a%2Fterminal", "sessionId" },
         { "GET", "/v1/sandboxes/rawids/processes/a%2Fb/logs", "processId" },
         { "DELETE", "/v1/sandboxes/rawids/processes/..", "processId" },

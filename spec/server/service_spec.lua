@@ -308,7 +308,7 @@ describe("moonbox serve as a service", function()
   it("out of fds, pauses accepting instead of spinning on it: counted, one line on stderr, serving once fds free",
     function()
       run_task(function()
-        -- (lws alone would retry the failed accept at once, for ever: a full
+        -- (a plain accept loop would retry the failed accept at once, for ever: a full
         -- CPU and a line on stderr each time)
         local s = serve({ "--prewarm", "off", "--access-log", "off" }, { "prlimit", "--nofile=64", "--" })
         local ok, err = pcall(function()

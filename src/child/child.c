@@ -141,7 +141,7 @@ static int step_ids(const mb_child_plan *p) {
   return 0;
 }
 
-/* The runtime (and libraries such as libwebsockets) ignore SIGPIPE and block
+/* The runtime (and libraries it may be embedded with) ignore SIGPIPE and block
  * signals; a child must start with default dispositions and an empty mask. */
 static int step_signals(void) {
   struct sigaction sa;

@@ -81,7 +81,7 @@ long mbh_parse(mbh_parser *p, const char *data, size_t len, mbh_event *ev);
 
 /* The value of the first field named lname (lowercase), or NULL. */
 const char *mbh_head_get(const mbh_head *h, const char *lname, size_t *len);
-/* The path as libwebsockets made it (req.path): the target up to '?' or
+/* The request's path (req.path): the target up to '?' or
  * '#', percent-decoded, then empty, '.' and '..' segments taken out (a
  * trailing '/' kept). out has room for target_len + 2 bytes; returns the
  * length written (no NUL). */

@@ -448,7 +448,7 @@ function M.main(argv)
     local stopped, err = pcall(server.service.stop, server.service, server)
     if not stopped then io.stderr:write("moonbox serve: stop: ", errors.format(err), "\n") end
     -- the sandboxes stop (their files stay) before the server's teardown
-    -- starts: lws closes its sockets while the loop runs on, and a file a
+    -- starts: the server closes its sockets while the loop runs on, and a file a
     -- destroy opened meanwhile took a closed socket's number, which libuv
     -- still watched (epoll_ctl EPERM: abort, exit 134, 1 in ~10 stops)
     pcall(require("moonbox.sandbox").shutdown)

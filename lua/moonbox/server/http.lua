@@ -1,5 +1,5 @@
 -- HTTP/1.1, SSE and WebSocket server on the runtime's loop. The protocol
--- work is libwebsockets' (src/http.c); here each request becomes a task:
+-- work is the core's (src/http/); here each request becomes a task:
 --
 --   local server = http.listen({ listen = "127.0.0.1:8080" }, function(req, res)
 --     return { status = 200, headers = { ["content-type"] = "text/plain" }, body = "hi" }
@@ -56,7 +56,7 @@ local function url_decode(s)
 end
 M.url_decode = url_decode
 
--- lws hands the query as decoded "name=value" fragments.
+-- The core hands the query as decoded "name=value" fragments.
 -- -> query (name -> the first value), the raw query, and the first name
 -- given twice with different values (the API refuses such a request)
 local function parse_args(args)
@@ -70,10 +70,10 @@ local function parse_args(args)
   return query, table.concat(raw, "&"), conflict
 end
 
--- The path lws 4.1 makes of a request target: percent-decoded as a whole,
--- then empty, "." and ".." segments removed (a trailing "/" is ignored by
--- the comparison below).
-local function lws_path(raw)
+-- The path the core makes of a request target (req.path): percent-decoded
+-- as a whole, then empty, "." and ".." segments removed (a trailing "/" is
+-- ignored by the comparison below).
+local function decoded_path(raw)
   local decoded = raw:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
   local out = {}
   for seg in decoded:gmatch("[^/]+") do
@@ -82,9 +82,9 @@ local function lws_path(raw)
   return "/" .. table.concat(out, "/")
 end
 
--- The raw path (undecoded, without the query) of the request line src/http.c
--- scanned from the stream, if it is this request's: the same method, and
--- the path lws decoded from it; nil otherwise (the request is refused).
+-- The raw path (undecoded, without the query) of the request line as sent
+-- (req.raw_line), if it is this request's: the same method, and the path
+-- decoded from it; nil otherwise (the request is refused).
 -- Second result: the raw request target (path and query, undecoded), for a
 -- proxy that passes it on as sent.
 function M.raw_path(raw_line, method, path)
@@ -92,8 +92,8 @@ function M.raw_path(raw_line, method, path)
   local m, target = raw_line:match("^(%u+) (%S+) HTTP/%d%.%d$")
   if m ~= method or not target or target:sub(1, 1) ~= "/" then return nil end
   local raw = target:match("^[^?#]*")
-  local got, want = lws_path(raw):gsub("/+$", ""), (path or "/"):gsub("/+$", "")
-  -- lws 4.1 also ends its path at a ';' or '&' (then a NUL and stray bytes)
+  local got, want = decoded_path(raw):gsub("/+$", ""), (path or "/"):gsub("/+$", "")
+  -- (a decoded %00 ends the comparison)
   local cut = want:find("\0", 1, true)
   if cut then
     want = want:sub(1, cut - 1)
@@ -345,7 +345,7 @@ function Server:_on_event(kind, id, a, b)
       startedMs = now_ms() }, Response)
     self._live[id] = res
     self._inflight = self._inflight + 1
-    -- past maxConnections (src/http.c takes a few more connections to say
+    -- past maxConnections (src/http/conn.c takes a few more connections to say
     -- so), and while the server drains for a stop: 503, and the connection
     -- closes; but for the paths in alwaysAnswer (health probes, which a
     -- full server must still answer), answered as usual on a connection that
@@ -367,9 +367,9 @@ function Server:_on_event(kind, id, a, b)
       res._handshake = false
       return
     end
-    -- every request is routed on what the client sent (src/http.c refuses
-    -- smuggling heads itself): one whose request line cannot be told (it
-    -- does not decode to what lws parsed) is a 400, and the connection
+    -- every request is routed on what the client sent (src/http/head.c
+    -- refuses smuggling heads itself): one whose request line cannot be told
+    -- (it does not decode to req.path) is a 400, and the connection
     -- closes (what follows on it cannot be trusted)
     if not req.rawPath then
       if not a.websocket then srv:hangup(id) end
@@ -402,7 +402,7 @@ function Server:_on_event(kind, id, a, b)
     local res = self._live[id]
     if res then wake(res) end
   elseif kind == "refused" then
-    -- a head src/http.c answered itself (400 smuggling-shaped, 431 too
+    -- a head src/http/conn.c answered itself (400 smuggling-shaped, 431 too
     -- large; id is the status): no request was made of it, but it is counted
     -- and logged like one
     if self.onDone then

@@ -155,8 +155,8 @@ end
 -- The request's headers to pass on: all but hop-by-hop ones, without our
 -- credentials: an Authorization that holds the token (in any scheme or
 -- case), our cookies, and any header whose value holds the token.
--- Headers libwebsockets has no token for are not in req.headers' keys;
--- these common ones are looked up by name (req.headers' __index).
+-- Every request header is in req.headers' keys; these common ones are
+-- also looked up by name (req.headers' __index), as before.
 M.EXTRA_HEADERS = { "x-requested-with", "x-csrf-token", "x-xsrf-token", "x-request-id", "x-api-key",
   "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest", "sec-fetch-user", "priority" }
 
