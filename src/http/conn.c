@@ -481,7 +481,11 @@ static void update_reading(mbh_conn *c) {
 
 void mbh_finish(mbh_conn *c) {
   c->finishing = 1;
-  if (!c->queued && !c->closing) after_flush(c);
+  /* Everything is out already: an empty write, so the end ("done", the
+   * next pipelined request) comes from the loop, never from inside the
+   * Lua call that finished */
+  mbh_out *o = c->queued || c->closing ? NULL : out_new(c, 0);
+  if (o) out_write(c, o);
 }
 
 /* Everything queued has been written. */
