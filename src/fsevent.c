@@ -56,7 +56,7 @@
 enum { CB_CLOSE = 0, CB_EVENT = 1 };
 
 typedef struct {
-  int ifd; /* the inotify fd once created (owned by the pipe), else -1 */
+  int ifd;     /* the inotify fd once created (owned by the pipe), else -1 */
   uid_t owner; /* whose fs.inotify limits the instance counts against (0: ours) */
   char buf[EVENT_BUF] __attribute__((aligned(8)));
 } fsev_state;

@@ -1164,8 +1164,8 @@ static int write_ws(conn *c) {
   struct lws *wsi = c->wsi;
   out_chunk *ch = c->head;
   if (ch) {
-    int flags = lws_write_ws_flags(ch->kind == OUT_BINARY ? LWS_WRITE_BINARY : LWS_WRITE_TEXT, !c->ws_out_open,
-                                   !ch->more);
+    int flags =
+      lws_write_ws_flags(ch->kind == OUT_BINARY ? LWS_WRITE_BINARY : LWS_WRITE_TEXT, !c->ws_out_open, !ch->more);
     int n = lws_write(wsi, ch->data, ch->len, (enum lws_write_protocol)flags);
     if (n < (int)ch->len) return -1;
     c->ws_out_open = ch->more;
