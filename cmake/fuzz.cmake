@@ -78,6 +78,11 @@ endfunction()
 
 moonbox_fuzz(base64 SOURCES src/codec_pure.c)
 moonbox_fuzz(text SOURCES src/codec_pure.c)
+# the HTTP API's JSON codec (api_json.lua over Debian's lua-cjson), run in
+# an embedded LuaJIT on the source tree's Lua modules; no leak check, as
+# LSan cannot see pointers held in LuaJIT's heap (spec/fuzz/fuzz_json.c)
+moonbox_fuzz(json SOURCES src/codec_pure.c LIBS PkgConfig::LUAJIT ARGS -detect_leaks=0)
+target_compile_definitions(fuzz_json PRIVATE MOONBOX_LUA_DIR="${CMAKE_SOURCE_DIR}/lua")
 # the connection layer's pure half (src/http/proto.h: no Lua, no libuv),
 # registered once its files land (issue 29)
 if(EXISTS ${CMAKE_SOURCE_DIR}/spec/fuzz/fuzz_http_head.c AND EXISTS ${CMAKE_SOURCE_DIR}/src/http/head.c)

@@ -163,7 +163,7 @@ static int write_file(const char *dst, const char *data, size_t len) {
 /* A minimal, read-only /dev: a few host device nodes bound in, a private
  * devpts with its own ptmx, a tmpfs /dev/shm (of shm_size bytes), and the
  * usual symlinks. */
-/* (zygote) The runtime's device nodes, of its own detached trees, which we
+/* (trees_passed) The runtime's device nodes, of its own detached trees, which we
  * may attach but not copy: attached once on a small tmpfs of their own
  * under the new root (detached again once the root is built: the binds
  * keep them), and bound from there into every devfs (a policy may ask for
@@ -183,13 +183,13 @@ static int stage_dev_nodes(const int *devfds) {
   return 0;
 }
 
-static int make_dev(const char *dst, const int *devfds, uint64_t shm_size, int zygote) {
+static int make_dev(const char *dst, const int *devfds, uint64_t shm_size, int staged_nodes) {
   char path[PATH_MAX];
   if (mkdirs(dst, 1) < 0 || mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536") < 0) return -1;
   for (size_t i = 0; i < NDEV; i++) {
     if (devfds[i] < 0) continue;
     snprintf(path, sizeof path, "%s/%s", dst, dev_nodes[i]);
-    if (zygote) {
+    if (staged_nodes) {
       char staged[64];
       snprintf(staged, sizeof staged, DEV_DIR "/%s", dev_nodes[i]);
       if ((!dev_dir_ready && stage_dev_nodes(devfds) < 0) || touch(path) < 0 ||
@@ -276,7 +276,7 @@ static int srcfd[MB_NSINIT_MAX_MOUNTS];
 static int devfd[NDEV];
 static int pre_err, pre_index = -1; /* the first failure of detach_sources, reported after "go" */
 
-/* The zygote's init: the runtime's detached trees (MB_NSINIT_TREE) into
+/* plan.trees_passed: the runtime's detached trees (MB_NSINIT_TREE) into
  * srcfd and devfd. */
 static int receive_trees(int sock_fd, int nmounts) {
   for (;;) {
@@ -311,7 +311,8 @@ static int receive_trees(int sock_fd, int nmounts) {
 }
 
 /* Before the id maps are written (our credentials are still the runtime's,
- * so the runtime's path permissions apply): detach every bind source, since
+ * so the runtime's path permissions apply, unless the runtime passes the
+ * trees: plan.trees_passed): detach every bind source, since
  * mounting the new root may hide them and the sandbox's ids may not reach
  * them. A failure is kept for report() once the runtime listens. */
 static void detach_sources(const mb_nsinit_plan *p) {
@@ -322,7 +323,7 @@ static void detach_sources(const mb_nsinit_plan *p) {
     pre_err = errno;
     return;
   }
-  if (p->zygote) {
+  if (p->trees_passed) {
     if (receive_trees(p->sock_fd, p->nmounts) < 0) pre_err = errno;
     return;
   }
@@ -388,7 +389,7 @@ static void setup_root(const mb_nsinit_plan *p) {
     case MB_MOUNT_PROC:
       rc = mkdirs(dst, 1) < 0 ? -1 : mount("proc", dst, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
       break;
-    case MB_MOUNT_DEV: rc = make_dev(dst, devfd, m->size, p->zygote); break;
+    case MB_MOUNT_DEV: rc = make_dev(dst, devfd, m->size, p->trees_passed); break;
     case MB_MOUNT_SYMLINK: rc = mkdirs(dst, 0) < 0 ? -1 : symlink(m->src, dst); break;
     case MB_MOUNT_FILE: rc = write_file(dst, m->data, m->data_len); break;
     case MB_MOUNT_DIR: rc = mkdirs(dst, 1); break;
@@ -781,6 +782,7 @@ static int read_plan(mb_nsinit_plan *p) {
   p->defer_pivot = w->defer_pivot;
   p->drop_groups = w->drop_groups;
   p->zygote = w->zygote;
+  p->trees_passed = w->trees_passed;
   p->first_cgroup_joined = w->first_cgroup_joined;
   for (int i = 0; i < w->ncgroups; i++) p->cgroup_fds[i] = MB_NSINIT_FD_CGROUP + i;
   if (wire_string(base, size, w->hostname_off, &p->hostname) < 0) return -1;

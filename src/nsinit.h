@@ -77,8 +77,11 @@ typedef struct {
   int report_fd;                         /* write end: one mb_nsinit_report, then closed */
   int defer_pivot;                       /* build the root but stay outside it until MB_NSINIT_FINISH */
   int drop_groups;                       /* setgroups(0, NULL) once the maps are written (setgroups allowed) */
-  int zygote; /* cloned from the zygote (src/zygote.c): the binds come as MB_NSINIT_TREE messages, and the new root is
-                 entered by a move onto "/" and chroot, not pivot_root */
+  int zygote;       /* cloned from the zygote (src/zygote.c): the new root is entered by a move onto "/" and chroot, not
+                 pivot_root */
+  int trees_passed; /* the binds and device nodes come as MB_NSINIT_TREE messages, detached by the runtime: from the
+                       zygote (which cannot see the host's paths), and wherever the init is born with an owner uid's
+                       credentials (src/owner.c), which cannot search the runtime's private directories */
 } mb_nsinit_plan;
 
 enum mb_nsinit_stage {
@@ -105,7 +108,7 @@ typedef struct {
   int32_t first_cgroup_joined; /* written by the pre-exec child: born in the first cgroup */
   int32_t ncgroups;
   int64_t hostname_off;
-  int32_t nmounts, zygote;
+  int32_t nmounts, zygote, trees_passed;
   struct {
     int32_t type, optional;
     int64_t src_off, dst_off, data_off;
@@ -134,7 +137,9 @@ typedef struct {
   char dst[256];
 } mb_nsinit_finish;
 
-/* An init cloned from the zygote cannot see the host's paths: the runtime
+/* An init cloned from the zygote cannot see the host's paths, and one born
+ * with an owner uid's credentials cannot search the runtime's private
+ * directories (a 0700 home): for both (plan.trees_passed) the runtime
  * detaches the sources of its binds and its device nodes and sends them,
  * before "go", one per message with its fd (SCM_RIGHTS), so that it holds
  * one at a time: index names the mount, or the device node index -

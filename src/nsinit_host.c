@@ -302,6 +302,7 @@ static int pack_plan(const mb_nsinit_plan *p, int ncgroups, int *out) {
   w->loopback = p->loopback;
   w->defer_pivot = p->defer_pivot;
   w->zygote = p->zygote;
+  w->trees_passed = p->trees_passed;
   w->drop_groups = p->drop_groups;
   w->ncgroups = ncgroups;
   w->hostname_off = p->hostname ? wire_put(&b, p->hostname, strlen(p->hostname)) : -1;
@@ -459,8 +460,9 @@ static int tree_send(int sock_fd, int index, int fd) {
   return send_msg(sock_fd, &t, sizeof t, &fd, fd >= 0 ? 1 : 0);
 }
 
-/* An init cloned from the zygote cannot see the host's paths: the sources
- * of its binds and its device nodes, detached here as moonbox-init's
+/* An init cloned from the zygote cannot see the host's paths, and one
+ * born with an owner uid's credentials cannot search a 0700 home
+ * (plan.trees_passed): the sources of its binds and its device nodes, detached here as moonbox-init's
  * detach_sources would, sent one at a time (one fd held, whatever the
  * number of mounts). 0, or an errno and *failed the index of the mount
  * whose source could not be detached. */
@@ -615,6 +617,7 @@ static int nsinit_start(lua_State *L) {
   }
   int tree_failed = -1;
   p->zygote = ZYGOTE_USABLE && mb_zygote_available();
+  p->trees_passed = p->zygote || owner != 0;
   if (!err && (err = pack_plan(p, ncgroups, &plan_fd)) != 0) what = "sandbox plan";
   pid_t pid = -1;
   if (!err) {
@@ -647,7 +650,7 @@ static int nsinit_start(lua_State *L) {
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     mb_fd_slots_put();
-    if (pid > 0 && p->zygote && (err = trees_send(sk[0], p, &tree_failed)) != 0) what = "sandbox mounts";
+    if (pid > 0 && p->trees_passed && (err = trees_send(sk[0], p, &tree_failed)) != 0) what = "sandbox mounts";
   }
   close_fd(&sk[1]);
   close_fd(&go[0]);
