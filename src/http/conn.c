@@ -670,7 +670,7 @@ void mbh_server_start(mbh_server *s) {
 void mbh_server_stop(mbh_server *s) {
   if (s->close_requested) return;
   s->close_requested = 1;
-  if (s->accept_resume) resume_accept(s);
+  s->accept_resume = 0;                      /* (close() has taken the handle's reference) */
   if (s->unix_path[0]) unlink(s->unix_path); /* a process that exits right after leaves none behind */
   s->unix_path[0] = 0;
   if (s->listening) {

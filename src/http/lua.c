@@ -287,7 +287,9 @@ static int valid_header(const char *k, size_t klen, const char *v, size_t vlen) 
 
 /* The response head (room for extra bytes after it): status line, content
  * type and length, the headers of the table at idx (0: none; checked by
- * headers_ok), and "connection: close" when the connection ends after it.
+ * headers_ok), and "connection: close" when the connection ends after it
+ * (closing > 0), "connection: keep-alive" for an HTTP/1.0 client when not
+ * (closing < 0).
  * NULL when out of memory. */
 static char *build_head(lua_State *L, int status, const char *ctype, lua_Integer length, int idx, int closing,
                         size_t extra, size_t *len) {
@@ -309,7 +311,10 @@ static char *build_head(lua_State *L, int status, const char *ctype, lua_Integer
     memcpy(buf + n + klen + 2 + vlen, "\r\n", 2);
     n += klen + vlen + 4;
   }
-  if (closing && !has_connection) {
+  if (closing < 0 && !has_connection) { /* an HTTP/1.0 client kept alive must be told */
+    memcpy(buf + n, "connection: keep-alive\r\n", 24);
+    n += 24;
+  } else if (closing > 0 && !has_connection) {
     memcpy(buf + n, "connection: close\r\n", 19);
     n += 19;
   }
@@ -354,7 +359,8 @@ static int server_respond(lua_State *L) {
   if (c->responding) return luaL_error(L, "response already started");
   if (length < 0) c->close_after = 1; /* the end of the body is the end of the connection */
   size_t hlen;
-  char *head = build_head(L, status, ctype, length, has_headers ? 5 : 0, c->close_after, 0, &hlen);
+  int closing = c->close_after ? 1 : c->parser.head.minor == 0 ? -1 : 0;
+  char *head = build_head(L, status, ctype, length, has_headers ? 5 : 0, closing, 0, &hlen);
   if (!head) return luaL_error(L, "out of memory");
   c->responding = 1;
   int rc = mbh_send(c, head, hlen);
