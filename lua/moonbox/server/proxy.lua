@@ -41,6 +41,8 @@ M.HEAD_TIMEOUT_MS = 120000      -- for the service's response head (504 PORT_TIM
 local HOP = { connection = true, ["keep-alive"] = true, ["proxy-connection"] = true, te = true,
   trailer = true, ["transfer-encoding"] = true, upgrade = true, ["proxy-authorization"] = true,
   ["proxy-authenticate"] = true, ["content-length"] = true, host = true,
+  -- the body is read whole before it is passed on: a 100 Continue was ours to send
+  expect = true,
   -- the WebSocket handshake is made anew upstream
   ["sec-websocket-key"] = true, ["sec-websocket-version"] = true, ["sec-websocket-extensions"] = true,
   ["sec-websocket-accept"] = true }
