@@ -175,6 +175,19 @@ describe("the port proxy against a hostile tenant", function()
     end)
   end)
 
+  -- (also finding 1) a chunked body was de-chunked by cutting the rest of
+  -- each read after every chunk: one-byte chunks copied a read per byte
+  it("de-chunks a body of 300000 one-byte chunks without holding the loop", function()
+    with_apps(1, function(_, apps)
+      local a = apps[1]
+      a.sb:exposePort(a.port, { public = true })
+      local out, err, code = client.run { "curl", "-sS", "--max-time", "60", a.path .. "/chunks?n=300000" }
+      assert.equal(0, code, err)
+      assert.equal(300000, #out)
+      assert.equal(("abcdefghijklmnopqrstuvwxyz"):rep(11538) .. "abcdefghijkl", out)
+    end)
+  end)
+
   -- finding 5: each result was encoded whole (up to 6x the output, on the
   -- loop) and queued whole, however slowly its client read
   it("sends exec results to clients that do not read a slice at a time, within --max-buffered-bytes, " ..

@@ -323,6 +323,22 @@ local function reader(stream)
     end
     return table.concat(parts)
   end
+  -- r.line(max) -> the next line without its CRLF | nil at EOF or past
+  -- max bytes: found in each chunk from the offset, nothing copied twice
+  function r.line(max)
+    local parts, got = {}, 0
+    while true do
+      if r.head > r.tail and not r.take(0) then return nil end
+      local d, off = r.queue[r.head], r.off
+      local nl = d:find("\n", off + 1, true)
+      local piece = r.take((nl or #d) - off)
+      parts[#parts + 1], got = piece, got + #piece
+      if nl then return (table.concat(parts):gsub("\r?\n$", "")) end
+      if got > max then return nil end
+    end
+  end
+  -- whether bytes wait unread (a take would not wait)
+  function r.ready() return r.head <= r.tail end
   -- push back what was read past a boundary (the rest of a chunk r.read gave)
   function r.unread(d)
     if d == "" then return end
@@ -408,50 +424,43 @@ local function request_head(req, target, token)
   return lines
 end
 
+-- A chunked body de-chunked: the chunks' data is gathered up to a slice
+-- and written when a slice is full or nothing more waits unread (a service
+-- sending one-byte chunks costs a write per slice, not per chunk).
+local function pass_chunked(r, res)
+  local out, size = {}, 0
+  local function flush()
+    if size == 0 then return true end
+    local data = table.concat(out)
+    out, size = {}, 0
+    return res:write(data)
+  end
+  while true do
+    if not r.ready() and not flush() then return false end
+    local line = r.line(4096)
+    local chunk = line and tonumber(line:match("^%s*(%x+)"), 16)
+    if not chunk then return false end
+    if chunk == 0 then return flush() end -- (trailers are dropped)
+    local left = chunk
+    while left > 0 do
+      if not r.ready() and not flush() then return false end
+      local piece = r.take(math.min(left, M.SLICE))
+      if not piece then return false end
+      out[#out + 1], size, left = piece, size + #piece, left - #piece
+      if size >= M.SLICE and not flush() then return false end
+    end
+    if r.exact(2) ~= "\r\n" then return false end -- the CRLF after the chunk
+  end
+end
+
 -- Pass the body on: length bytes, or until EOF (nil), or chunked.
 local function pass_body(r, res, length, chunked)
-  if chunked then
-    local buf = ""
-    while true do
-      local line_end = buf:find("\r\n", 1, true)
-      while not line_end do
-        local d = r.read()
-        if not d then return false end
-        buf = buf .. d
-        if #buf > 4096 and not buf:find("\r\n", 1, true) then return false end
-        line_end = buf:find("\r\n", 1, true)
-      end
-      local size = tonumber(buf:sub(1, line_end - 1):match("^%s*(%x+)"), 16)
-      if not size then return false end
-      buf = buf:sub(line_end + 2)
-      if size == 0 then return true end -- (trailers are dropped)
-      local left = size
-      while left > 0 do
-        if buf == "" then
-          buf = r.read()
-          if not buf then return false end
-        end
-        local piece = buf:sub(1, left)
-        buf = buf:sub(#piece + 1)
-        left = left - #piece
-        if not res:write(piece) then return false end
-      end
-      while #buf < 2 do
-        local d = r.read()
-        if not d then return false end
-        buf = buf .. d
-      end
-      buf = buf:sub(3) -- the CRLF after the chunk
-    end
-  end
+  if chunked then return pass_chunked(r, res) end
   local left = length
   while left == nil or left > 0 do
-    local d = r.read()
+    local d = r.take(left or math.huge)
     if not d then return left == nil end
-    if left then
-      if #d > left then d = d:sub(1, left) end
-      left = left - #d
-    end
+    if left then left = left - #d end
     if not res:write(d) then return false end
   end
   return true
