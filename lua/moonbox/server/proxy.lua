@@ -6,13 +6,18 @@
 -- network namespace (a socket its init makes there, as waitForPort's probe):
 -- the sandbox keeps network = "none" and nothing listens on the host for it.
 --
--- Both ways stream with bounded buffers: the upstream's response is read
--- at most READ_HIGH bytes ahead of what the client took (reading stops
--- until res:write has passed it on), and a request body (already bounded by
--- the server's maxBody) or WebSocket message is written upstream only after
--- the previous one drained below HIGH_WATER. One upstream connection per
--- request ("Connection: close"); a chunked upstream response is de-chunked
--- and sent on without a length (the client connection then closes at its end).
+-- Both ways stream with bounded buffers (issue 29, finding 1): the
+-- upstream is read at most READ_HIGH bytes ahead of what the client took
+-- (reading stops until res:write or ws:sendFragment has passed it on; the
+-- unread bytes count in the server-wide send budget), into a list of
+-- chunks taken at an offset, never a growing string. A WebSocket frame's
+-- payload goes to the client as fragments of SLICE bytes as it arrives, so
+-- no message is ever whole here. A request body (already bounded by the
+-- server's maxBody) or a client's WebSocket message is written upstream a
+-- slice at a time, each once the last drained below HIGH_WATER. One
+-- upstream connection per request ("Connection: close"); a chunked upstream
+-- response is de-chunked and sent on without a length (the client
+-- connection then closes at its end).
 --
 -- Token: as the rest of the server (docs/server.md): Authorization: Bearer,
 -- or (for a browser) ?access_token= once, which sets a cookie scoped to that
