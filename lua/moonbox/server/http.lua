@@ -5,7 +5,9 @@
 --     return { status = 200, headers = { ["content-type"] = "text/plain" }, body = "hi" }
 --   end)
 --
--- handler(req, res) returns {status, headers, body}, or streams with
+-- handler(req, res) returns {status, headers, body} (body a string, or a
+-- body in pieces {length, pieces, held, text} as api_json.body makes; one
+-- over SLICE goes out a slice at a time as the client reads), or streams with
 -- res:start / res:write / res:finish, or turns a WebSocket request into a
 -- socket with res:upgrade(). An error raised by the handler becomes a 500
 -- JSON response {code = "INTERNAL", message}.
