@@ -12,6 +12,7 @@ local seq = 0
 local function request(method, path, body)
   if type(body) == "table" then body = cjson.encode(body) end
   local r = api.handle({ method = method, path = path, query = {}, headers = {}, body = body }, {})
+  if type(r.body) == "table" then r.body = r.body.text() end -- a body in slices (api_json.body)
   return r.status, cjson.decode(r.body), r.body
 end
 

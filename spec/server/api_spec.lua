@@ -52,6 +52,7 @@ local function request(method, path, opts)
   local r = api.handle({ method = method, path = path, query = opts.query or {}, headers = {}, body = body,
     rawPath = opts.rawPath, websocket = opts.websocket }, res)
   if r then
+    if type(r.body) == "table" then r.body = r.body.text() end -- a body in slices (api_json.body)
     if r.headers["content-type"] ~= "application/json" then return r.status, r.body, r.headers end
     return r.status, cjson.decode(r.body), r.headers, r.body
   end

@@ -7,6 +7,7 @@
 #   GET  /flood?n=N&size=S -> WebSocket: N binary messages of S bytes, each one
 #                             frame; byte o of message m is (o + m) % 251
 #   GET  /wsecho           -> WebSocket: each message back (fragments kept as sent)
+#   GET  /chunks?n=N       -> 200, chunked: N chunks of one byte each (a, b, ..., z, a, ...)
 #   anything else: static files from the working directory
 # usage: python3 hostile_app.py PORT
 import base64, hashlib, http.server, json, socketserver, struct, sys, urllib.parse
@@ -75,6 +76,14 @@ class Handler(http.server.SimpleHTTPRequestHandler):
             return self.reply(200, self.seen())
         if path.startswith("/setcookie/"):
             return self.reply(200, b"{}", [("set-cookie", COOKIES[path.rsplit("/", 1)[1]])])
+        if path == "/chunks":
+            n = int(urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)["n"][0])
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            body = b"".join(b"1\r\n" + bytes([97 + i % 26]) + b"\r\n" for i in range(n))
+            self.wfile.write(body + b"0\r\n\r\n")
+            return
         if path in ("/ws-req", "/flood", "/wsecho"):
             return self.websocket(path)
         return super().do_GET()

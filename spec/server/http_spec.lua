@@ -348,6 +348,42 @@ describe("moonbox.server.http", function()
     end)
   end)
 
+  it("sends a large WebSocket message as fragments that arrive as one, and builds one with ws:sendFragment",
+    function()
+    local big = ("0123456789abcdef"):rep(20000) -- 320000 bytes: five slices
+    with_server({}, function(_, res)
+      local ws = res:upgrade()
+      ws:send(big)
+      ws:sendFragment("one,", false, true)
+      ws:sendFragment("two,", true, true) -- (isBinary of a continuation is ignored)
+      ws:sendFragment("three", false, false)
+      for _ in ws:messages() do end
+    end, function(server)
+      local events = client.ws_client("ws://" .. server.address .. "/", {
+        { expect = "one,two,three" }, { close = 1000 },
+      })
+      assert.same({ open = true }, events[1])
+      assert.equal(#big, events[2].text and #events[2].text)
+      assert.is_true(events[2].text == big)
+      assert.same({ text = "one,two,three" }, events[3])
+    end)
+  end)
+
+  it("closes a WebSocket with 1008 once more than 4 MiB of its messages wait untaken", function()
+    with_server({ maxBody = 2 * 1024 * 1024 }, function(_, res)
+      local ws = res:upgrade()
+      ws:send("ready")
+      -- takes nothing (a proxied service that does not read)
+      while not ws.closed do moonbox.sleep(50) end
+    end, function(server)
+      local steps = { { expect = "ready" } }
+      for _ = 1, 6 do steps[#steps + 1] = { fill = 1024 * 1024 } end
+      steps[#steps + 1] = { expect = "never" }
+      local events = client.ws_client("ws://" .. server.address .. "/", steps)
+      assert.same({ close = 1008, reason = "messages arrive faster than the service takes them" }, events[3])
+    end)
+  end)
+
   it("keeps a quiet WebSocket open past the idle timeout", function()
     with_server({ idleTimeoutMs = 1000 }, function(_, res)
       local ws = res:upgrade()

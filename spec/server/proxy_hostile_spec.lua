@@ -1,16 +1,20 @@
 -- The port proxy of `moonbox serve` (lua/moonbox/server/proxy.lua) against
 -- hostile tenants and careless clients (the server-hardening issue,
--- findings 1-4): a service that floods one tokenless client with 16 MiB
--- WebSocket messages, the page's cookie and a port's cookie used on other
+-- findings 1-5): a service that floods tokenless clients that do not read
+-- with 16 MiB WebSocket frames, clients that do not read 16 MiB exec
+-- results, the page's cookie and a port's cookie used on other
 -- sandboxes' ports, the token in forms the proxy checked but did not strip,
 -- an open redirect and upstream cookies tossed onto ours. The tenant's
 -- service is spec/server/hostile_app.py, run inside each sandbox.
+-- The server runs in this process: its memory is this process's.
 local core = require "moonbox.core"
 local cjson = require "cjson"
 local http = require "moonbox.server.http"
 local cli = require "moonbox.server.cli"
 local ports = require "moonbox.sandbox.ports"
 local client = require "spec.server.client"
+local moonbox = require "moonbox"
+local send_budget = require "moonbox.server.send_budget"
 
 local TOKEN = "hostile-spec-token-0123456789abcdef"
 local APP = assert(io.open(client.SOURCE .. "/spec/server/hostile_app.py")):read("*a")
@@ -65,7 +69,176 @@ local function cookie_of(headers)
   return headers["set-cookie"] and headers["set-cookie"]:match("^%s*([^;]+)")
 end
 
+local MB = 1024 * 1024
+
+local function status_kb(field)
+  local f = assert(io.open("/proc/self/status"))
+  local text = f:read("*a")
+  f:close()
+  return tonumber(text:match(field .. ":%s*(%d+) kB"))
+end
+
+-- The peak RSS (VmHWM) is reset to the current RSS ("5" to clear_refs):
+-- -> a function that gives the peak above that since, in bytes.
+local function watch_peak()
+  helper.excuse(collectgarbage, "collect")
+  local f = assert(io.open("/proc/self/clear_refs", "w"))
+  f:write("5")
+  f:close()
+  local base = status_kb("VmRSS")
+  return function() return (status_kb("VmHWM") - base) * 1024 end
+end
+
+-- A client that sends head (and body), reads the response head and then
+-- nothing more: what it was sent piles up in the server.
+-- -> the connection, the head (nil if the server closed first)
+local function stalled(port, request)
+  local c = client.connect(port)
+  c:send(request)
+  local ok, head = pcall(c.read_until, c, "^HTTP/1%.1 %d+.-\r\n\r\n")
+  c.stream:read_stop()
+  if not ok then
+    c:close() -- (no handle left to fail the next test)
+    error(head, 0)
+  end
+  return c, head
+end
+
+-- ws_client.js prints binary messages as latin1 strings in JSON: back to bytes
+local function latin1(s)
+  if not s then return nil end
+  return (s:gsub("([\xC2\xC3])([\x80-\xBF])", function(a, b)
+    return string.char((a:byte() - 0xC0) * 64 + b:byte() - 0x80)
+  end))
+end
+
+local function ws_request(path, host)
+  return ("GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" ..
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"):format(path, host)
+end
+
+local function exec_request(id, command)
+  local body = cjson.encode({ command = command })
+  return ("POST /v1/sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n" ..
+    "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"):format(id, TOKEN, #body, body)
+end
+
+-- exec through the API, as a client that reads: -> status, decoded body
+local function api_exec(url, id, command)
+  local out, err, code = client.run { "curl", "-sS", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}",
+    "-H", "Authorization: Bearer " .. TOKEN, "-H", "Content-Type: application/json",
+    "--data", cjson.encode({ command = command }), url .. "/v1/sandboxes/" .. id .. "/exec" }
+  assert.equal(0, code, err)
+  local body, status = out:match("^(.*)\n(%d+)$")
+  return tonumber(status), cjson.decode(body)
+end
+
 describe("the port proxy against a hostile tenant", function()
+  -- finding 1: the proxy assembled each message whole (appending every
+  -- read to a growing string) and queued it whole for the client
+  it("streams a public port's 16 MiB WebSocket frames to clients that do not read: memory stays bounded, " ..
+    "another sandbox's exec answers", function()
+    with_apps(2, function(url, apps)
+      local a, b = apps[1], apps[2]
+      a.sb:exposePort(a.port, { public = true }) -- no token: anyone may open it
+      local sport = tonumber(url:match(":(%d+)$"))
+      local peak = watch_peak()
+      local conns = {}
+      local ok, err = pcall(function()
+        for i = 1, 6 do
+          local path = ("/v1/sandboxes/%s/ports/%d/flood?n=4&size=%d"):format(a.sb.id, a.port, 16 * MB)
+          local head
+          conns[i], head = stalled(sport, ws_request(path, "127.0.0.1:" .. sport))
+          assert.truthy(head and head:match("^HTTP/1%.1 101"), head)
+        end
+        -- while they stall: another sandbox's commands run and answer
+        for _ = 1, 10 do
+          local status, r = api_exec(url, b.sb.id, "echo alive")
+          assert.same({ 200, 0, "alive\n" }, { status, r.exitCode, r.stdout })
+        end
+        moonbox.sleep(2000) -- (time for the floods to push what they can)
+      end)
+      local grown = peak()
+      for _, c in ipairs(conns) do c:close() end
+      if not ok then error(err, 0) end
+      -- 6 x 4 x 16 MiB were sent at the server: what it holds stays near
+      -- one slice per connection (the old proxy grew by 350 MB here)
+      assert.is_true(grown < 64 * MB, ("the server's RSS grew by %d MB"):format(math.floor(grown / MB)))
+      -- a client that reads gets every byte, the message boundaries kept
+      local size = MB + 7
+      local events = client.ws_client(("ws://127.0.0.1:%d/v1/sandboxes/%s/ports/%d/flood?n=2&size=%d")
+        :format(sport, a.sb.id, a.port, size), { { expect = "^[\\s\\S]{" .. (2 * size) .. "}" },
+        { close = 1000 } })
+      assert.same({ open = true }, events[1])
+      for m = 0, 1 do
+        local data = events[2 + m] and helper.excuse(latin1, events[2 + m].binary)
+        assert.equal(size, data and #data)
+        assert.equal(m % 251, data:byte(1))
+        assert.equal((size - 1 + m) % 251, data:byte(-1))
+      end
+    end)
+  end)
+
+  -- (also finding 1) a chunked body was de-chunked by cutting the rest of
+  -- each read after every chunk: one-byte chunks copied a read per byte
+  it("de-chunks a body of 300000 one-byte chunks without holding the loop", function()
+    with_apps(1, function(_, apps)
+      local a = apps[1]
+      a.sb:exposePort(a.port, { public = true })
+      local out, err, code = client.run { "curl", "-sS", "--max-time", "60", a.path .. "/chunks?n=300000" }
+      assert.equal(0, code, err)
+      assert.equal(300000, #out)
+      assert.equal(("abcdefghijklmnopqrstuvwxyz"):rep(11538) .. "abcdefghijkl", out)
+    end)
+  end)
+
+  -- finding 5: each result was encoded whole (up to 6x the output, on the
+  -- loop) and queued whole, however slowly its client read
+  it("sends exec results to clients that do not read a slice at a time, within --max-buffered-bytes, " ..
+    "and answers 503 BUFFERS_FULL past it", function()
+    with_apps(2, function(url, apps)
+      local a, b = apps[1], apps[2]
+      local sport = tonumber(url:match(":(%d+)$"))
+      local saved = send_budget.limit
+      send_budget.limit = 40 * MB
+      local conns = {}
+      local ok, err = pcall(function()
+        local peak = watch_peak()
+        -- 16 MiB of control characters: 96 MiB of JSON
+        local flood = "head -c 16777216 /dev/zero | tr '\\0' '\\1'"
+        local statuses = {}
+        for i = 1, 3 do
+          local head
+          conns[i], head = stalled(sport, exec_request(a.sb.id, flood))
+          statuses[#statuses + 1] = head and tonumber(head:match("^HTTP/1%.1 (%d+)"))
+        end
+        local status, r = api_exec(url, b.sb.id, "echo alive")
+        assert.same({ 200, 0, "alive\n" }, { status, r.exitCode, r.stdout })
+        local grown = peak()
+        -- (the old server grew by more than 600 MB here)
+        assert.is_true(grown < 200 * MB, ("the server's RSS grew by %d MB"):format(math.floor(grown / MB)))
+        table.sort(statuses)
+        -- two results fit in 40 MiB, the third would not
+        assert.same({ 200, 200, 503 }, statuses)
+        -- a third would not fit, for a client that reads either
+        status, r = api_exec(url, b.sb.id, "head -c 10485760 /dev/zero | tr '\\0' '\\1'")
+        assert.same({ 503, "BUFFERS_FULL" }, { status, r.code })
+        for _, c in ipairs(conns) do c:close() end
+        conns = {}
+        -- once they are gone, their bytes are free again
+        moonbox.timeout(10000, function()
+          while send_budget.used > 0 do moonbox.sleep(20) end
+        end)
+        status, r = api_exec(url, b.sb.id, "head -c 1048576 /dev/zero | tr '\\0' '\\1'")
+        assert.same({ 200, MB }, { status, #r.stdout })
+        assert.is_nil(r.stdout:find("[^\1]"))
+      end)
+      for _, c in ipairs(conns) do c:close() end
+      send_budget.limit = saved
+      if not ok then error(err, 0) end
+    end)
+  end)
+
   it("takes the page's cookie for the page only, and a port's cookie for that port of that sandbox only",
     function()
     with_apps(2, function(url, apps)

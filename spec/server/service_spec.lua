@@ -356,7 +356,8 @@ describe("moonbox serve as a service", function()
     end)
   end)
 
-  it("--max-buffered-bytes sets the runtime-wide ceiling for kept output, reported in /metrics", function()
+  it("--max-buffered-bytes sets the runtime-wide ceiling for kept output and for bytes held for clients, " ..
+    "reported in /metrics", function()
     run_task(function()
       local s = serve { "--max-buffered-bytes", "1000" }
       local ok, err = pcall(function()
@@ -380,6 +381,18 @@ describe("moonbox serve as a service", function()
           cjson.encode { command = "head -c 1000 /dev/zero | tr '\\0' b" })
         assert.equal(200, code)
         assert.equal(("b"):rep(700), cjson.decode(body).stdout)
+        -- a response body larger than a slice that would pass the ceiling
+        -- of bytes held for clients is not sent: 503 BUFFERS_FULL
+        assert.equal(1000, sample(text, "moonbox_client_buffered_bytes_limit"))
+        local big = ("c"):rep(80 * 1024)
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/b1/files/write",
+          cjson.encode { path = "/workspace/big.txt", content = big })))
+        code, body = s.call("POST", "/v1/sandboxes/b1/files/read", cjson.encode { path = "/workspace/big.txt" })
+        assert.equal(503, code)
+        local r2 = cjson.decode(body)
+        assert.same({ "BUFFERS_FULL", 503, 1000 }, { r2.code, r2.httpStatus, r2.context.limit })
+        _, text = s.call("GET", "/metrics")
+        assert.equal(0, sample(text, "moonbox_client_buffered_bytes"))
       end)
       s.stop()
       assert(ok, err)

@@ -1,7 +1,7 @@
 // A scripted WebSocket client for the server specs (Node's built-in
 // WebSocket: node --experimental-websocket on Node 20, plain on 22).
 //   node ws_client.js URL STEPS_JSON
-// STEPS: [{"send": "text"}, {"binary": "bytes"}, {"expect": "regex"}, {"sleep": ms}, {"close": 1000}]
+// STEPS: [{"send": "text"}, {"fill": N (a text message of N "m"s)}, {"binary": "bytes"}, {"expect": "regex"}, {"sleep": ms}, {"close": 1000}]
 // "expect" waits until the received data (text and binary frames, in
 // order, concatenated) matches. Prints one JSON line per event:
 // {"open":true}, {"text":..}, {"binary":..}, {"close":code,"reason":..},
@@ -26,6 +26,7 @@ ws.onopen = async () => {
   out({ open: true });
   for (const step of steps) {
     if (step.send !== undefined) ws.send(step.send);
+    else if (step.fill !== undefined) ws.send("m".repeat(step.fill));
     else if (step.binary !== undefined) ws.send(Buffer.from(step.binary, "latin1"));
     else if (step.close !== undefined) ws.close(step.close);
     else if (step.sleep !== undefined) await new Promise((r) => setTimeout(r, step.sleep));

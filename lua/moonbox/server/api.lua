@@ -40,7 +40,8 @@ end
 local function reply(status, value, headers)
   local h = { ["content-type"] = "application/json" }
   for k, v in pairs(headers or {}) do h[k] = v end
-  return { status = status, headers = h, body = json.encode(value) .. "\n" }
+  -- (a body holding big strings, an exec's output, goes in slices: api_json.body)
+  return { status = status, headers = h, body = json.body(value) }
 end
 
 local function fail(code, message, context)

@@ -23,8 +23,10 @@ usage: moonbox serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]
                      [--prewarm on|off]   (keep a sandbox built ahead; docs/isolation.md)
                      [--max-sandboxes N] [--idle-timeout-s S] [--shutdown-grace-s S]
                      [--access-log FILE | --access-log off]   (default: stderr)
-                     [--max-buffered-bytes N] (output kept in memory at once, runtime-wide;
-                                           default a quarter of RAM; docs/server.md)
+                     [--max-buffered-bytes N] (output kept in memory at once, runtime-wide,
+                                           default a quarter of RAM; and bytes held for
+                                           clients, server-wide, default 64 MiB: past it
+                                           503 BUFFERS_FULL; docs/server.md)
                      [--allow-unisolated] (isolation = "auto" may run without namespaces
                                            where the kernel refuses them; docs/server.md)
 ]]
@@ -380,8 +382,13 @@ function M.start(opts)
     token = opts.tokenFile and read_token(opts.tokenFile) or M.new_token()
   end
   require("moonbox.policy").set_default(policy)
-  -- the runtime-wide ceiling for buffered output: no policy goes past it
-  if opts.maxBufferedBytes then require("moonbox.session.budget").ceiling = opts.maxBufferedBytes end
+  -- the runtime-wide ceiling for buffered output: no policy goes past it;
+  -- and the server-wide bound on bytes held for clients (responses, SSE,
+  -- WebSocket messages, the port proxy; moonbox.server.send_budget)
+  if opts.maxBufferedBytes then
+    require("moonbox.session.budget").ceiling = opts.maxBufferedBytes
+    require("moonbox.server.send_budget").limit = opts.maxBufferedBytes
+  end
   -- fail closed: no sandbox of this server runs without namespaces because
   -- the kernel refused them, unless asked (a policy with isolation = "none"
   -- asks for itself)

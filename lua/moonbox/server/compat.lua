@@ -41,7 +41,8 @@ function M.error_body(err)
 end
 
 function M.reply(status, value)
-  return { status = status, headers = { ["content-type"] = "application/json" }, body = json.encode(value) .. "\n" }
+  -- (a body holding big strings, an exec's output, goes in slices: api_json.body)
+  return { status = status, headers = { ["content-type"] = "application/json" }, body = json.body(value) }
 end
 
 -- ---- requests ---------------------------------------------------------------------

@@ -5,13 +5,15 @@
 --     return { status = 200, headers = { ["content-type"] = "text/plain" }, body = "hi" }
 --   end)
 --
--- handler(req, res) returns {status, headers, body}, or streams with
+-- handler(req, res) returns {status, headers, body} (body a string, or a
+-- body in pieces {length, pieces, held, text} as api_json.body makes; one
+-- over SLICE goes out a slice at a time as the client reads), or streams with
 -- res:start / res:write / res:finish, or turns a WebSocket request into a
 -- socket with res:upgrade(). An error raised by the handler becomes a 500
 -- JSON response {code = "INTERNAL", message}.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
-local budget = require "moonbox.session.budget"
+local send_budget = require "moonbox.server.send_budget"
 local errors = require "moonbox.errors"
 local V = require "moonbox.lib.validate"
 local cjson = require "cjson.safe"
@@ -21,8 +23,12 @@ local M = {}
 local function now_ms() return core.hrtime() / 1e6 end
 
 M.HIGH_WATER = 256 * 1024 -- res:write / ws:send wait while more than this is queued
+M.SLICE = 64 * 1024       -- a body or message larger than this goes in slices of it
+M.MAX_INBOX = 4 * 1024 * 1024 -- WebSocket messages received and not yet taken
+M.MAX_PENDING = 1024      -- writes queued at once (each costs a chunk, however small)
 
 local Server, Response, WebSocket = {}, {}, {}
+local account -- (below)
 Server.__index, Response.__index, WebSocket.__index = Server, Response, WebSocket
 
 -- ---- listen addresses -----------------------------------------------------------
@@ -114,6 +120,19 @@ end
 
 -- ---- responses -------------------------------------------------------------------
 
+-- The bytes a response has counted in the send budget follow its queue.
+function account(self, queued)
+  queued = queued or 0
+  send_budget.add(queued - (self._counted or 0))
+  self._counted = queued
+end
+
+-- The response is done or its client gone: nothing of it is held any more.
+local function release(self)
+  account(self, 0)
+  if self._held then send_budget.add(-self._held) self._held = nil end
+end
+
 local function wake(self)
   local w = self._waiter
   if w then self._waiter = nil w() end
@@ -143,10 +162,13 @@ end
 function Response:_send(status, headers, body)
   V.type(status, "number", "status")
   body = body == nil and "" or body
-  V.type(body, "string", "body")
+  -- a body in pieces: {length, pieces = iterator, held, text()} (api_json.body)
+  local sliced = type(body) == "table" and body or nil
+  if sliced and self.req.websocket then body = sliced.text() sliced = nil end
+  if not sliced then V.type(body, "string", "body") end
   if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
   self._started = true
-  self.status, self.bytes = status, #body
+  self.status, self.bytes = status, sliced and sliced.length or #body
   local h, ctype = split_headers(headers)
   ctype = ctype or "text/plain; charset=utf-8"
   if self.req.websocket then
@@ -159,13 +181,56 @@ function Response:_send(status, headers, body)
     return
   end
   if self.closed then return end
-  local ok = self._server._core:respond(self._id, status, ctype, h, nil, body)
+  if sliced then return self:_send_sliced(status, h, ctype, sliced.length, sliced.pieces, sliced.held) end
+  if #body > M.SLICE and async.in_task() then
+    return self:_send_sliced(status, h, ctype, #body, M.slices(body), #body)
+  end
+  local srv = self._server._core
+  local ok = srv:respond(self._id, status, ctype, h, nil, body)
   if not ok then set_closed(self) return end
-  if #body > M.HIGH_WATER then
-    -- a big body (an exec's output in JSON) sits queued whole until the
-    -- client took it: it counts against the runtime-wide budget for
-    -- buffered output (moonbox.session.budget) until the response is done
-    self._buffered = budget.force(#body)
+  account(self, srv:queued(self._id))
+end
+
+-- A body larger than a slice goes out as the client takes it (never queued
+-- whole): its held bytes (what it keeps in memory until sent) count in the
+-- server-wide send budget until the response is done; a body that would
+-- not fit is answered 503 BUFFERS_FULL instead (send_budget.lua).
+function Response:_send_sliced(status, h, ctype, length, pieces, held)
+  local srv = self._server._core
+  if not send_budget.fits(held) then
+    if self._server.onReject then pcall(self._server.onReject, "buffers_full", self.req) end
+    local ok = srv:respond(self._id, 503, "application/json", { ["retry-after"] = "1" }, nil, M.buffers_full_body())
+    if not ok then set_closed(self) end
+    self.status, self.bytes = 503, 0
+    return
+  end
+  self._held = held
+  send_budget.add(held)
+  if not srv:respond(self._id, status, ctype, h, length) then set_closed(self) return end
+  self._streaming, self.bytes = true, 0
+  for piece in pieces do
+    if not self:write(piece) then return end
+  end
+  self:finish()
+end
+
+-- The 503 past the send budget (docs/http-api.md).
+function M.buffers_full_body()
+  return cjson.encode({ code = "BUFFERS_FULL", httpStatus = 503,
+    context = { limit = send_budget.limit, used = send_budget.used },
+    message = ("the server holds %d bytes for its clients, its limit (--max-buffered-bytes) is %d; retry later")
+      :format(send_budget.used, send_budget.limit) }) .. "\n"
+end
+
+-- slices(s) -> an iterator over s in pieces of at most SLICE bytes
+function M.slices(s, size)
+  size = size or M.SLICE
+  local at = 1
+  return function()
+    if at > #s then return nil end
+    local piece = s:sub(at, at + size - 1)
+    at = at + size
+    return piece
   end
 end
 
@@ -185,15 +250,23 @@ function Response:start(status, headers)
   return true
 end
 
--- Wait (in a task) while more than HIGH_WATER bytes are queued.
+-- Wait (in a task) while more than HIGH_WATER bytes are queued, or, while
+-- the server-wide send budget is spent, until this connection's queue is
+-- empty: the slow side waits, the others go on (send_budget.lua).
 local function wait_queue(self, queued)
-  while queued and queued > M.HIGH_WATER and not self.closed and async.in_task() do
+  account(self, queued)
+  local function over()
+    local high = send_budget.full() and 0 or M.HIGH_WATER
+    return queued and (queued > high or (self._pending or 0) > M.MAX_PENDING)
+  end
+  while over() and not self.closed and async.in_task() do
     async.await(function(resume)
       self._waiter = resume
       return function() if self._waiter == resume then self._waiter = nil end end
     end, "res:write")
     if self.closed then return end
     queued = self._server._core:queued(self._id)
+    account(self, queued)
   end
 end
 
@@ -202,9 +275,16 @@ end
 function Response:write(data)
   V.type(data, "string", "data")
   if not self._streaming then errors.raise("VALIDATION_FAILED", "res:write before res:start") end
+  if #data > M.SLICE then
+    for piece in M.slices(data) do
+      if not self:write(piece) then return false end
+    end
+    return not self.closed
+  end
   if self.closed or self._finished then return false end
   local queued = self._server._core:write(self._id, data)
   if not queued then set_closed(self) return false end
+  self._pending = (self._pending or 0) + 1
   self.bytes = (self.bytes or 0) + #data
   wait_queue(self, queued)
   return not self.closed
@@ -234,7 +314,18 @@ function Response:upgrade()
   return self._ws
 end
 
+-- A peer that sends faster than the handler takes its messages is closed
+-- (1008) once more than MAX_INBOX bytes wait: the C layer has no way to
+-- stop reading one socket, so the bound is kept here.
 function WebSocket:_push(data, is_binary)
+  if self._closing then return end
+  self._inbox_bytes = (self._inbox_bytes or 0) + #data
+  if self._inbox_bytes > M.MAX_INBOX and self._head <= self._tail then
+    self:close(1008, "messages arrive faster than the service takes them")
+    self._inbox, self._head, self._tail, self._inbox_bytes = {}, 1, 0, 0
+    self:_closed()
+    return
+  end
   self._tail = self._tail + 1
   self._inbox[self._tail] = { data, is_binary }
   local w = self._reader
@@ -248,13 +339,31 @@ function WebSocket:_closed()
 end
 
 -- ok = ws:send(data, isBinary): false once the socket is closed. In a task
--- it waits while the peer is slow.
+-- it waits while the peer is slow. A message larger than a slice goes as
+-- fragments of one (never queued whole).
 function WebSocket:send(data, is_binary)
+  V.type(data, "string", "data")
+  if #data <= M.SLICE then return self:sendFragment(data, is_binary, false) end
+  local at, n = 1, #data
+  while at <= n do
+    local piece = data:sub(at, at + M.SLICE - 1)
+    at = at + M.SLICE
+    if not self:sendFragment(piece, is_binary, at <= n) then return false end
+  end
+  return true
+end
+
+-- ok = ws:sendFragment(data, isBinary, more): a piece of a message; with
+-- more, the message goes on with the next call (whose isBinary is
+-- ignored) and ends with the first call without it. One writer at a time:
+-- nothing else may be sent on the socket while a message is open.
+function WebSocket:sendFragment(data, is_binary, more)
   V.type(data, "string", "data")
   local res = self._res
   if self.closed or self._closing then return false end
-  local queued = res._server._core:write(res._id, data, is_binary and true or false)
+  local queued = res._server._core:write(res._id, data, is_binary and true or false, more and true or false)
   if not queued then set_closed(res) return false end
+  res._pending = (res._pending or 0) + 1
   res.bytes = (res.bytes or 0) + #data
   wait_queue(res, queued)
   return not self.closed
@@ -268,6 +377,7 @@ function WebSocket:receive()
     if m then
       box[self._head] = nil
       self._head = self._head + 1
+      self._inbox_bytes = (self._inbox_bytes or 0) - #m[1]
       return m[1], m[2]
     end
     if self.closed then return nil end
@@ -400,7 +510,14 @@ function Server:_on_event(kind, id, a, b)
     if res and res._ws then res._ws:_push(a, b) end
   elseif kind == "drain" then
     local res = self._live[id]
-    if res then wake(res) end
+    if res then
+      -- a WebSocket's drain follows each message or fragment written, a
+      -- response's an empty queue
+      local queued = self._core:queued(id)
+      res._pending = (queued == nil or queued == 0 or not res._ws) and 0 or math.max(0, (res._pending or 1) - 1)
+      account(res, queued)
+      wake(res)
+    end
   elseif kind == "refused" then
     -- a head src/http/conn.c answered itself (400 smuggling-shaped, 431 too
     -- large; id is the status): no request was made of it, but it is counted
@@ -412,7 +529,7 @@ function Server:_on_event(kind, id, a, b)
   elseif kind == "done" or kind == "closed" then
     local res = self._live[id]
     self._live[id] = nil
-    if res and res._buffered then budget.give(res._buffered) res._buffered = nil end
+    if res then release(res) end
     if res and not res._logged then
       res._logged = true
       self._inflight = self._inflight - 1
@@ -466,9 +583,7 @@ function Server:close()
   if self.closed then return end
   self.closed = true
   self._core:close()
-  for _, res in pairs(self._live) do
-    if res._buffered then budget.give(res._buffered) res._buffered = nil end
-  end
+  for _, res in pairs(self._live) do release(res) end
 end
 
 -- Stop taking connections (they are hung up at accept) and answer any

@@ -6,13 +6,18 @@
 -- network namespace (a socket its init makes there, as waitForPort's probe):
 -- the sandbox keeps network = "none" and nothing listens on the host for it.
 --
--- Both ways stream with bounded buffers: the upstream's response is read
--- at most READ_HIGH bytes ahead of what the client took (reading stops
--- until res:write has passed it on), and a request body (already bounded by
--- the server's maxBody) or WebSocket message is written upstream only after
--- the previous one drained below HIGH_WATER. One upstream connection per
--- request ("Connection: close"); a chunked upstream response is de-chunked
--- and sent on without a length (the client connection then closes at its end).
+-- Both ways stream with bounded buffers (issue 29, finding 1): the
+-- upstream is read at most READ_HIGH bytes ahead of what the client took
+-- (reading stops until res:write or ws:sendFragment has passed it on; the
+-- unread bytes count in the server-wide send budget), into a list of
+-- chunks taken at an offset, never a growing string. A WebSocket frame's
+-- payload goes to the client as fragments of SLICE bytes as it arrives, so
+-- no message is ever whole here. A request body (already bounded by the
+-- server's maxBody) or a client's WebSocket message is written upstream a
+-- slice at a time, each once the last drained below HIGH_WATER. One
+-- upstream connection per request ("Connection: close"); a chunked upstream
+-- response is de-chunked and sent on without a length (the client
+-- connection then closes at its end).
 --
 -- Token: as the rest of the server (docs/server.md): Authorization: Bearer,
 -- or (for a browser) ?access_token= once, which sets a cookie scoped to that
@@ -26,6 +31,7 @@ local sandbox_mod = require "moonbox.sandbox"
 local ports = require "moonbox.sandbox.ports"
 local probe = require "moonbox.process.probe"
 local token_mod = require "moonbox.server.token"
+local send_budget = require "moonbox.server.send_budget"
 local cjson = require "cjson.safe"
 local bit = require "bit"
 local ffi = require "ffi"
@@ -35,7 +41,7 @@ local M = {}
 M.READ_HIGH = 256 * 1024        -- upstream bytes read ahead of the client
 M.HIGH_WATER = 256 * 1024       -- upstream write queue before the writer waits
 M.MAX_HEADER = 64 * 1024        -- the upstream's response head
-M.MAX_WS_MESSAGE = 16 * 1024 * 1024 -- a fragmented upstream WebSocket message
+M.SLICE = 64 * 1024            -- a WebSocket fragment passed on, either way
 M.HEAD_TIMEOUT_MS = 120000      -- for the service's response head (504 PORT_TIMEOUT after)
 
 local HOP = { connection = true, ["keep-alive"] = true, ["proxy-connection"] = true, te = true,
@@ -251,20 +257,35 @@ local function connect(sb, port)
   return stream
 end
 
--- A reader over a stream: read() -> next chunk | nil at EOF. At most
--- READ_HIGH bytes wait unread; past that, reading stops until they are taken.
+-- A reader over a stream. The chunks read wait in a queue, the first one
+-- taken from at an offset: nothing read is ever joined to what came before
+-- (a growing string would copy it all again at every read).
+--   r.take(n) -> up to n bytes (a chunk or part of one) | nil at EOF
+--   r.read()  -> the rest of the next chunk | nil at EOF
+--   r.exact(n) -> n bytes | nil at EOF (small n: a frame head)
+-- At most READ_HIGH bytes wait unread (none past one chunk while the
+-- server-wide send budget is spent); past that, reading stops until they
+-- are taken. Unread bytes count in the send budget (send_budget.lua).
 local function reader(stream)
-  local r = { queue = {}, head = 1, tail = 0, bytes = 0, eof = false, reading = false }
+  local r = { queue = {}, head = 1, tail = 0, off = 0, bytes = 0, eof = false, reading = false }
   local function wake()
     local w = r.waiter
     if w then r.waiter = nil w() end
   end
+  local function high()
+    return send_budget.full() and 1 or M.READ_HIGH
+  end
+  local function count(n)
+    r.bytes = r.bytes + n
+    send_budget.add(n)
+  end
   local function on_read(err, data)
+    if r.closed then return end
     if data then
       r.tail = r.tail + 1
       r.queue[r.tail] = data
-      r.bytes = r.bytes + #data
-      if r.bytes >= M.READ_HIGH then
+      count(#data)
+      if r.bytes >= high() then
         stream:read_stop()
         r.reading = false
       end
@@ -278,16 +299,8 @@ local function reader(stream)
     r.reading = true
     if not stream:read_start(on_read) then r.eof, r.reading = true, false end
   end
-  function r.read()
-    while true do
-      if r.head <= r.tail then
-        local d = r.queue[r.head]
-        r.queue[r.head] = nil
-        r.head = r.head + 1
-        r.bytes = r.bytes - #d
-        if r.bytes < M.READ_HIGH then start() end
-        return d
-      end
+  function r.take(n)
+    while r.head > r.tail do
       if r.eof or r.closed then return nil, r.err end
       start()
       async.await(function(resume)
@@ -295,16 +308,56 @@ local function reader(stream)
         return function() if r.waiter == resume then r.waiter = nil end end
       end, "proxy read")
     end
+    local d, off = r.queue[r.head], r.off
+    local k = math.min(n, #d - off)
+    local piece = (off == 0 and k == #d) and d or d:sub(off + 1, off + k)
+    if off + k == #d then
+      r.queue[r.head], r.head, r.off = nil, r.head + 1, 0
+    else
+      r.off = off + k
+    end
+    count(-k)
+    if r.bytes < high() then start() end
+    return piece
   end
-  -- push back what was read past a boundary
+  function r.read() return r.take(math.huge) end
+  function r.exact(n)
+    local parts, got = {}, 0
+    while got < n do
+      local piece = r.take(n - got)
+      if not piece then return nil end
+      parts[#parts + 1], got = piece, got + #piece
+    end
+    return table.concat(parts)
+  end
+  -- r.line(max) -> the next line without its CRLF | nil at EOF or past
+  -- max bytes: found in each chunk from the offset, nothing copied twice
+  function r.line(max)
+    local parts, got = {}, 0
+    while true do
+      if r.head > r.tail and not r.take(0) then return nil end
+      local d, off = r.queue[r.head], r.off
+      local nl = d:find("\n", off + 1, true)
+      local piece = r.take((nl or #d) - off)
+      parts[#parts + 1], got = piece, got + #piece
+      if nl then return (table.concat(parts):gsub("\r?\n$", "")) end
+      if got > max then return nil end
+    end
+  end
+  -- whether bytes wait unread (a take would not wait)
+  function r.ready() return r.head <= r.tail end
+  -- push back what was read past a boundary (the rest of a chunk r.read gave)
   function r.unread(d)
     if d == "" then return end
     r.head = r.head - 1
     r.queue[r.head] = d
-    r.bytes = r.bytes + #d
+    count(#d)
   end
   function r.stop()
+    if r.closed then return end
     r.closed = true
+    count(-r.bytes) -- what waits unread is dropped
+    r.queue, r.head, r.tail, r.off = {}, 1, 0, 0
     wake()
   end
   start()
@@ -331,16 +384,21 @@ end
 -- ---- the response head --------------------------------------------------------------
 
 -- read_head(r) -> status, headers (lowercase name -> value) | nil, message
+-- The head's chunks are kept in a list and only the last three bytes of
+-- what came before are looked at again (a service that sends its head a
+-- byte at a time costs no more than one that sends it at once).
 local function read_head(r)
-  local buf = ""
+  local parts, size, tail = {}, 0, ""
   while true do
     local chunk = r.read()
     if not chunk then return nil, "the service closed the connection before a response" end
-    buf = buf .. chunk
-    local e = buf:find("\r\n\r\n", 1, true)
+    local joined = tail .. chunk
+    local e = joined:find("\r\n\r\n", 1, true)
     if e then
-      r.unread(buf:sub(e + 4))
-      local head = buf:sub(1, e + 1)
+      local cut = e + 3 - #tail -- the head's last byte, in chunk
+      r.unread(chunk:sub(cut + 1))
+      parts[#parts + 1] = chunk:sub(1, cut)
+      local head = table.concat(parts):sub(1, -3)
       local status = tonumber(head:match("^HTTP/%d%.%d (%d%d%d)"))
       if not status then return nil, "the service did not answer HTTP" end
       local headers, set_cookies = {}, {}
@@ -356,7 +414,8 @@ local function read_head(r)
       end
       return status, headers, set_cookies
     end
-    if #buf > M.MAX_HEADER then return nil, "the service's response head is too large" end
+    parts[#parts + 1], size, tail = chunk, size + #chunk, joined:sub(-3)
+    if size > M.MAX_HEADER then return nil, "the service's response head is too large" end
   end
 end
 
@@ -372,50 +431,43 @@ local function request_head(req, target, token)
   return lines
 end
 
+-- A chunked body de-chunked: the chunks' data is gathered up to a slice
+-- and written when a slice is full or nothing more waits unread (a service
+-- sending one-byte chunks costs a write per slice, not per chunk).
+local function pass_chunked(r, res)
+  local out, size = {}, 0
+  local function flush()
+    if size == 0 then return true end
+    local data = table.concat(out)
+    out, size = {}, 0
+    return res:write(data)
+  end
+  while true do
+    if not r.ready() and not flush() then return false end
+    local line = r.line(4096)
+    local chunk = line and tonumber(line:match("^%s*(%x+)"), 16)
+    if not chunk then return false end
+    if chunk == 0 then return flush() end -- (trailers are dropped)
+    local left = chunk
+    while left > 0 do
+      if not r.ready() and not flush() then return false end
+      local piece = r.take(math.min(left, M.SLICE))
+      if not piece then return false end
+      out[#out + 1], size, left = piece, size + #piece, left - #piece
+      if size >= M.SLICE and not flush() then return false end
+    end
+    if r.exact(2) ~= "\r\n" then return false end -- the CRLF after the chunk
+  end
+end
+
 -- Pass the body on: length bytes, or until EOF (nil), or chunked.
 local function pass_body(r, res, length, chunked)
-  if chunked then
-    local buf = ""
-    while true do
-      local line_end = buf:find("\r\n", 1, true)
-      while not line_end do
-        local d = r.read()
-        if not d then return false end
-        buf = buf .. d
-        if #buf > 4096 and not buf:find("\r\n", 1, true) then return false end
-        line_end = buf:find("\r\n", 1, true)
-      end
-      local size = tonumber(buf:sub(1, line_end - 1):match("^%s*(%x+)"), 16)
-      if not size then return false end
-      buf = buf:sub(line_end + 2)
-      if size == 0 then return true end -- (trailers are dropped)
-      local left = size
-      while left > 0 do
-        if buf == "" then
-          buf = r.read()
-          if not buf then return false end
-        end
-        local piece = buf:sub(1, left)
-        buf = buf:sub(#piece + 1)
-        left = left - #piece
-        if not res:write(piece) then return false end
-      end
-      while #buf < 2 do
-        local d = r.read()
-        if not d then return false end
-        buf = buf .. d
-      end
-      buf = buf:sub(3) -- the CRLF after the chunk
-    end
-  end
+  if chunked then return pass_chunked(r, res) end
   local left = length
   while left == nil or left > 0 do
-    local d = r.read()
+    local d = r.take(left or math.huge)
     if not d then return left == nil end
-    if left then
-      if #d > left then d = d:sub(1, left) end
-      left = left - #d
-    end
+    if left then left = left - #d end
     if not res:write(d) then return false end
   end
   return true
@@ -487,70 +539,129 @@ end
 
 local random_bytes = util.random_bytes
 
-local function mask(data, key)
+-- data masked (or unmasked) with key, data's first byte being byte `offset`
+-- of the payload (a payload is masked piece by piece as it streams)
+local function mask(data, key, offset)
   local n = #data
   if n == 0 then return data end
   local buf = ffi.new("uint8_t[?]", n)
   ffi.copy(buf, data, n)
   local k = { key:byte(1, 4) }
-  for i = 0, n - 1 do buf[i] = bit.bxor(buf[i], k[i % 4 + 1]) end
+  offset = offset or 0
+  for i = 0, n - 1 do buf[i] = bit.bxor(buf[i], k[(i + offset) % 4 + 1]) end
   return ffi.string(buf, n)
 end
 
--- A client frame (masked, as RFC 6455 wants of a client).
-local function frame(opcode, data)
-  local n = #data
+-- The head of a client frame of n bytes masked with key (RFC 6455 wants
+-- a client's frames masked).
+local function client_head(opcode, n, key)
+  local b1 = 0x80 + opcode
   local head
   if n < 126 then
-    head = string.char(0x80 + opcode, 0x80 + n)
+    head = string.char(b1, 0x80 + n)
   elseif n < 65536 then
-    head = string.char(0x80 + opcode, 0x80 + 126, bit.rshift(n, 8), bit.band(n, 255))
+    head = string.char(b1, 0x80 + 126, bit.rshift(n, 8), bit.band(n, 255))
   else
     local b = {}
     local v = n
     for i = 8, 1, -1 do b[i] = v % 256 v = math.floor(v / 256) end
-    head = string.char(0x80 + opcode, 0x80 + 127) .. string.char(unpack(b))
+    head = string.char(b1, 0x80 + 127) .. string.char(unpack(b))
   end
-  local key = random_bytes(4)
-  return head .. key .. mask(data, key)
+  return head .. key
 end
 
--- next_frame(r, buf) -> fin, opcode, payload, rest | nil
-local function next_frame(r, buf)
-  local function need(n)
-    while #buf < n do
-      local d = r.read()
-      if not d then return false end
-      buf = buf .. d
-    end
-    return true
+-- A small client frame (control frames).
+local function frame(opcode, data)
+  local key = random_bytes(4)
+  return client_head(opcode, #data, key) .. mask(data, key)
+end
+
+-- A message from the client goes upstream as one frame (some services
+-- take no fragments), masked and written a slice at a time, each slice
+-- once the upstream took the last ones: never copied whole.
+local function send_upstream(stream, data, is_binary)
+  local key = random_bytes(4)
+  if not write(stream, client_head(is_binary and 2 or 1, #data, key)) then return false end
+  for at = 1, #data, M.SLICE do
+    if not write(stream, mask(data:sub(at, at + M.SLICE - 1), key, at - 1)) then return false end
   end
-  if not need(2) then return nil end
-  local b1, b2 = buf:byte(1, 2)
-  local fin, opcode, masked, len = bit.band(b1, 0x80) ~= 0, bit.band(b1, 0x0f), bit.band(b2, 0x80) ~= 0,
-    bit.band(b2, 0x7f)
-  local pos = 3
+  return true
+end
+
+-- frame_head(r) -> fin, opcode, payload length, mask key (nil: unmasked) | nil
+local function frame_head(r)
+  local h = r.exact(2)
+  if not h then return nil end
+  local b1, b2 = h:byte(1, 2)
+  local len = bit.band(b2, 0x7f)
   if len == 126 then
-    if not need(4) then return nil end
-    len = buf:byte(3) * 256 + buf:byte(4)
-    pos = 5
+    local e = r.exact(2)
+    if not e then return nil end
+    len = e:byte(1) * 256 + e:byte(2)
   elseif len == 127 then
-    if not need(10) then return nil end
+    local e = r.exact(8)
+    if not e or e:byte(1) >= 0x20 then return nil end -- (2^61 and more: nobody's payload)
     len = 0
-    for i = 3, 10 do len = len * 256 + buf:byte(i) end
-    pos = 11
+    for i = 1, 8 do len = len * 256 + e:byte(i) end
   end
-  if len > M.MAX_WS_MESSAGE then return nil end
   local key
-  if masked then
-    if not need(pos + 3) then return nil end
-    key = buf:sub(pos, pos + 3)
-    pos = pos + 4
+  if bit.band(b2, 0x80) ~= 0 then
+    key = r.exact(4)
+    if not key then return nil end
   end
-  if not need(pos + len - 1) then return nil end
-  local payload = buf:sub(pos, pos + len - 1)
-  if key then payload = mask(payload, key) end
-  return fin, opcode, payload, buf:sub(pos + len)
+  return bit.band(b1, 0x80) ~= 0, bit.band(b1, 0x0f), len, key
+end
+
+-- Pass a data frame's payload to the client as fragments of at most SLICE
+-- bytes as it arrives, each sent once the client took enough of the last
+-- (ws:sendFragment waits): the upstream is read no faster than the client
+-- reads, and no message is ever whole in memory. Fragment boundaries are
+-- the proxy's own (RFC 6455 5.4 lets an intermediary refragment).
+local function pass_payload(r, ws, len, key, is_binary, last)
+  if len == 0 then return ws:sendFragment("", is_binary, not last) end
+  local left, offset = len, 0
+  while left > 0 do
+    local piece = r.take(math.min(left, M.SLICE))
+    if not piece then return false end
+    if key then piece = mask(piece, key, offset) end
+    offset, left = offset + #piece, left - #piece
+    if not ws:sendFragment(piece, is_binary, not (last and left == 0)) then return false end
+  end
+  return true
+end
+
+-- Read a control frame's payload (at most 125 bytes).
+local function control_payload(r, len, key)
+  if len > 125 then return nil end
+  local payload = len > 0 and r.exact(len) or ""
+  if payload and key then payload = mask(payload, key) end
+  return payload
+end
+
+-- Copy the upstream's frames to the client until either side closes.
+local function pass_frames(r, ws, stream)
+  local open -- the opcode of the message being passed on (nil: none)
+  while true do
+    local fin, opcode, len, key = frame_head(r)
+    if fin == nil then return end
+    if opcode >= 8 then
+      local payload = control_payload(r, len, key)
+      if not payload then return ws:close(1002, "bad control frame from the service") end
+      if opcode == 8 then
+        local code = #payload >= 2 and payload:byte(1) * 256 + payload:byte(2) or 1000
+        return ws:close(code, payload:sub(3, 122))
+      elseif opcode == 9 then
+        write(stream, frame(10, payload))
+      end
+    elseif opcode <= 2 then
+      if (opcode == 0) ~= (open ~= nil) then return ws:close(1002, "bad fragment from the service") end
+      open = open or opcode
+      if not pass_payload(r, ws, len, key, open == 2, fin) then return end
+      if fin then open = nil end
+    else
+      return ws:close(1002, "unknown opcode from the service")
+    end
+  end
 end
 
 local function proxy_ws(req, res, sb, target, token)
@@ -574,41 +685,19 @@ local function proxy_ws(req, res, sb, target, token)
       ws:close(1011, ("the service refused the WebSocket (%s)"):format(tostring(status or headers)):sub(1, 120))
       return
     end
-    -- the client's messages go upstream in a task of their own
+    -- the client's messages go upstream in a task of their own (each
+    -- written once the upstream took the last: a client that sends faster
+    -- than the service reads fills the socket's inbox, which is bounded)
     pump = async.spawn(function()
       pcall(function()
         for data, is_binary in ws:messages() do
-          if not write(stream, frame(is_binary and 2 or 1, data)) then break end
+          if not send_upstream(stream, data, is_binary) then break end
         end
         write(stream, frame(8, string.char(0x03, 0xe8)))
       end)
       r.stop()
     end)
-    local buf, parts, size, op = "", {}, 0, nil
-    while true do
-      local fin, opcode, payload, rest = next_frame(r, buf)
-      if not fin and not opcode then break end
-      buf = rest
-      if opcode == 8 then
-        local code = #payload >= 2 and payload:byte(1) * 256 + payload:byte(2) or 1000
-        ws:close(code, payload:sub(3, 122))
-        break
-      elseif opcode == 9 then
-        write(stream, frame(10, payload))
-      elseif opcode == 0 or opcode == 1 or opcode == 2 then
-        if opcode ~= 0 then op, parts, size = opcode, {}, 0 end
-        parts[#parts + 1] = payload
-        size = size + #payload
-        if size > M.MAX_WS_MESSAGE then
-          ws:close(1009, "message too large")
-          break
-        end
-        if fin then
-          if not ws:send(table.concat(parts), op == 2) then break end
-          parts, size = {}, 0
-        end
-      end
-    end
+    pass_frames(r, ws, stream)
     ws:close(1000, "")
   end)
   r.stop()

@@ -193,10 +193,15 @@ function M:metrics(server)
   metric("moonbox_http_buffered_bytes", "gauge", "Response bytes queued for clients.", { { nil, buffered } })
   local budget = require "moonbox.session.budget"
   metric("moonbox_buffered_bytes", "gauge", "Output kept in memory now, runtime-wide (exec, streams, process " ..
-    "logs, runCode, response bodies queued whole).", { { nil, budget.used } })
+    "logs, runCode).", { { nil, budget.used } })
   metric("moonbox_buffered_bytes_limit", "gauge", "The ceiling for that (--max-buffered-bytes, or the " ..
     "default policy's limits.maxBufferedBytes, or a quarter of RAM).",
     { { nil, budget.limit(require("moonbox.policy").resolve(nil).limits.maxBufferedBytes) } })
+  local send_budget = require "moonbox.server.send_budget"
+  metric("moonbox_client_buffered_bytes", "gauge", "Bytes the HTTP server holds for its clients (queued " ..
+    "responses, SSE, WebSocket messages, the port proxy's reads, bodies being sent).", { { nil, send_budget.used } })
+  metric("moonbox_client_buffered_bytes_limit", "gauge", "The ceiling for that (--max-buffered-bytes, or 64 MiB); " ..
+    "a body that would pass it is answered 503 BUFFERS_FULL.", { { nil, send_budget.limit } })
   local soft, _, fds = util.fd_limits()
   if fds then metric("moonbox_open_fds", "gauge", "Open file descriptors of the runtime.", { { nil, fds } }) end
   if soft and soft < math.huge then

@@ -46,7 +46,7 @@ function M.take(n, ceiling)
 end
 
 -- force(n): bytes already in memory that must be counted, past the ceiling
--- if need be (an HTTP response body queued whole for its client)
+-- if need be
 function M.force(n)
   M.used = M.used + n
   return n

@@ -1,0 +1,35 @@
+-- The server-wide budget for bytes held for clients (issue #29, findings 1
+-- and 5): what the HTTP server has queued for its clients (responses, SSE,
+-- WebSocket messages, the port proxy) plus what a response body still holds
+-- in memory to send, summed over every connection of every server of this
+-- runtime. `moonbox serve --max-buffered-bytes N` sets the limit (it also
+-- caps moonbox.session.budget); unset, DEFAULT.
+--
+-- How it binds (moonbox.server.http):
+--   * every connection's queue stays under HIGH_WATER plus one slice, and a
+--     body larger than a slice is sent in slices as the client takes them;
+--   * past the limit, a stream writes its next slice only once its own
+--     queue is empty (the slow side waits; the others go on), so the total
+--     passes the limit by at most one slice per connection;
+--   * a response body larger than a slice that would not fit is not sent:
+--     the request is answered 503 BUFFERS_FULL with Retry-After instead.
+local M = { used = 0, DEFAULT = 64 * 1024 * 1024 }
+
+M.limit = M.DEFAULT
+
+-- fits(n) -> whether n more bytes keep the total within the limit
+function M.fits(n)
+  return M.used + n <= M.limit
+end
+
+function M.full()
+  return M.used >= M.limit
+end
+
+-- add(n): n more bytes held (n < 0: given back)
+function M.add(n)
+  M.used = M.used + n
+  if M.used < 0 then M.used = 0 end
+end
+
+return M
