@@ -44,8 +44,8 @@ local function key_of(policy, network)
   table.sort(userns)
   return table.concat({ network, table.concat(mounts, "\2"), table.concat(caps, ","),
     tostring(policy.seccomp or "default"), tostring(policy.shell), tostring(l.tmpBytes),
-    tostring(l.cpuTime), tostring(l.fileSizeBytes), tostring(l.openFiles), tostring(l.memoryBytes),
-    tostring(l.pids), ("%d:%d:%d"):format(idmap.uid, idmap.gid, idmap.count), table.concat(userns, ",") }, "\3")
+    tostring(l.cpuTime), tostring(l.fileSizeBytes), tostring(l.openFiles),
+    ("%d:%d:%d"):format(idmap.uid, idmap.gid, idmap.count), table.concat(userns, ",") }, "\3")
 end
 M.key_of = key_of
 
@@ -62,9 +62,8 @@ end
 
 local function make()
   local policy = policy_mod.resolve(nil, nil)
-  if policy.limits.memoryBytes or policy.limits.pids or policy.limits.cpuTime or policy.limits.fileSizeBytes
-    or policy.limits.openFiles then
-    return nil -- per-sandbox cgroups and rlimits: not pre-built
+  if policy.limits.cpuTime or policy.limits.fileSizeBytes or policy.limits.openFiles then
+    return nil -- rlimits: not pre-built (memory and pids are put on at claim: limits.adopt)
   end
   local network = policy.network or "none"
   local s = { key = key_of(policy, network) }
