@@ -171,7 +171,9 @@ function make_sandbox(id, opts)
   local disk_state, disk_why, disk_mounted_here
   ok, err = pcall(function()
     local before = disk.mounted_at(canon)
-    disk_state, disk_why = disk.attach(canon, home, policy.limits.diskBytes)
+    local made = false
+    for _, dir in ipairs(created) do made = made or dir == canon end
+    disk_state, disk_why = disk.attach(canon, home, policy.limits.diskBytes, made)
     disk_mounted_here = disk_state and not before
     if disk_mounted_here then core.rmdir(canon .. "/lost+found") end -- (mkfs's; e2fsck makes it again)
   end)
@@ -269,7 +271,10 @@ function make_sandbox(id, opts)
     self.init_token = token
     local function on_init_exit() self:_init_exited(token) end
     local init, namespaces, code
-    local pre = prewarm.enabled and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
+    -- (a pre-built sandbox's processes join v1 limit directories only
+    -- through its own cgroup: without one, it is not used)
+    local pre = prewarm.enabled and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs))
+      and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
       workspace, on_init_exit)
     if pre then
       init, namespaces = pre.init, pre.namespaces
@@ -958,8 +963,14 @@ end
 -- empty mount point after it. -> true | nil, message, CODE
 function Sandbox:_remove_disk(meanwhile)
   if meanwhile then meanwhile() end
-  if root_mod.identity(self.root_canon) ~= self.root_identity then
-    return nil, ("%s is no longer the sandbox's root"):format(self.root_canon), "ESTALE"
+  local now = root_mod.identity(self.root_canon)
+  if now ~= self.root_identity then
+    if now == nil and not util.is_dir(self.root_canon) then -- already gone (its image with it)
+      disk.detach(self.disk, true)
+      return true
+    end
+    return nil, ("%s is no longer the sandbox's root directory (it was replaced); not removed")
+      :format(self.root_canon), "ESTALE"
   end
   local ok, msg = disk.detach(self.disk, true)
   if not ok then return nil, msg, "EBUSY" end
@@ -1067,11 +1078,8 @@ function Sandbox:_destroy_now(opts)
   limits.cleanup(self.limits_state, async.sleep)
   if self.guarded then tree.unguard() end
   root_mod.unlock(self.root_lock)
-  -- kept files stay in the image, unmounted until the sandbox is opened again
-  if opts.keepFiles and self.disk then
-    local detached, dmsg = disk.detach(self.disk, false)
-    if not detached and removed then removed, msg = nil, dmsg end
-  end
+  -- kept files stay where they were: the image stays mounted at the root
+  -- (a getSandbox of that root takes it again, sandbox/disk.lua)
   if not locked then error(lock_err, 0) end
   if not removed then
     errors.raise("FILESYSTEM_ERROR", "destroy could not remove the sandbox's files: " .. tostring(msg),
