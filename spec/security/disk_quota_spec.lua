@@ -135,13 +135,9 @@ describe("default bounds (finding 9)", function()
     end)
   end)
 
-  it("the default pids limit bounds a thread bomb, the default memory limit a memory bomb", function()
-    run_task(function()
-      local sb = helper.new_sandbox()
-      local ok, err = pcall(function()
-        local info = sb:info()
-        if info.enforcement.pids then
-          local r = sb:exec("python3 -c '" .. [[
+  -- threads started until the kernel refuses one (pids counts threads)
+  local function thread_bomb(sb)
+    local r = sb:exec("python3 -c '" .. [[
 import threading, time
 n = 0
 try:
@@ -151,10 +147,49 @@ try:
 except RuntimeError:
     print(n)
 ]] .. "'", { timeout = 60000 })
-          assert.equal(0, r.exitCode, r.stderr)
-          local n = tonumber(r.stdout)
-          assert.is_true(n > 1900 and n < 2048, r.stdout)
+    assert.equal(0, r.exitCode, r.stderr)
+    local n = tonumber(r.stdout)
+    assert.is_true(n > 1900 and n < 2048, r.stdout)
+  end
+
+  it("a pre-built sandbox (moonbox.prewarm) claimed by a default-policy sandbox has its limits and its disk", function()
+    local prewarm = require "moonbox.sandbox.prewarm"
+    if os.getenv("MOONBOX_TEST_ISOLATION") == "none" then return end
+    run_task(function()
+      moonbox.prewarm(true)
+      local ok, err = pcall(function()
+        for _ = 1, 300 do
+          if prewarm.ready() then break end
+          moonbox.sleep(10)
         end
+        local sb = helper.new_sandbox()
+        local claimed = not prewarm.ready()
+        local ok2, err2 = pcall(function()
+          local info = sb:info()
+          if not claimed then -- (no pre-built sandbox here: v1 limits and no cgroup of its own)
+            assert.equal("namespaces", info.isolation)
+            return
+          end
+          if info.enforcement.diskBytes then
+            local size = sb:exec("df -B1 --output=size /workspace | tail -1").stdout
+            assert.is_true(math.abs(tonumber(size) - 4 * GiB) < 256 * MiB, size)
+          end
+          if info.enforcement.pids then thread_bomb(sb) end
+        end)
+        sb:destroy()
+        assert(ok2, err2)
+      end)
+      moonbox.prewarm(false)
+      if not ok then error(err, 0) end
+    end)
+  end)
+
+  it("the default pids limit bounds a thread bomb, the default memory limit a memory bomb", function()
+    run_task(function()
+      local sb = helper.new_sandbox()
+      local ok, err = pcall(function()
+        local info = sb:info()
+        if info.enforcement.pids then thread_bomb(sb) end
         if info.enforcement.memoryBytes then
           local r = sb:exec("python3 -c 'b = []\nwhile True: b.append(bytearray(64 << 20))'", { timeout = 60000 })
           assert.equal(137, r.exitCode)

@@ -149,6 +149,25 @@ local function template(dir, bytes)
   return path
 end
 
+-- Images whose root directory is gone (removed by hand, a kept sandbox's
+-- root deleted after a reboot): removed, once per runtime and home. A root
+-- being made exists before its image does (attach needs it).
+local swept = {}
+local function sweep(dir)
+  if swept[dir] then return end
+  swept[dir] = true
+  for _, name in ipairs(core.readdir(dir) or {}) do
+    if name:match("%.ext4%.root$") then
+      local owner_file = dir .. "/" .. name
+      local root = (util.read_file(owner_file) or ""):gsub("\n$", "")
+      if root:sub(1, 1) == "/" and not util.is_dir(root) then
+        os.remove((owner_file:gsub("%.root$", "")))
+        os.remove(owner_file)
+      end
+    end
+  end
+end
+
 -- attach(canon, home, bytes, made) -> state | nil, why (not enforced)
 -- Before anything is made in the root (canon must exist as a directory;
 -- made: getSandbox made it just now, so an image left for it is stale).
@@ -161,6 +180,7 @@ function M.attach(canon, home, bytes, made)
   end
   local dir = home .. "/disks"
   if not mkdir_p(dir, 448) then fail("cannot create " .. dir, canon) end
+  sweep(dir)
   local image = ("%s/%s.ext4"):format(dir, name_of(canon))
   local owner_file = image .. ".root"
   local state = { image = image, owner_file = owner_file, root = canon, bytes = bytes }

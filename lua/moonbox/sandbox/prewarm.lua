@@ -44,8 +44,8 @@ local function key_of(policy, network)
   table.sort(userns)
   return table.concat({ network, table.concat(mounts, "\2"), table.concat(caps, ","),
     tostring(policy.seccomp or "default"), tostring(policy.shell), tostring(l.tmpBytes),
-    tostring(l.cpuTime), tostring(l.fileSizeBytes), tostring(l.openFiles),
-    ("%d:%d:%d"):format(idmap.uid, idmap.gid, idmap.count), table.concat(userns, ",") }, "\3")
+    tostring(l.cpuTime), tostring(l.fileSizeBytes), tostring(l.openFiles), tostring(l.memoryBytes),
+    tostring(l.pids), ("%d:%d:%d"):format(idmap.uid, idmap.gid, idmap.count), table.concat(userns, ",") }, "\3")
 end
 M.key_of = key_of
 
