@@ -31,6 +31,7 @@ local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
+local fs = require "moonbox.lib.fs"
 
 local M = {}
 
@@ -250,9 +251,9 @@ function M.detach(state, remove)
     end
   end
   state.mounted = false
-  if remove then
-    os.remove(state.image)
-    os.remove(state.owner_file)
+  if remove then -- (on the thread pool: a 4 GiB sparse file takes ~50 ms to unlink)
+    pcall(fs.unlink, state.image)
+    pcall(fs.unlink, state.owner_file)
   end
   return true
 end
