@@ -50,6 +50,9 @@ local LIMIT_FLOORS = {
   memoryBytes = { 1048576, "below 1 MiB the OOM killer ends the session shell before it runs anything" },
   diskBytes = { 16 * 1024 * 1024, "below 16 MiB ext4 has no room for its journal and the workspace" },
 }
+-- Limits a 0 turns off (the default policy sets them); any other 0 is
+-- below its floor (openFiles, cpuTime) or taken as it is.
+local OFF_BY_ZERO = { memoryBytes = true, pids = true, diskBytes = true }
 local MOUNT_KEYS = { type = true, src = true, dst = true, size = true }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true,
   onRunCode = true, onTerminal = true }
@@ -75,7 +78,7 @@ local checks = {
         invalid("limits." .. k, "expected an integer >= 0")
       end
       local floor = LIMIT_FLOORS[k]
-      if floor and n ~= 0 and n < floor[1] then -- (0: off)
+      if floor and not (n == 0 and OFF_BY_ZERO[k]) and n < floor[1] then
         invalid("limits." .. k, ("expected at least %d: %s"):format(floor[1], floor[2]))
       end
     end
