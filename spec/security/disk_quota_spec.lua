@@ -140,6 +140,40 @@ describe("default bounds (finding 9)", function()
     end)
   end)
 
+  it("a runtime that stops leaves the image mounted; the next runtime takes it again, with its data", function()
+    if not disk.host_root() then return end
+    local tmp = helper.mkdtemp()
+    local root = tmp .. "/root"
+    local script = tmp .. "/first.lua"
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+local moonbox = require "moonbox"
+local sb = moonbox.getSandbox("disk-restart", { root = %q, isolation = %s, limits = { diskBytes = 33554432 } })
+sb:writeFile("data.txt", "from the first runtime")
+print(sb:info().enforcement.diskBytes)
+]]):format(root, os.getenv("MOONBOX_TEST_ISOLATION") and ("%q"):format(os.getenv("MOONBOX_TEST_ISOLATION"))
+      or "nil"))
+    f:close()
+    local out = helper.sh("'" .. (os.getenv("MOONBOX_BIN") or "build/moonbox") .. "' '" .. script .. "' 2>&1")
+    assert.equal("ext4 image (loop mount)", out)
+    local image = image_of(root)
+    assert.is_string(image)
+    run_task(function()
+      local sb = moonbox.getSandbox("disk-restart", { root = root, isolation = os.getenv("MOONBOX_TEST_ISOLATION"),
+        limits = { diskBytes = 32 * MiB } })
+      local ok, err = pcall(function()
+        assert.equal(image, image_of(root))
+        assert.equal("from the first runtime", sb:readFile("data.txt").content)
+        assert.equal(1, sb:exec("dd if=/dev/zero of=big bs=1M count=64 status=none").exitCode)
+      end)
+      sb:destroy()
+      assert(ok, err)
+    end)
+    assert.is_false(util.is_file(image))
+    assert.equal("", helper.sh("losetup -j '" .. image .. "'"))
+    helper.sh("rm -rf '" .. tmp .. "'")
+  end)
+
   it("a root that is another mount is refused with ISOLATION_UNAVAILABLE, not used unbounded", function()
     if not disk.host_root() then return end
     run_task(function()
