@@ -83,7 +83,7 @@ local function release_disks()
   for _, p in ipairs(points) do
     local point, dev, dir = p[1], p[2], p[3]
     local image = (util.read_file("/sys/block/" .. dev:match("loop%d+") .. "/loop/backing_file") or "")
-      :gsub("\n$", "")
+      :gsub("\n$", ""):gsub(" %(deleted%)$", "")
     if image:match("/disks/[0-9a-f]+%.ext4$") and disk.mounted_at(point) == dev then
       os.execute("umount '" .. point .. "' 2>/dev/null || umount -l '" .. point .. "'")
       os.remove(image)

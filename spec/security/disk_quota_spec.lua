@@ -140,24 +140,31 @@ describe("default bounds (finding 9)", function()
     end)
   end)
 
-  it("a runtime that stops leaves the image mounted; the next runtime takes it again, with its data", function()
+  it("a runtime that stops unmounts its images (no loop device left); the next mounts that image again", function()
     if not disk.host_root() then return end
     local tmp = helper.mkdtemp()
     local root = tmp .. "/root"
     local script = tmp .. "/first.lua"
+    local iso = os.getenv("MOONBOX_TEST_ISOLATION")
+    local iso_arg = iso and ("%q"):format(iso) or "nil"
     local f = assert(io.open(script, "w"))
     f:write(([[
 local moonbox = require "moonbox"
 local sb = moonbox.getSandbox("disk-restart", { root = %q, isolation = %s, limits = { diskBytes = 33554432 } })
 sb:writeFile("data.txt", "from the first runtime")
 print(sb:info().enforcement.diskBytes)
-]]):format(root, os.getenv("MOONBOX_TEST_ISOLATION") and ("%q"):format(os.getenv("MOONBOX_TEST_ISOLATION"))
-      or "nil"))
+local f = io.open(%q, "w")
+f:write((io.popen("cat /sys/block/$(basename $(findmnt -no SOURCE " .. %q .. "))/loop/backing_file"):read("*l")))
+f:close()
+]]):format(root, iso_arg, tmp .. "/image", root))
     f:close()
     local out = helper.sh("'" .. (os.getenv("MOONBOX_BIN") or "build/moonbox") .. "' '" .. script .. "' 2>&1")
     assert.equal("ext4 image (loop mount)", out)
-    local image = image_of(root)
-    assert.is_string(image)
+    local image = util.read_file(tmp .. "/image")
+    assert.is_truthy(image and image:find("/disks/", 1, true), image)
+    assert.is_false(disk.mounted_at(root))
+    assert.equal("", helper.sh("losetup -j '" .. image .. "'"))
+    assert.is_true(util.is_file(image))
     run_task(function()
       local sb = moonbox.getSandbox("disk-restart", { root = root, isolation = os.getenv("MOONBOX_TEST_ISOLATION"),
         limits = { diskBytes = 32 * MiB } })
