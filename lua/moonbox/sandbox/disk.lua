@@ -150,11 +150,6 @@ local function template(dir, bytes)
   return path
 end
 
--- The images this runtime has mounted (root -> state), unmounted when it
--- stops (M.shutdown): a runtime that stops leaves no loop device behind,
--- and the next one mounts the image again on the empty root.
-local live = {}
-
 -- Images whose root directory is gone (removed by hand, a kept sandbox's
 -- root deleted after a reboot): removed, once per runtime and home. A root
 -- being made exists before its image does (attach needs it).
@@ -198,7 +193,6 @@ function M.attach(canon, home, bytes, made)
       fail(("%s is a mount point (%s) that is not the sandbox's disk image %s"):format(canon, source, image), canon)
     end
     state.mounted = true
-    live[canon] = state
     return state
   end
   if util.is_file(image) then
@@ -240,7 +234,6 @@ function M.attach(canon, home, bytes, made)
     fail(tostring(msg), canon)
   end
   state.mounted = true
-  live[canon] = state
   return state
 end
 
@@ -258,22 +251,11 @@ function M.detach(state, remove)
     end
   end
   state.mounted = false
-  if live[state.root] == state then live[state.root] = nil end
   if remove then -- (on the thread pool: a 4 GiB sparse file takes ~50 ms to unlink)
     pcall(fs.unlink, state.image)
     pcall(fs.unlink, state.owner_file)
   end
   return true
-end
-
--- Runtime exit: every image this runtime mounted is unmounted (kept
--- sandboxes' files stay in it). -> nothing; a failure is reported on stderr
-function M.shutdown()
-  for root, state in pairs(live) do
-    local ok, msg = M.detach(state, false)
-    if not ok then io.stderr:write(("moonbox: cannot unmount %s: %s\n"):format(root, tostring(msg))) end
-    live[root] = nil
-  end
 end
 
 return M

@@ -1115,14 +1115,12 @@ end
 function M.all() return registry end
 M.known_pids = Sandbox._known_pids
 
--- Runtime exit: every sandbox's processes die with it; files stay (in
--- their disk images, unmounted: sandbox/disk.lua).
+-- Runtime exit: every sandbox's processes die with it; files stay.
 M.prewarm = prewarm.enable
 
 function M.shutdown()
   prewarm.enable(false)
   for _, sb in pairs(registry) do pcall(sb.destroy, sb, { keepFiles = true }) end
-  disk.shutdown()
   shell_mod.cleanup()
   tree.cleanup(async.sleep)
   limits.shutdown()
