@@ -130,6 +130,12 @@ describe("default bounds (finding 9)", function()
       local image = image_of(root)
       sb:destroy { keepFiles = true }
       assert.equal("kept", util.read_file(root .. "/workspace/kept.txt"))
+      -- another size than the image's: refused, never claimed in info()
+      local e = helper.error_of(moonbox.getSandbox, id, { root = root, isolation = iso,
+        limits = { diskBytes = 64 * MiB } })
+      assert.equal("ISOLATION_UNAVAILABLE", e.code)
+      assert.is_truthy(e.message:find("diskBytes is 67108864", 1, true), e.message)
+      assert.equal("kept", util.read_file(root .. "/workspace/kept.txt")) -- (still there, still mounted)
       sb = moonbox.getSandbox(id, { root = root, isolation = iso, limits = { diskBytes = 32 * MiB } })
       assert.equal(image, image_of(root))
       assert.equal("kept", sb:readFile("kept.txt").content)

@@ -169,6 +169,16 @@ local function sweep(dir)
   end
 end
 
+-- An existing image must be the size the policy asks for: info() says
+-- diskBytes, and a bigger image would not hold it (resizing is not done).
+local function check_size(image, bytes, canon)
+  local st = fs.lstat_beneath("/", image, "in_root")
+  if st and st.size ~= bytes then
+    fail(("the root's disk image %s is %d bytes, the policy's diskBytes is %d (a sandbox keeps the size it " ..
+      "was made with: destroy it, or ask for that size)"):format(image, st.size, bytes), canon)
+  end
+end
+
 -- attach(canon, home, bytes, made) -> state | nil, why (not enforced)
 -- Before anything is made in the root (canon must exist as a directory;
 -- made: getSandbox made it just now, so an image left for it is stale).
@@ -192,6 +202,7 @@ function M.attach(canon, home, bytes, made)
     if backing_file(source) ~= image or util.read_file(owner_file) ~= canon .. "\n" then
       fail(("%s is a mount point (%s) that is not the sandbox's disk image %s"):format(canon, source, image), canon)
     end
+    check_size(image, bytes, canon)
     state.mounted = true
     return state
   end
@@ -202,6 +213,8 @@ function M.attach(canon, home, bytes, made)
     if made then -- the root was removed by hand since: its old image is not its content
       os.remove(image)
       os.remove(owner_file)
+    else
+      check_size(image, bytes, canon)
     end
   end
   if not util.is_file(image) then
