@@ -8,6 +8,8 @@ libwslay-dev
 lua-busted lua-check python3 python3-yaml nginx-light procps curl jq git
 python3-ipython python3-matplotlib bubblewrap bash-builtins squashfs-tools
 chromium node-typescript shellcheck clang-format"
+# the disk quota (sandbox/disk.lua): mkfs.ext4; mount, umount, fallocate
+PACKAGES="$PACKAGES e2fsprogs util-linux mount"
 # the fuzz build (cmake/fuzz.cmake): clang, and libclang-rt-14-dev for the libFuzzer runtime
 PACKAGES="$PACKAGES clang libclang-rt-14-dev"
 # node and npm (the page's xterm.js, its browser test): Debian's unless present

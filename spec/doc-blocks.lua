@@ -175,6 +175,11 @@ local function cleanup()
   if serve_pid then
     run(("kill %s 2>/dev/null; while kill -0 %s 2>/dev/null; do sleep 0.1; done"):format(serve_pid, serve_pid))
   end
+  -- as root a stopped server or script leaves its sandboxes' disk images
+  -- mounted on their roots (sandbox/disk.lua, for a restart): unmounted
+  -- first, deepest first, so no loop device outlives the run
+  run(("awk '{print $5}' /proc/self/mountinfo | grep '^%s/' | sort -r | " ..
+    "while read -r m; do umount \"$m\" 2>/dev/null || umount -l \"$m\"; done"):format(work))
   run("rm -rf " .. sh_quote(work))
 end
 

@@ -50,11 +50,52 @@ function helper.sh(cmd)
 end
 
 -- A new empty temporary directory.
+local temp_dirs = {}
 function helper.mkdtemp()
   local dir = helper.sh("mktemp -d")
   assert(dir ~= "", "mktemp -d failed")
+  temp_dirs[#temp_dirs + 1] = dir
   return dir
 end
+
+-- As root a sandbox's root is its disk image's mount (sandbox/disk.lua),
+-- and the image stays mounted after destroy{keepFiles = true} or a
+-- runtime's exit (this one's, or a child runtime's a spec started), where
+-- a spec's `rm -rf` of its temporary directory cannot remove it. When this
+-- spec process ends (os.exit closes the Lua state: the sentinel's __gc),
+-- those left under its temporary directories are unmounted, and their
+-- images and empty mount points removed: no loop device outlives the spec.
+local function release_disks()
+  if #temp_dirs == 0 then return end
+  local disk = require "moonbox.sandbox.disk"
+  local util = require "moonbox.lib.util"
+  local text = util.read_file("/proc/self/mountinfo") or ""
+  local points = {}
+  for line in text:gmatch("[^\n]+") do
+    local point, dev = line:match("^%d+ %d+ %d+:%d+ %S+ (%S+) .* %- ext4 (/dev/loop%d+) ")
+    if point then
+      point = point:gsub("\\(%d%d%d)", function(o) return string.char(tonumber(o, 8)) end)
+      for _, dir in ipairs(temp_dirs) do
+        if point == dir or point:sub(1, #dir + 1) == dir .. "/" then points[#points + 1] = { point, dev, dir } end
+      end
+    end
+  end
+  for _, p in ipairs(points) do
+    local point, dev, dir = p[1], p[2], p[3]
+    local image = (util.read_file("/sys/block/" .. dev:match("loop%d+") .. "/loop/backing_file") or "")
+      :gsub("\n$", ""):gsub(" %(deleted%)$", "")
+    if image:match("/disks/[0-9a-f]+%.ext4$") and disk.mounted_at(point) == dev then
+      os.execute("umount '" .. point .. "' 2>/dev/null || umount -l '" .. point .. "'")
+      os.remove(image)
+      os.remove(image .. ".root")
+      local at = point
+      while at ~= dir and at:sub(1, #dir + 1) == dir .. "/" and core.rmdir(at) do at = at:match("^(.*)/[^/]+$") end
+      core.rmdir(dir)
+    end
+  end
+end
+helper._disk_sentinel = newproxy(true)
+getmetatable(helper._disk_sentinel).__gc = function() pcall(release_disks) end
 
 -- Read a stream until EOF (in a task); returns the data, or nil and the
 -- error name.

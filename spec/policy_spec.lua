@@ -34,6 +34,9 @@ describe("policy validation", function()
       { { limits = { openFiles = 5 } }, "policy.limits.openFiles" },
       { { limits = { cpuTime = 0 } }, "policy.limits.cpuTime" },
       { { limits = { memoryBytes = 1000 } }, "policy.limits.memoryBytes" },
+      { { limits = { diskBytes = 1024 * 1024 } }, "policy.limits.diskBytes" },
+      -- (0 turns off memoryBytes, pids and diskBytes only)
+      { { limits = { openFiles = 0 } }, "policy.limits.openFiles" },
       { { env = { ["1X"] = "y" } }, "policy.env" },
     } do
       local err = err_of(policy.validate, case[1])

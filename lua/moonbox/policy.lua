@@ -22,8 +22,11 @@ M.defaults = {
     timeoutGraceMs = 500,              -- exec timeout: SIGTERM, then SIGKILL after this
     maxFileBytes = 64 * 1024 * 1024,   -- readFile refuses bigger files (FILE_TOO_LARGE)
     tmpBytes = 256 * 1024 * 1024,      -- size of the private /tmp and /root (namespaces)
-    -- enforced where the host allows, see sandbox:info():
-    memoryBytes = nil, pids = nil, cpuTime = nil, fileSizeBytes = nil, openFiles = nil,
+    -- enforced where the host allows, see sandbox:info(); 0 turns one off:
+    memoryBytes = 2 * 1024 * 1024 * 1024, -- the sandbox's processes together (a cgroup)
+    pids = 2048,                          -- processes and threads, together (a cgroup)
+    diskBytes = 4 * 1024 * 1024 * 1024,   -- its root: /workspace and what it keeps (sandbox/disk.lua)
+    cpuTime = nil, fileSizeBytes = nil, openFiles = nil,
   },
   env = {
     PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -36,7 +39,8 @@ M.defaults = {
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
   "maxCompletedProcesses", "maxCompletedLogBytes", "maxBufferedBytes",
-  "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "cpuTime", "fileSizeBytes",
+  "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "diskBytes", "cpuTime",
+  "fileSizeBytes",
   "openFiles" }
 -- Values below which nothing in the sandbox could run, refused rather than
 -- left to fail without a word.
@@ -44,7 +48,11 @@ local LIMIT_FLOORS = {
   openFiles = { 64, "the session shell's own fds go up to 63" },
   cpuTime = { 1, "0 CPU seconds kills every process at once" },
   memoryBytes = { 1048576, "below 1 MiB the OOM killer ends the session shell before it runs anything" },
+  diskBytes = { 16 * 1024 * 1024, "below 16 MiB ext4 has no room for its journal and the workspace" },
 }
+-- Limits a 0 turns off (the default policy sets them); any other 0 is
+-- below its floor (openFiles, cpuTime) or taken as it is.
+local OFF_BY_ZERO = { memoryBytes = true, pids = true, diskBytes = true }
 local MOUNT_KEYS = { type = true, src = true, dst = true, size = true }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true,
   onRunCode = true, onTerminal = true }
@@ -70,7 +78,7 @@ local checks = {
         invalid("limits." .. k, "expected an integer >= 0")
       end
       local floor = LIMIT_FLOORS[k]
-      if floor and n < floor[1] then
+      if floor and not (n == 0 and OFF_BY_ZERO[k]) and n < floor[1] then
         invalid("limits." .. k, ("expected at least %d: %s"):format(floor[1], floor[2]))
       end
     end

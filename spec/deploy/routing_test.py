@@ -293,7 +293,24 @@ http {{
                 ng.wait()
         for s in servers:
             s.stop()
+        release_mounts(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def release_mounts(tmp):
+    """As root a stopped server leaves its sandboxes' disk images mounted
+    on their roots (lua/moonbox/sandbox/disk.lua, kept for a restart):
+    unmounted here, deepest first, so rmtree removes everything and no
+    loop device outlives the test."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+    except OSError:
+        return
+    points = [p.encode().decode("unicode_escape") for p in points]
+    for point in sorted((p for p in points if p.startswith(tmp + "/")), key=len, reverse=True):
+        if subprocess.call(["umount", point], stderr=subprocess.DEVNULL) != 0:
+            subprocess.call(["umount", "-l", point], stderr=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":

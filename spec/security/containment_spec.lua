@@ -53,7 +53,7 @@ describe("containment", function()
       local info = sb:info()
       if not info.enforcement.pids then
         -- never run a real fork bomb without a limit; the host must say so
-        assert.same({ "pids" }, info.notEnforced)
+        assert.is_truthy(table.concat(info.notEnforced, ","):find("pids", 1, true))
         return
       end
       local idle = idle_p99(probe)
@@ -69,7 +69,7 @@ describe("containment", function()
   it("kills a memory bomb with 137 and says so", function()
     with_pair({ memoryBytes = 128 * 1024 * 1024 }, function(sb, probe)
       if not sb:info().enforcement.memoryBytes then
-        assert.same({ "memoryBytes" }, sb:info().notEnforced)
+        assert.is_truthy(table.concat(sb:info().notEnforced, ","):find("memoryBytes", 1, true))
         return
       end
       local idle = idle_p99(probe)

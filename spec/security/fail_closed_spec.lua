@@ -337,7 +337,10 @@ print("DESTROYED " .. tostring(sb.destroyed))
     local tmp = helper.mkdtemp()
     local root = tmp .. "/root"
     run_task(function()
-      local sb = helper.new_sandbox { root = root }
+      -- a plain directory (no disk image: an unprivileged runtime's, or
+      -- diskBytes = 0); a root that is its image's mount cannot be renamed
+      -- (EBUSY), and its replacement by another mount is the next test
+      local sb = helper.new_sandbox { root = root, limits = { diskBytes = 0 } }
       sb:writeFile("/workspace/f", "old")
       sh(("mv %s %s.old && mkdir -p %s/workspace && echo new > %s/workspace/f"):format(root, root, root, root))
       local err = helper.error_of(sb.destroy, sb)
@@ -347,6 +350,30 @@ print("DESTROYED " .. tostring(sb.destroyed))
     assert.are.equal("new", sh("cat " .. q(root .. "/workspace/f")))
     assert.are.equal("old", sh("cat " .. q(root .. ".old/workspace/f")))
     sh("rm -rf " .. q(tmp))
+  end)
+
+  it("a root whose disk image is covered by another mount meanwhile is not removed, and destroy says so", function()
+    if not require("moonbox.sandbox.disk").host_root() then return end -- (no image)
+    local tmp = helper.mkdtemp()
+    local root = tmp .. "/root"
+    local image
+    run_task(function()
+      local sb = helper.new_sandbox { root = root, limits = { diskBytes = 32 * 1024 * 1024 } }
+      assert.equal("ext4 image (loop mount)", sb:info().enforcement.diskBytes)
+      sb:writeFile("/workspace/f", "old")
+      image = sh("cat /sys/block/$(basename \"$(findmnt -no SOURCE " .. q(root) .. ")\")/loop/backing_file")
+      assert.is_truthy(image:find("/disks/", 1, true), image)
+      sh(("mkdir -p %s/new/workspace && echo new > %s/new/workspace/f && mount --bind %s/new %s")
+        :format(q(tmp), q(tmp), q(tmp), q(root)))
+      local err = helper.error_of(sb.destroy, sb)
+      assert.are.equal("FILESYSTEM_ERROR", err.code)
+      assert.is_truthy(err.message:find("replaced", 1, true), err.message)
+    end)
+    assert.are.equal("new", sh("cat " .. q(root .. "/workspace/f")))
+    sh("umount " .. q(root))
+    assert.are.equal("old", sh("cat " .. q(root .. "/workspace/f"))) -- the image, untouched
+    sh("umount " .. q(root) .. " && rm -rf " .. q(tmp))
+    assert.are.equal("", sh("losetup -j " .. q(image)))
   end)
 end)
 

@@ -610,12 +610,12 @@ describe("runtime exit", function()
     local f = io.open(script, "w")
     f:write(([[
       local moonbox = require "moonbox"
-      local sb = moonbox.getSandbox("exit-%s", { root = os.tmpname() .. ".d" })
+      local sb = moonbox.getSandbox("exit-%s", { root = %q })
       for i = 1, 2 do
         local s = sb:createSession {}
         s:exec("(exec -a %s sleep 1000) & setsid bash -c 'exec -a %s sleep 1000' &")
       end
-    ]]):format(marker, marker, marker))
+    ]]):format(marker, helper.mkdtemp() .. "/root", marker, marker))
     f:close()
     local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
     assert.is_true(os.execute(bin .. " " .. script) == 0)
@@ -630,13 +630,13 @@ describe("runtime exit", function()
     local f = io.open(script, "w")
     f:write(([[
       local moonbox = require "moonbox"
-      local sb = moonbox.getSandbox("term-%s", { root = os.tmpname() .. ".d" })
+      local sb = moonbox.getSandbox("term-%s", { root = %q })
       sb:createSession {}:exec("setsid bash -c 'exec -a %s sleep 1000' &")
       sb:startProcess("exec -a %s sleep 1000")
       print("ready")
       io.stdout:flush()
       moonbox.sleep(60000)
-    ]]):format(marker, marker, marker))
+    ]]):format(marker, helper.mkdtemp() .. "/root", marker, marker))
     f:close()
     local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
     local rc = os.execute(("%s %s > %s.out 2>/dev/null & pid=$!; " ..

@@ -15,6 +15,7 @@ local V = require "moonbox.lib.validate"
 local isolation_mod = require "moonbox.sandbox.isolation"
 local arity = require "moonbox.lib.arity"
 local fs = require "moonbox.lib.fs"
+local disk = require "moonbox.sandbox.disk"
 local prewarm = require "moonbox.sandbox.prewarm"
 local root_mod = require "moonbox.sandbox.root"
 local userns = require "moonbox.sandbox.userns"
@@ -165,6 +166,30 @@ function make_sandbox(id, opts)
   if not ok then
     errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(err), { root = root })
   end
+  -- the disk quota: the root becomes the mount point of an image of its
+  -- own (sandbox/disk.lua) before anything is made in it
+  local disk_state, disk_why, disk_mounted_here
+  ok, err = pcall(function()
+    local before = disk.mounted_at(canon)
+    local made = false
+    for _, dir in ipairs(created) do made = made or dir == canon end
+    disk_state, disk_why = disk.attach(canon, home, policy.limits.diskBytes, made)
+    disk_mounted_here = disk_state and not before
+    if disk_mounted_here then core.rmdir(canon .. "/lost+found") end -- (mkfs's; e2fsck makes it again)
+  end)
+  if not ok then
+    root_mod.undo(nil, created)
+    error(err, 0)
+  end
+  -- takes back what getSandbox made: a mount it made goes, and the image
+  -- with it when the image is new (the root then had nothing)
+  local function undo(lock)
+    root_mod.undo(lock, created)
+    if disk_mounted_here then
+      disk.detach(disk_state, disk_state.fresh)
+      for i = #created, 1, -1 do core.rmdir(created[i]) end
+    end
+  end
   local lock, identity
   ok, err = pcall(function()
     if root_mod.canonical(root) ~= canon then -- a ".." after a symlink, say
@@ -179,7 +204,7 @@ function make_sandbox(id, opts)
     end
   end)
   if not ok then
-    root_mod.undo(lock, created)
+    undo(lock)
     error(err, 0)
   end
   -- who root inside is on the host; the workspace is root inside's
@@ -189,7 +214,7 @@ function make_sandbox(id, opts)
     local code
     ok, err, code = core.chown(workspace, idmap.uid, idmap.gid)
     if not ok then
-      root_mod.undo(lock, created)
+      undo(lock)
       if code == "EINVAL" then -- the range does not exist where the runtime runs (a user namespace of its own)
         errors.raise("ISOLATION_UNAVAILABLE", ("cannot create the sandbox's namespaces: its id range %d-%d is " ..
           "not mapped in the runtime's own user namespace (set the policy's idmap)")
@@ -218,6 +243,7 @@ function make_sandbox(id, opts)
     shell_seq = 0,
     cgroup_name = tree.fresh_name("sb-" .. id),
     idmap = idmap,
+    disk = disk_state, disk_not_enforced = disk_why,
     root_lock = lock, root_canon = canon, root_identity = identity,
   }, Sandbox)
   -- a restore's old workspace content (files/backup.lua, beside the
@@ -245,16 +271,34 @@ function make_sandbox(id, opts)
     self.init_token = token
     local function on_init_exit() self:_init_exited(token) end
     local init, namespaces, code
-    local pre = prewarm.enabled and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
+    -- (a pre-built sandbox's processes join v1 limit directories only
+    -- through its own cgroup: without one, it is not used)
+    local pre = prewarm.enabled and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs))
+      and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
       workspace, on_init_exit)
     if pre then
       init, namespaces = pre.init, pre.namespaces
       self.owner_uid = pre.owner_uid
       self.prebuilt_shell = pre.shell
       if pre.cgroup_name then
-        -- it brings its cgroup (no limits there: limits are never pre-built)
+        -- it brings its cgroup: the limits (never pre-built) are set up
+        -- again on it, and its processes join the v1 limit directories
         core.rmdir(tree.base() .. "/" .. self.cgroup_name)
         self.cgroup_name = pre.cgroup_name
+        limits.cleanup(self.limits_state, async.sleep)
+        self.limits_state = limits.setup(self)
+      end
+      local adopted, why = true, nil
+      if pre.cgroup_name then
+        adopted, why = limits.adopt(self.limits_state, tree.base() .. "/" .. self.cgroup_name)
+      elseif next(self.limits_state.v1_dirs) then
+        adopted, why = nil, "a pre-built sandbox without a cgroup of its own cannot join its limit directories"
+      end
+      if not adopted then
+        pcall(pre.init.close, pre.init)
+        if pre.shell then pcall(pre.shell.kill, pre.shell, "SIGKILL") end
+        errors.raise("ISOLATION_UNAVAILABLE", "cannot put the sandbox's limits on: " .. tostring(why),
+          { isolation = isolation })
       end
     else
       -- the host uid its kernel counters are charged to (isolation.lua)
@@ -320,7 +364,7 @@ function make_sandbox(id, opts)
     if self.limits_state then limits.cleanup(self.limits_state, async.sleep) end
     if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
     if self.guarded then tree.unguard() end
-    root_mod.undo(lock, created)
+    undo(lock)
     error(err, 0)
   end
   self:_hand_lock()
@@ -914,6 +958,27 @@ function Sandbox:_await_removals()
   end
 end
 
+-- A sandbox with a disk image: its files are the image's, so the image
+-- goes (after a check that the root is still the mount it was), and the
+-- empty mount point after it. -> true | nil, message, CODE
+function Sandbox:_remove_disk(meanwhile)
+  if meanwhile then meanwhile() end
+  local now = root_mod.identity(self.root_canon)
+  if now ~= self.root_identity then
+    if now == nil and not util.is_dir(self.root_canon) then -- already gone (its image with it)
+      disk.detach(self.disk, true)
+      return true
+    end
+    return nil, ("%s is no longer the sandbox's root directory (it was replaced); not removed")
+      :format(self.root_canon), "ESTALE"
+  end
+  local ok, msg = disk.detach(self.disk, true)
+  if not ok then return nil, msg, "EBUSY" end
+  local gone, rmsg, rcode = core.rmdir(self.root_canon)
+  if not gone and util.is_dir(self.root_canon) then return nil, rmsg, rcode end
+  return true
+end
+
 -- destroy{keepFiles}: kill every process of the sandbox, forget its sessions.
 --
 -- One kill reaches every process of the sandbox at once (sessions,
@@ -1003,7 +1068,9 @@ function Sandbox:_destroy_now(opts)
   -- the whole tree, at any depth, on the thread pool (the cgroups go
   -- meanwhile); then the root is free
   local removed, msg, code = true, nil, nil
-  if not opts.keepFiles then
+  if not opts.keepFiles and self.disk then
+    removed, msg, code = self:_remove_disk(remove_cgroups)
+  elseif not opts.keepFiles then
     removed, msg, code = root_mod.remove(self.root_canon, self.root_identity, remove_cgroups)
   else
     remove_cgroups()
@@ -1011,6 +1078,8 @@ function Sandbox:_destroy_now(opts)
   limits.cleanup(self.limits_state, async.sleep)
   if self.guarded then tree.unguard() end
   root_mod.unlock(self.root_lock)
+  -- kept files stay where they were: the image stays mounted at the root
+  -- (a getSandbox of that root takes it again, sandbox/disk.lua)
   if not locked then error(lock_err, 0) end
   if not removed then
     errors.raise("FILESYSTEM_ERROR", "destroy could not remove the sandbox's files: " .. tostring(msg),

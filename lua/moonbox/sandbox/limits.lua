@@ -52,7 +52,7 @@ function M.setup(sb)
   local sandbox_cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. sb.cgroup_name) or nil
   for name, controller in pairs { memoryBytes = "memory", pids = "pids" } do
     local value = limits[name]
-    if value then
+    if value and value > 0 then -- (0: off)
       local dir = v1_dir(controller, sb.id, value)
       if dir then
         out.extra_cgroups[#out.extra_cgroups + 1] = dir
@@ -63,6 +63,14 @@ function M.setup(sb)
       else
         out.not_enforced[#out.not_enforced + 1] = name
       end
+    end
+  end
+  -- the disk quota is set up before the root is made (sandbox/disk.lua)
+  if (limits.diskBytes or 0) > 0 then
+    if sb.disk then
+      out.enforced.diskBytes = "ext4 image (loop mount)"
+    else
+      out.not_enforced[#out.not_enforced + 1] = "diskBytes"
     end
   end
   for name, rl in pairs { cpuTime = "cpu", fileSizeBytes = "fsize", openFiles = "nofile" } do
@@ -77,6 +85,31 @@ function M.setup(sb)
   if #out.extra_cgroups == 0 then out.extra_cgroups = nil end
   table.sort(out.not_enforced)
   return out
+end
+
+-- adopt(state, cgroup_dir): a pre-built sandbox's processes (all of them
+-- in cgroup_dir's tree: its init and its shell, idle) join the v1 limit
+-- directories setup made, as processes spawned later join them at their
+-- start; what they fork from then on is born inside. -> true | nil, message
+function M.adopt(state, cgroup_dir)
+  if not next(state.v1_dirs) then return true end
+  local pids = {}
+  local function walk(dir)
+    for pid in (util.read_file(dir .. "/cgroup.procs") or ""):gmatch("%d+") do pids[#pids + 1] = pid end
+    for _, name in ipairs(core.readdir(dir) or {}) do
+      if util.is_dir(dir .. "/" .. name) then walk(dir .. "/" .. name) end
+    end
+  end
+  walk(cgroup_dir)
+  if #pids == 0 then return nil, "the pre-built sandbox has no processes in " .. cgroup_dir end
+  for _, dir in pairs(state.v1_dirs) do
+    for _, pid in ipairs(pids) do
+      if not util.write_file(dir .. "/cgroup.procs", pid) and util.read_file("/proc/" .. pid .. "/stat") then
+        return nil, ("cannot move process %s into %s"):format(pid, dir)
+      end
+    end
+  end
+  return true
 end
 
 -- Memory-limit kills so far in this sandbox (cgroup v1 memory.oom_control).

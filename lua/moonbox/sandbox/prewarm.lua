@@ -62,9 +62,8 @@ end
 
 local function make()
   local policy = policy_mod.resolve(nil, nil)
-  if policy.limits.memoryBytes or policy.limits.pids or policy.limits.cpuTime or policy.limits.fileSizeBytes
-    or policy.limits.openFiles then
-    return nil -- per-sandbox cgroups and rlimits: not pre-built
+  if policy.limits.cpuTime or policy.limits.fileSizeBytes or policy.limits.openFiles then
+    return nil -- rlimits: not pre-built (memory and pids are put on at claim: limits.adopt)
   end
   local network = policy.network or "none"
   local s = { key = key_of(policy, network) }

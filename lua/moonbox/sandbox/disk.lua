@@ -1,0 +1,274 @@
+-- The sandbox's disk quota (policy limits.diskBytes, default 4 GiB): as
+-- root, the sandbox's root directory (its /workspace, its lock, a restore's
+-- old content) is the mount point of an ext4 file system of that size, in a
+-- sparse image file under the runtime's home (<home>/disks/). Writing past
+-- it is ENOSPC inside; the host's disk holds only what was written.
+--
+-- Why a loop-mounted image: the host's file system has no project quota
+-- here (ext4 without the `project` feature, which cannot be turned on while
+-- mounted), overlayfs caps nothing, and a tmpfs would lose the workspace
+-- when the runtime stops. An image keeps the workspace across runs like the
+-- plain directory did, and renames within the root (backup restore) stay on
+-- one file system. A fresh image is a sparse copy of a template made once
+-- per runtime home (mkfs.ext4 takes ~40 ms, the copy ~10 ms).
+--
+-- Not enforced (info().notEnforced lists diskBytes, as for memory and
+-- pids) where it cannot be: a runtime that is not the host's root (no loop
+-- devices and no mount: an unprivileged runtime, or root of a user
+-- namespace of its own), and a root that already holds files from before
+-- it had an image (its files would be hidden under the mount). Anywhere
+-- else a quota that cannot be set up fails getSandbox
+-- (ISOLATION_UNAVAILABLE).
+--
+-- The image's content is written only through the kernel's ext4 (the
+-- tenant never sees the image file, under <home>/disks, 0700, nor a loop
+-- device: its /dev has none and the mount is nodev,nosuid). The template
+-- is made with its inode tables zeroed (lazy_itable_init=0) so no kernel
+-- thread fills a new image's tables after the mount, and then dug sparse:
+-- a new image costs ~2 MiB of the host's disk. The mount has `discard`: a
+-- file the tenant deletes gives its blocks back to the host's disk.
+local core = require "moonbox.core"
+local async = require "moonbox.async"
+local errors = require "moonbox.errors"
+local util = require "moonbox.lib.util"
+local fs = require "moonbox.lib.fs"
+
+local M = {}
+
+M.DEFAULT_BYTES = 4 * 1024 * 1024 * 1024
+M.MIN_BYTES = 16 * 1024 * 1024 -- mkfs.ext4's smallest useful size with its journal
+M.MKFS = { "mkfs.ext4", "-q", "-F", "-m", "0", "-J", "size=4", "-E",
+  "lazy_itable_init=0,lazy_journal_init=0,nodiscard", "-L", "moonbox" }
+M.MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,discard"
+
+-- run(argv) -> true | nil, message: a host command, waited for on the loop
+local function run(argv)
+  local result = {}
+  local proc, pipes, code = core.spawn {
+    args = argv,
+    env = { PATH = "/usr/sbin:/usr/bin:/sbin:/bin", LANG = "C" },
+    stdio = { [0] = "null", [1] = "null", [2] = "pipe" },
+    on_exit = function(status)
+      result.status = status
+      if result.resume then result.resume() end
+    end,
+  }
+  if not proc then return nil, ("%s: %s"):format(argv[1], tostring(pipes or code)) end
+  local err = {}
+  pipes[2]:read_start(function(_, data)
+    if data and #err < 64 then err[#err + 1] = data end
+  end)
+  if result.status == nil then
+    async.await(function(resume) result.resume = resume end, argv[1])
+  end
+  pipes[2]:close()
+  if result.status ~= 0 then
+    local text = table.concat(err):gsub("%s+$", "")
+    return nil, ("%s exited %s%s"):format(argv[1], tostring(result.status), text ~= "" and (": " .. text) or "")
+  end
+  return true
+end
+
+-- FNV-1a (32 bits, twice with different seeds): the image's name. The root
+-- an image belongs to is written beside it and checked, so a collision is
+-- refused, never mounted.
+local function name_of(path)
+  local bit = require "bit"
+  local function fnv(seed)
+    local h = seed
+    for i = 1, #path do h = bit.tobit(bit.bxor(h, path:byte(i)) * 16777619) end
+    return bit.tohex(h)
+  end
+  return fnv(-2128831035) .. fnv(0x5bd1e995)
+end
+
+local function unescape(s)
+  return (s:gsub("\\(%d%d%d)", function(o) return string.char(tonumber(o, 8)) end))
+end
+
+-- Whether path is a mount point in the runtime's mount namespace: its
+-- source (the last one mounted there) if so, else false.
+local function mounted_at(path)
+  local text = util.read_file("/proc/self/mountinfo") or ""
+  local source = false
+  for line in text:gmatch("[^\n]+") do
+    local point = line:match("^%d+ %d+ %d+:%d+ %S+ (%S+)")
+    if point and unescape(point) == path then
+      source = unescape(line:match(" %- %S+ (%S+)") or "?")
+    end
+  end
+  return source
+end
+M.mounted_at = mounted_at
+
+-- The image file behind a mount source "/dev/loopN", or nil.
+local function backing_file(source)
+  local n = type(source) == "string" and source:match("^/dev/loop(%d+)$")
+  if not n then return nil end
+  return ((util.read_file(("/sys/block/loop%s/loop/backing_file"):format(n)) or ""):gsub("\n$", ""))
+end
+
+-- Loop devices and mount(2) are the host root's: uid 0 in the initial user
+-- namespace (root of a user namespace of its own, `unshare -Ur`, has neither).
+local function host_root()
+  if core.getuid() ~= 0 then return false end
+  local map = util.read_file("/proc/self/uid_map") or ""
+  return map:match("^%s*0%s+0%s+4294967295%s") ~= nil
+end
+M.host_root = host_root
+
+local function mkdir_p(path, mode)
+  if util.is_dir(path) then return true end
+  local parent = path:match("^(.*)/[^/]+$")
+  if parent and parent ~= "" and not mkdir_p(parent, 493) then return false end
+  return core.mkdir(path, mode) ~= nil or util.is_dir(path)
+end
+
+local function fail(msg, root)
+  errors.raise("ISOLATION_UNAVAILABLE", "cannot set up the sandbox's disk quota: " .. msg,
+    { root = root, limit = "diskBytes" })
+end
+
+-- The template image of this size, made once.
+local function template(dir, bytes)
+  local path = ("%s/template-%d-z.ext4"):format(dir, bytes) -- (z: inode tables zeroed)
+  if util.is_file(path) then return path end
+  local part = ("%s/.template-%d-%d.part"):format(dir, bytes, core.getpid())
+  local ok, msg = run { "truncate", "-s", tostring(bytes), part }
+  if ok then
+    local argv = util.copy(M.MKFS)
+    argv[#argv + 1] = part
+    ok, msg = run(argv)
+  end
+  -- the zeroed inode tables and journal become holes again
+  if ok then ok, msg = run { "fallocate", "--dig-holes", part } end
+  if ok then ok, msg = os.rename(part, path) end
+  if not ok then
+    os.remove(part)
+    return nil, msg
+  end
+  return path
+end
+
+-- Images whose root directory is gone (removed by hand, a kept sandbox's
+-- root deleted after a reboot): removed, once per runtime and home. A root
+-- being made exists before its image does (attach needs it).
+local swept = {}
+local function sweep(dir)
+  if swept[dir] then return end
+  swept[dir] = true
+  for _, name in ipairs(core.readdir(dir) or {}) do
+    if name:match("%.ext4%.root$") then
+      local owner_file = dir .. "/" .. name
+      local root = (util.read_file(owner_file) or ""):gsub("\n$", "")
+      if root:sub(1, 1) == "/" and not util.is_dir(root) then
+        os.remove((owner_file:gsub("%.root$", "")))
+        os.remove(owner_file)
+      end
+    end
+  end
+end
+
+-- An existing image must be the size the policy asks for: info() says
+-- diskBytes, and a bigger image would not hold it (resizing is not done).
+local function check_size(image, bytes, canon)
+  local st = fs.lstat_beneath("/", image, "in_root")
+  if st and st.size ~= bytes then
+    fail(("the root's disk image %s is %d bytes, the policy's diskBytes is %d (a sandbox keeps the size it " ..
+      "was made with: destroy it, or ask for that size)"):format(image, st.size, bytes), canon)
+  end
+end
+
+-- attach(canon, home, bytes, made) -> state | nil, why (not enforced)
+-- Before anything is made in the root (canon must exist as a directory;
+-- made: getSandbox made it just now, so an image left for it is stale).
+-- Raises ISOLATION_UNAVAILABLE when the quota should hold and cannot be set
+-- up (fail closed: a sandbox never runs without the quota it was given).
+function M.attach(canon, home, bytes, made)
+  if not bytes or bytes == 0 then return nil end
+  if not host_root() then
+    return nil, "needs a runtime that is the host's root (loop devices, mount)"
+  end
+  local dir = home .. "/disks"
+  if not mkdir_p(dir, 448) then fail("cannot create " .. dir, canon) end
+  sweep(dir)
+  local image = ("%s/%s.ext4"):format(dir, name_of(canon))
+  local owner_file = image .. ".root"
+  local state = { image = image, owner_file = owner_file, root = canon, bytes = bytes }
+  local source = mounted_at(canon)
+  if source then
+    -- kept mounted by a destroy{keepFiles}, or left by a runtime that
+    -- stopped or died: taken again only if it is this root's image
+    if backing_file(source) ~= image or util.read_file(owner_file) ~= canon .. "\n" then
+      fail(("%s is a mount point (%s) that is not the sandbox's disk image %s"):format(canon, source, image), canon)
+    end
+    check_size(image, bytes, canon)
+    state.mounted = true
+    return state
+  end
+  if util.is_file(image) then
+    if util.read_file(owner_file) ~= canon .. "\n" then
+      fail(("the image %s belongs to another root (%s)"):format(image, tostring(util.read_file(owner_file))), canon)
+    end
+    if made then -- the root was removed by hand since: its old image is not its content
+      os.remove(image)
+      os.remove(owner_file)
+    else
+      check_size(image, bytes, canon)
+    end
+  end
+  if not util.is_file(image) then
+    -- a root that already holds files from before its quota keeps them
+    -- visible: not enforced, and said so (info().notEnforced)
+    local names = core.readdir(canon) or {}
+    if #names > 0 then
+      return nil, "the sandbox's root holds files from before it had a disk image"
+    end
+    local tpl, msg = template(dir, bytes)
+    if not tpl then fail(tostring(msg), canon) end
+    local part = image .. ".part"
+    local ok
+    ok, msg = run { "cp", "--sparse=always", tpl, part }
+    if ok and not util.write_file(owner_file, canon .. "\n") then ok, msg = nil, "cannot write " .. owner_file end
+    if ok then ok, msg = os.rename(part, image) end
+    if not ok then
+      os.remove(part)
+      os.remove(owner_file)
+      fail(tostring(msg), canon)
+    end
+    state.fresh = true
+  end
+  local ok, msg = run { "mount", "-t", "ext4", "-o", M.MOUNT_OPTIONS, image, canon }
+  if not ok then
+    if state.fresh then
+      os.remove(image)
+      os.remove(owner_file)
+    end
+    fail(tostring(msg), canon)
+  end
+  state.mounted = true
+  return state
+end
+
+-- detach(state, remove): unmount (the loop device, autoclear, goes with
+-- the file system's last user); with remove, the image goes too. A mount
+-- still in use (by a process of the host, never the sandbox's: they are
+-- gone) is detached lazily, and the image file unlinked: its blocks are
+-- freed when the last user lets go. -> true | nil, message
+function M.detach(state, remove)
+  if not state then return true end
+  if state.mounted and mounted_at(state.root) then
+    if not run { "umount", state.root } then
+      local ok, msg = run { "umount", "-l", state.root }
+      if not ok then return nil, msg end
+    end
+  end
+  state.mounted = false
+  if remove then -- (on the thread pool: a 4 GiB sparse file takes ~50 ms to unlink)
+    pcall(fs.unlink, state.image)
+    pcall(fs.unlink, state.owner_file)
+  end
+  return true
+end
+
+return M
