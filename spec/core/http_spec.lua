@@ -106,6 +106,77 @@ describe("core.http_listen", function()
     end)
   end)
 
+  it("does not cut off a slow reader of one large write while bytes move; drops one that reads nothing", function()
+    -- idle 300 ms; one 32 MiB write (more than the sockets' buffers hold),
+    -- read 1 MiB at a time with 50 ms pauses: the write completes only at
+    -- the end, long after an idle period, but the client takes bytes all
+    -- along. A client that reads nothing is dropped at the idle timeout.
+    local big = ("z"):rep(32 * 1024 * 1024)
+    run_task(function()
+      local closed = {} -- ids closed before their response ended
+      local srv
+      srv = assert(core.http_listen({ host = "127.0.0.1", port = 0, idle_timeout_ms = 300 }, function(kind, id)
+        if kind == "request" then srv:respond(id, 200, "text/plain", nil, nil, big)
+        elseif kind == "closed" then closed[#closed + 1] = id end
+      end))
+      local function open()
+        local fd, err = async.await(function(resume)
+          assert(core.tcp_connect("127.0.0.1", srv:port(), function(e, f) resume(f, e) end))
+        end)
+        local stream = assert(core.stream_open(assert(fd, err)))
+        stream:write("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return stream
+      end
+      local ok, err = pcall(function()
+        local slow = open()
+        local got, since, eof, wake = 0, 0, false, nil
+        local function on_read(_, data)
+          if not data then eof = true
+          else
+            got, since = got + #data, since + #data
+            if since >= 1024 * 1024 then slow:read_stop() end
+          end
+          if wake and (eof or since >= 1024 * 1024) then
+            local w = wake
+            wake = nil
+            w()
+          end
+        end
+        moonbox.timeout(60000, function()
+          slow:read_start(on_read)
+          while not eof do
+            if since >= 1024 * 1024 then
+              moonbox.sleep(50)
+              since = 0
+              slow:read_start(on_read)
+            end
+            async.await(function(resume)
+              if eof or since >= 1024 * 1024 then return resume() end
+              wake = resume
+              return function() wake = nil end
+            end)
+          end
+        end)
+        slow:close()
+        assert.is_true(got > #big, ("the slow reader got %d bytes of %d"):format(got, #big))
+        moonbox.timeout(10000, function()
+          while srv:connections() > 0 do moonbox.sleep(20) end
+        end)
+        local deaf = open() -- never read
+        local t0 = core.hrtime() / 1e6
+        moonbox.timeout(10000, function()
+          while #closed < 1 do moonbox.sleep(20) end -- (its response was under way: "closed" names it)
+        end)
+        assert.equal(0, srv:connections())
+        deaf:close()
+        local took = core.hrtime() / 1e6 - t0
+        assert.is_true(took >= 250 and took < 300 * 8, ("dropped after %d ms"):format(took))
+      end)
+      async.await(function(resume) srv:close(resume) end)
+      if not ok then error(err, 0) end
+    end)
+  end)
+
   it("sends 100 Continue before a body the client holds back, and no body to HEAD", function()
     with_core_server(function(srv, id, req, body)
       srv:respond(id, 200, "text/plain", nil, nil, req.method .. " " .. body)

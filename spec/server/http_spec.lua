@@ -487,6 +487,57 @@ describe("moonbox.server.http", function()
     end)
   end)
 
+  -- Slowloris: idle 300 ms, a byte every 150 ms (never a pause of a whole
+  -- idle period). A deadline that restarted on every read kept such a body
+  -- open until it reached its Content-Length; the head has one deadline
+  -- for the whole of it. Both are closed without a response, well before
+  -- four idle periods (a generous bound: the rule cuts at about one).
+  local IDLE = 300
+  local function trickle(conn, data)
+    local started = core.hrtime() / 1e6
+    for i = 1, #data do
+      if conn.eof then break end
+      conn:send(data:sub(i, i))
+      moonbox.sleep(IDLE / 2)
+    end
+    assert.is_true(conn:wait_eof())
+    return core.hrtime() / 1e6 - started
+  end
+
+  it("drops a client trickling its body a byte per half idle period, and serves one sending steadily", function()
+    with_server({ idleTimeoutMs = IDLE }, function(req)
+      return { status = 200, body = "got " .. #req.body }
+    end, function(server)
+      local slow = client.connect(port_of(server))
+      slow:send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+      local took = trickle(slow, ("x"):rep(1000))
+      slow:close()
+      assert.equal("", slow.buf) -- closed, as a head that stops arriving is: no response
+      assert.is_true(took < IDLE * 4, ("dropped after %d ms"):format(took))
+      -- 64 KiB in 4 KiB pieces 20 ms apart (about 200 KiB/s, longer than an idle period): served
+      local steady = client.connect(port_of(server))
+      steady:send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 65536\r\n\r\n")
+      for _ = 1, 16 do
+        steady:send(("y"):rep(4096))
+        moonbox.sleep(20)
+      end
+      local status, _, body = steady:response()
+      assert.equal(200, status)
+      assert.equal("got 65536", body)
+      steady:close()
+    end)
+  end)
+
+  it("drops a client trickling its head a byte per half idle period", function()
+    with_server({ idleTimeoutMs = IDLE }, function() return { status = 200, body = "ok" } end, function(server)
+      local conn = client.connect(port_of(server))
+      local took = trickle(conn, "GET / HTTP/1.1\r\nHost: x\r\nX-Padding: " .. ("p"):rep(40) .. "\r\n\r\n")
+      conn:close()
+      assert.equal("", conn.buf)
+      assert.is_true(took < IDLE * 4, ("dropped after %d ms"):format(took))
+    end)
+  end)
+
   it("closing the server ends open streams and sockets, and leaves nothing open", function()
     local stream_closed
     run_task(function()

@@ -23,9 +23,29 @@
 
 #define LINGER_MS 2000 /* at most, after a refusal, for the client to stop sending */
 
+/* A request body must keep an average of this many bytes a second once
+ * its first idle timeout has passed: by t ms after its head, at least
+ * (t - idle_timeout_ms) * BODY_MIN_RATE / 1000 bytes, and never a pause
+ * of idle_timeout_ms. A deadline that restarted on every read let a
+ * client hold a connection (one of max_connections) for as long as its
+ * body took at a byte per idle period; a fixed deadline from
+ * Content-Length would let one that declares max_body and sends nothing
+ * hold it as long. 1 KiB/s is 8 kbit/s, below any real link, so only a
+ * trickle is cut off; the longest a body can hold a connection is then
+ * idle_timeout_ms + max_body / 1 KiB/s. */
+#define BODY_MIN_RATE 1024
+
 static uint64_t now_of(mbh_server *s) { return uv_now(s->h->core->loop); }
 static void pump(mbh_conn *c);
 static void update_reading(mbh_conn *c);
+
+/* When a body that has body_len bytes so far must have more (BODY_MIN_RATE). */
+static uint64_t body_deadline(mbh_conn *c) {
+  mbh_server *s = c->srv;
+  uint64_t by_rate = c->body_start + s->idle_ms + (uint64_t)c->body_len * 1000 / BODY_MIN_RATE;
+  uint64_t by_pause = now_of(s) + s->idle_ms;
+  return by_rate < by_pause ? by_rate : by_pause;
+}
 
 /* ---- listening ---------------------------------------------------------------- */
 
@@ -138,7 +158,8 @@ static void on_written(uv_write_t *req, int status) {
     return;
   }
   if (c->queued) {
-    c->deadline = now_of(c->srv) + c->srv->idle_ms; /* a reader that stops reading is dropped */
+    /* a reader that stops reading is dropped (on_tick also counts bytes taken mid-write) */
+    c->deadline = c->phase == PH_BODY ? body_deadline(c) : now_of(c->srv) + c->srv->idle_ms;
     update_reading(c);
     return;
   }
@@ -158,8 +179,10 @@ static mbh_out *out_new(mbh_conn *c, size_t len) {
 static int out_write(mbh_conn *c, mbh_out *o) {
   uv_buf_t buf = uv_buf_init(o->data, (unsigned int)o->len);
   c->queued += o->len;
+  c->out_total += o->len;
   if (uv_write(&o->req, &c->sock.stream, &buf, 1, on_written) < 0) {
     c->queued -= o->len;
+    c->out_total -= o->len;
     free(o);
     mbh_conn_close(c);
     return -1;
@@ -330,7 +353,8 @@ static void on_head(mbh_conn *c, const mbh_head *h) {
       return;
     }
     c->phase = PH_BODY;
-    c->deadline = now_of(s) + s->idle_ms;
+    c->body_start = now_of(s);
+    c->deadline = body_deadline(c);
     static const char go_on[] = "HTTP/1.1 100 Continue\r\n\r\n";
     if (h->expect_continue) mbh_send(c, go_on, sizeof go_on - 1);
     return;
@@ -357,7 +381,7 @@ static void pump_http(mbh_conn *c) {
     case MBH_BODY:
       memcpy(c->body + c->body_len, ev.data, ev.len);
       c->body_len += ev.len;
-      c->deadline = now_of(c->srv) + c->srv->idle_ms;
+      c->deadline = body_deadline(c); /* not a fresh idle period per read: a trickle is dropped */
       if (ev.end) deliver(c);
       break;
     case MBH_ERROR: refuse(c, ev.status, ev.why); return;
@@ -504,7 +528,7 @@ static void after_flush(mbh_conn *c) {
     return;
   }
   if (c->phase == PH_BODY) { /* (the 100 Continue) */
-    c->deadline = now_of(s) + s->idle_ms;
+    c->deadline = body_deadline(c);
     return;
   }
   if (!c->finishing) {
@@ -641,6 +665,16 @@ static void on_tick(uv_timer_t *t) {
   if (s->accept_resume && now >= s->accept_resume) resume_accept(s);
   for (mbh_conn *c = s->conns; c; c = c->next) {
     if (c->closing) continue;
+    if (c->deadline && c->queued && (c->phase == PH_HANDLER || c->phase == PH_LINGER)) {
+      /* a response being written: the deadline is for the client to take
+       * bytes, so any taken since the last tick (a large write completes
+       * only when all of it is taken) give it a new idle period */
+      uint64_t moved = c->out_total - uv_stream_get_write_queue_size(&c->sock.stream);
+      if (moved > c->out_moved) {
+        c->out_moved = moved;
+        c->deadline = now + s->idle_ms;
+      }
+    }
     if (c->deadline && now > c->deadline) {
       mbh_conn_close(c);
     } else if (c->phase == PH_WS && c->established && !c->ws_close_sent) {

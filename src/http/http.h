@@ -66,7 +66,10 @@ typedef struct mbh_conn {
   int close_after; /* close the connection after this response */
   char *body;
   size_t body_len;
-  size_t queued; /* bytes handed to uv_write and not yet written */
+  uint64_t body_start; /* loop time the body's head was parsed */
+  size_t queued;       /* bytes handed to uv_write and not yet written */
+  uint64_t out_total;  /* bytes ever handed to uv_write */
+  uint64_t out_moved;  /* of those, how many the socket had taken at the last check */
   /* a WebSocket */
   int is_ws, established;
   mbh_ws ws;
