@@ -1042,7 +1042,18 @@ function Sandbox:_destroy_now(opts)
     gone = tree.kill_cgroup(cgroup) and tree.wait_empty(cgroup, 2000, async.sleep)
     if not gone then -- (a process started into it after the kill, by a call still under way)
       tree.kill_cgroup(cgroup)
-      gone = tree.wait_empty(cgroup, 2000, async.sleep)
+      -- (the wait ends when the cgroup empties: a slow machine gets long
+      -- enough; only processes that cannot die take all of it)
+      gone = tree.wait_empty(cgroup, 8000, async.sleep)
+    end
+    -- never silently: the parts below kill again, each its own, but what
+    -- outlived two cgroup kills is named here
+    if not gone then
+      local pids = tree.cgroup_pids(cgroup)
+      if #pids > 0 then
+        io.stderr:write(("moonbox: destroy of sandbox %s: its processes (pid %s) still run 10 s after SIGKILL\n")
+          :format(self.id, table.concat(pids, ", ")))
+      end
     end
   end
   -- nothing runs in the cgroups any more: the whole tree goes on the
