@@ -359,12 +359,12 @@ describe("moonbox (the command)", function()
     local path = script(([[
       local m = require "moonbox"
       local sb = m.getSandbox("guard-box", { isolation = "none", root = %q })
-      sb:exec("setsid sh -c 'echo $$ > pid; exec sleep 4321' </dev/null >/dev/null 2>&1 &")
+      sb:exec("setsid sh -c 'echo $$ > pid; exec sleep 4321.%d' </dev/null >/dev/null 2>&1 &")
       while not sb:exists("pid").exists do m.sleep(10) end
       print("ready " .. require("moonbox.process.tree").mode())
       io.stdout:flush()
       m.sleep(600000)
-    ]]):format(root))
+    ]]):format(root, core.getpid())) -- (this run's sleep: another run of this spec beside it has its own)
     local out = dir .. "/out"
     -- (started through a shell that exits: the runtime and what it leaves
     -- are not this process's to reap)
@@ -377,7 +377,7 @@ describe("moonbox (the command)", function()
       helper.sh("kill -KILL " .. runtime)
       if helper.sh("cat " .. quote(out)) == "ready cgroup" then
         assert.is_true(helper.eventually(function() return not helper.pid_alive(pid) end))
-        assert.equal("", helper.sh("pgrep -f 'sleep 432[1]'"))
+        assert.equal("", helper.sh("pgrep -f '^sleep 4321[.]" .. core.getpid() .. "$' || true"))
       else
         -- proc mode (docs/processes.md): without a cgroup tree nothing
         -- reaches a process that left its shell's session

@@ -87,6 +87,15 @@ local function sample(text, name)
   end
 end
 
+-- The processes running cmd (pgrep -f ^cmd$), with what ps says of each: ""
+-- when none. (The specs name their commands after their server's port:
+-- another run of this spec beside this one, as in CI, runs its own.)
+local function survivors(cmd)
+  local pids = helper.sh("pgrep -f '^" .. cmd .. "$' || true")
+  if pids == "" then return "" end
+  return pids .. "\n" .. helper.sh("ps -o pid,ppid,stat,etime,args -p '" .. pids:gsub("%s+", ",") .. "' 2>&1 || true")
+end
+
 -- A raw request with the token on a new connection.
 local function raw_request(s, method, path, body)
   local c = client.connect(s.port)
@@ -496,9 +505,10 @@ describe("moonbox serve as a service", function()
   it("SIGTERM: a stream still open after --shutdown-grace-s ends with a final event, its command killed", function()
     run_task(function()
       local s = serve { "--shutdown-grace-s", "1" }
+      local cmd = "sleep 7321." .. s.port -- (the port: this run's, not another's running beside it)
       local ok, err = pcall(function()
         local c = raw_request(s, "POST", "/v1/sandboxes/late/exec/stream",
-          '{"command":"echo $$ > pid; exec sleep 7321.25"}')
+          '{"command":"echo $$ > pid; exec ' .. cmd .. '"}')
         assert.truthy(c:read_until('"type":"start"'))
         local pidfile = s.home .. "/sandboxes/late/workspace/pid"
         assert.is_true(helper.eventually(function() return helper.sh("cat '" .. pidfile .. "' 2>/dev/null") ~= "" end))
@@ -507,7 +517,7 @@ describe("moonbox serve as a service", function()
         assert.is_true(c:wait_eof())
         c:close()
         assert.equal(0, s.wait_exit())
-        assert.equal("", helper.sh("pgrep -f '^sleep 7321.25$' || true")) -- its command is gone
+        assert.equal("", survivors(cmd)) -- its command is gone
         assert.truthy(helper.sh("cat '" .. pidfile .. "'"):match("^%d+$")) -- the workspace stays
       end)
       s.stop()
@@ -518,11 +528,12 @@ describe("moonbox serve as a service", function()
   it("SIGTERM: a plain request still running after --shutdown-grace-s gets 503 SHUTTING_DOWN, not a 409", function()
     run_task(function()
       local s = serve { "--shutdown-grace-s", "1" }
+      local cmd = "sleep 7321." .. s.port
       local ok, err = pcall(function()
         assert.equal(200, (s.call("POST", "/v1/sandboxes/slow/exec", '{"command":"true"}')))
-        local c = raw_request(s, "POST", "/v1/sandboxes/slow/exec", '{"command":"sleep 7321.5"}')
+        local c = raw_request(s, "POST", "/v1/sandboxes/slow/exec", '{"command":"' .. cmd .. '"}')
         assert.is_true(helper.eventually(function()
-          return helper.sh("pgrep -f '^sleep 7321.5$' || true") ~= ""
+          return helper.sh("pgrep -f '^" .. cmd .. "$' || true") ~= ""
         end))
         s.proc:kill("SIGTERM")
         local status, headers, body = c:response()
@@ -531,7 +542,7 @@ describe("moonbox serve as a service", function()
         assert.same({ "SHUTTING_DOWN", "shutting_down" }, { e.code, e.context.reason })
         c:close()
         assert.equal(0, s.wait_exit())
-        assert.equal("", helper.sh("pgrep -f '^sleep 7321.5$' || true"))
+        assert.equal("", survivors(cmd))
       end)
       s.stop()
       assert(ok, err)

@@ -656,13 +656,25 @@ function M.unguard()
   end, "runtime exit guard")
 end
 
--- Shutdown: kill and remove everything under our base cgroup.
+-- Shutdown: kill and remove everything under our base cgroup. The wait
+-- ends when it empties (at most 10 s, for a slow machine); what still runs
+-- then is named on stderr, never left silently.
 function M.cleanup(sleep)
   if guard then close_guard(guard) end
   if mode == "cgroup" and base_dir then
     M.await_removals(sleep)
     M.kill_cgroup(base_dir)
-    M.remove_when_empty(base_dir, sleep)
+    if not M.wait_empty(base_dir, 2000, sleep) then
+      M.kill_cgroup(base_dir) -- (one started into it after the kill)
+      if not M.wait_empty(base_dir, 8000, sleep) then
+        local pids = M.cgroup_pids(base_dir)
+        if #pids > 0 then
+          io.stderr:write(("moonbox: exit: processes of its sandboxes (pid %s) still run 10 s after SIGKILL\n")
+            :format(table.concat(pids, ", ")))
+        end
+      end
+    end
+    M.remove_cgroup(base_dir)
   end
 end
 

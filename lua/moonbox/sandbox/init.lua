@@ -1003,7 +1003,10 @@ function Sandbox:destroy(opts)
   registry[self.id] = nil
   dying[self] = true
   -- (taken at once: nothing else of this id can hold it while it was live)
-  return with_id_lock(self.id, function() return self:_destroy_now(opts) end)
+  local ok, result = pcall(with_id_lock, self.id, function() return self:_destroy_now(opts) end)
+  self.destroy_ended = true -- (M.shutdown waits for it)
+  if not ok then error(result, 0) end
+  return result
 end
 
 function Sandbox:_destroy_now(opts)
@@ -1042,7 +1045,18 @@ function Sandbox:_destroy_now(opts)
     gone = tree.kill_cgroup(cgroup) and tree.wait_empty(cgroup, 2000, async.sleep)
     if not gone then -- (a process started into it after the kill, by a call still under way)
       tree.kill_cgroup(cgroup)
-      gone = tree.wait_empty(cgroup, 2000, async.sleep)
+      -- (the wait ends when the cgroup empties: a slow machine gets long
+      -- enough; only processes that cannot die take all of it)
+      gone = tree.wait_empty(cgroup, 8000, async.sleep)
+    end
+    -- never silently: the parts below kill again, each its own, but what
+    -- outlived two cgroup kills is named here
+    if not gone then
+      local pids = tree.cgroup_pids(cgroup)
+      if #pids > 0 then
+        io.stderr:write(("moonbox: destroy of sandbox %s: its processes (pid %s) still run 10 s after SIGKILL\n")
+          :format(self.id, table.concat(pids, ", ")))
+      end
     end
   end
   -- nothing runs in the cgroups any more: the whole tree goes on the
@@ -1118,9 +1132,36 @@ M.known_pids = Sandbox._known_pids
 -- Runtime exit: every sandbox's processes die with it; files stay.
 M.prewarm = prewarm.enable
 
+-- A destroy another task started (an idle stop, a DELETE still under way
+-- at a SIGTERM) is waited for too (it was no longer in the registry: the
+-- runtime exited while it waited for its processes' end). What fails is
+-- said on stderr: the runtime's exit goes on.
 function M.shutdown()
   prewarm.enable(false)
-  for _, sb in pairs(registry) do pcall(sb.destroy, sb, { keepFiles = true }) end
+  local waited = {}
+  for _ = 1, 3 do -- (a getSandbox waiting for a destroy may make one anew)
+    local live, busy = {}, {}
+    for _, sb in pairs(registry) do live[#live + 1] = sb end
+    for sb in pairs(dying) do
+      if not waited[sb] then busy[#busy + 1] = sb waited[sb] = true end
+    end
+    if #live == 0 and #busy == 0 then break end
+    for _, sb in ipairs(live) do
+      local ok, err = pcall(sb.destroy, sb, { keepFiles = true })
+      if not ok then
+        io.stderr:write("moonbox: shutdown: destroy of sandbox ", sb.id, ": ", errors.format(err), "\n")
+      end
+    end
+    for _, sb in ipairs(busy) do
+      for _ = 1, async.in_task() and 1500 or 0 do -- (15 s: its own waits are bounded)
+        if sb.destroy_ended then break end
+        async.sleep(10)
+      end
+      if not sb.destroy_ended then
+        io.stderr:write("moonbox: shutdown: the destroy of sandbox ", sb.id, " under way has not ended\n")
+      end
+    end
+  end
   shell_mod.cleanup()
   tree.cleanup(async.sleep)
   limits.shutdown()

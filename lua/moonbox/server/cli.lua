@@ -458,7 +458,8 @@ function M.main(argv)
     -- starts: the server closes its sockets while the loop runs on, and a file a
     -- destroy opened meanwhile took a closed socket's number, which libuv
     -- still watched (epoll_ctl EPERM: abort, exit 134, 1 in ~10 stops)
-    pcall(require("moonbox.sandbox").shutdown)
+    local shut, shut_err = pcall(require("moonbox.sandbox").shutdown)
+    if not shut then io.stderr:write("moonbox serve: shutdown: ", errors.format(shut_err), "\n") end
     runtime.run_exit_hooks() -- the server closes
     os.exit(0)
   end)
