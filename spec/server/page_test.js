@@ -3,7 +3,7 @@
 // connects, `echo hi` typed into it prints hi, and a screenshot is kept;
 // without xterm.js the page says the terminal is unavailable.
 // Usage: node page_test.js MOONBOX_BIN NODE_MODULES OUT_DIR
-const { spawn, spawnSync } = require("child_process");
+const { spawn } = require("child_process");
 const fs = require("fs");
 const os = require("os");
 const path = require("path");
@@ -12,23 +12,7 @@ const { chromium } = require(path.join(modules, "playwright-core"));
 
 function fail(message) { console.error("page test: " + message); process.exitCode = 1; }
 
-// As root a stopped server leaves its sandboxes' disk images mounted on
-// their roots (lua/moonbox/sandbox/disk.lua, kept for a restart): unmounted
-// here, deepest first, so the home can be removed and no loop device
-// outlives the test.
-function releaseMounts(dir) {
-  let points;
-  try {
-    points = fs.readFileSync("/proc/self/mountinfo", "utf8").split("\n")
-      .map((line) => (line.split(" ")[4] || "").replace(/\\([0-7]{3})/g, (_, o) => String.fromCharCode(parseInt(o, 8))))
-      .filter((p) => p.startsWith(dir + "/"));
-  } catch (e) {
-    return;
-  }
-  for (const p of points.sort((a, b) => b.length - a.length)) {
-    if (spawnSync("umount", [p]).status !== 0) spawnSync("umount", ["-l", p]);
-  }
-}
+const { releaseMounts } = require("./release_mounts");
 
 async function main() {
   fs.mkdirSync(outDir, { recursive: true });

@@ -6,7 +6,7 @@
 // talks to a WebSocket echo, both by relative URLs through the proxy (the
 // host-name form; in the path form the page is sandboxed and cannot).
 // Usage: node ports_page_test.js MOONBOX_BIN NODE_MODULES OUT_DIR
-const { spawn, spawnSync } = require("child_process");
+const { spawn } = require("child_process");
 const fs = require("fs");
 const os = require("os");
 const path = require("path");
@@ -31,23 +31,7 @@ const PAGE = `<!doctype html><meta charset=utf-8><title>port page</title>
 
 function fail(message) { console.error("ports page test: " + message); process.exitCode = 1; }
 
-// As root a stopped server leaves its sandboxes' disk images mounted on
-// their roots (lua/moonbox/sandbox/disk.lua, kept for a restart): unmounted
-// here, deepest first, so the home can be removed and no loop device
-// outlives the test.
-function releaseMounts(dir) {
-  let points;
-  try {
-    points = fs.readFileSync("/proc/self/mountinfo", "utf8").split("\n")
-      .map((line) => (line.split(" ")[4] || "").replace(/\\([0-7]{3})/g, (_, o) => String.fromCharCode(parseInt(o, 8))))
-      .filter((p) => p.startsWith(dir + "/"));
-  } catch (e) {
-    return;
-  }
-  for (const p of points.sort((a, b) => b.length - a.length)) {
-    if (spawnSync("umount", [p]).status !== 0) spawnSync("umount", ["-l", p]);
-  }
-}
+const { releaseMounts } = require("./release_mounts");
 
 async function main() {
   fs.mkdirSync(outDir, { recursive: true });
