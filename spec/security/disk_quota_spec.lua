@@ -46,7 +46,7 @@ describe("default bounds (finding 9)", function()
       local sb = helper.new_sandbox()
       local ok, err = pcall(function()
         local info = sb:info()
-        local defaults = { memoryBytes = 2 * GiB, pids = 2048, diskBytes = 4 * GiB }
+        local defaults = { memoryBytes = 2 * GiB, pids = 2048, diskBytes = 4 * GiB, cpuWeight = 100 }
         for name, value in pairs(defaults) do
           local listed = false
           for _, n in ipairs(info.notEnforced) do listed = listed or n == name end
