@@ -264,6 +264,21 @@ elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("deploy.routing deploy.manifests" "needs python3")
 endif()
 
+# clients/python against a real `moonbox serve` (spec/clients/python_test.py,
+# also pip install into a venv, offline); it records every response it sees,
+# and clients.openapi checks docs/openapi.yaml against the server's route
+# table and validates those recorded responses against its schemas.
+if(PYTHON3_BIN AND NOT MOONBOX_SANITIZE)
+  set(MOONBOX_CLIENT_RECORD ${CMAKE_BINARY_DIR}/clients-responses.jsonl)
+  add_test(NAME clients.python COMMAND ${PYTHON3_BIN} ${CMAKE_SOURCE_DIR}/spec/clients/python_test.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(clients.python PROPERTIES
+    ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_CLIENT_RECORD=${MOONBOX_CLIENT_RECORD}"
+    TIMEOUT 600 FIXTURES_SETUP clients_responses)
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("clients.python clients.openapi" "needs python3")
+endif()
+
 # A fresh machine: the no-namespaces variant of a few suites inside bwrap
 # over a clean minimal tree (system dirs read-only, empty /tmp, /home, /root,
 # /var, /srv, /opt; no /workspace; no MOONBOX_HOME): no spec may need the
