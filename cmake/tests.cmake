@@ -275,6 +275,11 @@ if(PYTHON3_BIN AND NOT MOONBOX_SANITIZE)
   set_tests_properties(clients.python PROPERTIES
     ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_CLIENT_RECORD=${MOONBOX_CLIENT_RECORD}"
     TIMEOUT 600 FIXTURES_SETUP clients_responses)
+  add_test(NAME clients.openapi COMMAND ${PYTHON3_BIN} ${CMAKE_SOURCE_DIR}/spec/clients/openapi_test.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(clients.openapi PROPERTIES
+    ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_CLIENT_RECORD=${MOONBOX_CLIENT_RECORD}"
+    TIMEOUT 120 FIXTURES_REQUIRED clients_responses)
 elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("clients.python clients.openapi" "needs python3")
 endif()

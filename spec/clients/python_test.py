@@ -437,6 +437,28 @@ class TestSandbox(Base):
         self.assertEqual(self.sb.get_exposed_ports(), [])
         self.assertCode("PORT_NOT_EXPOSED", 404, self.sb.unexpose_port, 8000)
 
+    def test_port_proxy(self):
+        port = 19000 + os.getpid() % 1000
+        web = self.sb.start_process("cd /workspace && python3 -u -m http.server %d" % port, processId="proxied")
+        try:
+            web.wait_for_port(port, timeout=20000)
+            self.sb.write_file("/workspace/page.txt", "through the proxy\n")
+            self.sb.expose_port(port)
+            # the proxy is not a client call: a plain request, recorded like the client's
+            host, srv_port = SERVER["url"][len("http://"):].split(":")
+            conn = http.client.HTTPConnection(host, int(srv_port), timeout=30)
+            path = "/v1/sandboxes/%s/ports/%d/page.txt" % (self.sandbox_id, port)
+            conn.request("GET", path, headers={"Authorization": "Bearer " + TOKEN})
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            RECORDS.append({"method": "GET", "path": path, "status": resp.status,
+                            "contentType": resp.getheader("Content-Type", "")})
+            self.assertEqual((resp.status, body), (200, b"through the proxy\n"))
+            self.sb.unexpose_port(port)
+        finally:
+            web.kill("SIGKILL")
+
     def test_backups(self):
         self.sb.mkdir("/workspace/proj")
         self.sb.write_file("/workspace/proj/v.txt", "one")

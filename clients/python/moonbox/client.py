@@ -99,6 +99,7 @@ class Client:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             raise MoonboxError("BAD_RESPONSE", "GET /readyz: the body is not JSON", resp.status) from None
+        self._t._record("GET", "/readyz", resp, body=body)
         if resp.status != 200:
             raise MoonboxError("NOT_READY", str(body.get("reason", "not ready")), resp.status, body)
         return body

@@ -158,12 +158,14 @@ class Transport:
 
     def _iterate(self, method: str, path: str, conn: http.client.HTTPConnection,
                  resp: http.client.HTTPResponse) -> Iterator[Dict[str, Any]]:
-        seen = [] if self.on_response else None
+        seen: list = []
+        ended = False
         try:
             for ev in sse.events(resp):  # type: ignore[arg-type]
-                if seen is not None:
+                if self.on_response:
                     seen.append(ev)
                 yield ev
+            ended = True
         except socket.timeout:
             raise MoonboxError("CLIENT_TIMEOUT", "%s %s: no event within %ss" % (method, path, conn.timeout)) \
                 from None
@@ -171,7 +173,8 @@ class Transport:
             raise MoonboxError("CONNECTION_FAILED", "%s %s: %s" % (method, path, e)) from None
         finally:
             conn.close()
-        self._record(method, path, resp, events=seen)
+            # (also a stream the caller closed early: what it saw)
+            self._record(method, path, resp, events=seen, ended=ended)
 
     def chunks(self, method: str, path: str, chunk_size: int = 64 * 1024, **kw: Any) -> Iterator[bytes]:
         """A raw byte stream (GET /files/stream), in chunks as they arrive."""
