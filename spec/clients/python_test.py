@@ -504,6 +504,25 @@ class TestServer(unittest.TestCase):
         self.assertEqual((cm.exception.code, cm.exception.status), ("NOT_FOUND", 404))
 
 
+class TestDocExample(unittest.TestCase):
+    def test_clients_md_example(self):
+        """docs/clients.md's example prints what the document shows."""
+        import contextlib
+        import io
+        import re
+        with open(os.path.join(SOURCE, "docs", "clients.md")) as f:
+            doc = f.read()
+        m = re.search(r"<!-- clients-example:[^\n]*-->\n```python\n(.*?)```\nprints\n```text\n(.*?)```", doc, re.S)
+        self.assertIsNotNone(m, "the marked example and its output in docs/clients.md")
+        code, expected = m.group(1), m.group(2)
+        self.assertIn('"http://127.0.0.1:8080"', code)
+        code = code.replace('"http://127.0.0.1:8080"', repr(SERVER["url"]))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "docs/clients.md", "exec"), {"TOKEN": TOKEN, "__name__": "example"})
+        self.assertEqual(out.getvalue(), expected)
+
+
 class TestInstall(unittest.TestCase):
     def test_pip_install_offline_into_a_venv(self):
         tmp = tempfile.mkdtemp(prefix="moonbox-client-venv-")
