@@ -280,8 +280,12 @@ if(PYTHON3_BIN AND NOT MOONBOX_SANITIZE)
   set_tests_properties(clients.openapi PROPERTIES
     ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_CLIENT_RECORD=${MOONBOX_CLIENT_RECORD}"
     TIMEOUT 120 FIXTURES_REQUIRED clients_responses)
+  # the package's annotations hold (it ships py.typed: users' checkers trust them)
+  add_test(NAME clients.python.types COMMAND ${PYTHON3_BIN} -m mypy --strict --cache-dir ${CMAKE_BINARY_DIR}/mypy-cache moonbox
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/clients/python)
+  set_tests_properties(clients.python.types PROPERTIES TIMEOUT 300)
 elseif(NOT MOONBOX_SANITIZE)
-  moonbox_skip("clients.python clients.openapi" "needs python3")
+  moonbox_skip("clients.python clients.openapi clients.python.types" "needs python3")
 endif()
 
 # A fresh machine: the no-namespaces variant of a few suites inside bwrap

@@ -490,6 +490,16 @@ class TestServer(unittest.TestCase):
             c.list_sandboxes()
         self.assertEqual((cm.exception.code, cm.exception.status), ("UNAUTHORIZED", 401))
 
+    def test_malformed_arguments(self):
+        for url in ("127.0.0.1:8080", "ftp://h/", "http://h/?q=1"):
+            with self.assertRaises(ValueError):
+                Client(url, TOKEN)
+        for token in ("two words", "line\r\nX-Injected: 1", ""):
+            with self.assertRaises(ValueError):
+                Client(SERVER["url"], token)
+        with self.assertRaises(ValueError):
+            client().get_sandbox("py-any").write_file("f", b"x", encoding="base64")
+
     def test_nothing_listening(self):
         c = Client("http://127.0.0.1:%d" % free_port(), TOKEN, timeout=5)
         with self.assertRaises(MoonboxError) as cm:

@@ -75,18 +75,18 @@ class Client:
 
     def list_sandboxes(self) -> List[JSON]:
         """The sandboxes the server holds: [{id, created, lastUsed, sessions, processes, isolation}]."""
-        return self._t.json("GET", "/v1/sandboxes")
+        return self._t.array("GET", "/v1/sandboxes")
 
     def list_backups(self) -> List[JSON]:
-        return self._t.json("GET", "/v1/backups")
+        return self._t.array("GET", "/v1/backups")
 
     def delete_backup(self, id: Union[str, JSON]) -> JSON:
         bid = id["id"] if isinstance(id, dict) else id
-        return self._t.json("DELETE", "/v1/backups/" + _seg(bid))
+        return self._t.obj("DELETE", "/v1/backups/" + _seg(bid))
 
     def health(self) -> JSON:
         """GET /healthz: {status: "ok"} while the server serves."""
-        return self._t.json("GET", "/healthz")
+        return self._t.obj("GET", "/healthz")
 
     def ready(self) -> JSON:
         """GET /readyz: {status: "ready"}; MoonboxError(status=503) with the reason when not."""
@@ -98,11 +98,15 @@ class Client:
         try:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
-            raise MoonboxError("BAD_RESPONSE", "GET /readyz: the body is not JSON", resp.status) from None
+            body = None
+        if not isinstance(body, dict):
+            raise MoonboxError("BAD_RESPONSE", "GET /readyz: the body is not a JSON object", resp.status)
         self._t._record("GET", "/readyz", resp, body=body)
-        if resp.status != 200:
-            raise MoonboxError("NOT_READY", str(body.get("reason", "not ready")), resp.status, body)
-        return body
+        if resp.status == 200:
+            return body
+        if "code" in body:  # an error of the server's (TOO_MANY_CONNECTIONS, ...)
+            raise MoonboxError.from_body(resp.status, body)
+        raise MoonboxError("NOT_READY", str(body.get("reason", "not ready")), resp.status, body)
 
     def metrics(self) -> str:
         """GET /metrics: the Prometheus text."""
@@ -140,8 +144,11 @@ class _Calls:
             q["sessionId"] = self._session_id
         return q
 
-    def _json(self, method: str, path: str, **kw: Any) -> Any:
-        return self._client._t.json(method, self._base + path, **kw)
+    def _json(self, method: str, path: str, **kw: Any) -> JSON:
+        return self._client._t.obj(method, self._base + path, **kw)
+
+    def _array(self, method: str, path: str, **kw: Any) -> List[Any]:
+        return self._client._t.array(method, self._base + path, **kw)
 
     def _events(self, method: str, path: str, **kw: Any) -> Iterator[Event]:
         return self._client._t.events(method, self._base + path, timeout=self._client.stream_timeout, **kw)
@@ -185,7 +192,7 @@ class _Calls:
         return Process(self, self._json("POST", "/processes", body=body))
 
     def list_processes(self) -> List["Process"]:
-        return [Process(self, p) for p in self._json("GET", "/processes", query=self._query())]
+        return [Process(self, p) for p in self._array("GET", "/processes", query=self._query())]
 
     def get_process(self, id: str) -> Optional["Process"]:
         """The process, or None if there is none with this id."""
@@ -203,11 +210,11 @@ class _Calls:
 
     def kill_all_processes(self, signal: Union[str, int, None] = None) -> int:
         """How many processes were signalled."""
-        return self._json("DELETE", "/processes", query=self._query(signal=signal))["count"]
+        return int(self._json("DELETE", "/processes", query=self._query(signal=signal))["count"])
 
     def cleanup_completed_processes(self) -> int:
         """How many records of ended processes were removed."""
-        return self._json("POST", "/processes/cleanup", body=self._body({}))["count"]
+        return int(self._json("POST", "/processes/cleanup", body=self._body({}))["count"])
 
     def get_process_logs(self, id: str) -> JSON:
         """{stdout, stderr, processId, truncated}."""
@@ -308,7 +315,7 @@ class _Calls:
         return self._json("POST", "/contexts", body=self._body(body))
 
     def list_code_contexts(self) -> List[JSON]:
-        return self._json("GET", "/contexts", query=self._query())
+        return self._array("GET", "/contexts", query=self._query())
 
     def delete_code_context(self, id: Union[str, JSON]) -> JSON:
         cid = id["id"] if isinstance(id, dict) else id
@@ -403,7 +410,7 @@ class Sandbox(_Calls):
         return Session(self, r["id"], r)
 
     def list_sessions(self) -> List[str]:
-        return self._json("GET", "/sessions")
+        return self._array("GET", "/sessions")
 
     def delete_session(self, id: Union[str, "Session"]) -> JSON:
         sid = id.id if isinstance(id, Session) else id
@@ -419,7 +426,7 @@ class Sandbox(_Calls):
         return self._json("DELETE", "/ports/%d" % int(port))
 
     def get_exposed_ports(self) -> List[JSON]:
-        return self._json("GET", "/ports")
+        return self._array("GET", "/ports")
 
     def create_backup(self, **opts: Any) -> JSON:
         """{id, dir, name, sandboxId, sizeBytes, compression, createdAt, expiresAt}.
@@ -485,7 +492,7 @@ class Process:
     def get_status(self) -> str:
         p = self._owner._json("GET", "/processes/" + _seg(self.id), query=self._owner._query())
         self._set(p)
-        return self.status
+        return str(self.status)
 
     def kill(self, signal: Union[str, int, None] = None) -> JSON:
         return self._owner.kill_process(self.id, signal)

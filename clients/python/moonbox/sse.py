@@ -4,7 +4,7 @@ joined with newlines, comments (``:``) and other fields are ignored."""
 from __future__ import annotations
 
 import json
-from typing import Any, BinaryIO, Dict, Iterator
+from typing import Any, BinaryIO, Dict, Iterator, List
 
 from .errors import MoonboxError
 
@@ -15,7 +15,7 @@ MAX_EVENT_BYTES = 64 * 1024 * 1024
 
 def events(stream: BinaryIO, max_event_bytes: int = MAX_EVENT_BYTES) -> Iterator[Dict[str, Any]]:
     """Yield each event's decoded JSON object from a readable byte stream."""
-    data: list = []
+    data: List[bytes] = []
     size = 0
     while True:
         line = stream.readline(max_event_bytes + 2)

@@ -8,7 +8,7 @@ import json
 import socket
 import ssl
 import urllib.parse
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import sse
 from .errors import MoonboxError
@@ -37,6 +37,11 @@ class Transport:
         self.host = parts.hostname
         self.port = parts.port
         self.prefix = parts.path.rstrip("/")
+        if parts.query or parts.fragment:
+            raise ValueError("url must not have a query or fragment, got %r" % url)
+        # (a token is one header value: no spaces or control characters to split it)
+        if token is not None and (not token or any(not 0x21 <= ord(c) <= 0x7e for c in token)):
+            raise ValueError("token must be printable ASCII without spaces")
         self.token = token
         self.timeout = timeout
         self.ssl_context = ssl_context
@@ -125,6 +130,20 @@ class Transport:
         self._record(method, path, resp, body=value)
         return value
 
+    def obj(self, method: str, path: str, **kw: Any) -> Dict[str, Any]:
+        """A JSON call whose result is an object."""
+        value = self.json(method, path, **kw)
+        if not isinstance(value, dict):
+            raise MoonboxError("BAD_RESPONSE", "%s %s: expected a JSON object" % (method, path))
+        return value
+
+    def array(self, method: str, path: str, **kw: Any) -> List[Any]:
+        """A JSON call whose result is an array."""
+        value = self.json(method, path, **kw)
+        if not isinstance(value, list):
+            raise MoonboxError("BAD_RESPONSE", "%s %s: expected a JSON array" % (method, path))
+        return value
+
     def text(self, method: str, path: str, **kw: Any) -> str:
         conn, resp = self.open(method, path, accept="text/plain", **kw)
         try:
@@ -158,10 +177,10 @@ class Transport:
 
     def _iterate(self, method: str, path: str, conn: http.client.HTTPConnection,
                  resp: http.client.HTTPResponse) -> Iterator[Dict[str, Any]]:
-        seen: list = []
+        seen: List[Dict[str, Any]] = []
         ended = False
         try:
-            for ev in sse.events(resp):  # type: ignore[arg-type]
+            for ev in sse.events(resp):
                 if self.on_response:
                     seen.append(ev)
                 yield ev
