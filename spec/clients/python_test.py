@@ -477,6 +477,78 @@ class TestSandbox(Base):
         self.assertCode("BACKUP_NOT_FOUND", 404, self.client.delete_backup, b["id"])
 
 
+class TestCompatRecorded(Base):
+    """The seed's protocol (/api/..., docs/compat.md; its own client is
+    tested by compat.*): each route called once through the client's
+    transport, so that its answers are recorded for clients.openapi."""
+    sandbox_id = "py-compat"
+
+    def call(self, method, path, body=None):
+        return self.client._t.json(method, self.sb._base + "/api" + path, body=body)
+
+    def stream(self, path, body):
+        return list(self.client._t.events("POST", self.sb._base + "/api" + path, body=body))
+
+    def test_every_route(self):
+        self.assertEqual(self.call("GET", "/ping")["message"], "pong")
+        self.assertIn("version", self.call("GET", "/version"))
+        self.assertEqual(self.call("POST", "/session/create", {"id": "c1"})["id"], "c1")
+        r = self.call("POST", "/execute", {"command": "echo hi", "sessionId": "c1"})
+        self.assertEqual((r["stdout"], r["exitCode"]), ("hi\n", 0))
+        events = self.stream("/execute/stream", {"command": "echo a; echo b >&2", "sessionId": "c1"})
+        self.assertEqual((events[0]["type"], events[-1]["type"], events[-1]["exitCode"]), ("start", "complete", 0))
+        self.assertIn("bash", self.call("GET", "/commands")["availableCommands"])
+        self.call("POST", "/mkdir", {"path": "/workspace/cd", "recursive": True})
+        self.call("POST", "/write", {"path": "/workspace/cd/a.txt", "content": "abc"})
+        self.assertEqual(self.call("POST", "/read", {"path": "/workspace/cd/a.txt"})["content"], "abc")
+        events = self.stream("/read/stream", {"path": "/workspace/cd/a.txt"})
+        self.assertEqual([e["type"] for e in events], ["metadata", "chunk", "complete"])
+        self.call("POST", "/rename", {"oldPath": "/workspace/cd/a.txt", "newPath": "/workspace/cd/b.txt"})
+        self.call("POST", "/move", {"sourcePath": "/workspace/cd/b.txt", "destinationPath": "/workspace/c.txt"})
+        self.assertEqual(self.call("POST", "/exists", {"path": "/workspace/c.txt"})["exists"], True)
+        files = self.call("POST", "/list-files", {"path": "/workspace", "options": {"recursive": True}})["files"]
+        self.assertIn("c.txt", [f["name"] for f in files])
+        self.call("POST", "/delete", {"path": "/workspace/c.txt"})
+        with self.assertRaises(MoonboxError) as cm:
+            self.call("POST", "/read", {"path": "/workspace/c.txt"})
+        self.assertEqual((cm.exception.code, cm.exception.status), ("FILE_NOT_FOUND", 404))
+        v = self.call("POST", "/watch/check", {"path": "/workspace/cd"})
+        self.assertEqual(v["status"], "unchanged")
+        self.assertEqual(self.call("POST", "/process/start", {"command": "echo out", "processId": "cp"})["processId"],
+                         "cp")
+        events = self.client._t.events("GET", self.sb._base + "/api/process/cp/stream")
+        self.assertEqual(list(events)[-1]["type"], "exit")
+        self.assertEqual(self.call("GET", "/process/cp")["process"]["status"], "completed")
+        self.assertEqual(self.call("GET", "/process/cp/logs")["stdout"], "out\n")
+        self.assertIn("cp", [p["id"] for p in self.call("GET", "/process/list")["processes"]])
+        port = 20000 + os.getpid() % 1000
+        self.call("POST", "/process/start", {"command": "python3 -m http.server %d" % port, "processId": "cw"})
+        events = self.stream("/port-watch", {"port": port, "processId": "cw"})
+        self.assertEqual([e["type"] for e in events], ["watching", "ready"])
+        self.assertEqual(self.call("DELETE", "/process/cw")["processId"], "cw")
+        self.call("POST", "/process/start", {"command": "sleep 30", "processId": "cs"})
+        self.assertEqual(self.call("DELETE", "/process/kill-all")["killedCount"], 1)
+        c = self.call("POST", "/contexts", {"language": "python"})
+        events = self.stream("/execute/code", {"context_id": c["contextId"], "code": "print(1)\n2"})
+        self.assertEqual(events[-1]["type"], "execution_complete")
+        self.assertIn(c["contextId"], [x["id"] for x in self.call("GET", "/contexts")["contexts"]])
+        self.assertEqual(self.call("DELETE", "/contexts/" + c["contextId"])["contextId"], c["contextId"])
+        with self.assertRaises(MoonboxError) as cm:
+            self.call("POST", "/git/checkout", {"repoUrl": "/workspace", "targetDir": "/workspace/g"})
+        self.assertEqual(cm.exception.code, "POLICY_DENIED")
+        b = self.call("POST", "/backup/create", {"dir": "/workspace/cd", "archivePath": "/tmp/cd.sqfs"})
+        self.assertEqual(b["archivePath"], "/tmp/cd.sqfs")
+        self.assertEqual(self.call("POST", "/backup/restore", {"dir": "/workspace/cd", "archivePath": "/tmp/cd.sqfs"})
+                         ["success"], True)
+        stream = self.client._t.events("POST", self.sb._base + "/api/watch", body={"path": "/workspace/cd"})
+        first = next(stream)
+        self.call("POST", "/write", {"path": "/workspace/cd/new.txt", "content": "n"})
+        second = next(stream)
+        stream.close()
+        self.assertEqual((first["type"], second["type"], second["eventType"]), ("watching", "event", "create"))
+        self.assertEqual(self.call("POST", "/session/delete", {"sessionId": "c1"})["sessionId"], "c1")
+
+
 class TestServer(unittest.TestCase):
     def test_health_ready_metrics(self):
         c = client()
