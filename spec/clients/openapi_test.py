@@ -14,7 +14,8 @@
      real `moonbox serve` (MOONBOX_CLIENT_RECORD, written by
      spec/clients/python_test.py, CTest's clients.python) validates against
      the schema of its route, method, status and content type (an SSE
-     stream: each event against x-event-schema), and every operation has
+     stream: each event against x-event-schema), the request body and
+     query parameters of every accepted request are described, and every operation has
      a recorded success but those listed in NOT_RECORDED.
 
 Environment: MOONBOX_BIN, MOONBOX_SOURCE_DIR, MOONBOX_CLIENT_RECORD."""
@@ -120,6 +121,19 @@ class OpenAPI(unittest.TestCase):
                 if m in item:
                     yield tpl, m, item[m]
 
+    def check_request(self, tpl, op, r, what):
+        """What the client sent and the server accepted: the body validates
+        against the requestBody schema; each query parameter is described."""
+        if r.get("request") is not None:
+            self.assertIn("requestBody", op, what + ": a body was accepted, none is described")
+            body = resolve(self.spec, op["requestBody"])
+            self.validate(body["content"]["application/json"]["schema"], r["request"], what + " request")
+        params = [resolve(self.spec, p) for p in self.spec["paths"][tpl].get("parameters", [])]
+        params += [resolve(self.spec, p) for p in op.get("parameters", [])]
+        names = {p["name"] for p in params if p["in"] == "query"}
+        for k in r.get("query") or {}:
+            self.assertIn(k, names, what + ": query parameter %s is not described" % k)
+
     # 1 -------------------------------------------------------------------------------------
     def test_document(self):
         self.assertTrue(str(self.spec["openapi"]).startswith("3.1."))
@@ -194,6 +208,8 @@ class OpenAPI(unittest.TestCase):
             if self.spec["paths"][tpl].get("x-moonbox-proxy"):
                 continue  # the application's answer, not ours
             op = self.spec["paths"][tpl][m]
+            if 200 <= r["status"] < 300:
+                self.check_request(tpl, op, r, what)
             resp = op["responses"].get(str(r["status"])) or op["responses"].get("default")
             self.assertIsNotNone(resp, what + ": status not described")
             resp = resolve(self.spec, resp)

@@ -365,7 +365,7 @@ class TestFiles(Base):
         v = self.sb.checkChanges("/workspace/w")
         self.assertEqual(v["status"], "unchanged")
         self.assertEqual(self.sb.check_changes("/workspace/w", since=v["version"])["status"], "unchanged")
-        stream = self.sb.watch("/workspace/w")
+        stream = self.sb.watch("/workspace/w", recursive=True, exclude=["*.tmp"])
         self.sb.write_file("/workspace/w/new.txt", "n")
         ev = next(stream)
         stream.close()

@@ -101,7 +101,7 @@ class Client:
             body = None
         if not isinstance(body, dict):
             raise MoonboxError("BAD_RESPONSE", "GET /readyz: the body is not a JSON object", resp.status)
-        self._t._record("GET", "/readyz", resp, body=body)
+        self._t._record("GET", "/readyz", resp, {}, body=body)
         if resp.status == 200:
             return body
         if "code" in body:  # an error of the server's (TOO_MANY_CONNECTIONS, ...)

@@ -97,17 +97,22 @@ class Transport:
             raise MoonboxError("BAD_RESPONSE", "%s %s: a body over %d bytes" % (method, path, MAX_BODY_BYTES))
         return data
 
-    def _record(self, method: str, path: str, resp: http.client.HTTPResponse, **what: Any) -> None:
+    def _record(self, method: str, path: str, resp: http.client.HTTPResponse, sent: Dict[str, Any],
+                **what: Any) -> None:
+        """Hand the on_response hook what was sent and what came back."""
         if self.on_response:
+            query = {k: _query_value(v) for k, v in (sent.get("query") or {}).items() if v is not None}
             self.on_response(dict(method=method, path=path, status=resp.status,
-                                  contentType=resp.getheader("Content-Type", ""), **what))
+                                  contentType=resp.getheader("Content-Type", ""), request=sent.get("body"),
+                                  query=query, **what))
 
-    def _error(self, method: str, path: str, resp: http.client.HTTPResponse, data: bytes) -> MoonboxError:
+    def _error(self, method: str, path: str, resp: http.client.HTTPResponse, data: bytes,
+               sent: Dict[str, Any]) -> MoonboxError:
         try:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             body = None
-        self._record(method, path, resp, body=body)
+        self._record(method, path, resp, sent, body=body)
         err = MoonboxError.from_body(resp.status, body)
         if err.code == "HTTP_ERROR":
             err.message = "%s %s: HTTP %d %s" % (method, path, resp.status, resp.reason)
@@ -121,13 +126,13 @@ class Transport:
         finally:
             conn.close()
         if not 200 <= resp.status < 300:
-            raise self._error(method, path, resp, data)
+            raise self._error(method, path, resp, data, kw)
         try:
             value = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise MoonboxError("BAD_RESPONSE", "%s %s: the body is not JSON: %s" % (method, path, e),
                                resp.status) from None
-        self._record(method, path, resp, body=value)
+        self._record(method, path, resp, kw, body=value)
         return value
 
     def obj(self, method: str, path: str, **kw: Any) -> Dict[str, Any]:
@@ -151,9 +156,9 @@ class Transport:
         finally:
             conn.close()
         if not 200 <= resp.status < 300:
-            raise self._error(method, path, resp, data)
+            raise self._error(method, path, resp, data, kw)
         text = data.decode("utf-8", "replace")
-        self._record(method, path, resp, text=text)
+        self._record(method, path, resp, kw, text=text)
         return text
 
     def events(self, method: str, path: str, **kw: Any) -> Iterator[Dict[str, Any]]:
@@ -167,16 +172,16 @@ class Transport:
                 data = self._read(method, path, resp)
             finally:
                 conn.close()
-            raise self._error(method, path, resp, data)
+            raise self._error(method, path, resp, data, kw)
         ctype = resp.getheader("Content-Type", "")
         if not ctype.startswith("text/event-stream"):
             conn.close()
             raise MoonboxError("BAD_RESPONSE", "%s %s: expected an event stream, got %r" % (method, path, ctype),
                                resp.status)
-        return self._iterate(method, path, conn, resp)
+        return self._iterate(method, path, conn, resp, kw)
 
     def _iterate(self, method: str, path: str, conn: http.client.HTTPConnection,
-                 resp: http.client.HTTPResponse) -> Iterator[Dict[str, Any]]:
+                 resp: http.client.HTTPResponse, sent: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
         seen: List[Dict[str, Any]] = []
         ended = False
         try:
@@ -193,7 +198,7 @@ class Transport:
         finally:
             conn.close()
             # (also a stream the caller closed early: what it saw)
-            self._record(method, path, resp, events=seen, ended=ended)
+            self._record(method, path, resp, sent, events=seen, ended=ended)
 
     def chunks(self, method: str, path: str, chunk_size: int = 64 * 1024, **kw: Any) -> Iterator[bytes]:
         """A raw byte stream (GET /files/stream), in chunks as they arrive."""
@@ -203,8 +208,8 @@ class Transport:
                 data = self._read(method, path, resp)
             finally:
                 conn.close()
-            raise self._error(method, path, resp, data)
-        self._record(method, path, resp)
+            raise self._error(method, path, resp, data, kw)
+        self._record(method, path, resp, kw)
         return self._chunks(method, path, conn, resp, chunk_size)
 
     @staticmethod
