@@ -184,6 +184,24 @@ class TestExec(Base):
         time.sleep(1.5)
         self.assertEqual(self.sb.exists("/workspace/should-not-exist")["exists"], False)
 
+    def test_stream_timeouts(self):
+        # `timeout` bounds the wait for the stream's head, not its quiet spells
+        quick = client(timeout=0.5).get_sandbox(self.sandbox_id)
+        events = list(quick.exec_stream("sleep 1.5; echo late"))
+        self.assertEqual(("".join(e.get("data", "") for e in events), events[-1]["type"]), ("late\n", "complete"))
+        # `stream_timeout` bounds each wait for an event
+        impatient = client(stream_timeout=0.5).get_sandbox(self.sandbox_id)
+        stream = impatient.exec_stream("echo first; sleep 3; touch /workspace/after-stream-timeout")
+        self.assertEqual(next(stream)["type"], "start")
+        self.assertEqual(next(stream)["data"], "first\n")
+        with self.assertRaises(MoonboxError) as cm:
+            next(stream)
+        self.assertEqual((cm.exception.code, cm.exception.status), ("CLIENT_TIMEOUT", None))
+        # the connection closed with it: the command was killed
+        self.sb.exec("true")
+        time.sleep(3.5)
+        self.assertEqual(self.sb.exists("/workspace/after-stream-timeout")["exists"], False)
+
     def test_stream_validation_error_raises_before_streaming(self):
         e = self.assertCode("VALIDATION_FAILED", 400, self.sb.exec_stream, "   ")
         self.assertEqual(e.context.get("field"), "command")

@@ -94,6 +94,7 @@ class Client:
         try:
             data = resp.read(64 * 1024)
         finally:
+            resp.close()
             conn.close()
         try:
             body = json.loads(data.decode("utf-8"))
@@ -151,7 +152,7 @@ class _Calls:
         return self._client._t.array(method, self._base + path, **kw)
 
     def _events(self, method: str, path: str, **kw: Any) -> Iterator[Event]:
-        return self._client._t.events(method, self._base + path, timeout=self._client.stream_timeout, **kw)
+        return self._client._t.events(method, self._base + path, stream_timeout=self._client.stream_timeout, **kw)
 
     # ---- commands
     def exec(self, command: Union[str, List[str]], *, request_timeout: Optional[float] = None,
@@ -262,7 +263,7 @@ class _Calls:
     def read_file_stream(self, path: str) -> Iterator[bytes]:
         """The file's raw bytes, in chunks."""
         return self._client._t.chunks("GET", self._base + "/files/stream", query=self._query(path=path),
-                                      timeout=self._client.stream_timeout)
+                                      stream_timeout=self._client.stream_timeout)
 
     def mkdir(self, path: str, *, recursive: Optional[bool] = None) -> JSON:
         return self._json("POST", "/files/mkdir", body=self._body(_options({"path": path, "recursive": recursive})))

@@ -27,6 +27,15 @@ def _query_value(v: Union[str, int, bool]) -> str:
     return str(v)
 
 
+def _close(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+    """Close the connection now, also when the response holds its socket
+    (Connection: close hands the socket to the response): the server sees
+    the client leave at once, which cancels a stream's command or a wait,
+    rather than whenever the garbage collector gets to it."""
+    resp.close()
+    conn.close()
+
+
 class Transport:
     def __init__(self, url: str, token: Optional[str], timeout: Optional[float],
                  ssl_context: Optional[ssl.SSLContext] = None, on_response: Optional[Recorder] = None) -> None:
@@ -61,9 +70,13 @@ class Transport:
         return target
 
     def open(self, method: str, path: str, *, body: Any = None, raw: Optional[bytes] = None, query: Query = None,
-             timeout: Optional[float] = None, accept: str = "application/json"
+             timeout: Optional[float] = None, accept: str = "application/json", stream: bool = False,
+             stream_timeout: Optional[float] = None
              ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Send a request; the response is returned unread (status checked by callers)."""
+        """Send a request; the response is returned unread (status checked
+        by callers). Connecting, sending and the response's head have
+        `timeout` (the client's when None); with `stream`, reading the body
+        then has `stream_timeout` between reads (None: no limit)."""
         headers = {"Accept": accept}
         if self.token:
             headers["Authorization"] = "Bearer " + self.token
@@ -77,7 +90,12 @@ class Transport:
         conn = self._connect(self.timeout if timeout is None else timeout)
         try:
             conn.request(method, self._target(path, query), body=data, headers=headers)
-            return conn, conn.getresponse()
+            # (taken before getresponse, which may hand the socket to the response)
+            sock = conn.sock
+            resp = conn.getresponse()
+            if stream and sock is not None:
+                sock.settimeout(stream_timeout)
+            return conn, resp
         except socket.timeout:
             conn.close()
             raise MoonboxError("CLIENT_TIMEOUT", "%s %s: no response within %ss" % (method, path, conn.timeout)) \
@@ -124,7 +142,7 @@ class Transport:
         try:
             data = self._read(method, path, resp)
         finally:
-            conn.close()
+            _close(conn, resp)
         if not 200 <= resp.status < 300:
             raise self._error(method, path, resp, data, kw)
         try:
@@ -154,7 +172,7 @@ class Transport:
         try:
             data = self._read(method, path, resp)
         finally:
-            conn.close()
+            _close(conn, resp)
         if not 200 <= resp.status < 300:
             raise self._error(method, path, resp, data, kw)
         text = data.decode("utf-8", "replace")
@@ -166,16 +184,16 @@ class Transport:
         (errors before the stream starts raise here); closing the generator
         (or leaving a for loop early and dropping it) closes the connection,
         which cancels the stream on the server."""
-        conn, resp = self.open(method, path, accept="text/event-stream", **kw)
+        conn, resp = self.open(method, path, accept="text/event-stream", stream=True, **kw)
         if not 200 <= resp.status < 300:
             try:
                 data = self._read(method, path, resp)
             finally:
-                conn.close()
+                _close(conn, resp)
             raise self._error(method, path, resp, data, kw)
         ctype = resp.getheader("Content-Type", "")
         if not ctype.startswith("text/event-stream"):
-            conn.close()
+            _close(conn, resp)
             raise MoonboxError("BAD_RESPONSE", "%s %s: expected an event stream, got %r" % (method, path, ctype),
                                resp.status)
         return self._iterate(method, path, conn, resp, kw)
@@ -191,23 +209,23 @@ class Transport:
                 yield ev
             ended = True
         except socket.timeout:
-            raise MoonboxError("CLIENT_TIMEOUT", "%s %s: no event within %ss" % (method, path, conn.timeout)) \
+            raise MoonboxError("CLIENT_TIMEOUT", "%s %s: no event within the stream timeout" % (method, path)) \
                 from None
         except (OSError, http.client.HTTPException) as e:
             raise MoonboxError("CONNECTION_FAILED", "%s %s: %s" % (method, path, e)) from None
         finally:
-            conn.close()
+            _close(conn, resp)
             # (also a stream the caller closed early: what it saw)
             self._record(method, path, resp, sent, events=seen, ended=ended)
 
     def chunks(self, method: str, path: str, chunk_size: int = 64 * 1024, **kw: Any) -> Iterator[bytes]:
         """A raw byte stream (GET /files/stream), in chunks as they arrive."""
-        conn, resp = self.open(method, path, accept="application/octet-stream", **kw)
+        conn, resp = self.open(method, path, accept="application/octet-stream", stream=True, **kw)
         if not 200 <= resp.status < 300:
             try:
                 data = self._read(method, path, resp)
             finally:
-                conn.close()
+                _close(conn, resp)
             raise self._error(method, path, resp, data, kw)
         self._record(method, path, resp, kw)
         return self._chunks(method, path, conn, resp, chunk_size)
@@ -226,4 +244,4 @@ class Transport:
         except (OSError, http.client.HTTPException) as e:
             raise MoonboxError("CONNECTION_FAILED", "%s %s: %s" % (method, path, e)) from None
         finally:
-            conn.close()
+            _close(conn, resp)
