@@ -450,12 +450,13 @@ class Sandbox(_Calls):
 
 
 class Session(_Calls):
-    """A persistent shell of a sandbox; ``id`` is its session id."""
+    """A persistent shell of a sandbox; ``id`` is its session id, ``fields``
+    what the server said of it when this object was made ({cwd, ...})."""
 
-    def __init__(self, sandbox: Sandbox, id: str, info: Optional[JSON] = None) -> None:
+    def __init__(self, sandbox: Sandbox, id: str, fields: Optional[JSON] = None) -> None:
         self.id = id
         self.sandbox = sandbox
-        self.info = info or {}
+        self.fields = fields or {}
         self._client = sandbox._client
         self._base = sandbox._base
         self._session_id = id
