@@ -167,6 +167,8 @@ describe("api request checks", function()
         { "/exec", "{\"command\": \"true\"} trailing" },
         { "/exec", "{\"command\": \"true\", \"env\": " .. ("["):rep(100) .. ("]"):rep(100) .. "}" },
         { "/exec", "{\"command\": NaN}" },
+        { "/exec", "{\"command\": \"sleep 1\", \"timeout\": 1e400}" }, -- (a double's infinity)
+        { "/exec", "{\"command\": \"true\", \"env\": {\"A\": [-1e999]}}" },
         { "/exec", { command = 5 } },
         { "/exec", { command = "true", timeout = "soon" } },
         { "/exec", { command = "true", bogus = 1 } },

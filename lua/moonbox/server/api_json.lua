@@ -29,6 +29,9 @@ local function clean(v, field)
   if v == cjson.null then return false end
   if type(v) == "string" then
     if not core.utf8_valid(v) then V.fail(field, "not valid UTF-8") end
+  elseif type(v) == "number" then
+    -- 1e400 is valid JSON that no double holds: cjson makes it inf
+    if v ~= v or v == math.huge or v == -math.huge then V.fail(field, "a number out of range") end
   elseif type(v) == "table" then
     for k, x in pairs(v) do
       local name = type(k) == "number" and ("%s[%d]"):format(field, k) or field .. "." .. tostring(k)
