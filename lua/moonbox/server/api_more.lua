@@ -10,6 +10,7 @@
 --   DELETE /v1/backups/{backupId}              -> deleteBackup
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
 --   POST   /v1/sandboxes/{id}                  {from} -> getSandbox(id, {from = backup}): a new sandbox, a fork
+--   PATCH  /v1/sandboxes/{id}/network          {egress = {allow, deny}} -> setNetwork
 local moonbox = require "moonbox"
 local V = require "moonbox.lib.validate"
 local json = require "moonbox.server.api_json"
@@ -102,12 +103,22 @@ function H.create_from(ctx)
   return 200, info
 end
 
+function H.set_network(ctx)
+  no_query(ctx)
+  local body = ctx:body()
+  local net = ctx:sandbox():setNetwork(body)
+  json.array(net.egress.allow)
+  json.array(net.egress.deny)
+  return 200, net
+end
+
 function M.install(router)
   for _, r in ipairs {
     { "POST", "/ports", H.expose }, { "GET", "/ports", H.list_ports },
     { "DELETE", "/ports/{port}", H.unexpose },
     { "POST", "/backups", H.create_backup }, { "POST", "/backups/restore", H.restore_backup },
     { "POST", "/files/changes", H.check_changes }, { "POST", "", H.create_from },
+    { "PATCH", "/network", H.set_network },
   } do
     router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
   end

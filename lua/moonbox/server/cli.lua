@@ -413,6 +413,9 @@ function M.start(opts)
     idleTimeoutMs = opts.idleTimeoutMs }, handler)
   -- a liveness probe answered 503 past --max-connections would restart a busy pod
   server.alwaysAnswer = { ["/healthz"] = true, ["/readyz"] = true, ["/metrics"] = true }
+  -- an egress sandbox never reaches this port, even through an allow rule
+  -- naming the host (network/nft.lua)
+  if addr.port and addr.port > 0 then table.insert(require("moonbox.network").server_ports, addr.port) end
   server.onDone = function(req, res) service:done(req, res) end
   server.onReject = function(reason) service:reject(reason) end
   server.service = service
