@@ -132,6 +132,7 @@ if(SHELLCHECK_BIN)
   add_test(NAME prelude_bash.shellcheck COMMAND ${SHELLCHECK_BIN} ${CMAKE_SOURCE_DIR}/share/shell/prelude.bash)
   # and the project's own shell scripts (build, tests, deploy, CI)
   file(GLOB SHELL_SCRIPTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/scripts/*.sh ${CMAKE_SOURCE_DIR}/spec/*.sh
+    ${CMAKE_SOURCE_DIR}/spec/network/*.sh
     ${CMAKE_SOURCE_DIR}/deploy/*/*.sh)
   add_test(NAME shellcheck COMMAND ${SHELLCHECK_BIN} ${SHELL_SCRIPTS} ${CMAKE_SOURCE_DIR}/.ci/run)
 else()

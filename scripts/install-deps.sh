@@ -10,6 +10,10 @@ python3-ipython python3-matplotlib bubblewrap bash-builtins squashfs-tools
 chromium node-typescript shellcheck clang-format"
 # the disk quota (sandbox/disk.lua): mkfs.ext4; mount, umount, fallocate
 PACKAGES="$PACKAGES e2fsprogs util-linux mount"
+# network = "egress" (lua/moonbox/network/): veth pairs (ip), one nftables
+# table per sandbox (nft), a dnsmasq resolver per sandbox (nftset); nsenter
+# is util-linux's
+PACKAGES="$PACKAGES iproute2 nftables dnsmasq-base"
 # the fuzz build (cmake/fuzz.cmake): clang, and libclang-rt-14-dev for the libFuzzer runtime
 PACKAGES="$PACKAGES clang libclang-rt-14-dev"
 # node and npm (the page's xterm.js, its browser test): Debian's unless present

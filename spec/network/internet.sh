@@ -20,7 +20,7 @@ down() {
   # shellcheck disable=SC1091
   . "$state/names"
   for f in "$state"/*.pid; do
-    [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true
+    if [ -f "$f" ]; then kill -9 "$(cat "$f")" 2>/dev/null || true; fi
   done
   ip route del 203.0.113.0/24 via 198.51.100.10 2>/dev/null || true
   ip route del 10.77.0.0/24 via 198.51.100.10 2>/dev/null || true
