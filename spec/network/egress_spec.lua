@@ -199,6 +199,63 @@ describe("egress", function()
     end)
   end)
 
+  it("over HTTP: POST makes an egress sandbox, PATCH /network changes its rules, /metrics counts", function()
+    local cjson = require "cjson"
+    local api = require "moonbox.server.api"
+    local function request(method, path, body)
+      local r = api.handle({ method = method, path = path, query = {}, headers = {},
+        body = body and cjson.encode(body) }, {})
+      if type(r.body) == "table" then r.body = r.body.text() end
+      return r.status, cjson.decode(r.body), r.body
+    end
+    api.configure { home = helper.mkdtemp(), policy = { dns = { upstream = { internet.dns } } } }
+    run_task(function()
+      local base = ("/v1/sandboxes/http-%d"):format(core.getpid())
+      local ok, err = pcall(function()
+        local status, r, raw = request("POST", base, { network = "egress", egress = { allow = { "203.0.113.20" } } })
+        assert.same({ 200, "egress", { "203.0.113.20" } }, { status, r.network.mode, r.network.egress.allow })
+        assert.truthy(raw:find('"deny":[]', 1, true))
+        local sb = require("moonbox.sandbox").all()[base:match("[^/]+$")]
+        local function fetch(url) return curl(sb, url).body end
+        assert.equal("", fetch("http://203.0.113.10/"))
+        assert.equal(BODY, fetch("http://203.0.113.20/"))
+        status, r = request("PATCH", base .. "/network", { egress = { allow = { "203.0.113.10" } } })
+        assert.same({ 200, { "203.0.113.10" } }, { status, r.egress.allow })
+        assert.equal(BODY, fetch("http://203.0.113.10/"))
+        assert.equal("", fetch("http://203.0.113.20/"))
+        status, r = request("PATCH", base .. "/network", { egress = { allow = { "10.0.0.0/33" } } })
+        assert.same({ 400, "VALIDATION_FAILED" }, { status, r.code })
+        local service = require("moonbox.server.service").new {}
+        local text = service:metrics { connections = function() return 0 end, inflight = function() return 0 end,
+          refused = function() return 0, 0 end }
+        local id = base:match("[^/]+$")
+        local sent = tonumber(text:match('moonbox_egress_sent_bytes_total{sandbox="' .. id:gsub("%-", "%%-") ..
+          '"} (%d+)'))
+        assert.is_true(sent and sent > 0, text)
+      end)
+      request("DELETE", base)
+      if not ok then error(err, 0) end
+      -- a sandbox whose network is not egress has no rules to change
+      local other = base .. "-none"
+      local status, r = request("PATCH", other .. "/network", { egress = {} })
+      request("DELETE", other)
+      assert.same({ 400, "VALIDATION_FAILED" }, { status, r.code })
+    end)
+  end)
+
+  it("a sandbox whose init died is rebuilt with its link, rules and resolver", function()
+    with_egress(function(sb)
+      assert.equal(BODY, curl(sb, "http://allowed.test/").body)
+      core.kill(sb:info().initPid, "SIGKILL")
+      helper.eventually(function() return sb.init_dead end, 5000)
+      local net = sb:info().network -- (rebuilds it)
+      assert.equal(1, sb:info().restarts)
+      assert.same({ "allowed.test" }, net.egress.allow)
+      assert.equal(BODY, curl(sb, "http://allowed.test/").body)
+      refused(sb, "http://203.0.113.20/")
+    end, { allow = { "allowed.test" } })
+  end)
+
   it("leaves no link, table, resolver or lock after destroy", function()
     run_task(function()
       local sb = egress_sandbox({ allow = { "allowed.test" } })

@@ -137,6 +137,8 @@ function M.script(spec)
   -- to the host itself: the resolver, and an address an allow rule names
   -- (never a server port of the runtime's)
   add("add rule %s input iifname %s jump to_host", t, link)
+  -- the resolver answers its sandbox only (never the host's LAN: no open resolver)
+  add("add rule %s input ip daddr %s iifname != %s counter name refused drop", t, spec.host_addr, link)
   local h = "add rule " .. t .. " to_host "
   add("%sct state established,related accept", h)
   add("%sip saddr %s ip daddr %s meta l4proto { tcp, udp } th dport 53 accept", h, spec.sb_addr, spec.host_addr)
