@@ -53,6 +53,29 @@ end
 
 local function slot_of(sb) return tonumber(sb:info().network.link:match("%d+")) end
 
+describe("egress rules", function()
+  it("are checked before anything is made: VALIDATION_FAILED naming the rule", function()
+    run_task(function()
+      for rule, why in pairs {
+        ["2001:db8::/32"] = "IPv6 is not routed", ["10.0.0.1/8"] = "host bits set", ["1.2.3.4:0"] = "port out of",
+        ["not a name"] = "not a CIDR", ["localhost"] = "not a CIDR", ["300.1.1.1"] = "not an IPv4",
+      } do
+        local err = helper.error_of(helper.new_sandbox, { network = "egress", egress = { allow = { rule } } })
+        assert.equal("VALIDATION_FAILED", err.code, rule)
+        assert.truthy(err.message:find("egress.allow[1]", 1, true), err.message)
+        assert.truthy(err.message:find(why, 1, true), err.message)
+      end
+      local err = helper.error_of(helper.new_sandbox, { network = "egress", egress = { allowed = {} } })
+      assert.same({ "VALIDATION_FAILED", "egress.allowed" }, { err.code, err.context.field })
+      err = helper.error_of(helper.new_sandbox, { network = "egress", isolation = "none" })
+      assert.equal("VALIDATION_FAILED", err.code)
+      assert.truthy(err.message:find('network = "egress" needs the sandbox\'s own namespaces', 1, true), err.message)
+      err = helper.error_of(helper.new_sandbox, { policy = { egress = { deny = { "fc00::/7" } } } })
+      assert.same({ "VALIDATION_FAILED", "policy.egress.deny[1]" }, { err.code, err.context.field })
+    end)
+  end)
+end)
+
 if core.getuid() ~= 0 then
   describe("egress, unprivileged", function()
     it("fails closed with ISOLATION_UNAVAILABLE naming the reason", function()

@@ -18,6 +18,7 @@ M.BINARY = "dnsmasq"
 M.MAX_FORWARDS = 64 -- queries in flight upstream, per sandbox
 M.CACHE = 1000
 M.START_WAIT_MS = 3000
+M.STOP_WAIT_MS = 2000
 
 -- upstream resolvers: the policy's dns.upstream, else /etc/resolv.conf's
 function M.upstreams(dns)
@@ -100,9 +101,18 @@ function M.start(spec)
     or "", (table.concat(err):gsub("%s+$", "")))
 end
 
+-- stop(r): killed and waited for (up to STOP_WAIT_MS), so a resolver
+-- started next on its address finds the port free
 function M.stop(r)
   if not r then return end
-  if r.state.status == nil then pcall(r.proc.kill, r.proc, "SIGKILL") end
+  if r.state.status == nil then
+    pcall(r.proc.kill, r.proc, "SIGKILL")
+    local waited = 0
+    while r.state.status == nil and waited < M.STOP_WAIT_MS and async.in_task() do
+      async.sleep(10)
+      waited = waited + 10
+    end
+  end
   pcall(r.stderr.close, r.stderr)
   core.unlink(slots.pid_path(r.slot or -1))
 end
