@@ -215,6 +215,20 @@ describe("egress", function()
     end, nil, { limits = { connections = 2, egressBytesPerSecond = 1048576 } })
   end)
 
+  it("holds limits.egressBytesPerSecond: what it sends past the rate is dropped", function()
+    -- 16 MiB through one connection: far more than the socket's send buffer
+    -- (so the sender waits for the peer), ~4 min at 64 KiB/s, milliseconds without a limit
+    local send = "head -c 16777216 /dev/zero | timeout 5 bash -c 'cat > /dev/tcp/203.0.113.10/9'; echo $?"
+    with_egress(function(sb)
+      assert.equal("0\n", sb:exec(send).stdout)
+    end)
+    with_egress(function(sb)
+      local before = sb:info().network.counters.refusedPackets
+      assert.equal("124\n", sb:exec(send).stdout)
+      assert.is_true(sb:info().network.counters.refusedPackets > before)
+    end, nil, { limits = { egressBytesPerSecond = 65536 } })
+  end)
+
   it("exposed ports keep working: waitForPort connects inside the namespace", function()
     with_egress(function(sb)
       local p = sb:startProcess("python3 -m http.server 8001 --bind 127.0.0.1 --directory /etc")

@@ -1,8 +1,9 @@
 #!/bin/sh
 # The egress specs' "internet" (no real one in CI): a network namespace
 # behind a veth from the host, routed like the outside world, with
-#   198.51.100.10  its own address: an HTTP server (port 80) and a DNS server
-#                  (port 53, spec/network/dns_server.py) for the test names
+#   198.51.100.10  its own address: an HTTP server (port 80), a DNS server
+#                  (port 53, spec/network/dns_server.py) for the test names,
+#                  and a TCP sink (port 9, on every address: reads, discards)
 #   203.0.113.10, 203.0.113.20  more public-looking addresses (same HTTP server)
 #   10.77.0.1      a "private" address (an internal service, same HTTP server)
 # and on the host: an HTTP server on 127.0.0.1:LOOP_PORT (a loopback-only
@@ -64,6 +65,14 @@ start http ip netns exec "$NS" $py -m http.server 80 --bind 0.0.0.0 --directory 
 start dns ip netns exec "$NS" $py "$here/dns_server.py" 198.51.100.10 \
   allowed.test=203.0.113.10 other.test=203.0.113.20 internal.test=10.77.0.1 \
   rebind.test=203.0.113.10/10.77.0.1 sub.allowed.test=203.0.113.10
+start sink ip netns exec "$NS" $py -c '
+import socketserver
+class Sink(socketserver.BaseRequestHandler):
+    def handle(self):
+        while self.request.recv(65536):
+            pass
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer(("0.0.0.0", 9), Sink).serve_forever()'
 start loop $py -m http.server "$loop_port" --bind 127.0.0.1 --directory "$state/host-www"
 start hostwide $py -m http.server "$host_port" --bind 0.0.0.0 --directory "$state/host-www"
 
