@@ -53,7 +53,7 @@ end
 local swept = false
 -- sweep(): a crashed runtime's leftovers (links mbx<n>, tables mbx_<n>_*,
 -- resolvers) whose slot lock no runtime holds are removed. Run once per
--- runtime, before its first egress sandbox.
+-- runtime, before its first egress sandbox, and by moonbox serve at start.
 function M.sweep()
   swept = true
   if core.getuid() ~= 0 then return 0 end

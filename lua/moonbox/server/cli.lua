@@ -452,6 +452,11 @@ function M.main(argv)
   end
   local runtime = require "moonbox._runtime"
   runtime.at_exit(function() server:close() end)
+  -- a crashed runtime's egress leftovers (links, nft tables, resolvers) go
+  -- now, not only before this server's first egress sandbox (network/init.lua)
+  if require("moonbox.core").getuid() == 0 then
+    require("moonbox.async").spawn(function() pcall(require("moonbox.network").sweep) end)
+  end
   -- SIGTERM: the graceful stop (docs/server.md); SIGINT and SIGHUP stay immediate
   runtime.on_signal("SIGTERM", function()
     io.stderr:write("moonbox serve: SIGTERM: stopping (grace ", tostring(opts.shutdownGraceS or 10), " s)\n")
