@@ -98,6 +98,7 @@ describe("egress", function()
       local net = sb:info().network
       assert.equal("egress", net.mode)
       assert.equal("veth+nftables", net.mechanism)
+      assert.equal(network.DEFAULT_CONNECTIONS, net.limits.connections) -- (the host's conntrack table is shared)
       assert.equal(BODY, curl(sb, "http://203.0.113.10/").body)
       assert.equal(BODY, curl(sb, "http://allowed.test/").body)
       assert.equal("nameserver " .. net.resolver, sb:exec("head -n1 /etc/resolv.conf").stdout:gsub("\n$", ""))

@@ -17,6 +17,10 @@ local M = {}
 M.MECHANISM = "veth+nftables"
 M.DNS_TIMEOUT = 300  -- s an answer's addresses stay open (the resolver hands out half of it as TTL)
 M.server_ports = {}  -- moonbox serve's listening ports: refused even to an allow rule naming the host
+-- connections open at once when limits.connections does not say: every one
+-- is an entry in the host's one conntrack table (nf_conntrack_max, shared
+-- by the whole host), which no sandbox may fill
+M.DEFAULT_CONNECTIONS = 4096
 
 local function unavailable(message, context)
   errors.raise("ISOLATION_UNAVAILABLE", 'network = "egress": ' .. message, context)
@@ -92,7 +96,7 @@ function M.prepare(sb, egress, limits, dns)
   if not slot then unavailable(err, { network = "egress" }) end
   return {
     id = sb.id, slot = slot, link = slots.link(slot.n), rules = rules, egress = egress,
-    connections = limits and limits.connections or nil,
+    connections = limits and limits.connections or M.DEFAULT_CONNECTIONS,
     bytes_per_second = limits and limits.egressBytesPerSecond or nil,
     upstreams = resolver.upstreams(dns),
     table = nft.table_name(slot.n, sb.id),

@@ -19,6 +19,8 @@ M.MAX_FORWARDS = 64 -- queries in flight upstream, per sandbox
 M.CACHE = 1000
 M.START_WAIT_MS = 3000
 M.STOP_WAIT_MS = 2000
+-- setgid, setuid, net_bind_service, net_admin (linux/capability.h)
+M.CAPABILITIES = { 6, 7, 10, 12 }
 
 -- upstream resolvers: the policy's dns.upstream, else /etc/resolv.conf's
 function M.upstreams(dns)
@@ -76,8 +78,12 @@ function M.start(spec)
   local argv, why = M.argv(spec)
   if not argv then return nil, why end
   local state = {}
+  -- it reads what the sandbox sends: it starts with only what it needs (to
+  -- bind port 53, become nobody, and keep net_admin for its nft sets) and
+  -- can never gain more (no_new_privs: no setuid program helps it)
   local proc, pipes, code = core.spawn {
     args = argv, env = host.ENV,
+    cap_keep = M.CAPABILITIES, no_new_privs = true,
     stdio = { [0] = "null", [1] = "null", [2] = "pipe" },
     on_exit = function(status) state.status = status if state.on_exit then state.on_exit(status) end end,
   }
