@@ -203,6 +203,38 @@ describe("egress", function()
     end)
   end)
 
+  it("never reaches moonbox serve on the host, on any of its addresses", function()
+    local bin = (os.getenv("MOONBOX_BUILD_DIR") or "build") .. "/moonbox"
+    local dir = helper.mkdtemp()
+    local port = internet.host_port + 1
+    local token = dir .. "/token"
+    helper.sh(("echo spec-token-0123456789abcdef > %s"):format(token))
+    run_task(function()
+      local sb = egress_sandbox()
+      os.execute(("MOONBOX_HOME=%s/home sh -c 'echo $$ > %s/pid; exec %s serve --listen 0.0.0.0:%d " ..
+        "--token-file %s' > %s/out 2>&1 &"):format(dir, dir, bin, port, token, dir))
+      local pid = tonumber(helper.sh("sleep 0.2; cat " .. dir .. "/pid"))
+      local ok, err = pcall(function()
+        local up
+        for _ = 1, 100 do
+          up = helper.sh(("curl -s -m 1 http://127.0.0.1:%d/healthz"):format(port))
+          if up ~= "" then break end
+          moonbox.sleep(100)
+        end
+        assert.truthy(up ~= "", "moonbox serve did not come up: " .. helper.sh("cat " .. dir .. "/out"))
+        assert.equal(up, helper.sh(("curl -s -m 1 http://198.51.100.1:%d/healthz"):format(port))) -- from the host
+        refused(sb, ("http://%s:%d/healthz"):format(sb:info().network.gateway, port))
+        refused(sb, ("http://198.51.100.1:%d/healthz"):format(port))
+      end)
+      if pid then
+        core.kill(pid, "SIGKILL")
+        helper.eventually(function() return not helper.pid_alive(pid) end, 5000)
+      end
+      sb:destroy()
+      if not ok then error(err, 0) end
+    end)
+  end)
+
   it("holds limits.connections", function()
     with_egress(function(sb)
       local r = sb:exec("exec 3<>/dev/tcp/203.0.113.10/80 && exec 4<>/dev/tcp/203.0.113.10/80 && " ..
