@@ -67,6 +67,8 @@ describe("egress rules", function()
       end
       local err = helper.error_of(helper.new_sandbox, { network = "egress", egress = { allowed = {} } })
       assert.same({ "VALIDATION_FAILED", "egress.allowed" }, { err.code, err.context.field })
+      err = helper.error_of(helper.new_sandbox, { egress = { allow = { "example.com" } } })
+      assert.same({ "VALIDATION_FAILED", "egress" }, { err.code, err.context.field })
       err = helper.error_of(helper.new_sandbox, { network = "egress", isolation = "none" })
       assert.equal("VALIDATION_FAILED", err.code)
       assert.truthy(err.message:find('network = "egress" needs the sandbox\'s own namespaces', 1, true), err.message)

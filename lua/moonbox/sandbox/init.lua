@@ -110,6 +110,10 @@ function make_sandbox(id, opts)
   if opts.egress ~= nil then require("moonbox.network.rules").parse(opts.egress, "egress") end
   local policy = policy_mod.resolve(opts.policy, opts.limits)
   if opts.isolation == nil and policy.isolation then isolation = policy.isolation end
+  -- rules asked of this call for a network that has none are a mistake, not dropped
+  if opts.egress ~= nil and (opts.network or policy.network or "none") ~= "egress" then
+    V.fail("egress", ('rules apply to network = "egress", not %q'):format(opts.network or policy.network or "none"))
+  end
   local env = V.env(opts.env, "env") or {}
   if opts.root ~= nil then V.path(opts.root, "root") end
   local live = registry[id]
