@@ -155,12 +155,15 @@ function M.update(state, egress)
   local ok, err = host.run({ "nft", "-f", "-" }, nft.script(spec_of(state)))
   if not ok then
     state.rules, state.egress = old_rules, old_egress
-    errors.raise("NETWORK_ERROR", "cannot change the sandbox's network rules: " .. tostring(err), {})
+    errors.raise("ISOLATION_UNAVAILABLE", "cannot change the sandbox's network rules: " .. tostring(err), {})
   end
   resolver.stop(state.resolver)
   state.resolver = nil
   ok, err = start_resolver(state)
-  if not ok then errors.raise("NETWORK_ERROR", "cannot restart the sandbox's resolver: " .. tostring(err), {}) end
+  if not ok then
+    -- (the new rules are in force; without a resolver no name resolves: closed, not open)
+    errors.raise("ISOLATION_UNAVAILABLE", "cannot restart the sandbox's resolver: " .. tostring(err), {})
+  end
 end
 
 -- detach(state): resolver, table, link, slot; each tried whatever failed before
