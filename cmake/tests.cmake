@@ -266,6 +266,30 @@ elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("deploy.routing deploy.manifests" "needs python3")
 endif()
 
+# clients/python against a real `moonbox serve` (spec/clients/python_test.py,
+# also pip install into a venv, offline); it records every response it sees,
+# and clients.openapi checks docs/openapi.yaml against the server's route
+# table and validates those recorded responses against its schemas.
+if(PYTHON3_BIN AND NOT MOONBOX_SANITIZE)
+  set(MOONBOX_CLIENT_RECORD ${CMAKE_BINARY_DIR}/clients-responses.jsonl)
+  add_test(NAME clients.python COMMAND ${PYTHON3_BIN} ${CMAKE_SOURCE_DIR}/spec/clients/python_test.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(clients.python PROPERTIES
+    ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_CLIENT_RECORD=${MOONBOX_CLIENT_RECORD}"
+    TIMEOUT 600 FIXTURES_SETUP clients_responses)
+  add_test(NAME clients.openapi COMMAND ${PYTHON3_BIN} ${CMAKE_SOURCE_DIR}/spec/clients/openapi_test.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(clients.openapi PROPERTIES
+    ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_CLIENT_RECORD=${MOONBOX_CLIENT_RECORD}"
+    TIMEOUT 120 FIXTURES_REQUIRED clients_responses)
+  # the package's annotations hold (it ships py.typed: users' checkers trust them)
+  add_test(NAME clients.python.types COMMAND ${PYTHON3_BIN} -m mypy --strict --cache-dir ${CMAKE_BINARY_DIR}/mypy-cache moonbox
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/clients/python)
+  set_tests_properties(clients.python.types PROPERTIES TIMEOUT 300)
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("clients.python clients.openapi clients.python.types" "needs python3")
+endif()
+
 # A fresh machine: the no-namespaces variant of a few suites inside bwrap
 # over a clean minimal tree (system dirs read-only, empty /tmp, /home, /root,
 # /var, /srv, /opt; no /workspace; no MOONBOX_HOME): no spec may need the

@@ -14,6 +14,10 @@ PACKAGES="$PACKAGES e2fsprogs util-linux mount"
 # table per sandbox (nft), a dnsmasq resolver per sandbox (nftset); nsenter
 # is util-linux's
 PACKAGES="$PACKAGES iproute2 nftables dnsmasq-base"
+# the Python client's tests (spec/clients/): pip install into a venv, offline
+# (setuptools and wheel build it without build isolation), and the OpenAPI
+# description's schemas checked with jsonschema; the client's types with mypy
+PACKAGES="$PACKAGES python3-venv python3-pip python3-setuptools python3-wheel python3-jsonschema python3-mypy"
 # the fuzz build (cmake/fuzz.cmake): clang, and libclang-rt-14-dev for the libFuzzer runtime
 PACKAGES="$PACKAGES clang libclang-rt-14-dev"
 # node and npm (the page's xterm.js, its browser test): Debian's unless present

@@ -26,6 +26,7 @@ M.defaults = {
     memoryBytes = 2 * 1024 * 1024 * 1024, -- the sandbox's processes together (a cgroup)
     pids = 2048,                          -- processes and threads, together (a cgroup)
     diskBytes = 4 * 1024 * 1024 * 1024,   -- its root: /workspace and what it keeps (sandbox/disk.lua)
+    cpuWeight = 100,                      -- its share of CPU against other sandboxes (a cgroup, 1-10000)
     cpuTime = nil, fileSizeBytes = nil, openFiles = nil,
   },
   env = {
@@ -39,8 +40,8 @@ M.defaults = {
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
   "maxCompletedProcesses", "maxCompletedLogBytes", "maxBufferedBytes",
-  "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "diskBytes", "cpuTime",
-  "fileSizeBytes",
+  "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "diskBytes", "cpuWeight",
+  "cpuTime", "fileSizeBytes",
   "openFiles", "egressBytesPerSecond", "connections" }
 -- Values below which nothing in the sandbox could run, refused rather than
 -- left to fail without a word.
@@ -54,7 +55,9 @@ local LIMIT_FLOORS = {
 }
 -- Limits a 0 turns off (the default policy sets them); any other 0 is
 -- below its floor (openFiles, cpuTime) or taken as it is.
-local OFF_BY_ZERO = { memoryBytes = true, pids = true, diskBytes = true }
+local OFF_BY_ZERO = { memoryBytes = true, pids = true, diskBytes = true, cpuWeight = true }
+-- Values above which the kernel refuses the setting.
+local LIMIT_CEILINGS = { cpuWeight = 10000 }
 local MOUNT_KEYS = { type = true, src = true, dst = true, size = true }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true,
   onRunCode = true, onTerminal = true }
@@ -82,6 +85,9 @@ local checks = {
       local floor = LIMIT_FLOORS[k]
       if floor and not (n == 0 and OFF_BY_ZERO[k]) and n < floor[1] then
         invalid("limits." .. k, ("expected at least %d: %s"):format(floor[1], floor[2]))
+      end
+      if LIMIT_CEILINGS[k] and n > LIMIT_CEILINGS[k] then
+        invalid("limits." .. k, ("expected at most %d"):format(LIMIT_CEILINGS[k]))
       end
     end
   end,

@@ -30,6 +30,10 @@ local registry = {}   -- id -> sandbox
 -- sandboxes being destroyed, out of the registry: their processes are
 -- still the runtime's own while the parts collect them (_known_pids)
 local dying = setmetatable({}, { __mode = "k" })
+-- root -> disk state of a sandbox destroyed with keepFiles: its image stays
+-- mounted while this runtime lives (a getSandbox of that root takes it
+-- again), and is unmounted at the runtime's exit (M.shutdown)
+local kept_disks = {}
 
 -- Whether isolation = "auto" may fall back to "none" where the kernel
 -- refuses user namespaces (said once on stderr). moonbox serve turns this
@@ -1143,7 +1147,9 @@ function Sandbox:_destroy_now(opts)
   if self.guarded then tree.unguard() end
   root_mod.unlock(self.root_lock)
   -- kept files stay where they were: the image stays mounted at the root
-  -- (a getSandbox of that root takes it again, sandbox/disk.lua)
+  -- (a getSandbox of that root takes it again, sandbox/disk.lua) until the
+  -- runtime exits
+  if opts.keepFiles and self.disk then kept_disks[self.root_canon] = self.disk end
   if not locked then error(lock_err, 0) end
   if not removed then
     errors.raise("FILESYSTEM_ERROR", "destroy could not remove the sandbox's files: " .. tostring(msg),
@@ -1211,6 +1217,13 @@ function M.shutdown()
         io.stderr:write("moonbox: shutdown: the destroy of sandbox ", sb.id, " under way has not ended\n")
       end
     end
+  end
+  -- No mount outlives the runtime: each kept image is unmounted (its files
+  -- stay in it, under <home>/disks; getSandbox of the root mounts it again)
+  for root, state in pairs(kept_disks) do
+    kept_disks[root] = nil
+    local ok, msg = disk.detach(state, false)
+    if not ok then io.stderr:write("moonbox: shutdown: cannot unmount the disk image at ", root, ": ", msg, "\n") end
   end
   shell_mod.cleanup()
   tree.cleanup(async.sleep)
