@@ -79,7 +79,8 @@ if(SPEC_FILES AND RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZ
           spec/security/root_identity_spec.lua spec/security/fail_closed_spec.lua spec/core/fs_tree_spec.lua
           spec/core/procscan_spec.lua spec/core/sys_spec.lua
           spec/security/file_race_spec.lua spec/server/security_spec.lua spec/hostile/session_spec.lua
-          spec/security/seccomp_spec.lua spec/security/spawn_spec_spec.lua spec/security/disk_quota_spec.lua)
+          spec/security/seccomp_spec.lua spec/security/spawn_spec_spec.lua spec/security/disk_quota_spec.lua
+          spec/network/egress_spec.lua)
     string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
     string(REPLACE "/" "." name ${name})
     add_test(NAME unprivileged.${name}
@@ -132,6 +133,7 @@ if(SHELLCHECK_BIN)
   add_test(NAME prelude_bash.shellcheck COMMAND ${SHELLCHECK_BIN} ${CMAKE_SOURCE_DIR}/share/shell/prelude.bash)
   # and the project's own shell scripts (build, tests, deploy, CI)
   file(GLOB SHELL_SCRIPTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/scripts/*.sh ${CMAKE_SOURCE_DIR}/spec/*.sh
+    ${CMAKE_SOURCE_DIR}/spec/network/*.sh
     ${CMAKE_SOURCE_DIR}/deploy/*/*.sh)
   add_test(NAME shellcheck COMMAND ${SHELLCHECK_BIN} ${SHELL_SCRIPTS} ${CMAKE_SOURCE_DIR}/.ci/run)
 else()

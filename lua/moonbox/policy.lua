@@ -42,7 +42,7 @@ local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSe
   "maxCompletedProcesses", "maxCompletedLogBytes", "maxBufferedBytes",
   "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "diskBytes", "cpuWeight",
   "cpuTime", "fileSizeBytes",
-  "openFiles" }
+  "openFiles", "egressBytesPerSecond", "connections" }
 -- Values below which nothing in the sandbox could run, refused rather than
 -- left to fail without a word.
 local LIMIT_FLOORS = {
@@ -50,6 +50,8 @@ local LIMIT_FLOORS = {
   cpuTime = { 1, "0 CPU seconds kills every process at once" },
   memoryBytes = { 1048576, "below 1 MiB the OOM killer ends the session shell before it runs anything" },
   diskBytes = { 16 * 1024 * 1024, "below 16 MiB ext4 has no room for its journal and the workspace" },
+  egressBytesPerSecond = { 1024, "below 1 KiB/s not even a TCP handshake with options gets through steadily" },
+  connections = { 1, "0 connections is network = \"none\"" },
 }
 -- Limits a 0 turns off (the default policy sets them); any other 0 is
 -- below its floor (openFiles, cpuTime) or taken as it is.
@@ -145,7 +147,25 @@ local checks = {
     end
   end,
   network = function(v)
-    if v ~= nil and v ~= "none" and v ~= "host" then invalid("network", "expected \"none\" or \"host\"") end
+    if v ~= nil and v ~= "none" and v ~= "host" and v ~= "egress" then
+      invalid("network", "expected \"none\", \"host\" or \"egress\"")
+    end
+  end,
+  -- egress = {allow = {...}, deny = {...}}: network = "egress"'s rules (network/rules.lua)
+  egress = function(v) require("moonbox.network.rules").parse(v, "policy.egress") end,
+  -- dns = {upstream = {"192.0.2.53", ...}}: the egress resolver's upstreams
+  -- (default: /etc/resolv.conf's nameservers)
+  dns = function(v)
+    expect(v, "table", "dns")
+    for k, x in pairs(v) do
+      if k ~= "upstream" then invalid("dns." .. tostring(k), "unknown key") end
+      expect(x, "table", "dns.upstream")
+      for i, a in ipairs(x) do
+        if type(a) ~= "string" or not require("moonbox.network.rules").parse_ipv4(a) then
+          invalid(("dns.upstream[%d]"):format(i), "expected an IPv4 address")
+        end
+      end
+    end
   end,
   hostname = function(v)
     expect(v, "string", "hostname")

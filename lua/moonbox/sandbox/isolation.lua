@@ -166,7 +166,12 @@ function M.mounts(sb, opts)
   end
   for _, name in ipairs(ETC_FILES) do
     local path = "/etc/" .. name
-    if exists(path) then m[#m + 1] = { type = "ro_bind", src = path, dst = path, optional = true } end
+    -- (an egress sandbox's resolver is its own: network/resolver.lua)
+    if opts.resolv_conf and name == "resolv.conf" then
+      m[#m + 1] = { type = "file", dst = path, data = opts.resolv_conf }
+    elseif exists(path) then
+      m[#m + 1] = { type = "ro_bind", src = path, dst = path, optional = true }
+    end
   end
   m[#m + 1] = { type = "file", dst = "/etc/hostname", data = opts.hostname .. "\n" }
   m[#m + 1] = { type = "proc", dst = "/proc" }
@@ -224,7 +229,8 @@ function M.owner_uid(idmap)
 end
 
 -- start(sb, opts) -> init, namespaces | nil, message, code
--- opts: network ("none" | "host"), hostname, tmpBytes (each writable tmpfs),
+-- opts: network ("none" | "host" | "egress"), resolv_conf (its /etc/resolv.conf's
+-- text), hostname, tmpBytes (each writable tmpfs),
 -- kernels, extra (policy mounts), idmap (M.idmap), owner_uid (M.owner_uid),
 -- userns (policy userns),
 -- cgroups (dirs the init joins), on_exit, deferred (build the root without
@@ -234,11 +240,14 @@ function M.start(sb, opts)
   local uid_map = ("0 %d %d\n"):format(idmap.uid, idmap.count)
   local gid_map = ("0 %d %d\n"):format(idmap.gid, idmap.count)
   local namespaces = { "user", "mnt", "pid", "ipc", "uts" }
-  if opts.network == "none" then namespaces[#namespaces + 1] = "net" end
+  -- "egress": a namespace of its own too, its link to the host added by
+  -- the runtime once the init runs (network/init.lua)
+  local own_net = opts.network == "none" or opts.network == "egress"
+  if own_net then namespaces[#namespaces + 1] = "net" end
   local init, err, code = core.sandbox_init {
     namespaces = namespaces,
     hostname = opts.hostname,
-    loopback = opts.network == "none",
+    loopback = own_net,
     mounts = M.mounts(sb, opts),
     cgroups = opts.cgroups,
     on_exit = opts.on_exit,

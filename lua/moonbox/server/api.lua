@@ -256,6 +256,7 @@ function H.info(ctx)
   local info = ctx:sandbox():info()
   json.array(info.namespaces)
   json.array(info.notEnforced)
+  json.network(info.network)
   return 200, info
 end
 

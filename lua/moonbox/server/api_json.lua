@@ -17,6 +17,15 @@ M.MAX_DEPTH = 32
 local ARRAY = { __name = "json array" }
 function M.array(t) return setmetatable(t or {}, ARRAY) end
 
+-- info().network of an egress sandbox: its rule lists are arrays, empty too
+function M.network(net)
+  if type(net) == "table" and net.egress then
+    M.array(net.egress.allow)
+    M.array(net.egress.deny)
+  end
+  return net
+end
+
 -- ---- decoding ----------------------------------------------------------------
 
 local decoder = cjson.new()

@@ -9,7 +9,9 @@
 --   GET    /v1/backups                         -> listBackups
 --   DELETE /v1/backups/{backupId}              -> deleteBackup
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
---   POST   /v1/sandboxes/{id}                  {from} -> getSandbox(id, {from = backup}): a new sandbox, a fork
+--   POST   /v1/sandboxes/{id}                  {from?, network?, egress?} -> getSandbox(id, {from = backup,
+--                                              network, egress}): a new sandbox (a fork, or an egress one)
+--   PATCH  /v1/sandboxes/{id}/network          {egress = {allow, deny}} -> setNetwork
 local moonbox = require "moonbox"
 local V = require "moonbox.lib.validate"
 local json = require "moonbox.server.api_json"
@@ -77,12 +79,14 @@ function H.check_changes(ctx)
   return 200, s:checkChanges(f.path, ctx:rest())
 end
 
--- POST /v1/sandboxes/{id} {from}: made as api.lua's Ctx:sandbox() makes
--- sandboxes (the server's home, policy, limits and maxSandboxes), from a backup.
+-- POST /v1/sandboxes/{id} {from?, network?, egress?}: made as api.lua's
+-- Ctx:sandbox() makes sandboxes (the server's home, policy, limits and
+-- maxSandboxes), from a backup and/or with a network of its own.
 function H.create_from(ctx)
   no_query(ctx)
-  local f = ctx:take { from = "string" }
+  local f = ctx:take { from = "string?", network = "string?", egress = "table?" }
   ctx:no_more()
+  if f.from == nil and f.network == nil then V.fail("from", "missing (or give network)") end
   local api = require "moonbox.server.api"
   local id = ctx.params.id
   local live, n = require("moonbox.sandbox").all(), 0
@@ -92,14 +96,21 @@ function H.create_from(ctx)
     require("moonbox.errors").raise("POLICY_DENIED",
       ("the server already holds %d sandboxes (maxSandboxes)"):format(n), { maxSandboxes = api.config.maxSandboxes })
   end
-  local opts = { from = f.from, policy = api.config.policy, limits = api.config.limits }
+  local opts = { from = f.from, network = f.network, egress = f.egress, policy = api.config.policy,
+    limits = api.config.limits }
   if api.config.home then opts.root = api.config.home .. "/sandboxes/" .. id end
   local sb = moonbox.getSandbox(id, opts)
   ctx._sandbox = sb
   local info = sb:info()
   json.array(info.namespaces)
   json.array(info.notEnforced)
+  json.network(info.network)
   return 200, info
+end
+
+function H.set_network(ctx)
+  no_query(ctx)
+  return 200, json.network(ctx:sandbox():setNetwork(ctx:body()))
 end
 
 function M.install(router)
@@ -108,6 +119,7 @@ function M.install(router)
     { "DELETE", "/ports/{port}", H.unexpose },
     { "POST", "/backups", H.create_backup }, { "POST", "/backups/restore", H.restore_backup },
     { "POST", "/files/changes", H.check_changes }, { "POST", "", H.create_from },
+    { "PATCH", "/network", H.set_network },
   } do
     router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
   end
