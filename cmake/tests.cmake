@@ -148,13 +148,22 @@ foreach(example ${EXAMPLE_FILES})
   set_tests_properties(example.${name} PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 300)
 endforeach()
 
+# share/page/vendor/ is @xterm/xterm as share/page/package-lock.json pins it
+# (compared with the npm cache scripts/install-deps.sh fills)
+if(NODE_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/@xterm/xterm/package.json" AND NOT MOONBOX_SANITIZE)
+  add_test(NAME page.vendor
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/page-vendor-test.sh ${CMAKE_SOURCE_DIR} ${MOONBOX_PAGE_DEPS})
+  set_tests_properties(page.vendor PROPERTIES PASS_REGULAR_EXPRESSION "page-vendor-test: ok")
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("page.vendor" "needs node and the npm cache of scripts/install-deps.sh")
+endif()
+
 # The page of `moonbox serve` in headless Debian chromium, driven by
 # playwright-core (from the npm cache scripts/install-deps.sh fills): type
 # `echo hi` in the terminal, see hi, keep a screenshot.
 find_program(CHROMIUM_BIN chromium)
 if(MOONBOX_SANITIZE)
-elseif(NODE_BIN AND CHROMIUM_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/playwright-core"
-       AND TARGET page_vendor)
+elseif(NODE_BIN AND CHROMIUM_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/playwright-core")
   add_test(NAME page.terminal
     COMMAND ${NODE_BIN} ${CMAKE_SOURCE_DIR}/spec/server/page_test.js $<TARGET_FILE:moonbox_cli>
       ${MOONBOX_PAGE_DEPS}/node_modules ${CMAKE_BINARY_DIR}/test-output/page)

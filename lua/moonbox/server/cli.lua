@@ -201,9 +201,10 @@ local function exists(path)
   return fs.stat(path) ~= nil
 end
 
--- Where the page and its npm packages are: the source and build trees, or
--- an installed prefix (share/moonbox/page with vendor/, beside the Lua
--- modules' share/lua/5.1), found from where the modules are.
+-- Where the page is: the source tree (through the build tree's lua link) or
+-- an installed prefix (share/moonbox/page, beside the Lua modules'
+-- share/lua/5.1), found from where the modules are; xterm.js is vendored in
+-- its vendor/ (CMakeLists.txt).
 function M.find_page()
   local ldir = lua_dir() or "."
   local page
@@ -211,18 +212,9 @@ function M.find_page()
                          ldir .. "/../../moonbox/page" } do
     if dir and exists(dir .. "/index.html") then page = dir break end
   end
-  local exe = fs.readlink("/proc/self/exe")
-  local exe_dir = exe and exe:match("^(.*)/[^/]+$") or "."
   local vendor = {}
-  local xterm = {
-    exe_dir .. "/page/vendor",             -- build tree (copied from the npm cache, CMakeLists.txt)
-    page and (page .. "/vendor") or false, -- installed
-  }
-  for _, dir in ipairs(xterm) do
-    if dir and exists(dir .. "/lib/xterm.js") then
-      vendor["xterm.js"], vendor["xterm.css"] = dir .. "/lib/xterm.js", dir .. "/css/xterm.css"
-      break
-    end
+  if page and exists(page .. "/vendor/lib/xterm.js") then
+    vendor["xterm.js"], vendor["xterm.css"] = page .. "/vendor/lib/xterm.js", page .. "/vendor/css/xterm.css"
   end
   return page, vendor
 end
