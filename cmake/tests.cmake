@@ -108,7 +108,7 @@ endif()
 
 # The C follows .clang-format: the check fails on any drift (fix with
 # `clang-format -i` on the files it names). Debian 12's clang-format 14 is
-# the reference (scripts/install-deps.sh installs it); another major version
+# the reference (`scripts/install-deps.sh test` installs it); another major version
 # may format differently, so it is preferred where both are installed.
 find_program(CLANG_FORMAT_BIN NAMES clang-format-14 clang-format)
 if(CLANG_FORMAT_BIN)
@@ -149,17 +149,17 @@ foreach(example ${EXAMPLE_FILES})
 endforeach()
 
 # share/page/vendor/ is @xterm/xterm as share/page/package-lock.json pins it
-# (compared with the npm cache scripts/install-deps.sh fills)
+# (compared with the npm cache `scripts/install-deps.sh test` fills)
 if(NODE_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/@xterm/xterm/package.json" AND NOT MOONBOX_SANITIZE)
   add_test(NAME page.vendor
     COMMAND sh ${CMAKE_SOURCE_DIR}/spec/page-vendor-test.sh ${CMAKE_SOURCE_DIR} ${MOONBOX_PAGE_DEPS})
   set_tests_properties(page.vendor PROPERTIES PASS_REGULAR_EXPRESSION "page-vendor-test: ok")
 elseif(NOT MOONBOX_SANITIZE)
-  moonbox_skip("page.vendor" "needs node and the npm cache of scripts/install-deps.sh")
+  moonbox_skip("page.vendor" "needs node and the npm cache of scripts/install-deps.sh test")
 endif()
 
 # The page of `moonbox serve` in headless Debian chromium, driven by
-# playwright-core (from the npm cache scripts/install-deps.sh fills): type
+# playwright-core (from the npm cache `scripts/install-deps.sh test` fills): type
 # `echo hi` in the terminal, see hi, keep a screenshot.
 find_program(CHROMIUM_BIN chromium)
 if(MOONBOX_SANITIZE)
@@ -175,7 +175,7 @@ elseif(NODE_BIN AND CHROMIUM_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/p
       ${MOONBOX_PAGE_DEPS}/node_modules ${CMAKE_BINARY_DIR}/test-output/ports)
   set_tests_properties(page.ports PROPERTIES TIMEOUT 180)
 else()
-  moonbox_skip("page.terminal page.ports" "needs node, chromium and the npm cache of scripts/install-deps.sh")
+  moonbox_skip("page.terminal page.ports" "needs node, chromium and the npm cache of scripts/install-deps.sh test")
 endif()
 
 # The seed's published client (@cloudflare/sandbox, pinned in

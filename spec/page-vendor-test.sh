@@ -11,7 +11,7 @@ fail() { echo "page-vendor-test: $*" >&2; exit 1; }
 pinned=$(node -e 'const l = require(process.argv[1]); console.log(l.packages["node_modules/@xterm/xterm"].version)' \
   "$src/share/page/package-lock.json")
 cached=$(node -e 'console.log(require(process.argv[1]).version)' "$pkg/package.json")
-[ "$pinned" = "$cached" ] || fail "the npm cache has @xterm/xterm $cached, the lock file pins $pinned (run scripts/install-deps.sh)"
+[ "$pinned" = "$cached" ] || fail "the npm cache has @xterm/xterm $cached, the lock file pins $pinned (run scripts/install-deps.sh test)"
 for f in lib/xterm.js css/xterm.css LICENSE; do
   cmp -s "$pkg/$f" "$src/share/page/vendor/$f" ||
     fail "share/page/vendor/$f differs from @xterm/xterm $pinned's $f (copy it from $pkg)"
