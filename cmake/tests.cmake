@@ -134,8 +134,10 @@ if(SHELLCHECK_BIN)
   file(GLOB SHELL_SCRIPTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/scripts/*.sh ${CMAKE_SOURCE_DIR}/spec/*.sh
     ${CMAKE_SOURCE_DIR}/deploy/*/*.sh)
   add_test(NAME shellcheck COMMAND ${SHELLCHECK_BIN} ${SHELL_SCRIPTS} ${CMAKE_SOURCE_DIR}/.ci/run)
+  # the bash completion the package ships
+  add_test(NAME completion.shellcheck COMMAND ${SHELLCHECK_BIN} -s bash ${CMAKE_SOURCE_DIR}/share/completion/moonbox.bash)
 else()
-  moonbox_skip("prelude_bash.shellcheck shellcheck" "apt-get install shellcheck")
+  moonbox_skip("prelude_bash.shellcheck shellcheck completion.shellcheck" "apt-get install shellcheck")
 endif()
 
 # Every example runs and must print what it promises (spec/examples.sh).
