@@ -132,7 +132,7 @@ if(SHELLCHECK_BIN)
   add_test(NAME prelude_bash.shellcheck COMMAND ${SHELLCHECK_BIN} ${CMAKE_SOURCE_DIR}/share/shell/prelude.bash)
   # and the project's own shell scripts (build, tests, deploy, CI)
   file(GLOB SHELL_SCRIPTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/scripts/*.sh ${CMAKE_SOURCE_DIR}/spec/*.sh
-    ${CMAKE_SOURCE_DIR}/deploy/*/*.sh)
+    ${CMAKE_SOURCE_DIR}/deploy/*/*.sh ${CMAKE_SOURCE_DIR}/cmake/deb/*.sh)
   add_test(NAME shellcheck COMMAND ${SHELLCHECK_BIN} ${SHELL_SCRIPTS} ${CMAKE_SOURCE_DIR}/.ci/run)
   # the bash completion the package ships
   add_test(NAME completion.shellcheck COMMAND ${SHELLCHECK_BIN} -s bash ${CMAKE_SOURCE_DIR}/share/completion/moonbox.bash)
@@ -244,6 +244,23 @@ if(DPKG_DEB_BIN AND NOT MOONBOX_SANITIZE)
     RUN_SERIAL TRUE)
 elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("install.deb" "needs dpkg-deb")
+endif()
+
+# The container image without a registry (spec/image-test.sh): a Debian 12
+# base made by mmdebstrap from Debian's mirror, deploy/Dockerfile built on it
+# with buildah (vfs storage, chroot isolation), the quickstart run in the
+# image. As root only; a few minutes (it compiles moonbox in the image).
+find_program(BUILDAH_BIN buildah)
+find_program(MMDEBSTRAP_BIN mmdebstrap)
+if(MOONBOX_SANITIZE)
+elseif(BUILDAH_BIN AND MMDEBSTRAP_BIN AND BUILD_UID STREQUAL "0")
+  add_test(NAME image.quickstart
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/image-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/image-test
+      ${CMAKE_BINARY_DIR})
+  set_tests_properties(image.quickstart PROPERTIES TIMEOUT 2400 PASS_REGULAR_EXPRESSION "image-test: ok"
+    RUN_SERIAL TRUE)
+else()
+  moonbox_skip("image.quickstart" "needs root, buildah and mmdebstrap (scripts/install-deps.sh test installs them)")
 endif()
 
 # moonbox-<version>-1.rockspec loads, agrees with the project, and builds as

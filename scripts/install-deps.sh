@@ -30,6 +30,9 @@ curl jq nginx-light bubblewrap squashfs-tools node-typescript shellcheck clang-f
   # the packaging checks (spec/package-test.sh, docs/packaging.md): lintian;
   # systemd-analyze verify of the unit
   PACKAGES="$PACKAGES lintian systemd"
+  # the container image without a registry (spec/image-test.sh): a base made
+  # by mmdebstrap, deploy/Dockerfile built with buildah
+  PACKAGES="$PACKAGES mmdebstrap buildah"
   # node and npm (the page's browser test, the compat client): Debian's unless present
   command -v npm >/dev/null 2>&1 || PACKAGES="$PACKAGES nodejs npm"
 fi
@@ -42,9 +45,10 @@ if [ -n "$missing" ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
+  # Acquire::Retries: a mirror address that times out is tried again, then another
+  $SUDO apt-get -o Acquire::Retries=5 update -qq
   # shellcheck disable=SC2086
-  $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  $SUDO apt-get -o Acquire::Retries=5 install -y -qq --no-install-recommends $missing >/dev/null
 fi
 [ "$mode" = test ] || exit 0
 
