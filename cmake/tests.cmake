@@ -246,6 +246,16 @@ elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("install.deb" "needs dpkg-deb")
 endif()
 
+# The bash completion the package ships, completing as a user's Tab would
+# (spec/completion-test.sh, with Debian's bash-completion)
+if(EXISTS /usr/share/bash-completion/bash_completion AND BASH_BIN AND NOT MOONBOX_SANITIZE)
+  add_test(NAME completion.bash
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/completion-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/completion-test)
+  set_tests_properties(completion.bash PROPERTIES PASS_REGULAR_EXPRESSION "completion-test: ok")
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("completion.bash" "needs bash-completion (scripts/install-deps.sh test installs it)")
+endif()
+
 # The container image without a registry (spec/image-test.sh): a Debian 12
 # base made by mmdebstrap from Debian's mirror, deploy/Dockerfile built on it
 # with buildah (vfs storage, chroot isolation), the quickstart run in the

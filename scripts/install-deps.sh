@@ -28,8 +28,8 @@ curl jq nginx-light bubblewrap squashfs-tools node-typescript shellcheck clang-f
   # the fuzz build (cmake/fuzz.cmake): clang, and libclang-rt-14-dev for the libFuzzer runtime
   PACKAGES="$PACKAGES clang libclang-rt-14-dev"
   # the packaging checks (spec/package-test.sh, docs/packaging.md): lintian;
-  # systemd-analyze verify of the unit
-  PACKAGES="$PACKAGES lintian systemd"
+  # systemd-analyze verify of the unit; the bash completion (spec/completion-test.sh)
+  PACKAGES="$PACKAGES lintian systemd bash-completion"
   # the container image without a registry (spec/image-test.sh): a base made
   # by mmdebstrap, deploy/Dockerfile built with buildah
   PACKAGES="$PACKAGES mmdebstrap buildah"
