@@ -133,6 +133,7 @@ void mb_open_pty(lua_State *L);     /* pty.c */
 void mb_open_sys(lua_State *L);     /* sys.c */
 void mb_open_codec(lua_State *L);   /* codec.c */
 void mb_open_magic(lua_State *L);   /* magic.c */
+void mb_open_image(lua_State *L);   /* image_unpack.c: image layers, blob digests */
 void mb_open_fsevent(lua_State *L); /* fsevent.c */
 void mb_open_tcp(lua_State *L);     /* tcp.c */
 void mb_open_seccomp(lua_State *L); /* seccomp.c */
