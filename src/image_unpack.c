@@ -5,7 +5,10 @@
  *   blob: the layer's file (read through libarchive: tar, gzip, zstd, xz,
  *   bzip2, or plain); dir: an existing empty directory the layer goes into.
  *   opts = {max_bytes =, max_entries =, xattr_ns = "trusted"|"user",
- *   chown = bool}. Nothing is read until the first step.
+ *   chown = bool, uid_base =, gid_base =, id_count =}: with chown, an
+ *   entry's owner u:g becomes uid_base+u:gid_base+g (a sandbox's id range,
+ *   so root in the image is root inside), and an owner >= id_count is
+ *   refused. Nothing is read until the first step.
  * job:step(cb)
  *   Unpacks up to STEP_BYTES of file data on libuv's thread pool, then
  *   cb(nil, done, bytes, entries): done is true once the layer is whole;
@@ -80,6 +83,7 @@ typedef struct {
   int dirfd;
   long long max_bytes, max_entries;
   int chown;
+  long long uid_base, gid_base, id_count; /* owners shifted into a sandbox's id range */
   char xattr_ns[16];
   int busy, spent, orphan; /* orphan: collected by Lua while a step ran */
   uv_work_t work;
@@ -190,6 +194,14 @@ static int open_parent(layer_job *j, const char *entry, char *rel, const char **
         *slash = '/';
         return fail(j, entry, er, "mkdir");
       }
+      /* a directory the tar did not list: root's in the sandbox */
+      if (j->chown && fchownat(cur, s, (uid_t)j->uid_base, (gid_t)j->gid_base, AT_SYMLINK_NOFOLLOW) < 0) {
+        int er = errno;
+        close(cur);
+        if (e) *e = '/';
+        *slash = '/';
+        return fail(j, entry, er, "chown");
+      }
       next = openat2_fd(cur, s, O_PATH | O_DIRECTORY);
     }
     int er = errno;
@@ -239,10 +251,18 @@ static int is_overlay_xattr(const char *name) {
 /* Owner, mode, xattrs and mtime of what was made at name (fd: an open fd
  * of it, or -1 for a symlink). chown first: it clears setuid bits and
  * file capabilities, which are set after it. */
-static int apply_meta(layer_job *j, const char *entry, struct archive_entry *e, int pfd, const char *name, int fd) {
-  if (j->chown &&
-      fchownat(pfd, name, (uid_t)archive_entry_uid(e), (gid_t)archive_entry_gid(e), AT_SYMLINK_NOFOLLOW) < 0)
+static int chown_entry(layer_job *j, const char *entry, struct archive_entry *e, int pfd, const char *name) {
+  if (!j->chown) return 0;
+  la_int64_t uid = archive_entry_uid(e), gid = archive_entry_gid(e);
+  if (uid < 0 || gid < 0 || uid >= j->id_count || gid >= j->id_count)
+    return refuse(j, entry, "owner outside the sandbox's id range");
+  if (fchownat(pfd, name, (uid_t)(j->uid_base + uid), (gid_t)(j->gid_base + gid), AT_SYMLINK_NOFOLLOW) < 0)
     return fail(j, entry, errno, "chown");
+  return 0;
+}
+
+static int apply_meta(layer_job *j, const char *entry, struct archive_entry *e, int pfd, const char *name, int fd) {
+  if (chown_entry(j, entry, e, pfd, name) < 0) return -1;
   if (fd < 0) return 0; /* a symlink: no mode, no xattrs */
   if (fchmod(fd, archive_entry_mode(e) & 07777) < 0) return fail(j, entry, errno, "chmod");
   const char *xname;
@@ -477,11 +497,7 @@ static int unpack_entry(layer_job *j, struct archive_entry *e, long long *budget
       /* fchmod and fsetxattr refuse O_PATH fds: go through /proc/self/fd */
       char p[64];
       snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
-      if (j->chown &&
-          fchownat(pfd, base, (uid_t)archive_entry_uid(e), (gid_t)archive_entry_gid(e), AT_SYMLINK_NOFOLLOW) < 0) {
-        fail(j, name, errno, "chown");
-        goto out;
-      }
+      if (chown_entry(j, name, e, pfd, base) < 0) goto out;
       if (chmod(p, archive_entry_mode(e) & 07777) < 0) {
         fail(j, name, errno, "chmod");
         goto out;
@@ -627,6 +643,9 @@ static int image_layer_open(lua_State *L) {
   long long max_entries = (long long)mb_opt_intfield(L, 3, "max_entries", 1000000);
   lua_getfield(L, 3, "chown");
   int do_chown = lua_toboolean(L, -1);
+  long long uid_base = (long long)mb_opt_intfield(L, 3, "uid_base", 0);
+  long long gid_base = (long long)mb_opt_intfield(L, 3, "gid_base", 0);
+  long long id_count = (long long)mb_opt_intfield(L, 3, "id_count", 65536);
   lua_getfield(L, 3, "xattr_ns");
   const char *ns = lua_isnil(L, -1) ? "trusted" : lua_tostring(L, -1);
   if (!ns || (strcmp(ns, "trusted") != 0 && strcmp(ns, "user") != 0))
@@ -668,6 +687,9 @@ static int image_layer_open(lua_State *L) {
   j->max_bytes = max_bytes;
   j->max_entries = max_entries;
   j->chown = do_chown;
+  j->uid_base = uid_base;
+  j->gid_base = gid_base;
+  j->id_count = id_count;
   snprintf(j->xattr_ns, sizeof j->xattr_ns, "%s", ns);
   return 1;
 }

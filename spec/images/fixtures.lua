@@ -45,6 +45,44 @@ function M.busybox_entries()
   return entries
 end
 
+-- bash and the libraries it loads (ldd), copied from the host: the
+-- session shell comes from the image. Paths as the loader names them
+-- (/lib/x86_64-linux-gnu/..., /lib64/ld-linux-x86-64.so.2).
+function M.bash_entries()
+  local entries, dirs = {}, {}
+  local function add_dirs(path)
+    local acc = ""
+    for part in path:gmatch("([^/]+)/") do
+      acc = acc .. part
+      if not dirs[acc] then
+        dirs[acc] = true
+        entries[#entries + 1] = { path = acc, type = "dir" }
+      end
+      acc = acc .. "/"
+    end
+  end
+  local files = { "/bin/bash" }
+  for line in helper.sh("ldd /bin/bash"):gmatch("[^\n]+") do
+    local path = line:match("=> (/%S+)") or line:match("^%s*(/%S+)")
+    if path then files[#files + 1] = path end
+  end
+  for _, path in ipairs(files) do
+    local rel = path:sub(2)
+    add_dirs(rel)
+    entries[#entries + 1] = { path = rel, type = "file", hostfile = helper.sh("realpath '" .. path .. "'"), mode = 493 }
+  end
+  return entries
+end
+
+-- busybox with bash: a rootfs sessions can use
+function M.shell_entries()
+  local e = M.busybox_entries()
+  for _, x in ipairs(M.bash_entries()) do
+    if x.path ~= "bin" then e[#e + 1] = x end
+  end
+  return e
+end
+
 -- The multi-layer image: busybox below; a second layer that deletes a file
 -- (whiteout), replaces a directory's content (opaque), hard-links a file
 -- and gives one a file capability (cap_net_raw+ep, VFS_CAP_REVISION_2).
@@ -55,7 +93,7 @@ function M.layered_desc()
       Cmd = { "/bin/sh" } },
     layers = {
       { gzip = true, entries = (function()
-        local e = M.busybox_entries()
+        local e = M.shell_entries()
         e[#e + 1] = { path = "etc/doomed", type = "file", content = "delete me" }
         e[#e + 1] = { path = "opt", type = "dir" }
         e[#e + 1] = { path = "opt/old1", type = "file", content = "old" }

@@ -21,7 +21,7 @@ teardown(function()
   helper.sh("rm -rf '" .. tmp .. "'")
 end)
 
-local function layer_dir(rec, i) return images.store.layer_path(rec.layers[i]) end
+local function layer_dir(rec, i) return images.store.layer_path(rec.layers[i], images.default_owner()) end
 local function read(path)
   local f = io.open(path, "rb")
   if not f then return nil end
@@ -51,8 +51,8 @@ describe("images.pull", function()
       assert.equal("busybox", helper.sh("readlink '" .. l1 .. "/bin/sh'"))
       -- the whiteout is an overlayfs whiteout: a 0/0 character device
       assert.equal("character special file 0,0", helper.sh("stat -c '%F %Hr,%Lr' '" .. l2 .. "/etc/doomed'"))
-      -- the opaque dir carries overlayfs' xattr (trusted as root, user otherwise)
-      local ns = disk.host_root() and "trusted" or "user"
+      -- the opaque dir carries overlayfs' userxattr (sandboxes mount in their user namespace)
+      local ns = "user"
       local getxattr = "python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], sys.argv[2]).decode())'"
       assert.equal("y", helper.sh(getxattr .. " '" .. l2 .. "/opt' " .. ns .. ".overlay.opaque"))
       assert.is_nil(read(l2 .. "/opt/.wh..wh..opq"))
@@ -64,6 +64,13 @@ describe("images.pull", function()
         assert.matches("cap_net_raw=ep", helper.sh("getcap '" .. l2 .. "/bin/pinger'"))
       end
       assert.equal("644", helper.sh("stat -c %a '" .. l2 .. "/srv/data'"))
+      -- owners: root of the image is root of the sandboxes' id range (as root),
+      -- the runtime's user unprivileged; a directory the tar did not list too
+      local owner = images.default_owner()
+      local want = owner and (owner.uid .. ":" .. owner.gid) or helper.sh("id -u") .. ":" .. helper.sh("id -g")
+      assert.equal(want, helper.sh("stat -c %u:%g '" .. l2 .. "/srv/data'"))
+      assert.equal(want, helper.sh("stat -c %u:%g '" .. l2 .. "/bin'"))
+      assert.equal(want, helper.sh("stat -c %u:%g '" .. l2 .. "'"))
       -- the store is private
       assert.equal("700", helper.sh("stat -c %a '" .. images.store.dir() .. "'"))
       assert.same({ "oci:" .. tmp .. "/oci:v1" }, (function()

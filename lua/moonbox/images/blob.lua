@@ -3,7 +3,6 @@ local cjson = require "cjson.safe"
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
-local disk = require "moonbox.sandbox.disk"
 local store = require "moonbox.images.store"
 
 local M = {}
@@ -75,16 +74,19 @@ function M.import(src, digest, what)
   return path, size
 end
 
--- Unpacks the blob at path into layers/<hex> once; progress(bytes) after
--- each step. Returns the layer's directory.
-function M.unpack(path, hex, progress)
-  local final = store.layer_path(hex)
+-- Unpacks the blob at path into layers/<hex>[-U-G] once; progress(bytes,
+-- entries) after each step; owner as store.layer_name. Returns the
+-- layer's directory and whether it was there already. Opaque dirs get
+-- user.overlay.opaque: sandboxes mount their overlay inside their user
+-- namespace, with userxattr (src/nsinit.c).
+function M.unpack(path, hex, progress, owner)
+  local final = store.layer_path(hex, owner)
   if require("moonbox.lib.util").is_dir(final) then return final, true end
   local dir = store.tmp_dir()
-  local root = disk.host_root()
   local job, msg, code = core.image_layer_open(path, dir, {
-    max_bytes = M.MAX_LAYER_BYTES, max_entries = M.MAX_LAYER_ENTRIES,
-    chown = root, xattr_ns = root and "trusted" or "user",
+    max_bytes = M.MAX_LAYER_BYTES, max_entries = M.MAX_LAYER_ENTRIES, xattr_ns = "user",
+    chown = owner ~= nil, uid_base = owner and owner.uid, gid_base = owner and owner.gid,
+    id_count = owner and owner.count,
   })
   if not job then
     store.remove(dir)
@@ -108,6 +110,14 @@ function M.unpack(path, hex, progress)
     end
   end)
   job:close()
+  if ok then
+    -- the layer's top is "/" of the sandboxes: their root's, 0755
+    ok, err = pcall(function()
+      local cok, cmsg = require("moonbox.lib.fs").chmod(dir, 493)
+      if cok and owner then cok, cmsg = core.chown(dir, owner.uid, owner.gid) end
+      if not cok then errors.raise("FILESYSTEM_ERROR", "image store: " .. tostring(cmsg)) end
+    end)
+  end
   if not ok then
     store.remove(dir)
     error(err, 0)

@@ -65,6 +65,15 @@ local function record_of(name, ref, read, sizes)
   }
 end
 
+-- Whose ids a layer's files get (store.layer_name): a root runtime's
+-- default sandbox id range, so pull prepares what getSandbox will use;
+-- nothing (the runtime's own) unprivileged.
+function M.default_owner()
+  if not require("moonbox.sandbox.disk").host_root() then return nil end
+  local policy = require "moonbox.policy"
+  return require("moonbox.sandbox.isolation").idmap(policy.resolve(nil))
+end
+
 -- Removes scratch left by a runtime that died mid-pull (under the lock,
 -- nobody else's work is in tmp/).
 local function sweep_tmp()
@@ -85,6 +94,7 @@ function M.pull(ref, opts)
     errors.raise("VALIDATION_FAILED", "image name must be a non-empty string without NUL or newline")
   end
   local progress = opts.onProgress
+  local owner = M.default_owner()
   return store.with_lock(function()
     sweep_tmp()
     local read
@@ -102,7 +112,7 @@ function M.pull(ref, opts)
       if progress then progress { type = "layer", index = i, count = #read.layers, digest = "sha256:" .. l.hex } end
       local _, cached = blob.unpack(l.path, l.hex, progress and function(bytes, entries)
         progress { type = "progress", index = i, count = #read.layers, bytes = bytes, entries = entries }
-      end)
+      end, owner)
       if progress then
         progress { type = "layerDone", index = i, count = #read.layers, digest = "sha256:" .. l.hex, cached = cached }
       end
@@ -112,6 +122,27 @@ function M.pull(ref, opts)
     refs.images[name] = rec
     store.write_refs(refs)
     return rec
+  end)
+end
+
+-- The layer directories of an image for a sandbox whose ids are owner
+-- (bottom first), unpacking the ones this id range has not got yet.
+function M.layer_dirs(rec, owner)
+  local dirs, missing = {}, false
+  for i, hex in ipairs(rec.layers) do
+    dirs[i] = store.layer_path(hex, owner)
+    if not util.is_dir(dirs[i]) then missing = true end
+  end
+  if not missing then return dirs end
+  return store.with_lock(function()
+    for i, hex in ipairs(rec.layers) do
+      local path = store.blob_path(hex)
+      if not util.is_file(path) then
+        errors.raise("IMAGE_NOT_FOUND", ("image %s: layer blob sha256:%s is gone from the store"):format(rec.name, hex))
+      end
+      dirs[i] = blob.unpack(path, hex, nil, owner)
+    end
+    return dirs
   end)
 end
 
@@ -153,9 +184,12 @@ function M.remove(ref)
       if r.manifest then used[(r.manifest:gsub("^sha256:", ""))] = true end
     end
     local removed = 0
+    local dirs = require("moonbox.core").readdir(store.dir() .. "/layers") or {}
     for _, l in ipairs(rec.layers) do
       if not used[l] then
-        store.remove(store.layer_path(l))
+        for _, name in ipairs(dirs) do -- each id range's copy
+          if name == l or name:sub(1, #l + 1) == l .. "-" then store.remove(store.dir() .. "/layers/" .. name) end
+        end
         os.remove(store.blob_path(l))
         removed = removed + 1
       end

@@ -1,6 +1,7 @@
 -- The image store under <home>/images (docs/images.md "Store layout"):
 --   blobs/sha256/<hex>   manifests, configs and layer blobs, by digest
---   layers/<hex>/        a layer blob unpacked once (named by its blob digest)
+--   layers/<hex>[-U-G]/  a layer blob unpacked once (named by its blob digest;
+--                        -U-G: its owners shifted to a sandbox id range)
 --   refs.json            name -> image record {digest, layers, config, ...}
 --   tmp/                 work in progress, renamed into place when whole
 --   lock                 one pull or remove at a time (flock)
@@ -42,7 +43,14 @@ function M.open()
 end
 
 function M.blob_path(hex) return M.dir() .. "/blobs/sha256/" .. hex end
-function M.layer_path(hex) return M.dir() .. "/layers/" .. hex end
+-- owner = {uid, gid, count}: the layer's owners shifted into that id range
+-- (a root runtime's sandboxes, sandbox/isolation.lua idmap), one directory
+-- per range; nil: owned by the runtime, as unpacked unprivileged.
+function M.layer_name(hex, owner)
+  if not owner then return hex end
+  return ("%s-%d-%d"):format(hex, owner.uid, owner.gid)
+end
+function M.layer_path(hex, owner) return M.dir() .. "/layers/" .. M.layer_name(hex, owner) end
 
 -- A fresh directory under tmp/ (removed by the caller, or by the next
 -- pull's sweep when a runtime died mid-pull).

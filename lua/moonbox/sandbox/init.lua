@@ -22,6 +22,7 @@ local userns = require "moonbox.sandbox.userns"
 local spawn_rules = require "moonbox.sandbox.spawn"
 local kernels = require "moonbox.code.kernels"
 local compose = require "moonbox.lib.compose"
+local image_mod = require "moonbox.sandbox.image"
 
 local M = {}
 
@@ -62,7 +63,8 @@ M.mkdir_p = mkdir_p
 
 local normalize = util.normalize
 
-local get_options = { root = true, isolation = true, network = true, env = true, policy = true, limits = true }
+local get_options = { root = true, isolation = true, network = true, env = true, policy = true, limits = true,
+  image = true }
 
 -- One making or destroying of a sandbox id at a time (a FIFO lock per id,
 -- dropped when nobody holds or waits for it): two first getSandbox calls
@@ -109,6 +111,10 @@ function make_sandbox(id, opts)
   if opts.isolation == nil and policy.isolation then isolation = policy.isolation end
   local env = V.env(opts.env, "env") or {}
   if opts.root ~= nil then V.path(opts.root, "root") end
+  if opts.image ~= nil and (type(opts.image) ~= "string" or opts.image == "") then
+    V.fail("image", "expected an image reference (a string)")
+  end
+  local image_ref = opts.image or policy.image
   local live = registry[id]
   if live then
     if opts.root ~= nil and root_mod.canonical(opts.root) ~= live.root_canon then
@@ -145,6 +151,7 @@ function make_sandbox(id, opts)
     local no_network = (opts.network or policy.network) == "none"
     local field = (no_network and (opts.network and "network" or "policy.network"))
       or (policy.mounts and next(policy.mounts) and "policy.mounts") or (policy.hostname and "policy.hostname")
+      or (image_ref and "image")
     if field then
       local what = ("%s needs the sandbox's own namespaces"):format(field:find("network") and 'network = "none"'
         or field)
@@ -155,6 +162,9 @@ function make_sandbox(id, opts)
         :format(field, what, unisolated), { isolation = isolation, field = field })
     end
   end
+  -- the image, in the store (imported now when the reference names a
+  -- layout or archive not yet there): before anything is made
+  local image_rec = image_ref and image_mod.resolve(image_ref)
   -- the root: checked, made, locked (docs/api.md "Sandbox roots")
   local canon = root_mod.check(root, home, default_root)
   if root:sub(1, 1) ~= "/" then -- (relative to our cwd: info() says where)
@@ -224,8 +234,24 @@ function make_sandbox(id, opts)
         { root = root })
     end
   end
+  -- an image's root: its layers for this id range, and the sandbox's
+  -- upper dir under its root (inside its disk image when it has one)
+  local image_mounts, image_info
+  if image_rec then
+    ok, err = pcall(function()
+      image_mounts, image_info = image_mod.prepare(image_rec, canon, idmap)
+    end)
+    if not ok then
+      undo(lock)
+      error(err, 0)
+    end
+    for name, value in pairs(image_info.env) do
+      if env[name] == nil then env[name] = value end
+    end
+  end
   local self = setmetatable({
     id = id,
+    image = image_info, image_mounts = image_mounts,
     root = root,
     workspace = workspace,
     fs_root = root,
@@ -273,7 +299,7 @@ function make_sandbox(id, opts)
     local init, namespaces, code
     -- (a pre-built sandbox's processes join v1 limit directories only
     -- through its own cgroup: without one, it is not used)
-    local pre = prewarm.enabled and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs))
+    local pre = prewarm.enabled and not image_rec and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs))
       and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
       workspace, on_init_exit)
     if pre then
@@ -312,6 +338,7 @@ function make_sandbox(id, opts)
         idmap = idmap,
         owner_uid = self.owner_uid,
         userns = policy.userns,
+        image = image_mounts,
         cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
         on_exit = on_init_exit,
       })
@@ -327,7 +354,7 @@ function make_sandbox(id, opts)
       -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
       self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
         self:_fs_creds(), "in_root")
-      self.home = "/workspace"
+      self.home = self.image and self.image.workingDir or "/workspace"
       self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
       if self.prebuilt_shell then
         -- its start-up script can name paths inside only now
@@ -511,6 +538,7 @@ function Sandbox:_revive()
     idmap = self.idmap,
     owner_uid = self.owner_uid,
     userns = policy.userns,
+    image = self.image_mounts,
     cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
     on_exit = function() self:_init_exited(token) end,
   })
@@ -669,6 +697,7 @@ function Sandbox:_spawn_shell(opts)
     -- a tmpfs inside, reached from here through the init's root
     opts.rundir = self:_rundir(isolation_mod.RUN_DIR .. "/" .. name)
   end
+  if self.image then opts.no_builtins = true end
   opts.spawn_spec = function(spec) return self:_spawn_spec(spec) end
   return shell_mod.spawn(opts)
 end
@@ -929,6 +958,8 @@ function Sandbox:info()
     -- namespaces; unisolated processes are the runtime's, with its own
     capabilities = self.init and isolation_mod.cap_names(self.policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
       or nil,
+    -- the image the root is made of (docs/images.md), nil for the host's
+    image = self.image and image_mod.info(self.image) or nil,
   }
 end
 
