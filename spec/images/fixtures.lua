@@ -39,7 +39,8 @@ function M.busybox_entries()
     { path = "bin/busybox", type = "file", hostfile = "/bin/busybox", mode = 493 },
     { path = "etc/os-release", type = "file", content = "ID=moonbox-test-image\nNAME=\"moonbox test\"\n" },
   }
-  for _, applet in ipairs { "sh", "ls", "cat", "echo", "stat", "id", "touch", "mkdir", "rm", "env", "pwd" } do
+  for _, applet in ipairs { "sh", "ls", "cat", "echo", "stat", "id", "touch", "mkdir", "rm", "env", "pwd", "head",
+    "grep", "ln", "cp", "mv", "wc", "true", "false", "sleep", "test" } do
     entries[#entries + 1] = { path = "bin/" .. applet, type = "symlink", target = "busybox" }
   end
   return entries

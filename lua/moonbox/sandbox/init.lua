@@ -480,6 +480,8 @@ function Sandbox:_confine(root)
   local allowed = {}
   for _, dir in ipairs(dirs) do allowed[#allowed + 1] = dir:sub(2) end
   for _, mp in ipairs(submounts(self.init:pid(), dirs)) do allowed[#allowed + 1] = mp:sub(2) end
+  -- an image's root is the sandbox's own storage too (its upper dir)
+  if self.image then allowed[#allowed + 1] = "." end
   return fs.confine(root or self.fs_root, allowed, creds, "in_root")
 end
 
