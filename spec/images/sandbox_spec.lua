@@ -98,6 +98,29 @@ describe("a sandbox from an image", function()
     end)
   end)
 
+  it("keeps its upper dir with its root: got again, from the same image", function()
+    run_task(function()
+      local root = helper.mkdtemp()
+      local sb = helper.new_sandbox { image = ref, isolation = "namespaces", root = root }
+      local id = sb.id
+      sh(sb, "echo kept > /etc/kept")
+      sb:destroy { keepFiles = true }
+      -- without naming the image: the root says which
+      sb = require("moonbox").getSandbox(id, { root = root, isolation = "namespaces" })
+      local ok, err = pcall(function()
+        assert.equal("kept", sh(sb, "cat /etc/kept"))
+        assert.equal(images.get(ref).digest, sb:info().image.digest)
+      end)
+      sb:destroy { keepFiles = true }
+      if not ok then error(err, 0) end
+      -- another image over it is refused
+      fx.oci(tmp .. "/other", "latest", { layers = { { entries = fx.shell_entries() } } })
+      local e = fails("VALIDATION_FAILED", require("moonbox").getSandbox, id,
+        { root = root, isolation = "namespaces", image = "oci:" .. tmp .. "/other" })
+      assert.matches("was made from image", e.message, 1, true)
+    end)
+  end)
+
   it("says the image has no bash when a session cannot start", function()
     fx.oci(tmp .. "/nobash", "latest", { layers = { { entries = fx.busybox_entries() } } })
     image_sandbox(function(sb)

@@ -14,7 +14,7 @@ function M.resolve(ref)
   local rec = images.get(ref)
   if rec then return rec end
   local kind = images.parse(ref).kind
-  if kind == "registry" and not ref:find("[/:@]") then
+  if kind == "registry" and (not ref:find("[/:@]") or ref:match("^sha256:")) then
     errors.raise("IMAGE_NOT_FOUND", ("no image named %s in the store"):format(ref), { ref = ref })
   end
   return images.pull(ref)
@@ -44,6 +44,11 @@ local function mkdir_owned(path, mode, idmap)
   end
 end
 
+-- The digest of the image a sandbox root was made from, or nil.
+function M.made_by(root)
+  return util.read_file(root .. "/image/digest")
+end
+
 -- prepare(rec, root, idmap) -> mounts {lowers, upper}, info. The upper dir
 -- lives at <root>/image/upper (work: <root>/image/work), kept with the
 -- root: a sandbox got again over the same root finds its writes; a root
@@ -52,7 +57,7 @@ function M.prepare(rec, root, idmap)
   local owner = idmap.count > 1 and idmap or nil
   local lowers = images.layer_dirs(rec, owner)
   local base = root .. "/image"
-  local made_by = util.read_file(base .. "/digest")
+  local made_by = M.made_by(root)
   if made_by and made_by ~= rec.digest then
     errors.raise("VALIDATION_FAILED", ("the sandbox's root was made from image %s, not %s (%s)")
       :format(made_by, rec.digest, rec.name), { field = "image" })

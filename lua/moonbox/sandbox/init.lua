@@ -237,8 +237,17 @@ function make_sandbox(id, opts)
   -- an image's root: its layers for this id range, and the sandbox's
   -- upper dir under its root (inside its disk image when it has one)
   local image_mounts, image_info
-  if image_rec then
+  -- (a root made from an image is got again from it, named or not)
+  local made_by = not image_rec and image_mod.made_by(canon)
+  if made_by or image_rec then
     ok, err = pcall(function()
+      if made_by then
+        if isolation == "none" or unisolated then
+          errors.raise("ISOLATION_UNAVAILABLE", ("the sandbox's root was made from image %s, which needs the "
+            .. "sandbox's own namespaces"):format(made_by), { isolation = isolation })
+        end
+        image_rec = image_mod.resolve(made_by)
+      end
       image_mounts, image_info = image_mod.prepare(image_rec, canon, idmap)
     end)
     if not ok then

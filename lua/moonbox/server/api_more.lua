@@ -9,7 +9,8 @@
 --   GET    /v1/backups                         -> listBackups
 --   DELETE /v1/backups/{backupId}              -> deleteBackup
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
---   POST   /v1/sandboxes/{id}                  {from} -> getSandbox(id, {from = backup}): a new sandbox, a fork
+--   POST   /v1/sandboxes/{id}                  {from?, image?} -> getSandbox(id, {from = backup, image}): a new
+--                                               sandbox, a fork of a backup and/or made from a stored image
 local moonbox = require "moonbox"
 local V = require "moonbox.lib.validate"
 local json = require "moonbox.server.api_json"
@@ -77,12 +78,26 @@ function H.check_changes(ctx)
   return 200, s:checkChanges(f.path, ctx:rest())
 end
 
--- POST /v1/sandboxes/{id} {from}: made as api.lua's Ctx:sandbox() makes
--- sandboxes (the server's home, policy, limits and maxSandboxes), from a backup.
+-- POST /v1/sandboxes/{id} {from?, image?}: made as api.lua's Ctx:sandbox()
+-- makes sandboxes (the server's home, policy, limits and maxSandboxes), from
+-- a backup and/or an image. An image must be in the store already (a name
+-- or digest, `moonbox image pull`): a client never makes the server read
+-- a layout or an archive of the host's paths.
 function H.create_from(ctx)
   no_query(ctx)
-  local f = ctx:take { from = "string" }
+  local f = ctx:take { from = "string?", image = "string?" }
   ctx:no_more()
+  if f.from == nil and f.image == nil then V.fail("from", "missing (from or image is needed)") end
+  if f.image ~= nil then
+    if f.image:match("^oci:") or f.image:match("^docker%-archive:") then
+      require("moonbox.errors").raise("POLICY_DENIED", ("image %s: the server makes sandboxes only from images in "
+        .. "its store (moonbox image pull)"):format(f.image), { image = f.image })
+    end
+    if not moonbox.images.get(f.image) then
+      require("moonbox.errors").raise("IMAGE_NOT_FOUND", ("no image named %s in the store"):format(f.image),
+        { image = f.image })
+    end
+  end
   local api = require "moonbox.server.api"
   local id = ctx.params.id
   local live, n = require("moonbox.sandbox").all(), 0
@@ -92,7 +107,7 @@ function H.create_from(ctx)
     require("moonbox.errors").raise("POLICY_DENIED",
       ("the server already holds %d sandboxes (maxSandboxes)"):format(n), { maxSandboxes = api.config.maxSandboxes })
   end
-  local opts = { from = f.from, policy = api.config.policy, limits = api.config.limits }
+  local opts = { from = f.from, image = f.image, policy = api.config.policy, limits = api.config.limits }
   if api.config.home then opts.root = api.config.home .. "/sandboxes/" .. id end
   local sb = moonbox.getSandbox(id, opts)
   ctx._sandbox = sb
