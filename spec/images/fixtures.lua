@@ -86,7 +86,8 @@ end
 
 -- The multi-layer image: busybox below; a second layer that deletes a file
 -- (whiteout), replaces a directory's content (opaque), hard-links a file
--- and gives one a file capability (cap_net_raw+ep, VFS_CAP_REVISION_2).
+-- and gives one a file capability (cap_net_raw+ep, VFS_CAP_REVISION_2) when
+-- the runtime is root (an unprivileged one cannot keep it: store_spec).
 M.CAP_NET_RAW_EP = "0100000200200000000000000000000000000000"
 function M.layered_desc()
   return {
@@ -110,7 +111,8 @@ function M.layered_desc()
         { path = "srv/data", type = "file", content = "shared inode", mode = 420 },
         { path = "srv/data-link", type = "hardlink", target = "srv/data" },
         { path = "bin/pinger", type = "file", hostfile = "/bin/busybox", mode = 493,
-          xattrs = { ["security.capability"] = M.CAP_NET_RAW_EP } },
+          xattrs = require("moonbox.sandbox.disk").host_root() and { ["security.capability"] = M.CAP_NET_RAW_EP }
+            or nil },
       } },
     },
   }

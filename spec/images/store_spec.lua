@@ -126,6 +126,24 @@ describe("images.pull", function()
   end)
 end)
 
+describe("file capabilities", function()
+  it("are kept as root; an unprivileged runtime refuses the layer rather than drop them", function()
+    fx.oci(tmp .. "/cap", "latest", { layers = { { entries = {
+      { path = "pinger", type = "file", content = "x", mode = 493,
+        xattrs = { ["security.capability"] = fx.CAP_NET_RAW_EP } } } } } })
+    run_task(function()
+      if disk.host_root() then
+        local rec = images.pull("oci:" .. tmp .. "/cap")
+        assert.matches("cap_net_raw=ep", helper.sh("getcap '" .. layer_dir(rec, 1) .. "/pinger'"))
+      else
+        local err = fails("FILESYSTEM_ERROR", images.pull, "oci:" .. tmp .. "/cap")
+        assert.matches("needs a root runtime", err.message, 1, true)
+        assert.equal("pinger", err.context.entry)
+      end
+    end)
+  end)
+end)
+
 describe("hostile layers", function()
   -- each: one bad entry after a good one; the pull fails naming it, the
   -- victim outside the store is untouched, no layer dir is left behind
