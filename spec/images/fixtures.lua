@@ -40,7 +40,7 @@ function M.busybox_entries()
     { path = "etc/os-release", type = "file", content = "ID=moonbox-test-image\nNAME=\"moonbox test\"\n" },
   }
   for _, applet in ipairs { "sh", "ls", "cat", "echo", "stat", "id", "touch", "mkdir", "rm", "env", "pwd", "head",
-    "grep", "ln", "cp", "mv", "wc", "true", "false", "sleep", "test" } do
+    "grep", "ln", "cp", "mv", "wc", "true", "false", "sleep", "test", "readlink" } do
     entries[#entries + 1] = { path = "bin/" .. applet, type = "symlink", target = "busybox" }
   end
   return entries

@@ -121,6 +121,45 @@ describe("a sandbox from an image", function()
     end)
   end)
 
+  it("commits its changes as a new image another sandbox starts from", function()
+    run_task(function()
+      local sb = helper.new_sandbox { image = ref, isolation = "namespaces" }
+      local rec
+      local ok, err = pcall(function()
+        -- (a directory removed and made again: opaque in the upper dir)
+        sh(sb, "echo added > /etc/added && rm /etc/os-release && rm -r /srv && mkdir /srv"
+          .. " && echo one > /srv/x && ln /srv/x /srv/y && ln -s /etc/added /srv/link")
+        rec = sb:commit { name = "myenv:1" }
+      end)
+      sb:destroy()
+      if not ok then error(err, 0) end
+      assert.equal("myenv:1", rec.name)
+      assert.equal(3, #rec.layers)
+      assert.same(images.get(ref).config.Env, rec.config.Env)
+      assert.equal(rec.digest, images.get("myenv:1").digest)
+    end)
+    image_sandbox(function(sb)
+      assert.equal("added", sh(sb, "cat /etc/added"))
+      assert.equal("gone", sh(sb, "test -e /etc/os-release && echo there || echo gone"))
+      assert.equal("link x y", (sh(sb, "ls /srv"):gsub("%s+", " ")))
+      assert.equal(sh(sb, "stat -c %i /srv/x"), sh(sb, "stat -c %i /srv/y"))
+      assert.equal("/etc/added", sh(sb, "readlink /srv/link"))
+      assert.equal("0:0", sh(sb, "stat -c %u:%g /etc/added"))
+      assert.equal("myenv:1", sb:info().image.name)
+    end, "myenv:1")
+    -- the image it came from is as it was
+    image_sandbox(function(sb)
+      assert.equal("ID=moonbox-test-image", sh(sb, "head -n 1 /etc/os-release"))
+      assert.equal("gone", sh(sb, "test -e /etc/added && echo there || echo gone"))
+    end)
+    run_task(function()
+      local sb = helper.new_sandbox { isolation = "namespaces" }
+      local ok, err = pcall(fails, "VALIDATION_FAILED", sb.commit, sb, { name = "x:1" })
+      sb:destroy()
+      if not ok then error(err, 0) end
+    end)
+  end)
+
   it("says the image has no bash when a session cannot start", function()
     fx.oci(tmp .. "/nobash", "latest", { layers = { { entries = fx.busybox_entries() } } })
     image_sandbox(function(sb)

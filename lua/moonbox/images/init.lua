@@ -49,6 +49,7 @@ local function runtime_config(config)
     User = type(c.User) == "string" and c.User or nil,
   }
 end
+M.runtime_config = runtime_config
 
 local function record_of(name, ref, read, sizes)
   local layers, size = {}, 0

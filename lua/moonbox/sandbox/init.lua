@@ -933,6 +933,15 @@ end
 -- What is in force: limits lists only what is enforced; enforcement says
 -- how, notEnforced names limits the policy asked for that this host cannot
 -- enforce.
+-- commit{name} -> image record (**waits**): what the sandbox changed over
+-- its image, as a new layer and image in the store (images/commit.lua)
+function Sandbox:commit(opts)
+  if self.destroyed then
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
+  end
+  return require("moonbox.images.commit").commit(self, opts)
+end
+
 function Sandbox:info()
   -- a sandbox whose init died is rebuilt first, so this says what is in
   -- force now; one that cannot be rebuilt raises SANDBOX_RESTARTED (coded)
