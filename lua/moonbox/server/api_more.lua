@@ -8,6 +8,7 @@
 --   POST   /v1/sandboxes/{id}/backups/restore  {id, dir?} -> restoreBackup
 --   GET    /v1/backups                         -> listBackups
 --   DELETE /v1/backups/{backupId}              -> deleteBackup
+--   POST   /v1/sandboxes/{id}/commit           {name} -> sandbox:commit{name}
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
 --   POST   /v1/sandboxes/{id}                  {from?, image?} -> getSandbox(id, {from = backup, image}): a new
 --                                               sandbox, a fork of a backup and/or made from a stored image
@@ -78,6 +79,15 @@ function H.check_changes(ctx)
   return 200, s:checkChanges(f.path, ctx:rest())
 end
 
+-- POST /v1/sandboxes/{id}/commit {name}: the sandbox's changes as a new
+-- image in the server's store (docs/images.md, "Templates")
+function H.commit(ctx)
+  no_query(ctx)
+  local f = ctx:take { name = "string" }
+  ctx:no_more()
+  return 200, ctx:sandbox():commit { name = f.name }
+end
+
 -- POST /v1/sandboxes/{id} {from?, image?}: made as api.lua's Ctx:sandbox()
 -- makes sandboxes (the server's home, policy, limits and maxSandboxes), from
 -- a backup and/or an image. An image must be in the store already (a name
@@ -123,6 +133,7 @@ function M.install(router)
     { "DELETE", "/ports/{port}", H.unexpose },
     { "POST", "/backups", H.create_backup }, { "POST", "/backups/restore", H.restore_backup },
     { "POST", "/files/changes", H.check_changes }, { "POST", "", H.create_from },
+    { "POST", "/commit", H.commit },
   } do
     router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
   end
