@@ -41,6 +41,7 @@ describe("POST /v1/sandboxes/{id} {image}", function()
         assert.same({ 200, "ID=moonbox-test-image\n" }, { s, r.stdout })
         -- a template: committed over HTTP, another sandbox made from it
         s, r = request("POST", base .. "/exec", { command = "echo templated > /etc/t" })
+        assert.equal(0, r.exitCode)
         assert.equal(200, s)
         s, r = request("POST", base .. "/commit", { name = "tmpl:1" })
         assert.same({ 200, "tmpl:1", 3 }, { s, r.name, #r.layers })
