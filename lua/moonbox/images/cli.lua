@@ -7,7 +7,7 @@ local images = require "moonbox.images"
 local M = {}
 
 M.usage = [[
-usage: moonbox image pull REF [--name NAME]   (REF: oci:DIR[:TAG] | docker-archive:FILE)
+usage: moonbox image pull REF [--name NAME]   (REF: oci:DIR[:TAG] | docker-archive:FILE | REGISTRY/NAME[:TAG])
        moonbox image ls
        moonbox image rm NAME
 ]]

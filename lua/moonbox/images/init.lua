@@ -3,9 +3,9 @@
 --   pull(ref, {name?, onProgress?}) -> image record
 --   list() -> {records}, remove(ref) -> {success, name, removedLayers}
 --   get(ref) -> record | nil   (a name, or a digest "sha256:...")
--- REF: oci:DIR[:TAG] or docker-archive:FILE; the record's name is the ref
--- as given unless opts.name says otherwise. Registry references are not
--- pulled by this version (IMAGE_PULL_FAILED says so).
+-- REF: oci:DIR[:TAG], docker-archive:FILE or REGISTRY/NAME[:TAG|@DIGEST]
+-- (images/registry.lua); the record's name is the ref as given unless
+-- opts.name says otherwise.
 local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
 local store = require "moonbox.images.store"
@@ -86,10 +86,6 @@ end
 function M.pull(ref, opts)
   opts = opts or {}
   local p = parse(ref)
-  if p.kind == "registry" then
-    errors.raise("IMAGE_PULL_FAILED", ("cannot pull %s: registry pulls are not implemented yet; "
-      .. "import an oci: layout or a docker-archive: file (docs/images.md)"):format(ref), { ref = ref })
-  end
   local name = opts.name or ref
   if type(name) ~= "string" or name == "" or #name > 512 or name:find("[%z\n]") then
     errors.raise("VALIDATION_FAILED", "image name must be a non-empty string without NUL or newline")
@@ -102,8 +98,10 @@ function M.pull(ref, opts)
     if p.kind == "oci" then
       if not util.is_dir(p.dir) then errors.raise("IMAGE_NOT_FOUND", "no OCI layout at " .. p.dir, { ref = ref }) end
       read = require("moonbox.images.oci").read(p.dir, p.tag)
-    else
+    elseif p.kind == "docker-archive" then
       read = require("moonbox.images.docker_archive").read(p.file)
+    else
+      read = require("moonbox.images.registry").read(ref)
     end
     local sizes = {}
     for i, l in ipairs(read.layers) do
