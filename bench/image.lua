@@ -29,7 +29,8 @@ local fx = require "images.fixtures"
 local base = sh("mktemp -d")
 moonbox.images.store.DIR = base .. "/store"
 fx.oci(base .. "/oci", "v1", { config = { Env = { "PATH=/bin" } }, layers = {
-  { gzip = true, entries = fx.shell_entries() }, { entries = { { path = "etc/extra", type = "file", content = "x" } } } } })
+  { gzip = true, entries = fx.shell_entries() },
+  { entries = { { path = "etc/extra", type = "file", content = "x" } } } } })
 moonbox.run(function()
   local t0 = ms()
   moonbox.images.pull("oci:" .. base .. "/oci:v1", { name = "bench:1" })
