@@ -25,13 +25,15 @@
  * hard link to a host file) cannot make a write land outside dir.
  * The OCI rules: ".wh.NAME" becomes an overlayfs whiteout (a 0/0 character
  * device, which Linux >= 5.8 lets an unprivileged user create), and
- * ".wh..wh..opq" an opaque directory (xattr <xattr_ns>.overlay.opaque=y:
- * "trusted" for a root runtime, "user" for overlayfs' userxattr mounts).
+ * ".wh..wh..opq" an opaque directory (xattr <xattr_ns>.overlay.opaque=y;
+ * the store asks for "user": sandboxes mount their overlay with userxattr).
  * Refused: device nodes, sockets, absolute or ".." names, a path through a
  * symlink, a hard link whose target is not in this layer, an xattr in the
  * overlay namespaces (a layer may not forge overlay metadata), a layer over
- * max_bytes (the sum of file sizes, sparse holes included) or max_entries.
- * Kept: regular files (sparse holes stay holes), directories, symlinks
+ * max_bytes (the sum of file sizes, sparse holes included) or max_entries,
+ * or directories whose paths pass DIR_BYTES_MAX (kept for their final modes).
+ * Kept: regular files (sparse holes stay holes, and so do blocks of zeros),
+ * directories, symlinks
  * (their targets are never followed here, and resolve inside the sandbox's
  * root at run time), hard links, FIFOs, modes (setuid included), mtimes,
  * owners (chown = true), user.* xattrs and security.capability. Other
@@ -94,7 +96,7 @@ typedef struct {
   /* directories get their final mode and mtime last (a 0555 one must take
    * its entries first) */
   dir_fixup *dirs;
-  size_t ndirs, capdirs;
+  size_t ndirs, capdirs, dir_bytes;
   /* the failure of a step */
   int err; /* errno, or -1: refused */
   char msg[MSG_MAX];
@@ -300,6 +302,13 @@ static int write_data(layer_job *j, const char *entry, struct archive_entry *e, 
     }
     if (off < 0 || off + (la_int64_t)len > archive_entry_size(e)) return refuse(j, entry, "data beyond its size");
     const char *p = (const char *)buf;
+    /* a block of zeros stays a hole (the final ftruncate gives the size):
+     * a layer of compressed zeros costs no disk */
+    if (len > 0 && p[0] == 0 && memcmp(p, p + 1, len - 1) == 0) {
+      j->bytes += (long long)len;
+      *budget -= (long long)len;
+      continue;
+    }
     while (len) {
       ssize_t w = pwrite(fd, p, len, (off_t)off);
       if (w < 0) {
@@ -317,7 +326,11 @@ static int write_data(layer_job *j, const char *entry, struct archive_entry *e, 
   return 0;
 }
 
+#define DIR_BYTES_MAX (64 << 20) /* the remembered directories' paths, at most */
+
 static int remember_dir(layer_job *j, const char *rel, struct archive_entry *e) {
+  j->dir_bytes += strlen(rel) + 1 + sizeof(dir_fixup);
+  if (j->dir_bytes > DIR_BYTES_MAX) return refuse(j, rel, "more directories than the limit");
   if (j->ndirs == j->capdirs) {
     size_t cap = j->capdirs ? j->capdirs * 2 : 64;
     dir_fixup *n = (dir_fixup *)realloc(j->dirs, cap * sizeof *n);

@@ -76,6 +76,9 @@ describe("a sandbox from an image", function()
       assert.equal("mine", sh(sb1, "cat /etc/added"))
       assert.equal("changed", sh(sb1, "cat /srv/data"))
       sb1:writeFile("/etc/by-api", "api")
+      -- its layers stay while a sandbox stands on them
+      local e = fails("VALIDATION_FAILED", images.remove, ref)
+      assert.matches("in use by sandbox", e.message, 1, true)
       -- the other sandbox of the image sees the image as it was
       assert.equal("absent", sh(sb2, "cat /etc/added 2>/dev/null || echo absent"))
       assert.equal("shared inode", sh(sb2, "cat /srv/data"))

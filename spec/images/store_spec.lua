@@ -208,6 +208,21 @@ describe("hostile layers", function()
   end)
 end)
 
+describe("a zip-bomb-like layer", function()
+  it("costs no disk for its zeros: 64 MiB of them from a gzip of 64 KiB stay a hole", function()
+    fx.oci(tmp .. "/bomb", "latest", { layers = { { gzip = true, entries = {
+      { path = "zeros", type = "file", size = 64 * 1024 * 1024 } } } } })
+    assert.is_true(tonumber(helper.sh("du -sk '" .. tmp .. "/bomb/blobs' | cut -f1")) < 1024)
+    run_task(function()
+      local rec = images.pull("oci:" .. tmp .. "/bomb")
+      local f = layer_dir(rec, 1) .. "/zeros"
+      assert.equal(tostring(64 * 1024 * 1024), helper.sh("stat -c %s '" .. f .. "'"))
+      assert.is_true(tonumber(helper.sh("du -k '" .. f .. "' | cut -f1")) < 1024)
+      assert.equal("0", helper.sh("tr -d '\\000' < '" .. f .. "' | wc -c"))
+    end)
+  end)
+end)
+
 describe("images.remove", function()
   it("removes the name, and layers no other image uses", function()
     fx.oci(tmp .. "/r", "latest", fx.layered_desc())

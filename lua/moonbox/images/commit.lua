@@ -45,6 +45,8 @@ function M.commit(sb, opts)
     errors.raise("IMAGE_NOT_FOUND", ("the sandbox's image %s is no longer in the store"):format(sb.image.digest))
   end
   local upper = sb.image_mounts.upper .. "/upper"
+  -- all under the store's lock: a pull's sweep of tmp/ must not take our scratch
+  return store.with_lock(function()
   local tmp = store.tmp_dir()
   local ok, rec = pcall(function()
     local tar = tmp .. "/layer.tar"
@@ -66,7 +68,7 @@ function M.commit(sb, opts)
     local layers = {}
     for i, l in ipairs(parent.layers) do layers[i] = { hex = l } end
     layers[#layers + 1] = { hex = hex, path = path }
-    return store.with_lock(function()
+    do
       blob.unpack(path, hex, nil, images.default_owner())
       local r = {
         name = opts.name, source = "commit:" .. sb.id, digest = "sha256:" .. chex, parent = parent.digest,
@@ -78,11 +80,12 @@ function M.commit(sb, opts)
       refs.images[opts.name] = r
       store.write_refs(refs)
       return r
-    end)
+    end
   end)
   store.remove(tmp)
   if not ok then error(rec, 0) end
   return rec
+  end)
 end
 
 return M

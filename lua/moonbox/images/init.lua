@@ -174,14 +174,31 @@ function M.remove(ref)
     if not rec then
       errors.raise("IMAGE_NOT_FOUND", "no image named " .. tostring(ref) .. " in the store", { ref = ref })
     end
+    local used = {}
+    for name, r in pairs(refs.images) do
+      if name ~= ref then
+        for _, l in ipairs(r.layers) do used[l] = true end
+        used[(r.digest:gsub("^sha256:", ""))] = true
+        if r.manifest then used[(r.manifest:gsub("^sha256:", ""))] = true end
+      end
+    end
+    -- a layer a live sandbox of this runtime stands on stays, and so does
+    -- the name (other runtimes' sandboxes are not seen: docs/images.md)
+    for id, sb in pairs(require("moonbox.sandbox").all()) do
+      for _, dir in ipairs(not sb.destroyed and sb.image_mounts and sb.image_mounts.lowers or {}) do
+        local hex = dir:match("/layers/(%x+)[^/]*$")
+        if hex and not used[hex] then
+          for _, l in ipairs(rec.layers) do
+            if l == hex then
+              errors.raise("VALIDATION_FAILED", ("image %s is in use by sandbox %s"):format(ref, id),
+                { ref = ref, sandbox = id })
+            end
+          end
+        end
+      end
+    end
     refs.images[ref] = nil
     store.write_refs(refs)
-    local used = {}
-    for _, r in pairs(refs.images) do
-      for _, l in ipairs(r.layers) do used[l] = true end
-      used[(r.digest:gsub("^sha256:", ""))] = true
-      if r.manifest then used[(r.manifest:gsub("^sha256:", ""))] = true end
-    end
     local removed = 0
     local dirs = require("moonbox.core").readdir(store.dir() .. "/layers") or {}
     for _, l in ipairs(rec.layers) do
