@@ -163,6 +163,27 @@ describe("a sandbox from an image", function()
     end)
   end)
 
+  it("runs the image's Entrypoint and Cmd when startProcess has no command", function()
+    fx.oci(tmp .. "/entry", "latest", { config = { Entrypoint = { "/bin/echo", "from" }, Cmd = { "the", "image" } },
+      layers = { { entries = fx.shell_entries() } } })
+    image_sandbox(function(sb)
+      local p = sb:startProcess()
+      assert.equal(0, p:waitForExit(10000).exitCode)
+      assert.equal("from the image\n", p:getLogs().stdout)
+      -- a command given wins
+      p = sb:startProcess({ "/bin/echo", "mine" })
+      p:waitForExit(10000)
+      assert.equal("mine\n", p:getLogs().stdout)
+    end, "oci:" .. tmp .. "/entry")
+    -- without an image, a command is needed as ever
+    run_task(function()
+      local sb = helper.new_sandbox { isolation = "namespaces" }
+      local ok, err = pcall(fails, "VALIDATION_FAILED", sb.startProcess, sb)
+      sb:destroy()
+      if not ok then error(err, 0) end
+    end)
+  end)
+
   it("says the image has no bash when a session cannot start", function()
     fx.oci(tmp .. "/nobash", "latest", { layers = { { entries = fx.busybox_entries() } } })
     image_sandbox(function(sb)

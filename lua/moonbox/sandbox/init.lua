@@ -933,6 +933,16 @@ end
 -- What is in force: limits lists only what is enforced; enforcement says
 -- how, notEnforced names limits the policy asked for that this host cannot
 -- enforce.
+-- The argv of the image's Entrypoint then Cmd (startProcess without a
+-- command), or nil when the image has neither.
+function Sandbox:_image_command()
+  local argv = {}
+  for _, list in ipairs { self.image.entrypoint or {}, self.image.cmd or {} } do
+    for _, w in ipairs(list) do argv[#argv + 1] = w end
+  end
+  return argv[1] and argv or nil
+end
+
 -- commit{name} -> image record (**waits**): what the sandbox changed over
 -- its image, as a new layer and image in the store (images/commit.lua)
 function Sandbox:commit(opts)
