@@ -11,8 +11,9 @@ chromium node-typescript shellcheck clang-format"
 # the disk quota (sandbox/disk.lua): mkfs.ext4; mount, umount, fallocate
 PACKAGES="$PACKAGES e2fsprogs util-linux mount"
 # images (src/image_unpack.c): libarchive and nettle; the image specs build
-# their rootfs from busybox-static and make file capabilities with setcap
-PACKAGES="$PACKAGES libarchive-dev nettle-dev busybox-static libcap2-bin"
+# their rootfs from busybox-static, make file capabilities with setcap, and
+# check archives skopeo writes
+PACKAGES="$PACKAGES libarchive-dev nettle-dev busybox-static libcap2-bin skopeo"
 # the fuzz build (cmake/fuzz.cmake): clang, and libclang-rt-14-dev for the libFuzzer runtime
 PACKAGES="$PACKAGES clang libclang-rt-14-dev"
 # node and npm (the page's xterm.js, its browser test): Debian's unless present

@@ -101,6 +101,32 @@ describe("images.pull", function()
     end)
   end)
 
+  it("imports what skopeo writes: a docker archive and an OCI layout copied from ours", function()
+    local digest = fx.oci(tmp .. "/src", "v1", fx.layered_desc())
+    fx.run(("skopeo --insecure-policy copy oci:'%s/src:v1' docker-archive:'%s/sk.tar:team/app:1'"):format(tmp, tmp))
+    fx.run(("skopeo --insecure-policy copy oci:'%s/src:v1' oci:'%s/sk-oci:copied'"):format(tmp, tmp))
+    run_task(function()
+      local a = images.pull("docker-archive:" .. tmp .. "/sk.tar", { name = "sk-archive" })
+      local b = images.pull("oci:" .. tmp .. "/sk-oci:copied", { name = "sk-oci" })
+      assert.equal(digest, a.digest)
+      assert.equal(digest, b.digest)
+      -- (the archive's layers are the uncompressed tars, the layout's gzipped)
+      assert.same({ 2, 2 }, { #a.layers, #b.layers })
+      assert.equal("shared inode", read(layer_dir(b, 2) .. "/srv/data"))
+      assert.equal("shared inode", read(layer_dir(a, 2) .. "/srv/data"))
+    end)
+  end)
+
+  it("refuses a docker archive whose manifest points out of it through a symlink", function()
+    local d = tmp .. "/evil-archive"
+    helper.sh("mkdir -p '" .. d .. "' && ln -s /etc/passwd '" .. d .. "/manifest.json' && tar -C '" .. d
+      .. "' -cf '" .. tmp .. "/evil.tar' manifest.json")
+    run_task(function()
+      local err = fails("IMAGE_INVALID", images.pull, "docker-archive:" .. tmp .. "/evil.tar")
+      assert.matches("not a file in the archive", err.message, 1, true)
+    end)
+  end)
+
   it("refuses a blob whose content does not match its digest", function()
     fx.oci(tmp .. "/bad", "latest", { layers = { { entries = fx.busybox_entries() } } })
     -- tamper with the layer blob (the largest file) after the manifest named it

@@ -8,17 +8,27 @@ local blob = require "moonbox.images.blob"
 local store = require "moonbox.images.store"
 local core = require "moonbox.core"
 local async = require "moonbox.async"
+local fs = require "moonbox.lib.fs"
 local errors = require "moonbox.errors"
 
 local M = {}
 
 local invalid = blob.invalid
 
+-- A member named by manifest.json: a regular file inside the scratch dir
+-- (members may be symlinks, as skopeo writes <id>/layer.tar -> ../<id>.tar,
+-- but never to anything outside the archive).
 local function member(scratch, name, what)
   if type(name) ~= "string" or name == "" or name:sub(1, 1) == "/" or name:find("%.%.") then
     invalid(("docker archive: %s names %s, not a file in the archive"):format(what, tostring(name)))
   end
-  return scratch .. "/" .. name
+  local real = fs.realpath(scratch .. "/" .. name)
+  local base = fs.realpath(scratch)
+  local st = real and fs.stat(real)
+  if not real or not base or real:sub(1, #base + 1) ~= base .. "/" or not st or st.type ~= "file" then
+    invalid(("docker archive: %s names %s, not a file in the archive"):format(what, name), { entry = name })
+  end
+  return real
 end
 
 local function unpack_outer(file, scratch)
