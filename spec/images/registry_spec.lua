@@ -31,6 +31,7 @@ local function with_registry(token, fn)
     local exited = false
     local proc = assert(core.spawn { args = { "python3", src .. "/spec/images/registry.py", tmp .. "/reg", port_file,
       token and "--token" or nil }, file = "/usr/bin/python3", stdio = { [0] = "null", [1] = "null", [2] = "null" },
+      env = { PATH = "/usr/bin:/bin" }, -- (not the sanitizer build's LD_PRELOAD)
       on_exit = function() exited = true end })
     local ok, err = pcall(function()
       assert(helper.eventually(function() return helper.sh("cat '" .. port_file .. "' 2>/dev/null") ~= "" end, 10000),
@@ -73,6 +74,47 @@ describe("pulls from a registry", function()
       fails("IMAGE_NOT_FOUND", images.pull, host .. "/team/app@sha256:" .. ("1"):rep(64))
       local err = fails("IMAGE_INVALID", images.pull, host .. "/team/app:tampered")
       assert.matches("has digest sha256:", err.message, 1, true)
+    end)
+  end)
+
+  it("over HTTP: POST /v1/images/pull streams progress as SSE, then GET and DELETE /v1/images", function()
+    local cjson = require "cjson"
+    local api = require "moonbox.server.api"
+    api.configure { home = tmp .. "/server-home" }
+    local function call(method, path, body, query)
+      local res = { chunks = {}, closed = false }
+      function res.start(self, status) self.status = status end
+      function res.write(self, data) self.chunks[#self.chunks + 1] = data return true end
+      function res.finish(self) self.finished = true end
+      function res.onClose() end
+      local r = api.handle({ method = method, path = path, query = query or {}, headers = {},
+        body = body and cjson.encode(body) or nil }, res)
+      if r then
+        if type(r.body) == "table" then r.body = r.body.text() end
+        return r.status, cjson.decode(r.body)
+      end
+      return res.status, table.concat(res.chunks)
+    end
+    with_registry(true, function(host)
+      local status, text = call("POST", "/v1/images/pull", { ref = host .. "/team/app:latest", name = "app:1" })
+      assert.equal(200, status)
+      local events = {}
+      for line in text:gmatch("data: ([^\n]+)") do events[#events + 1] = cjson.decode(line) end
+      assert.equal("layer", events[1].type)
+      assert.equal("complete", events[#events].type)
+      assert.equal("app:1", events[#events].image.name)
+      local s, list = call("GET", "/v1/images")
+      assert.same({ 200, "app:1" }, { s, list[1].name })
+      s, list = call("POST", "/v1/images/pull", { ref = "oci:" .. tmp .. "/reg/team/app" })
+      assert.same({ 403, "POLICY_DENIED" }, { s, list.code })
+      -- a failing pull ends its stream with an error event
+      status, text = call("POST", "/v1/images/pull", { ref = host .. "/team/app:nope" })
+      assert.equal(200, status)
+      assert.matches('"code":"IMAGE_NOT_FOUND"', text, 1, true)
+      s, list = call("DELETE", "/v1/images", nil, { name = "app:1" })
+      assert.same({ 200, true }, { s, list.success })
+      s, list = call("GET", "/v1/images")
+      assert.same({ 200 }, { s, list[1] })
     end)
   end)
 

@@ -9,6 +9,9 @@
 --   GET    /v1/backups                         -> listBackups
 --   DELETE /v1/backups/{backupId}              -> deleteBackup
 --   POST   /v1/sandboxes/{id}/commit           {name} -> sandbox:commit{name}
+--   GET    /v1/images                          -> images.list
+--   POST   /v1/images/pull                     {ref, name?} -> images.pull, progress as SSE (registries only)
+--   DELETE /v1/images?name=                    -> images.remove
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
 --   POST   /v1/sandboxes/{id}                  {from?, image?} -> getSandbox(id, {from = backup, image}): a new
 --                                               sandbox, a fork of a backup and/or made from a stored image
@@ -79,6 +82,65 @@ function H.check_changes(ctx)
   return 200, s:checkChanges(f.path, ctx:rest())
 end
 
+function H.list_images(ctx)
+  no_query(ctx)
+  return 200, json.array(moonbox.images.list())
+end
+
+function H.remove_image(ctx)
+  no_query(ctx, { name = true })
+  local name = ctx.query.name
+  if type(name) ~= "string" or name == "" then V.fail("name", "missing (?name=)") end
+  return 200, moonbox.images.remove(name)
+end
+
+-- POST /v1/images/pull {ref, name?}: the pull's progress events
+-- ({type = "layer"|"progress"|"layerDone"}) then {type = "complete",
+-- image} or {type = "error", error}, as SSE; a client that goes away
+-- cancels the pull. A registry reference only: a client never makes the
+-- server read a layout or an archive of the host's paths.
+function H.pull_image(ctx)
+  no_query(ctx)
+  local f = ctx:take { ref = "string", name = "string?" }
+  ctx:no_more()
+  if f.ref:match("^oci:") or f.ref:match("^docker%-archive:") then
+    require("moonbox.errors").raise("POLICY_DENIED", ("image %s: over HTTP only registry references are pulled "
+      .. "(moonbox image pull reads the host's files)"):format(f.ref), { ref = f.ref })
+  end
+  local async = require "moonbox.async"
+  local api_errors = require "moonbox.server.api_errors"
+  local queue, waiter, done = {}, nil, false
+  local function wake()
+    local w = waiter
+    waiter = nil
+    if w then w() end
+  end
+  local function push(ev)
+    queue[#queue + 1] = ev
+    wake()
+  end
+  local task = moonbox.spawn(function()
+    local ok, rec = pcall(moonbox.images.pull, f.ref, { name = f.name, onProgress = push })
+    if ok then
+      json.array(rec.layers)
+      push { type = "complete", image = rec }
+    else
+      local _, body = api_errors.body(rec)
+      push { type = "error", error = body }
+    end
+    done = true
+    wake()
+  end)
+  local iter = setmetatable({ cancel = function() task:cancel() end }, { __call = function()
+    while #queue == 0 do
+      if done then return nil end
+      async.await(function(resume) waiter = resume end, "images pull stream")
+    end
+    return table.remove(queue, 1)
+  end })
+  require("moonbox.server.api_sse").pump(ctx.res, iter)
+end
+
 -- POST /v1/sandboxes/{id}/commit {name}: the sandbox's changes as a new
 -- image in the server's store (docs/images.md, "Templates")
 function H.commit(ctx)
@@ -138,6 +200,9 @@ function M.install(router)
     router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
   end
   router:add("GET", "/v1/backups", H.list_backups)
+  router:add("GET", "/v1/images", H.list_images)
+  router:add("POST", "/v1/images/pull", H.pull_image)
+  router:add("DELETE", "/v1/images", H.remove_image)
   router:add("DELETE", "/v1/backups/{backupId}", H.delete_backup)
 end
 
