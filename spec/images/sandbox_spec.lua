@@ -168,7 +168,8 @@ describe("a sandbox from an image", function()
       layers = { { entries = fx.shell_entries() } } })
     image_sandbox(function(sb)
       local p = sb:startProcess()
-      assert.equal(0, p:waitForExit(10000).exitCode)
+      local code = p:waitForExit(10000).exitCode
+      assert.equal(0, code, p:getLogs().stderr)
       assert.equal("from the image\n", p:getLogs().stdout)
       -- a command given wins
       p = sb:startProcess({ "/bin/echo", "mine" })
