@@ -80,7 +80,7 @@ if(SPEC_FILES AND RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZ
           spec/core/procscan_spec.lua spec/core/sys_spec.lua
           spec/security/file_race_spec.lua spec/server/security_spec.lua spec/hostile/session_spec.lua
           spec/security/seccomp_spec.lua spec/security/spawn_spec_spec.lua spec/security/disk_quota_spec.lua
-          spec/images/store_spec.lua spec/images/sandbox_spec.lua)
+          spec/network/egress_spec.lua spec/images/store_spec.lua spec/images/sandbox_spec.lua)
     string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
     string(REPLACE "/" "." name ${name})
     add_test(NAME unprivileged.${name}
@@ -133,6 +133,7 @@ if(SHELLCHECK_BIN)
   add_test(NAME prelude_bash.shellcheck COMMAND ${SHELLCHECK_BIN} ${CMAKE_SOURCE_DIR}/share/shell/prelude.bash)
   # and the project's own shell scripts (build, tests, deploy, CI)
   file(GLOB SHELL_SCRIPTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/scripts/*.sh ${CMAKE_SOURCE_DIR}/spec/*.sh
+    ${CMAKE_SOURCE_DIR}/spec/network/*.sh
     ${CMAKE_SOURCE_DIR}/deploy/*/*.sh)
   add_test(NAME shellcheck COMMAND ${SHELLCHECK_BIN} ${SHELL_SCRIPTS} ${CMAKE_SOURCE_DIR}/.ci/run)
 else()
@@ -263,6 +264,30 @@ if(PYTHON3_BIN AND NOT MOONBOX_SANITIZE)
   set_tests_properties(deploy.manifests PROPERTIES TIMEOUT 60)
 elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("deploy.routing deploy.manifests" "needs python3")
+endif()
+
+# clients/python against a real `moonbox serve` (spec/clients/python_test.py,
+# also pip install into a venv, offline); it records every response it sees,
+# and clients.openapi checks docs/openapi.yaml against the server's route
+# table and validates those recorded responses against its schemas.
+if(PYTHON3_BIN AND NOT MOONBOX_SANITIZE)
+  set(MOONBOX_CLIENT_RECORD ${CMAKE_BINARY_DIR}/clients-responses.jsonl)
+  add_test(NAME clients.python COMMAND ${PYTHON3_BIN} ${CMAKE_SOURCE_DIR}/spec/clients/python_test.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(clients.python PROPERTIES
+    ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_CLIENT_RECORD=${MOONBOX_CLIENT_RECORD}"
+    TIMEOUT 600 FIXTURES_SETUP clients_responses)
+  add_test(NAME clients.openapi COMMAND ${PYTHON3_BIN} ${CMAKE_SOURCE_DIR}/spec/clients/openapi_test.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(clients.openapi PROPERTIES
+    ENVIRONMENT "${MOONBOX_TEST_ENV};MOONBOX_CLIENT_RECORD=${MOONBOX_CLIENT_RECORD}"
+    TIMEOUT 120 FIXTURES_REQUIRED clients_responses)
+  # the package's annotations hold (it ships py.typed: users' checkers trust them)
+  add_test(NAME clients.python.types COMMAND ${PYTHON3_BIN} -m mypy --strict --cache-dir ${CMAKE_BINARY_DIR}/mypy-cache moonbox
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/clients/python)
+  set_tests_properties(clients.python.types PROPERTIES TIMEOUT 300)
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("clients.python clients.openapi clients.python.types" "needs python3")
 endif()
 
 # A fresh machine: the no-namespaces variant of a few suites inside bwrap

@@ -10,6 +10,14 @@ python3-ipython python3-matplotlib bubblewrap bash-builtins squashfs-tools
 chromium node-typescript shellcheck clang-format"
 # the disk quota (sandbox/disk.lua): mkfs.ext4; mount, umount, fallocate
 PACKAGES="$PACKAGES e2fsprogs util-linux mount"
+# network = "egress" (lua/moonbox/network/): veth pairs (ip), one nftables
+# table per sandbox (nft), a dnsmasq resolver per sandbox (nftset); nsenter
+# is util-linux's
+PACKAGES="$PACKAGES iproute2 nftables dnsmasq-base"
+# the Python client's tests (spec/clients/): pip install into a venv, offline
+# (setuptools and wheel build it without build isolation), and the OpenAPI
+# description's schemas checked with jsonschema; the client's types with mypy
+PACKAGES="$PACKAGES python3-venv python3-pip python3-setuptools python3-wheel python3-jsonschema python3-mypy"
 # images (src/image_unpack.c): libarchive and nettle; the image specs build
 # their rootfs from busybox-static, make file capabilities with setcap, and
 # check archives skopeo writes

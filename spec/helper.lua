@@ -59,8 +59,8 @@ function helper.mkdtemp()
 end
 
 -- As root a sandbox's root is its disk image's mount (sandbox/disk.lua),
--- and the image stays mounted after destroy{keepFiles = true} or a
--- runtime's exit (this one's, or a child runtime's a spec started), where
+-- and the image stays mounted after destroy{keepFiles = true} (until its
+-- runtime exits) or a killed runtime, where
 -- a spec's `rm -rf` of its temporary directory cannot remove it. When this
 -- spec process ends (os.exit closes the Lua state: the sentinel's __gc),
 -- those left under its temporary directories are unmounted, and their

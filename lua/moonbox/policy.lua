@@ -26,6 +26,7 @@ M.defaults = {
     memoryBytes = 2 * 1024 * 1024 * 1024, -- the sandbox's processes together (a cgroup)
     pids = 2048,                          -- processes and threads, together (a cgroup)
     diskBytes = 4 * 1024 * 1024 * 1024,   -- its root: /workspace and what it keeps (sandbox/disk.lua)
+    cpuWeight = 100,                      -- its share of CPU against other sandboxes (a cgroup, 1-10000)
     cpuTime = nil, fileSizeBytes = nil, openFiles = nil,
   },
   env = {
@@ -39,9 +40,9 @@ M.defaults = {
 
 local LIMIT_KEYS = { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
   "maxCompletedProcesses", "maxCompletedLogBytes", "maxBufferedBytes",
-  "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "diskBytes", "cpuTime",
-  "fileSizeBytes",
-  "openFiles" }
+  "killGraceMs", "timeoutGraceMs", "maxFileBytes", "tmpBytes", "memoryBytes", "pids", "diskBytes", "cpuWeight",
+  "cpuTime", "fileSizeBytes",
+  "openFiles", "egressBytesPerSecond", "connections" }
 -- Values below which nothing in the sandbox could run, refused rather than
 -- left to fail without a word.
 local LIMIT_FLOORS = {
@@ -49,10 +50,14 @@ local LIMIT_FLOORS = {
   cpuTime = { 1, "0 CPU seconds kills every process at once" },
   memoryBytes = { 1048576, "below 1 MiB the OOM killer ends the session shell before it runs anything" },
   diskBytes = { 16 * 1024 * 1024, "below 16 MiB ext4 has no room for its journal and the workspace" },
+  egressBytesPerSecond = { 1024, "below 1 KiB/s not even a TCP handshake with options gets through steadily" },
+  connections = { 1, "0 connections is network = \"none\"" },
 }
 -- Limits a 0 turns off (the default policy sets them); any other 0 is
 -- below its floor (openFiles, cpuTime) or taken as it is.
-local OFF_BY_ZERO = { memoryBytes = true, pids = true, diskBytes = true }
+local OFF_BY_ZERO = { memoryBytes = true, pids = true, diskBytes = true, cpuWeight = true }
+-- Values above which the kernel refuses the setting.
+local LIMIT_CEILINGS = { cpuWeight = 10000 }
 local MOUNT_KEYS = { type = true, src = true, dst = true, size = true }
 local HOOKS = { onCreateSession = true, onExec = true, onFile = true, onStartProcess = true, onEnv = true,
   onRunCode = true, onTerminal = true }
@@ -80,6 +85,9 @@ local checks = {
       local floor = LIMIT_FLOORS[k]
       if floor and not (n == 0 and OFF_BY_ZERO[k]) and n < floor[1] then
         invalid("limits." .. k, ("expected at least %d: %s"):format(floor[1], floor[2]))
+      end
+      if LIMIT_CEILINGS[k] and n > LIMIT_CEILINGS[k] then
+        invalid("limits." .. k, ("expected at most %d"):format(LIMIT_CEILINGS[k]))
       end
     end
   end,
@@ -139,7 +147,25 @@ local checks = {
     end
   end,
   network = function(v)
-    if v ~= nil and v ~= "none" and v ~= "host" then invalid("network", "expected \"none\" or \"host\"") end
+    if v ~= nil and v ~= "none" and v ~= "host" and v ~= "egress" then
+      invalid("network", "expected \"none\", \"host\" or \"egress\"")
+    end
+  end,
+  -- egress = {allow = {...}, deny = {...}}: network = "egress"'s rules (network/rules.lua)
+  egress = function(v) require("moonbox.network.rules").parse(v, "policy.egress") end,
+  -- dns = {upstream = {"192.0.2.53", ...}}: the egress resolver's upstreams
+  -- (default: /etc/resolv.conf's nameservers)
+  dns = function(v)
+    expect(v, "table", "dns")
+    for k, x in pairs(v) do
+      if k ~= "upstream" then invalid("dns." .. tostring(k), "unknown key") end
+      expect(x, "table", "dns.upstream")
+      for i, a in ipairs(x) do
+        if type(a) ~= "string" or not require("moonbox.network.rules").parse_ipv4(a) then
+          invalid(("dns.upstream[%d]"):format(i), "expected an IPv4 address")
+        end
+      end
+    end
   end,
   hostname = function(v)
     expect(v, "string", "hostname")

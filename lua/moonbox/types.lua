@@ -116,16 +116,34 @@ function Task:status() end
 ------------------------------------------------------------------------
 
 ---@alias Isolation "auto"|"namespaces"|"none"
----@alias Network "none"|"host"
+---@alias Network "none"|"host"|"egress"
 
 ---@class SandboxOptions
 ---@field root? string host directory of the sandbox (default `$MOONBOX_HOME/sandboxes/<id>`)
 ---@field isolation? Isolation default "auto": namespaces where the kernel allows
----@field network? Network "none" (default under namespaces) or "host"
+---@field network? Network "none" (default under namespaces), "host", or "egress" (docs/network.md)
+---@field egress? EgressRules the rules of network = "egress"
 ---@field env? table<string, string|false> sandbox-level variables (`false`: unset)
 ---@field policy? Policy|string a policy table, a preset or module name, or a file path
 ---@field limits? Limits
 ---@field from? Backup|string start a new sandbox from a backup (or its id)
+
+---@class EgressRules
+---@field allow? string[] CIDRs, "cidr:port", domain names (with their subdomains), "name:port"
+---@field deny? string[] the same; deny wins over allow
+
+---@class EgressInfo
+---@field mode "egress"
+---@field mechanism "veth+nftables"
+---@field address string the sandbox's IPv4 address
+---@field gateway string the host's side of its link
+---@field resolver string its DNS resolver
+---@field link string the host's side of its veth (mbx<n>)
+---@field table string its nftables table ("inet mbx_<n>_<id>")
+---@field ipv6 "dropped"
+---@field egress {allow: string[], deny: string[]}
+---@field limits {connections?: integer, egressBytesPerSecond?: integer}
+---@field counters {sentBytes: integer, sentPackets: integer, receivedBytes: integer, receivedPackets: integer, refusedPackets: integer}
 
 ---@class SandboxInfo
 ---@field id string
@@ -133,7 +151,7 @@ function Task:status() end
 ---@field isolation "namespaces"|"none" what is in force
 ---@field requestedIsolation Isolation
 ---@field isolationError? string why "auto" runs without namespaces
----@field network Network
+---@field network "none"|"host"|EgressInfo
 ---@field namespaces string[] e.g. {"user", "mnt", "pid", "ipc", "uts", "net"}
 ---@field initPid? integer
 ---@field restarts integer
@@ -181,6 +199,11 @@ local Sandbox = {}
 ---What is in force (isolation, limits, cgroup, seccomp).
 ---@return SandboxInfo
 function Sandbox:info() end
+
+---An egress sandbox's rules, replaced at once for new connections (one nftables transaction).
+---@param opts {network?: "egress", egress?: EgressRules}
+---@return EgressInfo
+function Sandbox:setNetwork(opts) end
 
 ---Kill every process of the sandbox, forget its sessions, remove its root unless keepFiles (waits).
 ---@param opts? DestroyOptions
@@ -810,6 +833,8 @@ function SessionMethods:terminal(opts) end
 ---@field cpuTime? number seconds (rlimit)
 ---@field fileSizeBytes? integer rlimit
 ---@field openFiles? integer rlimit
+---@field egressBytesPerSecond? integer network = "egress": bytes per second it may send
+---@field connections? integer network = "egress": connections open at once
 ---@field killGraceMs? number SIGTERM, then SIGKILL after this (kill())
 ---@field timeoutGraceMs? number
 ---@field tmpBytes? integer size of the sandbox's /tmp
@@ -836,6 +861,8 @@ function SessionMethods:terminal(opts) end
 ---@field isolation? Isolation
 ---@field mounts? Mount[]
 ---@field network? Network
+---@field egress? EgressRules
+---@field dns? {upstream?: string[]} the egress resolver's upstream servers
 ---@field hostname? string
 ---@field seccomp? string profile name, or "none"
 ---@field idmap? {uid: integer, gid: integer, count: integer}

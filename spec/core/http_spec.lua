@@ -106,6 +106,37 @@ describe("core.http_listen", function()
     end)
   end)
 
+  it("drops a WebSocket peer that takes none of our frames for an idle period, even while it keeps sending", function()
+    local big = ("w"):rep(32 * 1024 * 1024) -- more than the sockets' buffers hold
+    run_task(function()
+      local closed = {}
+      local srv
+      srv = assert(core.http_listen({ host = "127.0.0.1", port = 0, idle_timeout_ms = 300 }, function(kind, id)
+        if kind == "request" then assert(srv:write(id, big))
+        elseif kind == "closed" then closed[#closed + 1] = id end
+      end))
+      local ok, err = pcall(function()
+        local conn = client.connect(srv:port())
+        conn:send(UPGRADE)
+        conn:read_until("^HTTP/1%.1 101 .-\r\n\r\n")
+        conn.stream:read_stop() -- and never reads again
+        local t0 = core.hrtime() / 1e6
+        moonbox.timeout(10000, function()
+          while #closed < 1 do
+            conn:send(frame(1, "still here")) -- (what a quiet peer's hang-up timer would count)
+            moonbox.sleep(50)
+          end
+        end)
+        local took = core.hrtime() / 1e6 - t0
+        assert.equal(0, srv:connections())
+        assert.is_true(took >= 250, ("dropped after %d ms"):format(took))
+        conn:close()
+      end)
+      async.await(function(resume) srv:close(resume) end)
+      if not ok then error(err, 0) end
+    end)
+  end)
+
   it("does not cut off a slow reader of one large write while bytes move; drops one that reads nothing", function()
     -- idle 300 ms; one 32 MiB write (more than the sockets' buffers hold),
     -- read 1 MiB at a time with 50 ms pauses: the write completes only at

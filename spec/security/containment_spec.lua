@@ -66,6 +66,30 @@ describe("containment", function()
     end)
   end)
 
+  it("weighs a sandbox's processes together for CPU, as its cpuWeight says", function()
+    with_pair({ cpuWeight = 50 }, function(sb)
+      local info = sb:info()
+      if not info.enforcement.cpuWeight then
+        assert.is_truthy(table.concat(info.notEnforced, ","):find("cpuWeight", 1, true))
+        return
+      end
+      assert.equal(50, info.limits.cpuWeight)
+      -- every process of the sandbox, the busy ones too, in one group of
+      -- its own whose weight is half the default (cgroup v1: 512 of 1024)
+      local r = sb:exec("for i in 1 2 3 4; do (while :; do :; done) & done; " ..
+        "for p in $(jobs -p) $$; do grep -E '^[0-9]+:([^:]*,)?cpu(,[^:]*)?:' /proc/$p/cgroup | cut -d: -f3; done; " ..
+        "kill $(jobs -p)")
+      assert.equal(0, r.exitCode, r.stderr)
+      local groups = {}
+      for line in r.stdout:gmatch("[^\n]+") do groups[line] = (groups[line] or 0) + 1 end
+      local name, count = next(groups)
+      assert.is_nil(next(groups, name), "more than one cpu group: " .. r.stdout)
+      assert.equal(5, count)
+      assert.equal(("/moonbox-%d/sb-%s"):format(core.getpid(), sb.id), name)
+      assert.equal("512", helper.sh("cat /sys/fs/cgroup/cpu" .. name .. "/cpu.shares"))
+    end)
+  end)
+
   it("kills a memory bomb with 137 and says so", function()
     with_pair({ memoryBytes = 128 * 1024 * 1024 }, function(sb, probe)
       if not sb:info().enforcement.memoryBytes then

@@ -167,6 +167,8 @@ describe("api request checks", function()
         { "/exec", "{\"command\": \"true\"} trailing" },
         { "/exec", "{\"command\": \"true\", \"env\": " .. ("["):rep(100) .. ("]"):rep(100) .. "}" },
         { "/exec", "{\"command\": NaN}" },
+        { "/exec", "{\"command\": \"sleep 1\", \"timeout\": 1e400}" }, -- (a double's infinity)
+        { "/exec", "{\"command\": \"true\", \"env\": {\"A\": [-1e999]}}" },
         { "/exec", { command = 5 } },
         { "/exec", { command = "true", timeout = "soon" } },
         { "/exec", { command = "true", bogus = 1 } },
@@ -388,6 +390,32 @@ describe("api exec", function()
       assert.same({ true, 124 }, { r.timedOut, r.exitCode })
       _, r = call("POST", "/exec", { body = { command = "printf 12345678", maxOutputBytes = 4 } })
       assert.same({ "1234", true }, { r.stdout, r.truncated })
+    end)
+  end)
+
+  it("sends big output from the runtime's buffers in slices: exact bytes, escaped or base64, length exact", function()
+    with_api(function(_, base)
+      local function sliced(command)
+        local r = api.handle({ method = "POST", path = base .. "/exec", query = {}, headers = {},
+          body = cjson.encode { command = command } }, fake_res())
+        assert.equal(200, r.status)
+        assert.equal("table", type(r.body), "a body in slices")
+        local pieces = {}
+        for piece in r.body.pieces do pieces[#pieces + 1] = piece end
+        local text = table.concat(pieces)
+        r.body.release()
+        assert.equal(r.body.length, #text)
+        return cjson.decode(text)
+      end
+      -- 300 KiB of text that needs escapes, stderr small
+      local r = sliced([[for i in $(seq 1 30720); do printf 'a\001"\\\n\t'; done; echo e >&2]])
+      assert.equal(("a\1\"\\\n\t"):rep(30720), r.stdout)
+      assert.same({ "e\n", 0 }, { r.stderr, r.exitCode })
+      assert.is_nil(r.stdoutEncoding)
+      -- 200 001 bytes that are not UTF-8 (not a multiple of 3: the base64 tail)
+      r = sliced("head -c 200001 /dev/zero | tr '\\0' '\\377'")
+      assert.equal("base64", r.stdoutEncoding)
+      assert.equal(("\255"):rep(200001), core.base64_decode(r.stdout))
     end)
   end)
 

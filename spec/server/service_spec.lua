@@ -80,6 +80,19 @@ local function serve(args, wrapper)
 end
 
 -- The value of one sample line of the Prometheus text.
+-- A kept file of a stopped server's sandbox, read through a runtime of its
+-- own: the server's exit unmounted the sandbox's disk image (as root), and
+-- getSandbox of the same root in the same home mounts it again.
+local function kept_file(s, id, path)
+  local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+  local script = s.home .. "/read-kept.lua"
+  local f = assert(io.open(script, "w"))
+  f:write(("io.write(require('moonbox').getSandbox(%q, { root = %q }):readFile(%q).content)")
+    :format(id, s.home .. "/sandboxes/" .. id, path))
+  f:close()
+  return helper.sh(("MOONBOX_HOME='%s' HOME='%s' '%s' '%s' 2>&1"):format(s.home, s.home, bin, script))
+end
+
 local function sample(text, name)
   for line in text:gmatch("[^\n]+") do
     local n, v = line:match("^(%S+) (%S+)$")
@@ -412,6 +425,66 @@ describe("moonbox serve as a service", function()
     end)
   end)
 
+  it("past --max-buffered-bytes, starts no command (503 BUFFERS_FULL, Retry-After) and tells what ran when " ..
+    "only the result does not fit", function()
+    run_task(function()
+      local MB = 1024 * 1024
+      -- (16 MiB: more than the kernel's socket buffers take off the server)
+      local s = serve { "--max-buffered-bytes", tostring(16 * MB + 4096) }
+      local hold
+      local ok, err = pcall(function()
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/bf/exec", '{"command":"true"}')))
+        -- a client that asks for 16 MiB of output and reads none of it: the
+        -- server holds the result (and a queue) for it, past the limit
+        local fd = require("moonbox.async").await(function(resume)
+          assert(core.tcp_connect("127.0.0.1", s.port, function(e, f) resume(f, e) end))
+        end)
+        hold = assert(core.stream_open(fd))
+        local body = cjson.encode { command = "head -c 16777216 /dev/zero | tr '\\0' a" }
+        hold:write(("POST /v1/sandboxes/bf/exec HTTP/1.1\r\nHost: x\r\n%s\r\nContent-Type: application/json\r\n" ..
+          "Content-Length: %d\r\n\r\n%s"):format(s.auth, #body, body))
+        local used
+        assert.is_true(helper.eventually(function()
+          local _, t = s.call("GET", "/metrics")
+          used = sample(t, "moonbox_client_buffered_bytes")
+          return (used or 0) >= 16 * MB + 4096
+        end, 20000), "the unread result does not fill the budget: " .. tostring(used))
+        -- nothing runs now: the command's file is never made
+        local head = curl("-D", "-", "-o", "/dev/null", "-H", s.auth, "-H", "Content-Type: application/json",
+          "-d", '{"command":"touch /workspace/ran"}', s.url .. "/v1/sandboxes/bf/exec")
+        assert.matches("^HTTP/1.1 503", head)
+        assert.matches("\n[Rr]etry%-[Aa]fter: 1\r", head)
+        local code, text = s.call("POST", "/v1/sandboxes/bf/exec", '{"command":"touch /workspace/ran"}')
+        assert.equal(503, code)
+        local e = cjson.decode(text)
+        assert.same({ "BUFFERS_FULL", 503 }, { e.code, e.httpStatus })
+        assert.matches("nothing was run", e.message)
+        hold:close()
+        hold = nil
+        assert.is_true(helper.eventually(function()
+          local _, t = s.call("GET", "/metrics")
+          return sample(t, "moonbox_client_buffered_bytes") == 0
+        end, 20000), "the closed client's bytes were not given back")
+        code, text = s.call("POST", "/v1/sandboxes/bf/exec", '{"command":"test -e /workspace/ran; echo $?"}')
+        assert.equal(200, code)
+        assert.equal("1\n", cjson.decode(text).stdout)
+        -- a result bigger than the whole budget: the command ran, and the
+        -- 503 says how it ended
+        code, text = s.call("POST", "/v1/sandboxes/bf/exec",
+          cjson.encode { command = "head -c 16777216 /dev/zero | tr '\\0' b; head -c 8192 /dev/zero >&2; exit 3" })
+        assert.equal(503, code)
+        e = cjson.decode(text)
+        assert.equal("BUFFERS_FULL", e.code)
+        assert.same({ 3, false }, { e.context.result.exitCode, e.context.result.success })
+        assert.is_nil(e.context.result.stdout)
+        assert.matches("the request ran", e.message)
+      end)
+      if hold then hold:close() end
+      s.stop()
+      assert(ok, err)
+    end)
+  end)
+
   it("stops an idle sandbox keeping its workspace; it comes back on the next request; a busy one stays", function()
     run_task(function()
       local s = serve { "--idle-timeout-s", "1" }
@@ -495,7 +568,7 @@ describe("moonbox serve as a service", function()
         assert.is_true(c:wait_eof())
         c:close()
         assert.equal(0, s.wait_exit())
-        assert.equal("kept", helper.sh("cat '" .. root .. "/note'"))
+        assert.equal("kept", kept_file(s, "graceful", "note"))
       end)
       s.stop()
       assert(ok, err)
@@ -518,7 +591,8 @@ describe("moonbox serve as a service", function()
         c:close()
         assert.equal(0, s.wait_exit())
         assert.equal("", survivors(cmd)) -- its command is gone
-        assert.truthy(helper.sh("cat '" .. pidfile .. "'"):match("^%d+$")) -- the workspace stays
+        local pid = kept_file(s, "late", "pid")
+        assert.truthy(pid:match("^%d+$"), pid) -- the workspace stays
       end)
       s.stop()
       assert(ok, err)

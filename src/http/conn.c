@@ -675,6 +675,22 @@ static void on_tick(uv_timer_t *t) {
         c->deadline = now + s->idle_ms;
       }
     }
+    if (c->phase == PH_WS && c->queued) {
+      /* frames queued for a peer that takes none of them: dropped after an
+       * idle period without progress, even if it keeps sending (a writer
+       * that never reads would hold its queue for ever) */
+      uint64_t moved = c->out_total - uv_stream_get_write_queue_size(&c->sock.stream);
+      if (moved > c->out_moved || !c->ws_stalled_since) {
+        c->out_moved = moved;
+        c->ws_stalled_since = now;
+        if (c->deadline) c->deadline = now + s->idle_ms; /* (set by on_written: bytes are moving) */
+      } else if (now - c->ws_stalled_since > s->idle_ms) {
+        mbh_conn_close(c);
+        continue;
+      }
+    } else {
+      c->ws_stalled_since = 0;
+    }
     if (c->deadline && now > c->deadline) {
       mbh_conn_close(c);
     } else if (c->phase == PH_WS && c->established && !c->ws_close_sent) {

@@ -76,6 +76,7 @@ typedef struct mbh_conn {
   int ws_out_open; /* a fragmented message of ours is under way */
   int ws_close_sent, ws_peer_closed;
   uint64_t ws_last_rx;
+  uint64_t ws_stalled_since; /* loop time our frames stopped moving (0: moving, or none queued) */
   int ws_pinged;
   mbh_out *held, *held_tail; /* frames written before the handshake's answer */
   char *reject;              /* its whole response */

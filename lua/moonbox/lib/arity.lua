@@ -10,7 +10,7 @@ local M = {}
 
 M.params = {
   Sandbox = {
-    info = {}, destroy = { "opts" }, createSession = { "opts" }, getSession = { "id" },
+    info = {}, destroy = { "opts" }, setNetwork = { "opts" }, createSession = { "opts" }, getSession = { "id" },
     deleteSession = { "id" }, listSessions = {}, setEnvVars = { "map" }, createBackup = { "opts" },
     restoreBackup = { "backup" }, exposePort = { "port", "opts" }, unexposePort = { "port" },
     getExposedPorts = {},

@@ -15,7 +15,7 @@ local PROBE_TIMEOUT_MS = 2000
 function M.connect(host, port, opts, what)
   local sb = opts and opts.sandbox
   local sock
-  if sb and sb.init and sb.network == "none" then
+  if sb and sb.init and (sb.network == "none" or sb.network == "egress") then
     -- (an init a destroy closed meanwhile raises: the probe fails, and the
     -- wait sees its process gone)
     local made, s, msg = pcall(sb.init.socket, sb.init, host:find(":", 1, true) and "tcp6" or "tcp4")
@@ -46,7 +46,9 @@ local connect = M.connect
 local function listeners(port, opts)
   local sb = opts and opts.sandbox
   local net = "/proc/self/net/"
-  if sb and sb.init and sb.network == "none" then net = "/proc/" .. sb.init:pid() .. "/net/" end
+  if sb and sb.init and (sb.network == "none" or sb.network == "egress") then
+    net = "/proc/" .. sb.init:pid() .. "/net/"
+  end
   local found, readable = {}, false
   for _, file in ipairs { "tcp", "tcp6" } do
     local text = util.read_file(net .. file)

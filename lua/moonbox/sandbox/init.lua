@@ -23,6 +23,7 @@ local spawn_rules = require "moonbox.sandbox.spawn"
 local kernels = require "moonbox.code.kernels"
 local compose = require "moonbox.lib.compose"
 local image_mod = require "moonbox.sandbox.image"
+local network_mod = require "moonbox.network"
 
 local M = {}
 
@@ -30,6 +31,10 @@ local registry = {}   -- id -> sandbox
 -- sandboxes being destroyed, out of the registry: their processes are
 -- still the runtime's own while the parts collect them (_known_pids)
 local dying = setmetatable({}, { __mode = "k" })
+-- root -> disk state of a sandbox destroyed with keepFiles: its image stays
+-- mounted while this runtime lives (a getSandbox of that root takes it
+-- again), and is unmounted at the runtime's exit (M.shutdown)
+local kept_disks = {}
 
 -- Whether isolation = "auto" may fall back to "none" where the kernel
 -- refuses user namespaces (said once on stderr). moonbox serve turns this
@@ -63,8 +68,8 @@ M.mkdir_p = mkdir_p
 
 local normalize = util.normalize
 
-local get_options = { root = true, isolation = true, network = true, env = true, policy = true, limits = true,
-  image = true }
+local get_options = { root = true, isolation = true, network = true, egress = true, env = true, policy = true,
+  limits = true, image = true }
 
 -- One making or destroying of a sandbox id at a time (a FIFO lock per id,
 -- dropped when nobody holds or waits for it): two first getSandbox calls
@@ -104,11 +109,16 @@ function make_sandbox(id, opts)
   if isolation ~= "auto" and isolation ~= "none" and isolation ~= "namespaces" then
     V.fail("isolation", "expected \"auto\", \"namespaces\" or \"none\"")
   end
-  if opts.network ~= nil and opts.network ~= "none" and opts.network ~= "host" then
-    V.fail("network", "expected \"none\" or \"host\"")
+  if opts.network ~= nil and opts.network ~= "none" and opts.network ~= "host" and opts.network ~= "egress" then
+    V.fail("network", "expected \"none\", \"host\" or \"egress\"")
   end
+  if opts.egress ~= nil then require("moonbox.network.rules").parse(opts.egress, "egress") end
   local policy = policy_mod.resolve(opts.policy, opts.limits)
   if opts.isolation == nil and policy.isolation then isolation = policy.isolation end
+  -- rules asked of this call for a network that has none are a mistake, not dropped
+  if opts.egress ~= nil and (opts.network or policy.network or "none") ~= "egress" then
+    V.fail("egress", ('rules apply to network = "egress", not %q'):format(opts.network or policy.network or "none"))
+  end
   local env = V.env(opts.env, "env") or {}
   if opts.root ~= nil then V.path(opts.root, "root") end
   if opts.image ~= nil and (type(opts.image) ~= "string" or opts.image == "") then
@@ -148,13 +158,14 @@ function make_sandbox(id, opts)
   -- getSandbox or by the policy, a preset's too), the policy's mounts, its
   -- hostname. (The limits are what info() says is in force.)
   if isolation == "none" or unisolated then
-    local no_network = (opts.network or policy.network) == "none"
+    local own = opts.network or policy.network
+    local no_network = own == "none" or own == "egress"
     local field = (no_network and (opts.network and "network" or "policy.network"))
       or (policy.mounts and next(policy.mounts) and "policy.mounts") or (policy.hostname and "policy.hostname")
       or (image_ref and "image")
     if field then
-      local what = ("%s needs the sandbox's own namespaces"):format(field:find("network") and 'network = "none"'
-        or field)
+      local what = ("%s needs the sandbox's own namespaces"):format(field:find("network") and
+        ('network = "%s"'):format(own) or field)
       if isolation == "none" then
         errors.raise("VALIDATION_FAILED", ("%s: %s, and isolation is \"none\""):format(field, what), { field = field })
       end
@@ -308,7 +319,14 @@ function make_sandbox(id, opts)
     local init, namespaces, code
     -- (a pre-built sandbox's processes join v1 limit directories only
     -- through its own cgroup: without one, it is not used)
-    local pre = prewarm.enabled and not image_rec and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs))
+    -- egress: its address is claimed first (its /etc/resolv.conf names its resolver)
+    if network == "egress" then
+      self.egress = network_mod.prepare(self, opts.egress or policy.egress, policy.limits, policy.dns)
+    end
+    -- (an egress sandbox is never pre-built: its resolv.conf is its own; nor
+    -- is an image's: its root is the image)
+    local pre = network ~= "egress" and not image_rec and prewarm.enabled
+      and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs))
       and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
       workspace, on_init_exit)
     if pre then
@@ -340,6 +358,7 @@ function make_sandbox(id, opts)
       self.owner_uid = isolation_mod.owner_uid(idmap)
       init, namespaces, code = isolation_mod.start(self, {
         network = network,
+        resolv_conf = self.egress and network_mod.resolv_conf(self.egress),
         hostname = policy.hostname or id,
         tmpBytes = policy.limits.tmpBytes,
         kernels = kernels.dir(),
@@ -358,6 +377,7 @@ function make_sandbox(id, opts)
       self.init_network = network
       self.init_generation = 0
       self.init_pid = init:pid()
+      if self.egress then network_mod.attach(self.egress, self.init_pid) end
       self.fs_root = "/proc/" .. self.init_pid .. "/root"
       -- the shells' run directory, reached only through the sandbox's root
       -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
@@ -397,6 +417,7 @@ function make_sandbox(id, opts)
     if self.spare then pcall(self._drop_spare, self) end
     if self.run_conf then self.run_conf:close() end
     if self.init then pcall(self.init.close, self.init) end
+    if self.egress then pcall(network_mod.detach, self.egress) end
     if self.limits_state then limits.cleanup(self.limits_state, async.sleep) end
     if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
     if self.guarded then tree.unguard() end
@@ -542,6 +563,7 @@ function Sandbox:_revive()
   local token = {}
   local init, namespaces, code = isolation_mod.start(self, {
     network = self.init_network,
+    resolv_conf = self.egress and network_mod.resolv_conf(self.egress),
     hostname = policy.hostname or self.id,
     tmpBytes = policy.limits.tmpBytes,
     kernels = kernels.dir(),
@@ -559,6 +581,15 @@ function Sandbox:_revive()
   end
   self.init, self.namespaces, self.init_dead, self.init_token = init, namespaces, false, token
   self.init_pid = init:pid()
+  if self.egress then
+    local ok, err = pcall(network_mod.attach, self.egress, self.init_pid)
+    if not ok then
+      pcall(init.close, init)
+      self.init_dead = true
+      errors.raise("SANDBOX_RESTARTED", ("sandbox %q lost its init process and cannot link the new one: %s")
+        :format(self.id, tostring(err)), { id = self.id })
+    end
+  end
   self.fs_root = "/proc/" .. self.init_pid .. "/root"
   self.restarts = (self.restarts or 0) + 1
   -- the confinements name the old init's root and mounts: take them anew
@@ -974,7 +1005,9 @@ function Sandbox:info()
     -- executable at start) and use, shared by all its sandboxes
     openFiles = { soft = soft, hard = hard, open = open },
     id = self.id, root = self.root, isolation = self.isolation, requestedIsolation = self.requested_isolation,
-    network = self.network, namespaces = util.copy(self.namespaces), cgroup = cgroup,
+    -- (egress: a table, the mode with its mechanism, address, rules, limits and counters)
+    network = self.egress and network_mod.info(self.egress) or self.network,
+    namespaces = util.copy(self.namespaces), cgroup = cgroup,
     isolationError = self.isolation_error, initPid = self.init and not self.init_dead and self.init_pid or nil,
     restarts = self.restarts or 0,
     killMode = tree.mode(), limits = in_force,
@@ -991,6 +1024,25 @@ function Sandbox:info()
     -- the image the root is made of (docs/images.md), nil for the host's
     image = self.image and image_mod.info(self.image) or nil,
   }
+end
+
+-- setNetwork{egress = {allow, deny}}: an egress sandbox's rules, changed at
+-- once for new connections (one nft transaction; the connections already
+-- open stay). The mode itself is chosen at getSandbox: naming another one
+-- here is refused. -> info().network
+function Sandbox:setNetwork(opts)
+  self:_check_live()
+  opts = V.options(opts, { network = true, egress = true }, "setNetwork options")
+  local mode = self.egress and "egress" or self.network
+  if opts.network ~= nil and opts.network ~= mode then
+    V.fail("network", ("the sandbox's network is %q; a mode is chosen when the sandbox is made"):format(mode))
+  end
+  if not self.egress then
+    V.fail("egress", ('rules apply to network = "egress"; this sandbox\'s network is %q'):format(mode))
+  end
+  if self.init_dead then self:_revive() end
+  network_mod.update(self.egress, opts.egress or {})
+  return network_mod.info(self.egress)
 end
 
 -- Removal, on the thread pool, of relpath under the sandbox's root
@@ -1136,6 +1188,8 @@ function Sandbox:_destroy_now(opts)
   dying[self] = nil
   -- the init's sockets (it is reaped on the loop, if it was not yet)
   if init then init:close() end
+  -- its link, table and resolver (network/init.lua)
+  if self.egress then network_mod.detach(self.egress) end
   if self.fs_conf then self.fs_conf:close() end
   if self.run_conf then self.run_conf:close() end
   self:_await_removals()
@@ -1154,7 +1208,9 @@ function Sandbox:_destroy_now(opts)
   if self.guarded then tree.unguard() end
   root_mod.unlock(self.root_lock)
   -- kept files stay where they were: the image stays mounted at the root
-  -- (a getSandbox of that root takes it again, sandbox/disk.lua)
+  -- (a getSandbox of that root takes it again, sandbox/disk.lua) until the
+  -- runtime exits
+  if opts.keepFiles and self.disk then kept_disks[self.root_canon] = self.disk end
   if not locked then error(lock_err, 0) end
   if not removed then
     errors.raise("FILESYSTEM_ERROR", "destroy could not remove the sandbox's files: " .. tostring(msg),
@@ -1222,6 +1278,13 @@ function M.shutdown()
         io.stderr:write("moonbox: shutdown: the destroy of sandbox ", sb.id, " under way has not ended\n")
       end
     end
+  end
+  -- No mount outlives the runtime: each kept image is unmounted (its files
+  -- stay in it, under <home>/disks; getSandbox of the root mounts it again)
+  for root, state in pairs(kept_disks) do
+    kept_disks[root] = nil
+    local ok, msg = disk.detach(state, false)
+    if not ok then io.stderr:write("moonbox: shutdown: cannot unmount the disk image at ", root, ": ", msg, "\n") end
   end
   shell_mod.cleanup()
   tree.cleanup(async.sleep)

@@ -155,7 +155,7 @@ end
 -- sandbox's upper dir bound into the root under construction, then an
 -- overlayfs of them becomes the root (src/nsinit.c mount_overlay_root);
 -- the host's name resolution files go over the image's, as Docker does.
-local function image_root(m, image)
+local function image_root(m, image, opts)
   local lowers = {}
   for i, dir in ipairs(image.lowers) do -- bottom first
     m[#m + 1] = { type = "ro_bind", src = dir, dst = "/.mb-layers/" .. i }
@@ -166,7 +166,11 @@ local function image_root(m, image)
     .. "userxattr"):format(table.concat(lowers, ":")) }
   for _, name in ipairs { "resolv.conf", "hosts" } do
     local path = "/etc/" .. name
-    if exists(path) then m[#m + 1] = { type = "ro_bind", src = path, dst = path, optional = true } end
+    if opts.resolv_conf and name == "resolv.conf" then -- (an egress sandbox's, as below)
+      m[#m + 1] = { type = "file", dst = path, data = opts.resolv_conf }
+    elseif exists(path) then
+      m[#m + 1] = { type = "ro_bind", src = path, dst = path, optional = true }
+    end
   end
 end
 
@@ -174,7 +178,7 @@ end
 -- as /bin -> usr/bin recreated as symlinks), the needed /etc files, a fresh
 -- /proc, a minimal /dev, tmpfs /tmp and /root, the workspace and run dirs.
 -- With opts.image the image's layers are the root instead (image_root).
-local function host_system(m)
+local function host_system(m, opts)
   for _, dir in ipairs(SYSTEM_DIRS) do
     local target = core.readlink(dir)
     if target then
@@ -185,13 +189,18 @@ local function host_system(m)
   end
   for _, name in ipairs(ETC_FILES) do
     local path = "/etc/" .. name
-    if exists(path) then m[#m + 1] = { type = "ro_bind", src = path, dst = path, optional = true } end
+    -- (an egress sandbox's resolver is its own: network/resolver.lua)
+    if opts.resolv_conf and name == "resolv.conf" then
+      m[#m + 1] = { type = "file", dst = path, data = opts.resolv_conf }
+    elseif exists(path) then
+      m[#m + 1] = { type = "ro_bind", src = path, dst = path, optional = true }
+    end
   end
 end
 
 function M.mounts(sb, opts)
   local m = {}
-  if opts.image then image_root(m, opts.image) else host_system(m) end
+  if opts.image then image_root(m, opts.image, opts) else host_system(m, opts) end
   m[#m + 1] = { type = "file", dst = "/etc/hostname", data = opts.hostname .. "\n" }
   m[#m + 1] = { type = "proc", dst = "/proc" }
   local userns = {}
@@ -249,7 +258,8 @@ function M.owner_uid(idmap)
 end
 
 -- start(sb, opts) -> init, namespaces | nil, message, code
--- opts: network ("none" | "host"), hostname, tmpBytes (each writable tmpfs),
+-- opts: network ("none" | "host" | "egress"), resolv_conf (its /etc/resolv.conf's
+-- text), hostname, tmpBytes (each writable tmpfs),
 -- kernels, extra (policy mounts), idmap (M.idmap), owner_uid (M.owner_uid),
 -- userns (policy userns),
 -- cgroups (dirs the init joins), on_exit, deferred (build the root without
@@ -259,11 +269,14 @@ function M.start(sb, opts)
   local uid_map = ("0 %d %d\n"):format(idmap.uid, idmap.count)
   local gid_map = ("0 %d %d\n"):format(idmap.gid, idmap.count)
   local namespaces = { "user", "mnt", "pid", "ipc", "uts" }
-  if opts.network == "none" then namespaces[#namespaces + 1] = "net" end
+  -- "egress": a namespace of its own too, its link to the host added by
+  -- the runtime once the init runs (network/init.lua)
+  local own_net = opts.network == "none" or opts.network == "egress"
+  if own_net then namespaces[#namespaces + 1] = "net" end
   local init, err, code = core.sandbox_init {
     namespaces = namespaces,
     hostname = opts.hostname,
-    loopback = opts.network == "none",
+    loopback = own_net,
     mounts = M.mounts(sb, opts),
     cgroups = opts.cgroups,
     on_exit = opts.on_exit,

@@ -1,9 +1,10 @@
 -- Resource limits from policy.limits, enforced with what this host offers,
 -- and reported honestly (sandbox:info()):
---   memoryBytes, pids -> a cgroup v1 controller directory per sandbox
---                        (memory.limit_in_bytes, pids.max) when writable,
---                        else cgroup v2 memory.max / pids.max when delegated,
---                        else not enforced (and info() says so);
+--   memoryBytes, pids, cpuWeight -> a cgroup v1 controller directory per
+--                        sandbox (memory.limit_in_bytes, pids.max, cpu.shares)
+--                        when writable, else cgroup v2 memory.max / pids.max /
+--                        cpu.weight when delegated, else not enforced (and
+--                        info() says so);
 --   cpuTime (s), fileSizeBytes, openFiles -> rlimits on every process.
 local core = require "moonbox.core"
 local util = require "moonbox.lib.util"
@@ -11,11 +12,16 @@ local tree = require "moonbox.process.tree"
 
 local M = {}
 
-local V1 = { memory = "/sys/fs/cgroup/memory", pids = "/sys/fs/cgroup/pids" }
+local V1 = { memory = "/sys/fs/cgroup/memory", pids = "/sys/fs/cgroup/pids", cpu = "/sys/fs/cgroup/cpu" }
 local FILES = {
   memory = { v1 = "memory.limit_in_bytes", v2 = "memory.max" },
   pids = { v1 = "pids.max", v2 = "pids.max" },
+  cpu = { v1 = "cpu.shares", v2 = "cpu.weight" },
 }
+-- cpuWeight is cgroup v2's cpu.weight (1-10000, 100 the default); v1's
+-- cpu.shares says the same with 1024 as the default.
+local TO_V1 = { cpu = function(weight) return math.max(2, math.floor(weight * 1024 / 100)) end }
+local CONTROLLERS = { memoryBytes = "memory", pids = "pids", cpuWeight = "cpu" }
 
 local function mkdir_p(path)
   if util.is_dir(path) then return true end
@@ -30,6 +36,7 @@ local function v1_dir(controller, sandbox_id, value)
   if not util.read_file(root .. "/cgroup.procs") then return nil end
   local dir = ("%s/moonbox-%d/sb-%s"):format(root, core.getpid(), sandbox_id)
   if not mkdir_p(dir) then return nil end
+  if TO_V1[controller] then value = TO_V1[controller](value) end
   if not util.write_file(dir .. "/" .. FILES[controller].v1, tostring(math.floor(value))) then
     core.rmdir(dir)
     return nil
@@ -50,7 +57,13 @@ function M.setup(sb)
   local limits = sb.policy.limits
   local out = { rlimits = {}, extra_cgroups = {}, enforced = {}, not_enforced = {}, v1_dirs = {} }
   local sandbox_cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. sb.cgroup_name) or nil
-  for name, controller in pairs { memoryBytes = "memory", pids = "pids" } do
+  -- Each sandbox's processes sit in one group per controller, under one
+  -- group of the runtime's (moonbox-<pid>/sb-<id>). Under cpu, all
+  -- sandboxes together weigh as much as one thread of the runtime, so a
+  -- tenant's many busy processes cannot starve the loop that serves
+  -- everyone (issue #29: exec latency under an output flood), and each
+  -- sandbox weighs as its cpuWeight says, however many processes it runs.
+  for name, controller in pairs(CONTROLLERS) do
     local value = limits[name]
     if value and value > 0 then -- (0: off)
       local dir = v1_dir(controller, sb.id, value)

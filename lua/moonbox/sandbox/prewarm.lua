@@ -66,6 +66,7 @@ local function make()
     return nil -- rlimits: not pre-built (memory and pids are put on at claim: limits.adopt)
   end
   local network = policy.network or "none"
+  if network == "egress" then return nil end -- (its resolv.conf and link are its own: never pre-built)
   local s = { key = key_of(policy, network) }
   local cgroups, shell_cgroup, session_cgroup
   if tree.mode() == "cgroup" then

@@ -11,6 +11,8 @@ local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
 local json = require "moonbox.server.api_json"
+local json_bytes = require "moonbox.server.json_bytes"
+local send_budget = require "moonbox.server.send_budget"
 local api_errors = require "moonbox.server.api_errors"
 local router_mod = require "moonbox.server.api_router"
 local sse = require "moonbox.server.api_sse"
@@ -254,6 +256,7 @@ function H.info(ctx)
   local info = ctx:sandbox():info()
   json.array(info.namespaces)
   json.array(info.notEnforced)
+  json.network(info.network)
   return 200, info
 end
 
@@ -344,6 +347,17 @@ end
 
 -- A script may raise maxOutputBytes for its own calls; a client of the
 -- server may not go past the policy's limit (the server's memory).
+-- A command whose output may be big is not started while the server's
+-- send budget is spent (its result could not be held for the client):
+-- 503 BUFFERS_FULL before anything runs (docs/http-api.md).
+local function admit(ctx)
+  if not send_budget.full() then return end
+  ctx.res:reject("buffers_full")
+  errors.raise("BUFFERS_FULL", ("the server holds %d bytes for its clients, its limit (--max-buffered-bytes) " ..
+    "is %d; nothing was run; retry later"):format(send_budget.used, send_budget.limit),
+    { limit = send_budget.limit, used = send_budget.used })
+end
+
 local function check_output_limit(ctx, s)
   local v, limit = ctx:body().maxOutputBytes, s.sandbox.policy.limits.maxOutputBytes
   if type(v) == "number" and v > limit then
@@ -357,9 +371,17 @@ function H.exec(ctx)
   local f = ctx:take { command = "any" }
   check_output_limit(ctx, s)
   local opts = ctx:rest()
+  admit(ctx)
   -- a client that hangs up cancels it: no stuck session behind a result
-  -- nobody reads (docs/server.md)
-  return 200, exec_result(sse.while_connected(ctx.res, function() return s:exec(f.command, opts) end))
+  -- nobody reads (docs/server.md). The output stays in C buffers until
+  -- sent (json_bytes.lua).
+  local r = sse.while_connected(ctx.res, function() return s:exec_bytes(f.command, opts) end)
+  local ok, err = pcall(function()
+    json_bytes.field(r, "stdout", "stdoutEncoding")
+    json_bytes.field(r, "stderr", "stderrEncoding")
+  end)
+  if not ok then json_bytes.release(r, "stdout", "stderr") error(err, 0) end
+  return 200, r
 end
 
 function H.exec_stream(ctx)
@@ -681,7 +703,8 @@ function M.handle(req, res)
       message = "the server stopped while the request ran (the sandbox's files are kept); retry later" },
       { ["retry-after"] = "1", connection = "close" })
   end
-  return reply(api_errors.body(result))
+  local status, body = api_errors.body(result)
+  return reply(status, body, status == 503 and { ["retry-after"] = "1" } or nil)
 end
 
 return M

@@ -43,6 +43,8 @@ M.STATUS = {
   -- 503: the sandbox's init died and the sandbox was rebuilt over its
   -- workspace: the call that was running is lost, the same call again works
   SANDBOX_RESTARTED = 503,
+  -- 503: the server's send budget (--max-buffered-bytes) is spent; retry later
+  BUFFERS_FULL = 503,
   -- 507
   NO_SPACE = 507,
 }

@@ -17,6 +17,15 @@ M.MAX_DEPTH = 32
 local ARRAY = { __name = "json array" }
 function M.array(t) return setmetatable(t or {}, ARRAY) end
 
+-- info().network of an egress sandbox: its rule lists are arrays, empty too
+function M.network(net)
+  if type(net) == "table" and net.egress then
+    M.array(net.egress.allow)
+    M.array(net.egress.deny)
+  end
+  return net
+end
+
 -- ---- decoding ----------------------------------------------------------------
 
 local decoder = cjson.new()
@@ -29,6 +38,9 @@ local function clean(v, field)
   if v == cjson.null then return false end
   if type(v) == "string" then
     if not core.utf8_valid(v) then V.fail(field, "not valid UTF-8") end
+  elseif type(v) == "number" then
+    -- 1e400 is valid JSON that no double holds: cjson makes it inf
+    if v ~= v or v == math.huge or v == -math.huge then V.fail(field, "a number out of range") end
   elseif type(v) == "table" then
     for k, x in pairs(v) do
       local name = type(k) == "number" and ("%s[%d]"):format(field, k) or field .. "." .. tostring(k)
@@ -129,18 +141,59 @@ end
 -- one string up to six times their size).
 M.BIG = 64 * 1024
 M.RAW_SLICE = 16 * 1024
-
--- #quote(s) of a valid UTF-8 s; in a task it lets the loop run every
--- YIELD_EVERY bytes (other clients do not wait for a 100 MB count)
 M.YIELD_EVERY = 4 * 1024 * 1024
-local function quoted_length(s)
-  local n = 2
+
+-- A big field of a response body, sent in slices by body(): a table with
+-- the PART metatable and
+--   length()  its JSON length, quotes included (may yield: a task's loop runs on)
+--   slices()  an iterator over its JSON text, a slice at a time
+--   whole()   its JSON text as one string (a WebSocket reply; encode())
+--   held      the bytes it keeps in memory until sent
+--   release() lets go of them (the body is sent, or refused)
+-- A string longer than BIG becomes one (string_part); server/json_bytes.lua
+-- makes them from core.bytes buffers (an exec's output).
+M.PART = { __name = "json body part" }
+
+-- #quote(slice) summed over slices from(at, to) of n bytes, 1-based; in a
+-- task it lets the loop run every YIELD_EVERY bytes (other clients do not
+-- wait for a 100 MB count)
+function M.quoted_length(n, slice)
+  local total = 2
   local in_task = async.in_task()
-  for at = 1, #s, M.YIELD_EVERY do
-    if in_task and at > 1 then async.sleep(0) end
-    n = n + escaped_length(s, at, math.min(#s, at + M.YIELD_EVERY - 1))
+  local step = math.min(M.RAW_SLICE * 4, M.YIELD_EVERY)
+  for at = 1, n, step do
+    if in_task and at > 1 and (at - 1) % M.YIELD_EVERY < step then async.sleep(0) end
+    local s, from, to = slice(at, math.min(n, at + step - 1))
+    total = total + escaped_length(s, from, to)
   end
-  return n
+  return total
+end
+
+-- The quoted slices of n bytes, one per call, then nil; slice(at, to) ->
+-- string, from, to (the bytes at..to are the string's from..to).
+function M.quoted_slices(n, slice)
+  local at = 1
+  return function()
+    if at > n + 1 then return nil end
+    local piece = ""
+    if n > 0 then piece = escape_range(slice(at, math.min(n, at + M.RAW_SLICE - 1))) end
+    if at == 1 then piece = '"' .. piece end
+    at = at + M.RAW_SLICE
+    if at > n then piece = piece .. '"' at = n + 2 end
+    return piece
+  end
+end
+
+-- A big valid UTF-8 string as a part.
+local function string_part(text)
+  local function slice(from, to) return text, from, to end
+  return setmetatable({
+    held = #text,
+    length = function() return M.quoted_length(#text, slice) end,
+    slices = function() return M.quoted_slices(#text, slice) end,
+    whole = function() return quote(text) end,
+    release = function() end,
+  }, M.PART)
 end
 
 local function is_sequence(t)
@@ -188,7 +241,7 @@ end
 function encode_value(v, buf, depth)
   local t = type(v)
   if t == "string" and buf.sliced and #v > M.BIG then
-    buf[#buf + 1] = { text = M.valid_utf8(v) } -- quoted later, in slices (body())
+    buf[#buf + 1] = string_part(M.valid_utf8(v)) -- quoted later, in slices (body())
   elseif t == "string" then
     buf[#buf + 1] = quote(v)
   elseif t == "number" then
@@ -201,6 +254,8 @@ function encode_value(v, buf, depth)
     end
   elseif t == "boolean" then
     buf[#buf + 1] = v and "true" or "false"
+  elseif getmetatable(v) == M.PART then
+    buf[#buf + 1] = buf.sliced and v or v.whole()
   elseif t == "table" then
     encode_table(v, buf, depth)
   else
@@ -213,19 +268,6 @@ function M.encode(v)
   local buf = {}
   encode_value(v, buf, 0)
   return table.concat(buf)
-end
-
--- The quoted slices of a big string, one per call, then nil.
-local function quoted_slices(text)
-  local at, n = 1, #text
-  return function()
-    if at > n + 1 then return nil end
-    local piece = escape_range(text, at, math.min(n, at + M.RAW_SLICE - 1))
-    if at == 1 then piece = '"' .. piece end
-    at = at + M.RAW_SLICE
-    if at > n then piece = piece .. '"' at = n + 2 end
-    return piece
-  end
 end
 
 -- body(value) -> the JSON text of value and a newline, as an HTTP response
@@ -246,17 +288,25 @@ function M.body(v)
     parts[#parts + 1], run = text, {}
     length, held = length + #text, held + #text
   end
+  local big = {}
   for _, p in ipairs(buf) do
     if type(p) == "table" then
       flush()
       parts[#parts + 1] = p
-      length, held = length + quoted_length(p.text), held + #p.text
+      big[#big + 1] = p
     else
       run[#run + 1] = p
     end
   end
   flush()
   if #parts == 1 then return parts[1] end
+  local function release()
+    for _, p in ipairs(big) do p.release() end
+  end
+  local ok, err = pcall(function()
+    for _, p in ipairs(big) do length, held = length + p.length(), held + p.held end
+  end)
+  if not ok then release() error(err, 0) end
   local i, slices = 0, nil
   local function pieces()
     while true do
@@ -269,15 +319,32 @@ function M.body(v)
       local p = parts[i]
       if p == nil then return nil end
       if type(p) == "string" then return p end
-      slices = quoted_slices(p.text)
+      slices = p.slices()
     end
   end
   local function text()
     local out = {}
-    for k, p in ipairs(parts) do out[k] = type(p) == "string" and p or quote(p.text) end
+    for k, p in ipairs(parts) do out[k] = type(p) == "string" and p or p.whole() end
     return table.concat(out)
   end
-  return { length = length, pieces = pieces, held = held, text = text }
+  return { length = length, pieces = pieces, held = held, text = text, release = release, summary = M.summary(v) }
+end
+
+-- The small scalar fields of a result (exitCode, success, duration, ...):
+-- what a refused body's 503 still tells (the command ran; its output could
+-- not be held for the client).
+function M.summary(v)
+  if type(v) ~= "table" or getmetatable(v) then return nil end
+  local out
+  for k, x in pairs(v) do
+    local t = type(x)
+    if type(k) == "string" and k:sub(1, 1) ~= "_"
+      and (t == "number" or t == "boolean" or (t == "string" and #x <= 256)) then
+      out = out or {}
+      out[k] = x
+    end
+  end
+  return out
 end
 
 -- A field of raw bytes (command output, log data): kept as text when it is

@@ -13,8 +13,10 @@
 --   POST   /v1/images/pull                     {ref, name?} -> images.pull, progress as SSE (registries only)
 --   DELETE /v1/images?name=                    -> images.remove
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
---   POST   /v1/sandboxes/{id}                  {from?, image?} -> getSandbox(id, {from = backup, image}): a new
---                                               sandbox, a fork of a backup and/or made from a stored image
+--   POST   /v1/sandboxes/{id}                  {from?, network?, egress?, image?} -> getSandbox(id, {from = backup,
+--                                              network, egress, image}): a new sandbox (a fork, an egress one, or
+--                                              one made from a stored image)
+--   PATCH  /v1/sandboxes/{id}/network          {egress = {allow, deny}} -> setNetwork
 local moonbox = require "moonbox"
 local V = require "moonbox.lib.validate"
 local json = require "moonbox.server.api_json"
@@ -150,16 +152,19 @@ function H.commit(ctx)
   return 200, ctx:sandbox():commit { name = f.name }
 end
 
--- POST /v1/sandboxes/{id} {from?, image?}: made as api.lua's Ctx:sandbox()
--- makes sandboxes (the server's home, policy, limits and maxSandboxes), from
--- a backup and/or an image. An image must be in the store already (a name
--- or digest, `moonbox image pull`): a client never makes the server read
--- a layout or an archive of the host's paths.
+-- POST /v1/sandboxes/{id} {from?, network?, egress?, image?}: made as
+-- api.lua's Ctx:sandbox() makes sandboxes (the server's home, policy,
+-- limits and maxSandboxes), from a backup, with a network of its own and/or
+-- from an image. An image must be in the store already (a name or digest,
+-- `moonbox image pull`): a client never makes the server read a layout or
+-- an archive of the host's paths.
 function H.create_from(ctx)
   no_query(ctx)
-  local f = ctx:take { from = "string?", image = "string?" }
+  local f = ctx:take { from = "string?", network = "string?", egress = "table?", image = "string?" }
   ctx:no_more()
-  if f.from == nil and f.image == nil then V.fail("from", "missing (from or image is needed)") end
+  if f.from == nil and f.network == nil and f.image == nil then
+    V.fail("from", "missing (or give network or image)")
+  end
   if f.image ~= nil then
     if f.image:match("^oci:") or f.image:match("^docker%-archive:") then
       require("moonbox.errors").raise("POLICY_DENIED", ("image %s: the server makes sandboxes only from images in "
@@ -179,14 +184,21 @@ function H.create_from(ctx)
     require("moonbox.errors").raise("POLICY_DENIED",
       ("the server already holds %d sandboxes (maxSandboxes)"):format(n), { maxSandboxes = api.config.maxSandboxes })
   end
-  local opts = { from = f.from, image = f.image, policy = api.config.policy, limits = api.config.limits }
+  local opts = { from = f.from, network = f.network, egress = f.egress, image = f.image, policy = api.config.policy,
+    limits = api.config.limits }
   if api.config.home then opts.root = api.config.home .. "/sandboxes/" .. id end
   local sb = moonbox.getSandbox(id, opts)
   ctx._sandbox = sb
   local info = sb:info()
   json.array(info.namespaces)
   json.array(info.notEnforced)
+  json.network(info.network)
   return 200, info
+end
+
+function H.set_network(ctx)
+  no_query(ctx)
+  return 200, json.network(ctx:sandbox():setNetwork(ctx:body()))
 end
 
 function M.install(router)
@@ -196,6 +208,7 @@ function M.install(router)
     { "POST", "/backups", H.create_backup }, { "POST", "/backups/restore", H.restore_backup },
     { "POST", "/files/changes", H.check_changes }, { "POST", "", H.create_from },
     { "POST", "/commit", H.commit },
+    { "PATCH", "/network", H.set_network },
   } do
     router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
   end

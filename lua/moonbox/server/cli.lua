@@ -413,6 +413,9 @@ function M.start(opts)
     idleTimeoutMs = opts.idleTimeoutMs }, handler)
   -- a liveness probe answered 503 past --max-connections would restart a busy pod
   server.alwaysAnswer = { ["/healthz"] = true, ["/readyz"] = true, ["/metrics"] = true }
+  -- an egress sandbox never reaches this port, even through an allow rule
+  -- naming the host (network/nft.lua)
+  if addr.port and addr.port > 0 then table.insert(require("moonbox.network").server_ports, addr.port) end
   server.onDone = function(req, res) service:done(req, res) end
   server.onReject = function(reason) service:reject(reason) end
   server.service = service
@@ -449,6 +452,11 @@ function M.main(argv)
   end
   local runtime = require "moonbox._runtime"
   runtime.at_exit(function() server:close() end)
+  -- a crashed runtime's egress leftovers (links, nft tables, resolvers) go
+  -- now, not only before this server's first egress sandbox (network/init.lua)
+  if require("moonbox.core").getuid() == 0 then
+    require("moonbox.async").spawn(function() pcall(require("moonbox.network").sweep) end)
+  end
   -- SIGTERM: the graceful stop (docs/server.md); SIGINT and SIGHUP stay immediate
   runtime.on_signal("SIGTERM", function()
     io.stderr:write("moonbox serve: SIGTERM: stopping (grace ", tostring(opts.shutdownGraceS or 10), " s)\n")

@@ -164,7 +164,11 @@ function Response:_send(status, headers, body)
   body = body == nil and "" or body
   -- a body in pieces: {length, pieces = iterator, held, text()} (api_json.body)
   local sliced = type(body) == "table" and body or nil
-  if sliced and self.req.websocket then body = sliced.text() sliced = nil end
+  if sliced and self.req.websocket then
+    body = sliced.text()
+    if sliced.release then sliced.release() end
+    sliced = nil
+  end
   if not sliced then V.type(body, "string", "body") end
   if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
   self._started = true
@@ -180,10 +184,18 @@ function Response:_send(status, headers, body)
     end
     return
   end
-  if self.closed then return end
-  if sliced then return self:_send_sliced(status, h, ctype, sliced.length, sliced.pieces, sliced.held) end
+  if self.closed then
+    if sliced and sliced.release then sliced.release() end
+    return
+  end
+  if sliced then
+    local ok, err = pcall(self._send_sliced, self, status, h, ctype, sliced)
+    if sliced.release then sliced.release() end
+    if not ok then error(err, 0) end
+    return
+  end
   if #body > M.SLICE and async.in_task() then
-    return self:_send_sliced(status, h, ctype, #body, M.slices(body), #body)
+    return self:_send_sliced(status, h, ctype, { length = #body, pieces = M.slices(body), held = #body })
   end
   local srv = self._server._core
   local ok = srv:respond(self._id, status, ctype, h, nil, body)
@@ -195,11 +207,13 @@ end
 -- whole): its held bytes (what it keeps in memory until sent) count in the
 -- server-wide send budget until the response is done; a body that would
 -- not fit is answered 503 BUFFERS_FULL instead (send_budget.lua).
-function Response:_send_sliced(status, h, ctype, length, pieces, held)
+function Response:_send_sliced(status, h, ctype, body)
   local srv = self._server._core
+  local length, pieces, held = body.length, body.pieces, body.held
   if not send_budget.fits(held) then
-    if self._server.onReject then pcall(self._server.onReject, "buffers_full", self.req) end
-    local ok = srv:respond(self._id, 503, "application/json", { ["retry-after"] = "1" }, nil, M.buffers_full_body())
+    self:reject("buffers_full")
+    local ok = srv:respond(self._id, 503, "application/json", { ["retry-after"] = "1" }, nil,
+      M.buffers_full_body(body.summary))
     if not ok then set_closed(self) end
     self.status, self.bytes = 503, 0
     return
@@ -214,12 +228,21 @@ function Response:_send_sliced(status, h, ctype, length, pieces, held)
   self:finish()
 end
 
--- The 503 past the send budget (docs/http-api.md).
-function M.buffers_full_body()
+-- The 503 past the send budget (docs/http-api.md). A refused result's
+-- small fields (summary: exitCode, success, ...) go in context.result: the
+-- command ran, only its output could not be held.
+function M.buffers_full_body(summary)
   return cjson.encode({ code = "BUFFERS_FULL", httpStatus = 503,
-    context = { limit = send_budget.limit, used = send_budget.used },
-    message = ("the server holds %d bytes for its clients, its limit (--max-buffered-bytes) is %d; retry later")
-      :format(send_budget.used, send_budget.limit) }) .. "\n"
+    context = { limit = send_budget.limit, used = send_budget.used, result = summary },
+    message = ("the server holds %d bytes for its clients, its limit (--max-buffered-bytes) is %d; %sretry later")
+      :format(send_budget.used, send_budget.limit,
+        summary and "the request ran, its result is in context.result without its output; " or "") }) .. "\n"
+end
+
+-- res:reject(reason): a request refused (past a limit), counted by the
+-- server's owner (moonbox serve's metrics).
+function Response:reject(reason)
+  if self._server.onReject then pcall(self._server.onReject, reason, self.req) end
 end
 
 -- slices(s) -> an iterator over s in pieces of at most SLICE bytes

@@ -176,6 +176,27 @@ function M:metrics(server)
   metric("moonbox_processes", "gauge", "Running background processes.", { { nil, nproc } })
   metric("moonbox_terminals", "gauge", "Open terminals.", { { nil, nterm } })
   metric("moonbox_code_contexts", "gauge", "Code interpreter contexts.", { { nil, nctx } })
+  -- egress sandboxes' counters, read from their nftables tables (network/init.lua)
+  local egress = {}
+  if require("moonbox.async").in_task() then
+    local ids = {}
+    for id, sb in pairs(sandboxes()) do if sb.egress and not sb.destroyed then ids[#ids + 1] = id end end
+    table.sort(ids)
+    for _, id in ipairs(ids) do
+      local sb = sandboxes()[id]
+      local ok, c = pcall(require("moonbox.network").counters, sb and sb.egress)
+      if ok and c then egress[#egress + 1] = { ('{sandbox="%s"}'):format(id), c } end
+    end
+  end
+  for _, m in ipairs {
+    { "moonbox_egress_sent_bytes_total", "sentBytes", "Bytes egress sandboxes sent out (accepted by their table)." },
+    { "moonbox_egress_received_bytes_total", "receivedBytes", "Bytes of replies to egress sandboxes." },
+    { "moonbox_egress_refused_packets_total", "refusedPackets", "Packets egress sandboxes' tables refused." },
+  } do
+    local samples = {}
+    for i, e in ipairs(egress) do samples[i] = { e[1], e[2][m[2]] } end
+    metric(m[1], "counter", m[3], samples)
+  end
   local e = self.exec
   local hist = {}
   for i, le in ipairs(M.BUCKETS) do hist[i] = { ('_bucket{le="%s"}'):format(tostring(le)), e.buckets[i] } end

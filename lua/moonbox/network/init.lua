@@ -1,0 +1,208 @@
+-- network = "egress" (docs/network.md): the sandbox keeps its own network
+-- namespace and reaches out through a veth pair to the host, NATed, with
+-- one nftables table of its own deciding what it may reach, and a resolver
+-- of its own for domain rules. As root only (veth+nftables); elsewhere
+-- getSandbox fails closed.
+local core = require "moonbox.core"
+local errors = require "moonbox.errors"
+local host = require "moonbox.network.host"
+local link = require "moonbox.network.link"
+local nft = require "moonbox.network.nft"
+local resolver = require "moonbox.network.resolver"
+local rules_mod = require "moonbox.network.rules"
+local slots = require "moonbox.network.slots"
+
+local M = {}
+
+M.MECHANISM = "veth+nftables"
+M.DNS_TIMEOUT = 300  -- s an answer's addresses stay open (the resolver hands out half of it as TTL)
+M.server_ports = {}  -- moonbox serve's listening ports: refused even to an allow rule naming the host
+-- connections open at once when limits.connections does not say: every one
+-- is an entry in the host's one conntrack table (nf_conntrack_max, shared
+-- by the whole host), which no sandbox may fill
+M.DEFAULT_CONNECTIONS = 4096
+
+local function unavailable(message, context)
+  errors.raise("ISOLATION_UNAVAILABLE", 'network = "egress": ' .. message, context)
+end
+
+-- What egress needs of the host, or why it cannot have it (fail closed).
+function M.refused()
+  if core.getuid() ~= 0 then
+    return "needs a runtime that is root (veth+nftables); the unprivileged mechanism (pasta) is not built"
+  end
+  for _, bin in ipairs { "ip", "nft", "nsenter" } do
+    local found = false
+    for _, dir in ipairs { "/usr/sbin", "/usr/bin", "/sbin", "/bin" } do
+      local f = io.open(dir .. "/" .. bin)
+      if f then f:close() found = true break end
+    end
+    if not found then return ("%s is not installed (Debian packages iproute2, nftables, util-linux)"):format(bin) end
+  end
+end
+
+-- Remove what slot n left behind (its link, its tables, its resolver):
+-- only called with the slot's lock held, so its owner is gone.
+local function remove_leftovers(n)
+  resolver.kill_leftover(n)
+  link.down(slots.link(n))
+  local out = host.run { "nft", "list", "tables" } or ""
+  for name in out:gmatch("table inet (" .. nft.PREFIX .. "%d+_[%w_]+)") do
+    if tonumber(name:match("^" .. nft.PREFIX .. "(%d+)_")) == n then
+      host.run { "nft", "delete", "table", "inet", name }
+    end
+  end
+end
+
+local swept = false
+-- sweep(): a crashed runtime's leftovers (links mbx<n>, tables mbx_<n>_*,
+-- resolvers) whose slot lock no runtime holds are removed. Run once per
+-- runtime, before its first egress sandbox, and by moonbox serve at start.
+function M.sweep()
+  swept = true
+  if core.getuid() ~= 0 then return 0 end
+  local found = {}
+  for _, name in ipairs(core.readdir("/sys/class/net") or {}) do
+    local n = name:match("^" .. slots.LINK_PREFIX .. "(%d+)$")
+    if n then found[tonumber(n)] = true end
+  end
+  local out = host.run { "nft", "list", "tables" } or ""
+  for n in out:gmatch("table inet " .. nft.PREFIX .. "(%d+)_") do found[tonumber(n)] = true end
+  for _, name in ipairs(core.readdir(slots.DIR) or {}) do
+    local n = name:match("^slot%-(%d+)%.")
+    if n then found[tonumber(n)] = true end
+  end
+  local removed = 0
+  for n in pairs(found) do
+    local fd = slots.try(n, "sweep " .. core.getpid())
+    if fd then
+      remove_leftovers(n)
+      core.unlink(slots.lock_path(n))
+      core.close_fd(fd)
+      removed = removed + 1
+    end
+  end
+  return removed
+end
+
+-- prepare(sb, egress, limits, dns) -> state: checks and claims an address
+-- (before the init starts: its /etc/resolv.conf names the resolver)
+function M.prepare(sb, egress, limits, dns)
+  local why = M.refused()
+  if why then unavailable(why, { network = "egress" }) end
+  local rules = rules_mod.parse(egress)
+  if not swept then M.sweep() end
+  local slot, err = slots.claim(("%d %s"):format(core.getpid(), sb.id), remove_leftovers)
+  if not slot then unavailable(err, { network = "egress" }) end
+  return {
+    id = sb.id, slot = slot, link = slots.link(slot.n), rules = rules, egress = egress,
+    connections = limits and limits.connections or M.DEFAULT_CONNECTIONS,
+    bytes_per_second = limits and limits.egressBytesPerSecond or nil,
+    upstreams = resolver.upstreams(dns),
+    table = nft.table_name(slot.n, sb.id),
+  }
+end
+
+function M.resolv_conf(state)
+  return ("nameserver %s\noptions timeout:2 attempts:2\n"):format(state.slot.host_addr)
+end
+
+local function spec_of(state)
+  return {
+    slot = state.slot.n, id = state.id, link = state.link, sb_addr = state.slot.sb_addr,
+    host_addr = state.slot.host_addr, range = state.slot.range, host_addrs = state.host_addrs,
+    rules = state.rules, connections = state.connections, bytes_per_second = state.bytes_per_second,
+    dns_timeout = M.DNS_TIMEOUT, server_ports = M.server_ports,
+    upstreams = state.upstreams, allow_list = nft.allow_list_mode(state.rules, { range = state.slot.range,
+      host_addrs = state.host_addrs }),
+  }
+end
+
+local function start_resolver(state)
+  local r, why = resolver.start(spec_of(state))
+  if not r then return nil, why end
+  state.resolver = r
+  return true
+end
+
+-- attach(state, pid) -> raises ISOLATION_UNAVAILABLE: the link into the
+-- init's namespace, the table, the resolver
+function M.attach(state, pid)
+  local ok, err = link.enable_forwarding()
+  if ok then
+    state.host_addrs = link.host_addresses()
+    link.down(state.link) -- (an earlier init's, on a rebuild)
+    ok, err = link.up(pid, state.link, state.slot.host_addr, state.slot.sb_addr)
+  end
+  if ok then ok, err = host.run({ "nft", "-f", "-" }, nft.script(spec_of(state))) end
+  if ok then
+    resolver.stop(state.resolver)
+    ok, err = start_resolver(state)
+  end
+  if not ok then
+    M.detach(state, true)
+    unavailable(tostring(err), { network = "egress" })
+  end
+  state.pid = pid
+end
+
+-- update(state, egress): the rules changed in one nft transaction (and the
+-- resolver restarted with the new names); the old rules stay on failure
+function M.update(state, egress)
+  local rules = rules_mod.parse(egress, "egress")
+  local old_rules, old_egress = state.rules, state.egress
+  state.rules, state.egress = rules, egress
+  local ok, err = host.run({ "nft", "-f", "-" }, nft.script(spec_of(state)))
+  if not ok then
+    state.rules, state.egress = old_rules, old_egress
+    errors.raise("ISOLATION_UNAVAILABLE", "cannot change the sandbox's network rules: " .. tostring(err), {})
+  end
+  resolver.stop(state.resolver)
+  state.resolver = nil
+  ok, err = start_resolver(state)
+  if not ok then
+    -- (the new rules are in force; without a resolver no name resolves: closed, not open)
+    errors.raise("ISOLATION_UNAVAILABLE", "cannot restart the sandbox's resolver: " .. tostring(err), {})
+  end
+end
+
+-- detach(state): resolver, table, link, slot; each tried whatever failed before
+function M.detach(state, keep_slot)
+  if not state then return true end
+  resolver.stop(state.resolver)
+  state.resolver = nil
+  host.run { "nft", "delete", "table", "inet", state.table }
+  local ok, err = link.down(state.link)
+  resolver.kill_leftover(state.slot.n)
+  if not keep_slot then slots.release(state.slot) end
+  return ok, err
+end
+
+-- counters(state) -> {sentBytes, sentPackets, receivedBytes, receivedPackets, refusedPackets}
+function M.counters(state)
+  local out = host.run { "nft", "list", "counters", "table", "inet", state.table } or ""
+  local c = {}
+  for name, packets, bytes in out:gmatch("counter (%w+) {%s*packets (%d+) bytes (%d+)") do
+    c[name] = { packets = tonumber(packets), bytes = tonumber(bytes) }
+  end
+  local function get(name, field) return c[name] and c[name][field] or 0 end
+  return { sentBytes = get("sent", "bytes"), sentPackets = get("sent", "packets"),
+    receivedBytes = get("received", "bytes"), receivedPackets = get("received", "packets"),
+    refusedPackets = get("refused", "packets") }
+end
+
+-- info(state) -> info().network's table
+function M.info(state)
+  local allow, deny = {}, {}
+  for i, r in ipairs(state.rules.allow) do allow[i] = r.text end
+  for i, r in ipairs(state.rules.deny) do deny[i] = r.text end
+  return {
+    mode = "egress", mechanism = M.MECHANISM, address = state.slot.sb_addr, gateway = state.slot.host_addr,
+    resolver = state.slot.host_addr, link = state.link, table = "inet " .. state.table,
+    egress = { allow = allow, deny = deny }, ipv6 = "dropped",
+    limits = { connections = state.connections, egressBytesPerSecond = state.bytes_per_second },
+    counters = M.counters(state),
+  }
+end
+
+return M

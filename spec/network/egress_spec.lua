@@ -1,0 +1,373 @@
+-- network = "egress" (docs/network.md) against an "internet" the spec
+-- builds (spec/network/internet.sh): what an egress sandbox reaches, what
+-- it never reaches, run-time changes, limits, and what is left after.
+local moonbox = require "moonbox"
+local core = require "moonbox.core"
+local network = require "moonbox.network"
+local nft = require "moonbox.network.nft"
+local slots = require "moonbox.network.slots"
+local internet = require "network.internet"
+
+local BODY = "hello from the internet\n"
+
+-- curl from inside: {code = exit status, body = stdout}
+local function curl(sb, url, extra)
+  local r = sb:exec(("curl -s -m 3 %s %s"):format(extra or "", url))
+  return { code = r.exitCode, body = r.stdout }
+end
+
+local function refused(sb, url)
+  local r = curl(sb, url)
+  assert.are_not.equal(0, r.code, url .. " answered")
+  assert.equal("", r.body, url .. " answered")
+end
+
+local function egress_sandbox(egress, extra)
+  local opts = { network = "egress", egress = egress,
+    policy = { dns = { upstream = { internet.dns } } } }
+  for k, v in pairs(extra or {}) do opts[k] = v end
+  return helper.new_sandbox(opts)
+end
+
+local function with_egress(fn, egress, extra)
+  run_task(function()
+    local sb = egress_sandbox(egress, extra)
+    local ok, err = pcall(fn, sb)
+    sb:destroy()
+    if not ok then error(err, 0) end
+  end)
+end
+
+-- what the host holds for a sandbox's slot
+local function leftovers(n)
+  local out = {}
+  if io.open("/sys/class/net/" .. slots.link(n) .. "/ifindex") then out[#out + 1] = "link" end
+  local tables = helper.sh("nft list tables")
+  if tables:find("table inet " .. nft.PREFIX .. n .. "_", 1, true) then out[#out + 1] = "table" end
+  if helper.sh("pgrep -f '[s]lot-" .. n .. "[.]resolver[.]pid' || true") ~= "" then
+    out[#out + 1] = "resolver"
+  end
+  if io.open(slots.lock_path(n)) then out[#out + 1] = "lock file" end
+  return out
+end
+
+local function slot_of(sb) return tonumber(sb:info().network.link:match("%d+")) end
+
+describe("egress rules", function()
+  it("are checked before anything is made: VALIDATION_FAILED naming the rule", function()
+    run_task(function()
+      for rule, why in pairs {
+        ["2001:db8::/32"] = "IPv6 is not routed", ["10.0.0.1/8"] = "host bits set", ["1.2.3.4:0"] = "port out of",
+        ["not a name"] = "not a CIDR", ["localhost"] = "not a CIDR", ["300.1.1.1"] = "not an IPv4",
+      } do
+        local err = helper.error_of(helper.new_sandbox, { network = "egress", egress = { allow = { rule } } })
+        assert.equal("VALIDATION_FAILED", err.code, rule)
+        assert.truthy(err.message:find("egress.allow[1]", 1, true), err.message)
+        assert.truthy(err.message:find(why, 1, true), err.message)
+      end
+      local err = helper.error_of(helper.new_sandbox, { network = "egress", egress = { allowed = {} } })
+      assert.same({ "VALIDATION_FAILED", "egress.allowed" }, { err.code, err.context.field })
+      err = helper.error_of(helper.new_sandbox, { egress = { allow = { "example.com" } } })
+      assert.same({ "VALIDATION_FAILED", "egress" }, { err.code, err.context.field })
+      err = helper.error_of(helper.new_sandbox, { network = "egress", isolation = "none" })
+      assert.equal("VALIDATION_FAILED", err.code)
+      assert.truthy(err.message:find('network = "egress" needs the sandbox\'s own namespaces', 1, true), err.message)
+      err = helper.error_of(helper.new_sandbox, { policy = { egress = { deny = { "fc00::/7" } } } })
+      assert.same({ "VALIDATION_FAILED", "policy.egress.deny[1]" }, { err.code, err.context.field })
+    end)
+  end)
+end)
+
+if core.getuid() ~= 0 then
+  describe("egress, unprivileged", function()
+    it("fails closed with ISOLATION_UNAVAILABLE naming the reason", function()
+      run_task(function()
+        local err = helper.error_of(helper.new_sandbox, { network = "egress" })
+        assert.equal("ISOLATION_UNAVAILABLE", err.code)
+        assert.truthy(err.message:find("needs a runtime that is root", 1, true), err.message)
+      end)
+    end)
+  end)
+  return
+end
+
+describe("egress", function()
+  setup(internet.up)
+  teardown(internet.down)
+
+  it("reaches the public internet by address and by name, with the body the server sent", function()
+    with_egress(function(sb)
+      local net = sb:info().network
+      assert.equal("egress", net.mode)
+      assert.equal("veth+nftables", net.mechanism)
+      assert.equal(network.DEFAULT_CONNECTIONS, net.limits.connections) -- (the host's conntrack table is shared)
+      assert.equal(BODY, curl(sb, "http://203.0.113.10/").body)
+      assert.equal(BODY, curl(sb, "http://allowed.test/").body)
+      assert.equal("nameserver " .. net.resolver, sb:exec("head -n1 /etc/resolv.conf").stdout:gsub("\n$", ""))
+      assert.is_true(sb:info().network.counters.sentPackets > 0)
+    end)
+  end)
+
+  it("never reaches private ranges, the host, its loopback, link-local or the metadata address", function()
+    with_egress(function(sb)
+      local net = sb:info().network
+      refused(sb, "http://10.77.0.1/")                                      -- private (RFC 1918)
+      refused(sb, "http://internal.test/")                                  -- ... by a name
+      refused(sb, ("http://127.0.0.1:%d/"):format(internet.loop_port))     -- the host's loopback service
+      refused(sb, ("http://%s:%d/"):format(net.gateway, internet.host_port)) -- the host's side of the link
+      refused(sb, ("http://198.51.100.1:%d/"):format(internet.host_port))   -- another host address
+      local before = sb:info().network.counters.refusedPackets
+      refused(sb, "http://169.254.169.254/latest/meta-data/")
+      assert.is_true(sb:info().network.counters.refusedPackets > before, "the table refused the metadata address")
+      -- IPv6: nothing leaves
+      assert.are_not.equal(0, sb:exec("curl -s -m 2 -6 http://[2001:db8::1]/").exitCode)
+    end)
+  end)
+
+  it("never reaches another sandbox", function()
+    run_task(function()
+      local a = egress_sandbox()
+      local b = egress_sandbox()
+      local ok, err = pcall(function()
+        local server = b:startProcess("python3 -m http.server 8000 --bind 0.0.0.0 --directory /etc")
+        server:waitForPort(8000, { mode = "tcp", timeout = 10000 })
+        assert.equal(0, curl(b, "http://127.0.0.1:8000/hostname").code) -- it serves
+        refused(a, ("http://%s:8000/hostname"):format(b:info().network.address))
+      end)
+      a:destroy()
+      b:destroy()
+      if not ok then error(err, 0) end
+    end)
+  end)
+
+  it("with an allow list reaches only the names, addresses and ports listed", function()
+    with_egress(function(sb)
+      refused(sb, "http://203.0.113.10/")            -- not listed (before its name is resolved)
+      assert.equal(BODY, curl(sb, "http://203.0.113.20/").body) -- listed with its port
+      assert.equal(BODY, curl(sb, "http://allowed.test/").body)
+      assert.equal(BODY, curl(sb, "http://sub.allowed.test/").body) -- a subdomain of a listed name
+      local r = curl(sb, "http://other.test/")
+      assert.equal(6, r.code) -- (curl: could not resolve host) the resolver answers NXDOMAIN
+      refused(sb, "http://203.0.113.20:81/") -- listed, but for port 80 only
+    end, { allow = { "allowed.test", "203.0.113.20:80" } })
+  end)
+
+  it("a deny rule wins over the allow list", function()
+    with_egress(function(sb)
+      refused(sb, "http://203.0.113.10/")
+      assert.equal(BODY, curl(sb, "http://203.0.113.20/").body)
+    end, { allow = { "203.0.113.0/24" }, deny = { "203.0.113.10" } })
+  end)
+
+  it("an allowed name answering a private address (rebinding) does not open it; a CIDR rule does", function()
+    with_egress(function(sb)
+      assert.equal(BODY, curl(sb, "http://rebind.test/").body) -- first answer: 203.0.113.10
+      -- its TTL (1 s) runs out; the next answer is 10.77.0.1
+      moonbox.sleep(1500)
+      local addr = sb:exec("getent ahostsv4 rebind.test | head -n1").stdout:match("^(%S+)")
+      assert.equal("10.77.0.1", addr)
+      refused(sb, "http://rebind.test/")
+      sb:setNetwork { egress = { allow = { "rebind.test", "10.77.0.1/32" } } }
+      assert.equal(BODY, curl(sb, "http://10.77.0.1/").body)
+    end, { allow = { "rebind.test" } })
+  end)
+
+  it("setNetwork changes the rules at once", function()
+    with_egress(function(sb)
+      assert.equal(BODY, curl(sb, "http://203.0.113.10/").body)
+      local net = sb:setNetwork { egress = { allow = { "203.0.113.20" } } }
+      assert.same({ "203.0.113.20" }, net.egress.allow)
+      refused(sb, "http://203.0.113.10/")
+      assert.equal(BODY, curl(sb, "http://203.0.113.20/").body)
+      sb:setNetwork { egress = {} }
+      assert.equal(BODY, curl(sb, "http://203.0.113.10/").body)
+      local err = helper.error_of(sb.setNetwork, sb, { egress = { allow = { "not a rule" } } })
+      assert.equal("VALIDATION_FAILED", err.code)
+      assert.equal(BODY, curl(sb, "http://203.0.113.10/").body) -- the rules in force stayed
+    end)
+  end)
+
+  it("an allow rule naming the host opens it, never a port of moonbox serve", function()
+    with_egress(function(sb)
+      local gw = sb:info().network.gateway
+      local url = ("http://%s:%d/"):format(gw, internet.host_port)
+      refused(sb, url)
+      sb:setNetwork { egress = { allow = { ("%s:%d"):format(gw, internet.host_port) } } }
+      assert.equal("host service\n", curl(sb, url).body)
+      local saved = network.server_ports
+      network.server_ports = { internet.host_port }
+      local ok, err = pcall(function()
+        sb:setNetwork { egress = { allow = { ("%s:%d"):format(gw, internet.host_port) } } }
+        refused(sb, url)
+      end)
+      network.server_ports = saved
+      if not ok then error(err, 0) end
+    end)
+  end)
+
+  it("never reaches moonbox serve on the host, on any of its addresses", function()
+    local bin = (os.getenv("MOONBOX_BUILD_DIR") or "build") .. "/moonbox"
+    local dir = helper.mkdtemp()
+    local port = internet.host_port + 1
+    local token = dir .. "/token"
+    helper.sh(("echo spec-token-0123456789abcdef > %s"):format(token))
+    run_task(function()
+      local sb = egress_sandbox()
+      os.execute(("MOONBOX_HOME=%s/home sh -c 'echo $$ > %s/pid; exec %s serve --listen 0.0.0.0:%d " ..
+        "--token-file %s' > %s/out 2>&1 &"):format(dir, dir, bin, port, token, dir))
+      local pid = tonumber(helper.sh("sleep 0.2; cat " .. dir .. "/pid"))
+      local ok, err = pcall(function()
+        local up
+        for _ = 1, 100 do
+          up = helper.sh(("curl -s -m 1 http://127.0.0.1:%d/healthz"):format(port))
+          if up ~= "" then break end
+          moonbox.sleep(100)
+        end
+        assert.truthy(up ~= "", "moonbox serve did not come up: " .. helper.sh("cat " .. dir .. "/out"))
+        assert.equal(up, helper.sh(("curl -s -m 1 http://198.51.100.1:%d/healthz"):format(port))) -- from the host
+        refused(sb, ("http://%s:%d/healthz"):format(sb:info().network.gateway, port))
+        refused(sb, ("http://198.51.100.1:%d/healthz"):format(port))
+      end)
+      if pid then
+        core.kill(pid, "SIGKILL")
+        helper.eventually(function() return not helper.pid_alive(pid) end, 5000)
+      end
+      sb:destroy()
+      if not ok then error(err, 0) end
+    end)
+  end)
+
+  it("holds limits.connections", function()
+    with_egress(function(sb)
+      local r = sb:exec("exec 3<>/dev/tcp/203.0.113.10/80 && exec 4<>/dev/tcp/203.0.113.10/80 && " ..
+        "curl -s -m 3 http://203.0.113.20/; echo \" rc=$?\"; exec 3>&- 4>&-; sleep 0.5; " ..
+        "curl -s -m 3 http://203.0.113.20/")
+      assert.equal(" rc=7\n" .. BODY, r.stdout) -- the third refused while two were open
+      local net = sb:info().network
+      assert.equal(2, net.limits.connections)
+      assert.equal(1048576, net.limits.egressBytesPerSecond)
+      assert.truthy(helper.sh("nft list table " .. net.table):find("limit rate over 1 mbytes/second", 1, true))
+    end, nil, { limits = { connections = 2, egressBytesPerSecond = 1048576 } })
+  end)
+
+  it("holds limits.egressBytesPerSecond: what it sends past the rate is dropped", function()
+    -- 16 MiB through one connection: far more than the socket's send buffer
+    -- (so the sender waits for the peer), ~4 min at 64 KiB/s, milliseconds without a limit
+    local send = "head -c 16777216 /dev/zero | timeout 5 bash -c 'cat > /dev/tcp/203.0.113.10/9'; echo $?"
+    with_egress(function(sb)
+      assert.equal("0\n", sb:exec(send).stdout)
+    end)
+    with_egress(function(sb)
+      local before = sb:info().network.counters.refusedPackets
+      assert.equal("124\n", sb:exec(send).stdout)
+      assert.is_true(sb:info().network.counters.refusedPackets > before)
+    end, nil, { limits = { egressBytesPerSecond = 65536 } })
+  end)
+
+  it("exposed ports keep working: waitForPort connects inside the namespace", function()
+    with_egress(function(sb)
+      local p = sb:startProcess("python3 -m http.server 8001 --bind 127.0.0.1 --directory /etc")
+      p:waitForPort(8001, { mode = "http", path = "/hostname", timeout = 10000 })
+    end)
+  end)
+
+  it("over HTTP: POST makes an egress sandbox, PATCH /network changes its rules, /metrics counts", function()
+    local cjson = require "cjson"
+    local api = require "moonbox.server.api"
+    local function request(method, path, body)
+      local r = api.handle({ method = method, path = path, query = {}, headers = {},
+        body = body and cjson.encode(body) }, {})
+      if type(r.body) == "table" then r.body = r.body.text() end
+      return r.status, cjson.decode(r.body), r.body
+    end
+    api.configure { home = helper.mkdtemp(), policy = { dns = { upstream = { internet.dns } } } }
+    run_task(function()
+      local base = ("/v1/sandboxes/http-%d"):format(core.getpid())
+      local ok, err = pcall(function()
+        local status, r, raw = request("POST", base, { network = "egress", egress = { allow = { "203.0.113.20" } } })
+        assert.same({ 200, "egress", { "203.0.113.20" } }, { status, r.network.mode, r.network.egress.allow })
+        assert.truthy(raw:find('"deny":[]', 1, true))
+        local sb = require("moonbox.sandbox").all()[base:match("[^/]+$")]
+        local function fetch(url) return curl(sb, url).body end
+        assert.equal("", fetch("http://203.0.113.10/"))
+        assert.equal(BODY, fetch("http://203.0.113.20/"))
+        status, r = request("PATCH", base .. "/network", { egress = { allow = { "203.0.113.10" } } })
+        assert.same({ 200, { "203.0.113.10" } }, { status, r.egress.allow })
+        assert.equal(BODY, fetch("http://203.0.113.10/"))
+        assert.equal("", fetch("http://203.0.113.20/"))
+        status, r = request("PATCH", base .. "/network", { egress = { allow = { "10.0.0.0/33" } } })
+        assert.same({ 400, "VALIDATION_FAILED" }, { status, r.code })
+        local service = require("moonbox.server.service").new {}
+        local text = service:metrics { connections = function() return 0 end, inflight = function() return 0 end,
+          refused = function() return 0, 0 end }
+        local id = base:match("[^/]+$")
+        local sent = tonumber(text:match('moonbox_egress_sent_bytes_total{sandbox="' .. id:gsub("%-", "%%-") ..
+          '"} (%d+)'))
+        assert.is_true(sent and sent > 0, text)
+      end)
+      request("DELETE", base)
+      if not ok then error(err, 0) end
+      -- a sandbox whose network is not egress has no rules to change
+      local other = base .. "-none"
+      local status, r = request("PATCH", other .. "/network", { egress = {} })
+      request("DELETE", other)
+      assert.same({ 400, "VALIDATION_FAILED" }, { status, r.code })
+    end)
+  end)
+
+  it("a sandbox whose init died is rebuilt with its link, rules and resolver", function()
+    with_egress(function(sb)
+      assert.equal(BODY, curl(sb, "http://allowed.test/").body)
+      core.kill(sb:info().initPid, "SIGKILL")
+      helper.eventually(function() return sb.init_dead end, 5000)
+      local net = sb:info().network -- (rebuilds it)
+      assert.equal(1, sb:info().restarts)
+      assert.same({ "allowed.test" }, net.egress.allow)
+      assert.equal(BODY, curl(sb, "http://allowed.test/").body)
+      refused(sb, "http://203.0.113.20/")
+    end, { allow = { "allowed.test" } })
+  end)
+
+  it("leaves no link, table, resolver or lock after destroy", function()
+    run_task(function()
+      local sb = egress_sandbox({ allow = { "allowed.test" } })
+      local n = slot_of(sb)
+      assert.same({ "link", "table", "resolver", "lock file" }, leftovers(n))
+      sb:destroy()
+      assert.same({}, leftovers(n))
+    end)
+  end)
+
+  it("the next runtime removes what a killed runtime left", function()
+    local bin = (os.getenv("MOONBOX_BUILD_DIR") or "build") .. "/moonbox"
+    local root = helper.mkdtemp()
+    local script = helper.mkdtemp() .. "/crash.lua"
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+      local sb = require("moonbox").getSandbox("crash-%d", { root = %q, network = "egress",
+        egress = { allow = { "allowed.test" } }, policy = { dns = { upstream = { %q } } } })
+      require("moonbox").sleep(60000)
+    ]]):format(core.getpid(), root .. "/sb", internet.dns))
+    f:close()
+    local pidfile = root .. "/pid"
+    os.execute(("sh -c 'echo $$ > %s; exec %s %s' > %s/out 2>&1 &"):format(pidfile, bin, script, root))
+    -- its slot: its table's name, once its resolver runs too
+    local n
+    for _ = 1, 200 do
+      local tables = helper.sh("nft list tables")
+      n = tables:match("table inet " .. nft.PREFIX .. "(%d+)_crash_" .. core.getpid())
+      if n and helper.sh("pgrep -f '[s]lot-" .. n .. "[.]resolver[.]pid' || true") ~= "" then break end
+      os.execute("sleep 0.1")
+    end
+    assert(n, "the runtime made no egress sandbox")
+    n = tonumber(n)
+    os.execute("kill -9 " .. helper.sh("cat " .. pidfile))
+    os.execute("sleep 0.5")
+    -- its init died with it (and the link with the namespace); the table
+    -- and resolver stay until the next runtime sweeps
+    local left = leftovers(n)
+    assert.truthy(#left > 0)
+    run_task(function() network.sweep() end)
+    assert.same({}, leftovers(n))
+  end)
+end)
