@@ -83,6 +83,40 @@ local function sweep_tmp()
   end
 end
 
+-- The blobs (layers, configs, manifests) the records of refs but `except`
+-- name, as a set of hex digests.
+local function used_blobs(refs, except)
+  local used = {}
+  for name, r in pairs(refs.images) do
+    if name ~= except then
+      for _, l in ipairs(r.layers) do used[l] = true end
+      used[(r.digest:gsub("^sha256:", ""))] = true
+      if r.manifest then used[(r.manifest:gsub("^sha256:", ""))] = true end
+    end
+  end
+  return used
+end
+
+-- Removes rec's blobs and layer dirs that used does not name; -> how many layers went.
+local function drop_unused(rec, used)
+  local removed = 0
+  local dirs = require("moonbox.core").readdir(store.dir() .. "/layers") or {}
+  for _, l in ipairs(rec.layers) do
+    if not used[l] then
+      for _, name in ipairs(dirs) do -- each id range's copy
+        if name == l or name:sub(1, #l + 1) == l .. "-" then store.remove(store.dir() .. "/layers/" .. name) end
+      end
+      os.remove(store.blob_path(l))
+      removed = removed + 1
+    end
+  end
+  for _, d in ipairs { rec.digest, rec.manifest } do
+    local hex = d and d:gsub("^sha256:", "")
+    if hex and not used[hex] then os.remove(store.blob_path(hex)) end
+  end
+  return removed
+end
+
 function M.pull(ref, opts)
   opts = opts or {}
   local p = parse(ref)
@@ -118,8 +152,21 @@ function M.pull(ref, opts)
     end
     local rec = record_of(name, ref, read, sizes)
     local refs = store.read_refs()
+    local old = refs.images[name]
     refs.images[name] = rec
     store.write_refs(refs)
+    -- the name pulled again over another image: what only the old one used goes
+    -- (unless a live sandbox of this runtime stands on it)
+    if old and old.digest ~= rec.digest then
+      local used = used_blobs(refs)
+      for _, sb in pairs(require("moonbox.sandbox").all()) do
+        for _, dir in ipairs(not sb.destroyed and sb.image_mounts and sb.image_mounts.lowers or {}) do
+          local hex = dir:match("/layers/(%x+)[^/]*$")
+          if hex then used[hex] = true end
+        end
+      end
+      drop_unused(old, used)
+    end
     return rec
   end)
 end
@@ -167,6 +214,7 @@ end
 -- Layers and blobs no remaining image names are removed with the name.
 -- (Sandboxes using a removed image keep their mounted layers; a layer dir
 -- is removed only when no record names it.)
+
 function M.remove(ref)
   return store.with_lock(function()
     local refs = store.read_refs()
@@ -174,14 +222,7 @@ function M.remove(ref)
     if not rec then
       errors.raise("IMAGE_NOT_FOUND", "no image named " .. tostring(ref) .. " in the store", { ref = ref })
     end
-    local used = {}
-    for name, r in pairs(refs.images) do
-      if name ~= ref then
-        for _, l in ipairs(r.layers) do used[l] = true end
-        used[(r.digest:gsub("^sha256:", ""))] = true
-        if r.manifest then used[(r.manifest:gsub("^sha256:", ""))] = true end
-      end
-    end
+    local used = used_blobs(refs, ref)
     -- a layer a live sandbox of this runtime stands on stays, and so does
     -- the name (other runtimes' sandboxes are not seen: docs/images.md)
     for id, sb in pairs(require("moonbox.sandbox").all()) do
@@ -199,22 +240,7 @@ function M.remove(ref)
     end
     refs.images[ref] = nil
     store.write_refs(refs)
-    local removed = 0
-    local dirs = require("moonbox.core").readdir(store.dir() .. "/layers") or {}
-    for _, l in ipairs(rec.layers) do
-      if not used[l] then
-        for _, name in ipairs(dirs) do -- each id range's copy
-          if name == l or name:sub(1, #l + 1) == l .. "-" then store.remove(store.dir() .. "/layers/" .. name) end
-        end
-        os.remove(store.blob_path(l))
-        removed = removed + 1
-      end
-    end
-    for _, d in ipairs { rec.digest, rec.manifest } do
-      local hex = d and d:gsub("^sha256:", "")
-      if hex and not used[hex] then os.remove(store.blob_path(hex)) end
-    end
-    return { success = true, name = ref, removedLayers = removed }
+    return { success = true, name = ref, removedLayers = drop_unused(rec, used) }
   end)
 end
 
