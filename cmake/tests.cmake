@@ -109,7 +109,7 @@ endif()
 
 # The C follows .clang-format: the check fails on any drift (fix with
 # `clang-format -i` on the files it names). Debian 12's clang-format 14 is
-# the reference (scripts/install-deps.sh installs it); another major version
+# the reference (`scripts/install-deps.sh test` installs it); another major version
 # may format differently, so it is preferred where both are installed.
 find_program(CLANG_FORMAT_BIN NAMES clang-format-14 clang-format)
 if(CLANG_FORMAT_BIN)
@@ -134,10 +134,12 @@ if(SHELLCHECK_BIN)
   # and the project's own shell scripts (build, tests, deploy, CI)
   file(GLOB SHELL_SCRIPTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/scripts/*.sh ${CMAKE_SOURCE_DIR}/spec/*.sh
     ${CMAKE_SOURCE_DIR}/spec/network/*.sh
-    ${CMAKE_SOURCE_DIR}/deploy/*/*.sh)
+    ${CMAKE_SOURCE_DIR}/deploy/*/*.sh ${CMAKE_SOURCE_DIR}/cmake/deb/*.sh)
   add_test(NAME shellcheck COMMAND ${SHELLCHECK_BIN} ${SHELL_SCRIPTS} ${CMAKE_SOURCE_DIR}/.ci/run)
+  # the bash completion the package ships
+  add_test(NAME completion.shellcheck COMMAND ${SHELLCHECK_BIN} -s bash ${CMAKE_SOURCE_DIR}/share/completion/moonbox.bash)
 else()
-  moonbox_skip("prelude_bash.shellcheck shellcheck" "apt-get install shellcheck")
+  moonbox_skip("prelude_bash.shellcheck shellcheck completion.shellcheck" "apt-get install shellcheck")
 endif()
 
 # Every example runs and must print what it promises (spec/examples.sh).
@@ -150,13 +152,22 @@ foreach(example ${EXAMPLE_FILES})
   set_tests_properties(example.${name} PROPERTIES ENVIRONMENT "${MOONBOX_TEST_ENV}" TIMEOUT 300)
 endforeach()
 
+# share/page/vendor/ is @xterm/xterm as share/page/package-lock.json pins it
+# (compared with the npm cache `scripts/install-deps.sh test` fills)
+if(NODE_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/@xterm/xterm/package.json" AND NOT MOONBOX_SANITIZE)
+  add_test(NAME page.vendor
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/page-vendor-test.sh ${CMAKE_SOURCE_DIR} ${MOONBOX_PAGE_DEPS})
+  set_tests_properties(page.vendor PROPERTIES PASS_REGULAR_EXPRESSION "page-vendor-test: ok")
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("page.vendor" "needs node and the npm cache of scripts/install-deps.sh test")
+endif()
+
 # The page of `moonbox serve` in headless Debian chromium, driven by
-# playwright-core (from the npm cache scripts/install-deps.sh fills): type
+# playwright-core (from the npm cache `scripts/install-deps.sh test` fills): type
 # `echo hi` in the terminal, see hi, keep a screenshot.
 find_program(CHROMIUM_BIN chromium)
 if(MOONBOX_SANITIZE)
-elseif(NODE_BIN AND CHROMIUM_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/playwright-core"
-       AND TARGET page_vendor)
+elseif(NODE_BIN AND CHROMIUM_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/playwright-core")
   add_test(NAME page.terminal
     COMMAND ${NODE_BIN} ${CMAKE_SOURCE_DIR}/spec/server/page_test.js $<TARGET_FILE:moonbox_cli>
       ${MOONBOX_PAGE_DEPS}/node_modules ${CMAKE_BINARY_DIR}/test-output/page)
@@ -168,7 +179,7 @@ elseif(NODE_BIN AND CHROMIUM_BIN AND EXISTS "${MOONBOX_PAGE_DEPS}/node_modules/p
       ${MOONBOX_PAGE_DEPS}/node_modules ${CMAKE_BINARY_DIR}/test-output/ports)
   set_tests_properties(page.ports PROPERTIES TIMEOUT 180)
 else()
-  moonbox_skip("page.terminal page.ports" "needs node, chromium and the npm cache of scripts/install-deps.sh")
+  moonbox_skip("page.terminal page.ports" "needs node, chromium and the npm cache of scripts/install-deps.sh test")
 endif()
 
 # The seed's published client (@cloudflare/sandbox, pinned in
@@ -235,6 +246,33 @@ if(DPKG_DEB_BIN AND NOT MOONBOX_SANITIZE)
     RUN_SERIAL TRUE)
 elseif(NOT MOONBOX_SANITIZE)
   moonbox_skip("install.deb" "needs dpkg-deb")
+endif()
+
+# The bash completion the package ships, completing as a user's Tab would
+# (spec/completion-test.sh, with Debian's bash-completion)
+if(EXISTS /usr/share/bash-completion/bash_completion AND BASH_BIN AND NOT MOONBOX_SANITIZE)
+  add_test(NAME completion.bash
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/completion-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/completion-test)
+  set_tests_properties(completion.bash PROPERTIES PASS_REGULAR_EXPRESSION "completion-test: ok")
+elseif(NOT MOONBOX_SANITIZE)
+  moonbox_skip("completion.bash" "needs bash-completion (scripts/install-deps.sh test installs it)")
+endif()
+
+# The container image without a registry (spec/image-test.sh): a Debian 12
+# base made by mmdebstrap from Debian's mirror, deploy/Dockerfile built on it
+# with buildah (vfs storage, chroot isolation), the quickstart run in the
+# image. As root only; a few minutes (it compiles moonbox in the image).
+find_program(BUILDAH_BIN buildah)
+find_program(MMDEBSTRAP_BIN mmdebstrap)
+if(MOONBOX_SANITIZE)
+elseif(BUILDAH_BIN AND MMDEBSTRAP_BIN AND BUILD_UID STREQUAL "0")
+  add_test(NAME image.quickstart
+    COMMAND sh ${CMAKE_SOURCE_DIR}/spec/image-test.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/image-test
+      ${CMAKE_BINARY_DIR})
+  set_tests_properties(image.quickstart PROPERTIES TIMEOUT 2400 PASS_REGULAR_EXPRESSION "image-test: ok"
+    RUN_SERIAL TRUE)
+else()
+  moonbox_skip("image.quickstart" "needs root, buildah and mmdebstrap (scripts/install-deps.sh test installs them)")
 endif()
 
 # moonbox-<version>-1.rockspec loads, agrees with the project, and builds as

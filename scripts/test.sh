@@ -4,7 +4,7 @@
 # then the fuzz targets (clang, libFuzzer; MOONBOX_SKIP_FUZZ=1 leaves them out).
 set -eu
 cd "$(dirname "$0")/.."
-./scripts/install-deps.sh
+./scripts/install-deps.sh test
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)"
 status=0

@@ -157,14 +157,53 @@ describe("moonbox (the command)", function()
     end
   end)
 
-  it("--policy takes a preset's name; an unknown name: one line listing the presets, exit 1", function()
+  it("--policy takes a preset's name; an unknown name: one line listing the presets, exit 2", function()
     local out, err, status = moonbox_cmd("--policy", "strict", "-e",
       "print(require('moonbox.policy').resolve(nil).limits.maxSessions)")
     assert.same({ "8\n", "", 0 }, { out, err, status })
     out, err, status = moonbox_cmd("--policy", "nosuchpreset", "-e", "print(1)")
-    assert.same({ "", 1 }, { out, status })
+    assert.same({ "", 2 }, { out, status })
     assert.equals('moonbox: VALIDATION_FAILED: policy: unknown policy "nosuchpreset": the presets are dev, strict; ' ..
       "or give a module name or a path to a .lua file\n", err)
+  end)
+
+  it("--policy without a value says so, exit 2", function()
+    for _, args in ipairs { { "--policy" }, { "--policy", "-e", "print(1)" }, { "--policy", "--help" } } do
+      local out, err, status = moonbox_cmd(unpack(args))
+      assert.same({ "", "moonbox: --policy needs a value: a preset (strict, dev) or a file.lua\n", 2 },
+        { out, err, status })
+    end
+  end)
+
+  it("a policy that cannot be used is exit 2 for a script and for serve alike", function()
+    local bad = script("return { bogus = 1 }")
+    for _, args in ipairs { { "--policy", bad, "-e", "print(1)" }, { "--policy", bad, "serve" },
+                            { "serve", "--policy", bad, "--listen", "127.0.0.1:0" } } do
+      local out, err, status = moonbox_cmd(unpack(args))
+      assert.same({ "", 2 }, { out, status }, table.concat(args, " "))
+      assert.matches("^moonbox[^\n]*: [^\n]*policy%.bogus: unknown key\n$", err)
+    end
+    local out, err, status = moonbox_cmd("--policy", "/nonexistent/policy.lua", "-e", "print(1)")
+    assert.same({ "", 2 }, { out, status })
+    assert.matches("/nonexistent/policy.lua", err, 1, true)
+    os.remove(bad)
+  end)
+
+  it("-h names the presets and MOONBOX_HOME", function()
+    local out, _, status = moonbox_cmd("-h")
+    assert.equals(0, status)
+    assert.matches("\n  %-%-policy P     every sandbox's default policy: a preset %(strict, dev%) or a\n", out)
+    assert.matches("\n  MOONBOX_HOME   where sandboxes live %(MOONBOX_HOME/sandboxes/ID%); default\n" ..
+      "                 ~/%.local/share/moonbox\n", out)
+  end)
+
+  it("serve: an address that is not one, and a token file that cannot be read, say why, exit 2", function()
+    local out, err, status = moonbox_cmd("serve", "--listen", "999.1.1.1:80")
+    assert.same({ "", 'moonbox serve: listen: "999.1.1.1" is not an IPv4 address: each of its four numbers ' ..
+      "is 0 to 255\n", 2 }, { out, err, status })
+    out, err, status = moonbox_cmd("serve", "--listen", "127.0.0.1:0", "--token-file", "/nonexistent/token")
+    assert.same({ "", 'moonbox serve: cannot read the token file "/nonexistent/token": no such file or directory\n',
+      2 }, { out, err, status })
   end)
 
   it("serve --help and -h print the serve usage to stdout and exit 0", function()
@@ -268,6 +307,26 @@ describe("moonbox (the command)", function()
       expect("> ")
       write("'after'\n")
       assert.matches("after\r\n> $", expect("> "))
+      write("sb:destroy()\n")
+      expect("> ")
+      write("\4")
+      assert.equals(0, wait_exit())
+    end)
+  end)
+
+  it("the prompt shows a command's result as exit code, stdout and stderr, and tables pretty-printed", function()
+    on_a_terminal("dumb", function(write, expect, home, wait_exit)
+      expect("> ")
+      write("sb = require('moonbox').getSandbox('repl-pretty', {root = '" .. home .. "/sb'})\n")
+      expect("> ")
+      write("sb:exec('echo out; echo err >&2; exit 3')\n")
+      assert.equals("sb:exec('echo out; echo err >&2; exit 3')\r\nexit 3\r\n--- stdout\r\nout\r\n" ..
+        "--- stderr\r\nerr\r\n> ", expect("> "))
+      write("sb:exec('true')\n")
+      assert.equals("sb:exec('true')\r\nexit 0, no output\r\n> ", expect("> "))
+      write("{ 1, 'two', nested = { ok = true } }\n")
+      assert.equals("{ 1, 'two', nested = { ok = true } }\r\n{\r\n  1,\r\n  \"two\",\r\n" ..
+        "  nested = {\r\n    ok = true,\r\n  },\r\n}\r\n> ", expect("> "))
       write("sb:destroy()\n")
       expect("> ")
       write("\4")

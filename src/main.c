@@ -20,7 +20,14 @@ static const char usage[] =
   "       moonbox --version | --help\n"
   "\n"
   "Runs the script as a task on the event loop and exits when it and every\n"
-  "task it started are done; an uncaught error prints a traceback, exit 1.\n";
+  "task it started are done; an uncaught error prints a traceback, exit 1.\n"
+  "\n"
+  "  --policy P     every sandbox's default policy: a preset (strict, dev) or a\n"
+  "                 file.lua returning a policy table; one that cannot be loaded\n"
+  "                 or is invalid is exit 2, as any usage mistake (and for serve)\n"
+  "  MOONBOX_HOME   where sandboxes live (MOONBOX_HOME/sandboxes/ID); default\n"
+  "                 ~/.local/share/moonbox\n"
+  "See moonbox(1) and docs/ for the rest.\n";
 
 /* Every session, process and sandbox holds a few fds: the soft limit a
  * service manager hands out (often 1024) would stop the runtime at ~100
@@ -101,6 +108,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (strcmp(argv[1], "--policy") == 0) {
+    /* `moonbox --policy` alone, or followed by an option: the value is missing */
+    if (argc < 3 || (argv[2][0] == '-' && argv[2][1])) {
+      fputs("moonbox: --policy needs a value: a preset (strict, dev) or a file.lua\n", stderr);
+      moonbox_close(mb);
+      return 2;
+    }
     if (argc < 4 && isatty(0)) argc = 4, argv[3] = "-i"; /* argv[argc] is NULL: room for one */
     if (argc < 4) {
       fputs(usage, stderr);
@@ -116,10 +129,12 @@ int main(int argc, char **argv) {
       moonbox_close(mb);
       return unknown_option(argv[3]);
     }
+    /* a policy that cannot be loaded or is invalid is a usage mistake: exit 2,
+     * as `moonbox serve --policy` says it */
     if (moonbox_set_policy(mb, argv[2]) != 0) {
       fprintf(stderr, "moonbox: %s\n", moonbox_error(mb));
       moonbox_close(mb);
-      return 1;
+      return 2;
     }
     argc -= 2;
     argv += 2;

@@ -2,7 +2,7 @@
 -- `moonbox -i`. Each line (or each complete chunk, with `>>` for more) runs
 -- as its own task on the event loop, so `sb:exec(...)` works at the prompt
 -- while everything else a line started goes on; results print as
--- `luajit -i` prints them. Ctrl-C cancels the running line (at the prompt
+-- `luajit -i` prints them, tables pretty-printed (M.format). Ctrl-C cancels the running line (at the prompt
 -- it drops what was typed); Ctrl-D at the prompt ends the session.
 -- With libedit (Debian's libedit2, BSD-licensed) the prompt has line
 -- editing and history; without it lines are read as the terminal gives them.
@@ -37,12 +37,15 @@ function M.compile(text, env)
   return fn
 end
 
--- What `luajit -i` prints for a line's results: tostring of each, tabs
--- between, nothing for none.
+-- What the prompt prints for a line's results: as `luajit -i` does (each
+-- as tostring, tabs between, nothing for none), but a table as a person
+-- reads it (moonbox.lib.pretty): a command's result as its exit code,
+-- stdout and stderr, other tables as indented literals.
 function M.format(n, results)
   if n == 0 then return nil end
+  local pretty = require "moonbox.lib.pretty"
   local parts = {}
-  for i = 1, n do parts[i] = tostring(results[i]) end
+  for i = 1, n do parts[i] = pretty.format(results[i]) end
   return table.concat(parts, "\t")
 end
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env node
 // moonbox code-interpreter kernel protocol (shared by the python, node and lua kernels):
 //   stdin: one JSON request per line: {"id": n, "code": "<source>"}
 //   fd 3:  one JSON message per line, flushed at once: {"type":"ready","language","version"} at start; per request

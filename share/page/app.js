@@ -4,15 +4,15 @@
 (function () {
   "use strict";
   const $ = (id) => document.getElementById(id);
-  // xterm.js is not checked in (scripts/install-deps.sh fetches it): without
-  // it the page says so and still lists the processes
+  // xterm.js is vendored (share/page/vendor/): should it fail to load all
+  // the same, the page says so and still lists the processes
   const term = typeof Terminal === "function"
     ? new Terminal({ cols: 100, rows: 30, cursorBlink: true, convertEol: false }) : null;
   if (term) term.open($("terminal"));
   else {
     $("terminal").className = "unavailable";
-    $("terminal").textContent = "The terminal is unavailable: this moonbox was built without xterm.js " +
-      "(run scripts/install-deps.sh, then build and install again).";
+    $("terminal").textContent = "The terminal is unavailable: xterm.js did not load " +
+      "(/page/xterm.js; it ships in share/moonbox/page/vendor/).";
   }
   const encoder = new TextEncoder();
   let socket = null;

@@ -1,4 +1,4 @@
-#!/bin/bash
+# shellcheck shell=bash
 # The session shell's start-up script (lua/moonbox/_shell.lua sends it through
 # fd 62, which bash sources: a file is read in blocks, a pipe one byte per
 # read). The protocol it speaks is specified in docs/sessions.md.

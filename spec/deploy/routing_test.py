@@ -127,7 +127,7 @@ def write(port, sid, name):
 def main():
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if not nginx:
-        print("SKIP: nginx is not installed (Debian: apt-get install nginx-light, see scripts/install-deps.sh)")
+        print("SKIP: nginx is not installed (Debian: apt-get install nginx-light, see scripts/install-deps.sh test)")
         sys.exit(77)
     tmp = tempfile.mkdtemp(prefix="moonbox-routing-")
     servers, ng = [], None

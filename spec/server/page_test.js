@@ -1,7 +1,7 @@
 // The page of `moonbox serve` in headless Debian chromium (playwright-core),
 // opened at the URL with the token that moonbox serve prints: the terminal
 // connects, `echo hi` typed into it prints hi, and a screenshot is kept;
-// without xterm.js the page says the terminal is unavailable.
+// should xterm.js fail to load, the page says the terminal is unavailable.
 // Usage: node page_test.js MOONBOX_BIN NODE_MODULES OUT_DIR
 const { spawn } = require("child_process");
 const fs = require("fs");
@@ -52,7 +52,7 @@ async function main() {
     await page.screenshot({ path: path.join(outDir, "terminal.png") });
     console.log("page test: typed `echo hi`, saw hi; screenshot " + path.join(outDir, "terminal.png"));
 
-    // a moonbox built without xterm.js (no npm cache): the page says the
+    // xterm.js failing to load (a proxy dropping it, a broken install): the page says the
     // terminal is unavailable instead of failing, and still lists processes
     const bare = await browser.newPage();
     bare.on("pageerror", (e) => fail("page error without xterm.js: " + e.message));

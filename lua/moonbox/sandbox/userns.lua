@@ -10,6 +10,7 @@
 -- this call, never a reason to run a sandbox with less (docs/isolation.md).
 local core = require "moonbox.core"
 local util = require "moonbox.lib.util"
+local cause_mod = require "moonbox.sandbox.userns_cause"
 
 local M = {}
 
@@ -54,7 +55,9 @@ function M.refused()
   end
   local limit = tonumber(util.read_file("/proc/sys/user/max_user_namespaces") or "")
   if REFUSALS[code] or (code == "ENOSPC" and limit == 0) then
-    refused = M.plain(code, msg)
+    -- EPERM has several causes: name the one this process shows
+    local cause = (code == "EPERM" or code == "EACCES") and cause_mod.explain(cause_mod.facts())
+    refused = cause and ("%s (%s)"):format(cause, tostring(msg)) or M.plain(code, msg)
     return refused
   end
   return nil, M.plain(code, msg), code

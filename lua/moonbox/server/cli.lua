@@ -157,10 +157,12 @@ end
 -- session's pipe, the spawns' short-lived ones), kept free for /readyz
 M.READY_FD_MARGIN = 64
 
--- Why this server could not make a sandbox now, or nil: it is stopping, it
--- holds --max-sandboxes, or it is about out of fds.
+-- Why this server could not make a sandbox now, or nil: it is stopping, the
+-- host refuses the namespaces its sandboxes need (server.noSandbox, set at
+-- start), it holds --max-sandboxes, or it is about out of fds.
 function M.not_ready_reason(server)
   if server and server.draining then return "shutting_down" end
+  if server and server.noSandbox then return "isolation_unavailable" end
   local ok, api = pcall(require, "moonbox.server.api")
   if ok then
     local n = 0
@@ -201,9 +203,10 @@ local function exists(path)
   return fs.stat(path) ~= nil
 end
 
--- Where the page and its npm packages are: the source and build trees, or
--- an installed prefix (share/moonbox/page with vendor/, beside the Lua
--- modules' share/lua/5.1), found from where the modules are.
+-- Where the page is: the source tree (through the build tree's lua link) or
+-- an installed prefix (share/moonbox/page, beside the Lua modules'
+-- share/lua/5.1), found from where the modules are; xterm.js is vendored in
+-- its vendor/ (CMakeLists.txt).
 function M.find_page()
   local ldir = lua_dir() or "."
   local page
@@ -211,18 +214,9 @@ function M.find_page()
                          ldir .. "/../../moonbox/page" } do
     if dir and exists(dir .. "/index.html") then page = dir break end
   end
-  local exe = fs.readlink("/proc/self/exe")
-  local exe_dir = exe and exe:match("^(.*)/[^/]+$") or "."
   local vendor = {}
-  local xterm = {
-    exe_dir .. "/page/vendor",             -- build tree (copied from the npm cache, CMakeLists.txt)
-    page and (page .. "/vendor") or false, -- installed
-  }
-  for _, dir in ipairs(xterm) do
-    if dir and exists(dir .. "/lib/xterm.js") then
-      vendor["xterm.js"], vendor["xterm.css"] = dir .. "/lib/xterm.js", dir .. "/css/xterm.css"
-      break
-    end
+  if page and exists(page .. "/vendor/lib/xterm.js") then
+    vendor["xterm.js"], vendor["xterm.css"] = page .. "/vendor/lib/xterm.js", page .. "/vendor/css/xterm.css"
   end
   return page, vendor
 end
@@ -321,8 +315,12 @@ function M.app(opts)
 end
 
 local function read_token(path)
-  local data = fs.read_file(path)
-  if not data then errors.raise("VALIDATION_FAILED", ("cannot read the token file %q"):format(path)) end
+  local data, msg = fs.read_file(path)
+  if not data then
+    -- "ENOENT: no such file or directory (open '/x')" -> "no such file or directory"
+    local reason = tostring(msg):match("^%u+: (.-) %(") or tostring(msg)
+    errors.raise("VALIDATION_FAILED", ("cannot read the token file %q: %s"):format(path, reason))
+  end
   local token = data:match("^%s*(%S+)%s*$")
   if not token or #token < 16 then
     errors.raise("VALIDATION_FAILED", ("the token in %q must be one word of at least 16 characters"):format(path))
@@ -346,6 +344,19 @@ function M.reaches_listener(policy)
   if type(policy) ~= "table" then return nil end
   if policy.network == "host" then return 'the policy gives sandboxes the host\'s network (network = "host")' end
   if policy.isolation == "none" then return 'the policy runs sandboxes unisolated (isolation = "none")' end
+end
+
+-- Why no sandbox of this server can be made, or nil: its policy's sandboxes
+-- need namespaces ("auto" without --allow-unisolated, or "namespaces") and
+-- the kernel refuses them (moonbox.sandbox.userns names the cause); the
+-- second result says why sandboxes will run unisolated instead.
+function M.no_sandbox_reason(policy, allow_unisolated)
+  local isolation = policy.isolation or "auto"
+  if isolation == "none" then return nil end
+  local why = require("moonbox.sandbox.userns").refused()
+  if not why then return nil end
+  if isolation == "auto" and allow_unisolated then return nil, why end
+  return why
 end
 
 -- serve's default policy: the user's (or none) with git.allowLocal off
@@ -419,6 +430,7 @@ function M.start(opts)
   server.onDone = function(req, res) service:done(req, res) end
   server.onReject = function(reason) service:reject(reason) end
   server.service = service
+  server.noSandbox, server.unisolated = M.no_sandbox_reason(policy, opts.allowUnisolated)
   service:start_idle()
   if not addr.unix then
     require("moonbox.sandbox.ports").server = { port = tonumber(server.address:match(":(%d+)$")) }
@@ -480,6 +492,13 @@ function M.main(argv)
   elseif token then
     io.stdout:write("moonbox: open ", unix and "http://localhost" or ("http://" .. server.address),
       "/ with the token in ", opts.tokenFile, " (/?token=...)\n")
+  end
+  -- a server that can make no sandbox says so at once (and /readyz answers 503)
+  if server.noSandbox then
+    io.stdout:write("moonbox: no sandbox can be made here (/readyz: 503 isolation_unavailable): ",
+      server.noSandbox, "\n")
+  elseif server.unisolated then
+    io.stdout:write("moonbox: sandboxes run without isolation here (--allow-unisolated): ", server.unisolated, "\n")
   end
   io.stdout:flush()
   -- serve until a signal stops the runtime (_runtime.lua kills the sandboxes first)

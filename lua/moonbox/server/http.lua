@@ -47,6 +47,11 @@ function M.parse_listen(listen)
   if not host:match("^%d+%.%d+%.%d+%.%d+$") then
     V.fail("listen", ("expected an IPv4 address, got %q"):format(host))
   end
+  for octet in host:gmatch("%d+") do
+    if tonumber(octet) > 255 then
+      V.fail("listen", ("%q is not an IPv4 address: each of its four numbers is 0 to 255"):format(host))
+    end
+  end
   return { host = host, port = port }
 end
 

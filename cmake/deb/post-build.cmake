@@ -1,0 +1,6 @@
+# CPACK_POST_BUILD_SCRIPTS: repair each -dbgsym .ddeb (fix-dbgsym.sh says why)
+foreach(file IN LISTS CPACK_PACKAGE_FILES)
+  if(file MATCHES "\\.ddeb$")
+    execute_process(COMMAND sh "${CMAKE_CURRENT_LIST_DIR}/fix-dbgsym.sh" "${file}" COMMAND_ERROR_IS_FATAL ANY)
+  endif()
+endforeach()
