@@ -201,6 +201,21 @@ describe("a sandbox from an image", function()
     end)
   end)
 
+  it("resolves an image's absolute symlinks inside the sandbox, never on the host", function()
+    local entries = fx.shell_entries()
+    entries[#entries + 1] = { path = "etc/evil", type = "symlink", target = "/etc/shadow" }
+    entries[#entries + 1] = { path = "etc/up", type = "symlink", target = "../../../../../etc/shadow" }
+    fx.oci(tmp .. "/abs", "latest", { layers = { { entries = entries } } })
+    image_sandbox(function(sb)
+      -- the image has no /etc/shadow: both links dangle inside, the host's is not reached
+      assert.equal("absent absent", sh(sb, "for f in /etc/evil /etc/up; do test -e $f && r=\"$r there\" ||"
+        .. " r=\"$r absent\"; done; echo $r"))
+      local ok, err = pcall(sb.readFile, sb, "/etc/evil")
+      assert.is_false(ok)
+      assert.equal("FILE_NOT_FOUND", err.code)
+    end, "oci:" .. tmp .. "/abs")
+  end)
+
   it("refuses to build the root through a symlink the image planted", function()
     local victim = tmp .. "/victim"
     helper.sh("mkdir '" .. victim .. "' && echo untouched > '" .. victim .. "/hostname'")

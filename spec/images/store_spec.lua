@@ -268,6 +268,21 @@ describe("images.remove", function()
   end)
 end)
 
+describe("two pulls at once", function()
+  it("take turns on the store's lock and both land", function()
+    fx.oci(tmp .. "/both", "a", { layers = { { gzip = true, entries = fx.busybox_entries() } } })
+    fx.oci(tmp .. "/both", "b", { layers = { { entries = { { path = "b", type = "file", content = "b" } } } } })
+    run_task(function()
+      local r = moonbox.all(function() return images.pull("oci:" .. tmp .. "/both:a", { name = "a" }) end,
+        function() return images.pull("oci:" .. tmp .. "/both:b", { name = "b" }) end)
+      local a, b = r[1], r[2]
+      assert.same({ "a", "b" }, { a.name, b.name })
+      assert.equal(2, #images.list())
+      assert.equal("", helper.sh("ls -A '" .. images.store.dir() .. "/tmp'"))
+    end)
+  end)
+end)
+
 describe("pulling a name again", function()
   it("over another image drops what only the old one used", function()
     fx.oci(tmp .. "/again", "one", { layers = { { entries = { { path = "a", type = "file", content = "1" } } } } })
