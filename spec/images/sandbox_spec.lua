@@ -101,6 +101,18 @@ describe("a sandbox from an image", function()
     end)
   end)
 
+  it("is rebuilt over the same image and upper dir when its init dies", function()
+    image_sandbox(function(sb)
+      sh(sb, "echo survived > /etc/kept")
+      assert.equal(0, os.execute("kill -9 " .. sb:info().initPid) and 0 or 1)
+      assert.is_true(helper.eventually(function() return sb.init_dead end, 10000))
+      pcall(sb.exec, sb, "true") -- SANDBOX_RESTARTED, reported once
+      assert.equal("survived", sh(sb, "cat /etc/kept"))
+      assert.equal("ID=moonbox-test-image", sh(sb, "head -n 1 /etc/os-release"))
+      assert.equal(1, sb:info().restarts)
+    end)
+  end)
+
   it("keeps its upper dir with its root: got again, from the same image", function()
     run_task(function()
       local root = helper.mkdtemp()
