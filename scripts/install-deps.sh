@@ -23,6 +23,9 @@ PACKAGES="$PACKAGES e2fsprogs util-linux mount procps python3 git"
 # nftables table per sandbox (nft), a dnsmasq resolver per sandbox (nftset);
 # nsenter is util-linux's
 PACKAGES="$PACKAGES iproute2 nftables dnsmasq-base"
+# build and run: images (src/image_unpack.c, lua/moonbox/images/): libarchive
+# reads layers, nettle hashes blobs, curl fetches from registries
+PACKAGES="$PACKAGES libarchive-dev nettle-dev curl"
 if [ "$mode" = test ]; then
   # the specs and linters
   PACKAGES="$PACKAGES lua-busted lua-check python3-yaml python3-ipython python3-matplotlib
@@ -41,6 +44,9 @@ curl jq nginx-light bubblewrap squashfs-tools node-typescript shellcheck clang-f
   # the container image without a registry (spec/image-test.sh): a base made
   # by mmdebstrap, deploy/Dockerfile built with buildah
   PACKAGES="$PACKAGES mmdebstrap buildah"
+  # the image specs (spec/images/): a busybox rootfs, file capabilities
+  # (setcap), and the archives and layouts skopeo writes
+  PACKAGES="$PACKAGES busybox-static libcap2-bin skopeo"
   # node and npm (the page's browser test, the compat client): Debian's unless present
   command -v npm >/dev/null 2>&1 || PACKAGES="$PACKAGES nodejs npm"
 fi

@@ -515,7 +515,8 @@ static int openat2_fd(int dirfd, const char *path, unsigned long long flags, uns
  *            O_PATH fd of each mount is kept, so an id cannot be freed and
  *            given to a new mount while the confinement lives (fds a
  *            runtime of thousands of sandboxes is short of). A path on the root's own mount, or
- *            one that cannot be opened, allows nothing. After every openat2
+ *            one that cannot be opened, allows nothing; "." itself allows
+ *            the root's own mount (an image's writable root). After every openat2
  *            the resulting fd's mount id is checked: any other mount (/proc,
  *            /dev, a mount made later inside) closes it and fails with EXDEV
  *            ("path resolves outside the root"), like an escape.
@@ -957,7 +958,9 @@ static int fs_confine_new(lua_State *L) {
     const char *rel = lua_tostring(L, -1);
     int fd = openat2_fd(c->root, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
     unsigned long long id;
-    if (fd >= 0 && fd_mnt_id(fd, c->mnt_mask, &id) == 0 && id != root_id) {
+    /* the root's own mount only when named as "." (an image's root, whose
+     * overlay is the sandbox's storage); else a path on it allows nothing */
+    if (fd >= 0 && fd_mnt_id(fd, c->mnt_mask, &id) == 0 && (id != root_id || strcmp(rel, ".") == 0)) {
       int known = 0;
       for (int j = 0; j < c->nallowed; j++) known |= c->mnt[j] == id;
       if (!known) {

@@ -16,6 +16,7 @@ static const char usage[] =
   "       moonbox [--policy file.lua] [-i]               (a prompt: each line runs as a task)\n"
   "       moonbox [--policy file.lua] serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]\n"
   "               [--policy file.lua] [--handler app.lua] [--token-file F]   (docs/server.md)\n"
+  "       moonbox image pull REF [--name NAME] | image ls | image rm NAME   (docs/images.md)\n"
   "       moonbox --version | --help\n"
   "\n"
   "Runs the script as a task on the event loop and exits when it and every\n"
@@ -139,8 +140,10 @@ int main(int argc, char **argv) {
     argv += 2;
   }
   int rc;
-  if (strcmp(argv[1], "serve") == 0) {
-    /* the server is Lua (lua/moonbox/server/cli.lua); it gets the rest of argv */
+  if (strcmp(argv[1], "serve") == 0 || strcmp(argv[1], "image") == 0) {
+    /* the server and the image store's commands are Lua
+     * (lua/moonbox/server/cli.lua, lua/moonbox/images/cli.lua); they get the rest of argv */
+    int serve = strcmp(argv[1], "serve") == 0;
     lua_State *L = moonbox_lua(mb);
     lua_createtable(L, argc - 2, 0);
     for (int i = 2; i < argc; i++) {
@@ -148,7 +151,8 @@ int main(int argc, char **argv) {
       lua_rawseti(L, -2, i - 1);
     }
     lua_setglobal(L, "arg");
-    rc = moonbox_run_string(mb, "return require('moonbox.server.cli').main(arg)", "=(moonbox serve)");
+    rc = serve ? moonbox_run_string(mb, "return require('moonbox.server.cli').main(arg)", "=(moonbox serve)")
+               : moonbox_run_string(mb, "return require('moonbox.images.cli').main(arg)", "=(moonbox image)");
   } else if (strcmp(argv[1], "-i") == 0) {
     if (argc > 2) {
       fputs(usage, stderr);

@@ -29,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <linux/capability.h>
+#include <linux/openat2.h>
 
 /* The new mount API (Linux 5.2+, mount_setattr 5.12+); glibc 2.36's
  * <sys/mount.h> and <linux/mount.h> clash, so the few constants live here. */
@@ -259,6 +260,53 @@ static int readonly_path(const char *dst) {
   return (int)syscall(SYS_mount_setattr, AT_FDCWD, dst, AT_RECURSIVE, &attr, sizeof attr);
 }
 
+/* An image's root (sandbox/isolation.lua): an overlayfs over the root
+ * built so far (a tmpfs at /tmp, our cwd), whose lower and upper dirs were
+ * bound into that tmpfs by the entries before this one; the options name
+ * them relative to it. We then stand in the overlay: what follows is made
+ * in it (in its upper dir), and the bound layers stay under it, out of
+ * every path. Mounted in the sandbox's user namespace, so with userxattr
+ * (user.overlay.* xattrs, Linux 5.11+); nosuid and nodev as every root. */
+static int image_root; /* the root is an image's overlay: its paths are the tenant's */
+
+static int mount_overlay_root(const char *opts) {
+  if (mount("overlay", "/tmp", "overlay", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
+  image_root = 1;
+  return chdir("/tmp");
+}
+
+/* Whether dst (relative to the root under construction) passes through
+ * or is a symlink, as far as it exists. In an image root, the image and
+ * the sandbox's upper dir (what its processes left) decide what is there,
+ * and every step here resolves paths against the host's root: a symlink
+ * at /etc/hostname or /workspace would point a write or a mount at the
+ * host. Nothing of the sandbox runs while its init builds the root, so the
+ * check holds until the entry is made. */
+static int has_symlink(const char *dst) {
+  char buf[PATH_MAX];
+  size_t n = strlen(dst);
+  if (n >= sizeof buf) return errno = ENAMETOOLONG, -1;
+  memcpy(buf, dst, n + 1);
+  for (;;) {
+    struct open_how how;
+    memset(&how, 0, sizeof how);
+    how.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    int fd = (int)syscall(SYS_openat2, AT_FDCWD, buf, &how, sizeof how);
+    if (fd >= 0) {
+      struct stat st;
+      int link = fstat(fd, &st) == 0 && S_ISLNK(st.st_mode);
+      close(fd);
+      return link;
+    }
+    if (errno == ELOOP || errno == EXDEV) return 1;
+    if (errno != ENOENT) return -1;
+    char *slash = strrchr(buf, '/');
+    if (!slash) return 0; /* nothing of it exists yet: made here, no link */
+    *slash = 0;
+  }
+}
+
 /* Write data into an existing file (no create, no truncate needed: sysctls) */
 static int write_existing(const char *dst, const char *data, size_t len) {
   int fd = open(dst, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -372,6 +420,13 @@ static void setup_root(const mb_nsinit_plan *p) {
     const mb_mount *m = &p->mounts[i];
     const char *dst = rel(m->dst);
     int rc = 0;
+    if (image_root) {
+      int s = has_symlink(dst);
+      if (s != 0) {
+        if (s > 0) errno = ELOOP;
+        die(p, MB_NSINIT_MOUNT, i);
+      }
+    }
     switch (m->type) {
     case MB_MOUNT_BIND:
     case MB_MOUNT_RO_BIND:
@@ -396,6 +451,7 @@ static void setup_root(const mb_nsinit_plan *p) {
     case MB_MOUNT_READONLY: rc = readonly_path(dst); break;
     case MB_MOUNT_MASK: rc = mask_path(dst); break;
     case MB_MOUNT_SYSCTL: rc = write_existing(dst, m->data, m->data_len); break;
+    case MB_MOUNT_OVERLAY: rc = mount_overlay_root(m->data); break;
     default: errno = EINVAL; rc = -1;
     }
     if (rc < 0 && m->optional && errno == ENOENT &&
@@ -435,7 +491,8 @@ static int pivot_into_root(const mb_nsinit_plan *p) {
     if (syscall(SYS_pivot_root, ".", ".") < 0) return -1;
     if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) return -1;
   }
-  return mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL);
+  /* an image's root stays writable: writes land in the sandbox's upper dir */
+  return mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | (image_root ? 0 : MS_RDONLY) | MS_NOSUID | MS_NODEV, NULL);
 }
 
 static int loopback_up(void) {
@@ -791,7 +848,7 @@ static int read_plan(mb_nsinit_plan *p) {
     m->type = w->mounts[i].type;
     m->optional = w->mounts[i].optional;
     m->size = w->mounts[i].size;
-    if (m->type < MB_MOUNT_BIND || m->type > MB_MOUNT_SYSCTL ||
+    if (m->type < MB_MOUNT_BIND || m->type > MB_MOUNT_OVERLAY ||
         wire_string(base, size, w->mounts[i].src_off, &m->src) < 0 ||
         wire_string(base, size, w->mounts[i].dst_off, &m->dst) < 0 || !m->dst ||
         wire_string(base, size, w->mounts[i].data_off, &m->data) < 0)

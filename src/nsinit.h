@@ -52,6 +52,7 @@ enum mb_mount_type {
   MB_MOUNT_READONLY, /* an existing path (of an earlier mount) bound over itself read-only */
   MB_MOUNT_MASK,     /* an existing path hidden: an empty read-only dir or file over it */
   MB_MOUNT_SYSCTL,   /* data written into an existing file (a /proc/sys entry of our namespaces) */
+  MB_MOUNT_OVERLAY,  /* the root itself becomes an overlayfs (an image's layers): data = its options */
 };
 
 typedef struct {

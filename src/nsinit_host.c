@@ -80,8 +80,8 @@ static const struct {
 } ns_names[] = {{"user", CLONE_NEWUSER}, {"mnt", CLONE_NEWNS},  {"pid", CLONE_NEWPID},       {"ipc", CLONE_NEWIPC},
                 {"uts", CLONE_NEWUTS},   {"net", CLONE_NEWNET}, {"cgroup", CLONE_NEWCGROUP}, {NULL, 0}};
 
-static const char *const mount_types[] = {"bind", "ro_bind", "tmpfs",    "proc", "dev",    "symlink",
-                                          "file", "dir",     "readonly", "mask", "sysctl", NULL};
+static const char *const mount_types[] = {"bind", "ro_bind",  "tmpfs", "proc",   "dev",     "symlink", "file",
+                                          "dir",  "readonly", "mask",  "sysctl", "overlay", NULL};
 
 static const char *stage_name(int stage) {
   switch (stage) {
@@ -130,6 +130,8 @@ static void parse_mounts(lua_State *L, int idx, mb_nsinit_plan *p) {
     lua_getfield(L, m, "data");
     mt->data = lua_tolstring(L, -1, &mt->data_len);
     if (!mt->data) mt->data = "";
+    if (mt->type == MB_MOUNT_OVERLAY && strcmp(mt->dst, "/") != 0)
+      luaL_error(L, "sandbox_init: mounts[%d]: an overlay is the root: dst must be /", i + 1);
     lua_getfield(L, m, "size");
     mt->size = (uint64_t)luaL_optnumber(L, -1, 0);
     lua_getfield(L, m, "optional");

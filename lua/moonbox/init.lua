@@ -36,6 +36,10 @@ moonbox.shellBuiltins = require("moonbox.session.shell").builtins
 moonbox.listBackups = backup.listBackups
 moonbox.deleteBackup = backup.deleteBackup
 
+-- images.pull/list/remove/get (beyond): the image store under the
+-- runtime's home (lua/moonbox/images/, docs/images.md)
+moonbox.images = require "moonbox.images"
+
 -- Policy presets as data: moonbox.policies.strict, moonbox.policies.dev
 moonbox.policies = setmetatable({}, {
   __index = function(_, name) return require("moonbox.policies." .. name) end,

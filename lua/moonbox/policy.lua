@@ -228,6 +228,11 @@ local checks = {
       end
     end
   end,
+  -- image = REF: the image a sandbox's root is made of (docs/images.md)
+  image = function(v)
+    expect(v, "string", "image")
+    if v == "" or v:find("%z") then invalid("image", "expected a non-empty image reference") end
+  end,
   -- git = {allowLocal}: may gitCheckout clone a local path or file:// URL
   -- (the runtime's repositories)? Allowed for a script's own sandboxes;
   -- `moonbox serve` turns it off unless its --policy turns it on.

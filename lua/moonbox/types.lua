@@ -60,6 +60,23 @@ function moonbox.timeout(ms, fn, ...) end
 ---@return Sandbox
 function moonbox.getSandbox(id, opts) end
 
+---The image store (docs/images.md).
+moonbox.images = {}
+---Import an image: oci:DIR[:TAG], docker-archive:FILE or REGISTRY/NAME[:TAG|@sha256:...]. Waits.
+---@param ref string
+---@param opts? ImagePullOptions
+---@return ImageRecord
+function moonbox.images.pull(ref, opts) end
+---@return ImageRecord[]
+function moonbox.images.list() end
+---Remove a name, and the layers no other image uses. Waits.
+---@param name string
+---@return {success: boolean, name: string, removedLayers: integer}
+function moonbox.images.remove(name) end
+---@param ref string a name or a digest
+---@return ImageRecord?
+function moonbox.images.get(ref) end
+
 ---The stored backups, oldest first.
 ---@return Backup[]
 function moonbox.listBackups() end
@@ -127,6 +144,24 @@ function Task:status() end
 ---@field policy? Policy|string a policy table, a preset or module name, or a file path
 ---@field limits? Limits
 ---@field from? Backup|string start a new sandbox from a backup (or its id)
+---@field image? string the root is made of this image: a stored name or digest, oci:DIR[:TAG], docker-archive:FILE
+---or REGISTRY/NAME[:TAG] (docs/images.md)
+
+---@class ImageRecord
+---@field name string
+---@field source string the reference it was pulled from ("commit:<sandbox id>" for a template)
+---@field digest string sha256 of its config (the image id)
+---@field manifest? string
+---@field parent? string a committed image's: the image it came from
+---@field layers string[] layer blob digests' hex, bottom first
+---@field size number
+---@field config {Env: string[], Entrypoint?: string[], Cmd?: string[], WorkingDir?: string, User?: string}
+---@field created? string
+---@field pulledAt string
+
+---@class ImagePullOptions
+---@field name? string the name to store it under (default: the reference)
+---@field onProgress? fun(ev: {type: "layer"|"progress"|"layerDone", index: integer, count: integer, digest?: string, bytes?: number, entries?: number, cached?: boolean})
 
 ---@class EgressRules
 ---@field allow? string[] CIDRs, "cidr:port", domain names (with their subdomains), "name:port"
@@ -255,6 +290,11 @@ function Sandbox:setEnvVars(map) end
 ---@field success boolean
 ---@field dir string
 ---@field id string
+
+---What this sandbox (made from an image) changed over its image, as a new image in the store. Waits.
+---@param opts {name: string}
+---@return ImageRecord
+function Sandbox:commit(opts) end
 
 ---A squashfs archive of dir, stored under the runtime's home (waits).
 ---@param opts BackupOptions

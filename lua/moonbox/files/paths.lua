@@ -94,6 +94,7 @@ end
 -- Under namespaces the file API reaches the sandbox's own storage: the
 -- workspace, its private /tmp and /root, and the policy's mounts; not the
 -- system directories bound in read-only from the host (/usr, /etc, ...).
+-- A sandbox made from an image reaches its whole root (in_reach).
 local OWN_STORAGE = { "/workspace", "/tmp", "/root" }
 local reach_cache = setmetatable({}, { __mode = "k" })
 local function reach_of(sb)
@@ -109,6 +110,9 @@ local function reach_of(sb)
 end
 
 local function in_reach(sb, p)
+  -- an image's root is the sandbox's own (its upper dir): all of it, but
+  -- for the mounts on it the confinement refuses (/proc, /dev, /run/moonbox)
+  if sb.image then return true end
   for _, dir in ipairs(reach_of(sb)) do
     if p == dir or p:sub(1, #dir + 1) == dir .. "/" then return true end
   end

@@ -13,7 +13,7 @@ M.params = {
     info = {}, destroy = { "opts" }, setNetwork = { "opts" }, createSession = { "opts" }, getSession = { "id" },
     deleteSession = { "id" }, listSessions = {}, setEnvVars = { "map" }, createBackup = { "opts" },
     restoreBackup = { "backup" }, exposePort = { "port", "opts" }, unexposePort = { "port" },
-    getExposedPorts = {},
+    getExposedPorts = {}, commit = { "opts" },
   },
   Session = {
     exec = { "command", "opts" }, execStream = { "command", "opts" }, setEnvVars = { "map" },

@@ -567,6 +567,9 @@ local start_options = { processId = true, env = true, cwd = true, timeout = true
 function Session:startProcess(command, opts)
   self:_check_live()
   local sb = self.sandbox
+  -- no command in a sandbox made from an image: the image's Entrypoint
+  -- followed by its Cmd, as an argv (docs/images.md)
+  if command == nil and sb.image then command = sb:_image_command() end
   V.command(command)
   local seed_options = require "moonbox.lib.seed_options"
   opts = seed_options.adapt(opts, seed_options.startProcess, "startProcess")

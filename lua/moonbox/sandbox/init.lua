@@ -22,6 +22,7 @@ local userns = require "moonbox.sandbox.userns"
 local spawn_rules = require "moonbox.sandbox.spawn"
 local kernels = require "moonbox.code.kernels"
 local compose = require "moonbox.lib.compose"
+local image_mod = require "moonbox.sandbox.image"
 local network_mod = require "moonbox.network"
 
 local M = {}
@@ -68,7 +69,7 @@ M.mkdir_p = mkdir_p
 local normalize = util.normalize
 
 local get_options = { root = true, isolation = true, network = true, egress = true, env = true, policy = true,
-  limits = true }
+  limits = true, image = true }
 
 -- One making or destroying of a sandbox id at a time (a FIFO lock per id,
 -- dropped when nobody holds or waits for it): two first getSandbox calls
@@ -120,6 +121,10 @@ function make_sandbox(id, opts)
   end
   local env = V.env(opts.env, "env") or {}
   if opts.root ~= nil then V.path(opts.root, "root") end
+  if opts.image ~= nil and (type(opts.image) ~= "string" or opts.image == "") then
+    V.fail("image", "expected an image reference (a string)")
+  end
+  local image_ref = opts.image or policy.image
   local live = registry[id]
   if live then
     if opts.root ~= nil and root_mod.canonical(opts.root) ~= live.root_canon then
@@ -157,6 +162,7 @@ function make_sandbox(id, opts)
     local no_network = own == "none" or own == "egress"
     local field = (no_network and (opts.network and "network" or "policy.network"))
       or (policy.mounts and next(policy.mounts) and "policy.mounts") or (policy.hostname and "policy.hostname")
+      or (image_ref and "image")
     if field then
       local what = ("%s needs the sandbox's own namespaces"):format(field:find("network") and
         ('network = "%s"'):format(own) or field)
@@ -167,6 +173,9 @@ function make_sandbox(id, opts)
         :format(field, what, unisolated), { isolation = isolation, field = field })
     end
   end
+  -- the image, in the store (imported now when the reference names a
+  -- layout or archive not yet there): before anything is made
+  local image_rec = image_ref and image_mod.resolve(image_ref)
   -- the root: checked, made, locked (docs/api.md "Sandbox roots")
   local canon = root_mod.check(root, home, default_root)
   if root:sub(1, 1) ~= "/" then -- (relative to our cwd: info() says where)
@@ -236,8 +245,33 @@ function make_sandbox(id, opts)
         { root = root })
     end
   end
+  -- an image's root: its layers for this id range, and the sandbox's
+  -- upper dir under its root (inside its disk image when it has one)
+  local image_mounts, image_info
+  -- (a root made from an image is got again from it, named or not)
+  local made_by = not image_rec and image_mod.made_by(canon)
+  if made_by or image_rec then
+    ok, err = pcall(function()
+      if made_by then
+        if isolation == "none" or unisolated then
+          errors.raise("ISOLATION_UNAVAILABLE", ("the sandbox's root was made from image %s, which needs the "
+            .. "sandbox's own namespaces"):format(made_by), { isolation = isolation })
+        end
+        image_rec = image_mod.resolve(made_by)
+      end
+      image_mounts, image_info = image_mod.prepare(image_rec, canon, idmap)
+    end)
+    if not ok then
+      undo(lock)
+      error(err, 0)
+    end
+    for name, value in pairs(image_info.env) do
+      if env[name] == nil then env[name] = value end
+    end
+  end
   local self = setmetatable({
     id = id,
+    image = image_info, image_mounts = image_mounts,
     root = root,
     workspace = workspace,
     fs_root = root,
@@ -289,8 +323,9 @@ function make_sandbox(id, opts)
     if network == "egress" then
       self.egress = network_mod.prepare(self, opts.egress or policy.egress, policy.limits, policy.dns)
     end
-    -- (an egress sandbox is never pre-built: its resolv.conf is its own)
-    local pre = network ~= "egress" and prewarm.enabled
+    -- (an egress sandbox is never pre-built: its resolv.conf is its own; nor
+    -- is an image's: its root is the image)
+    local pre = network ~= "egress" and not image_rec and prewarm.enabled
       and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs))
       and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
       workspace, on_init_exit)
@@ -331,6 +366,7 @@ function make_sandbox(id, opts)
         idmap = idmap,
         owner_uid = self.owner_uid,
         userns = policy.userns,
+        image = image_mounts,
         cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
         on_exit = on_init_exit,
       })
@@ -347,7 +383,7 @@ function make_sandbox(id, opts)
       -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
       self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
         self:_fs_creds(), "in_root")
-      self.home = "/workspace"
+      self.home = self.image and self.image.workingDir or "/workspace"
       self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
       if self.prebuilt_shell then
         -- its start-up script can name paths inside only now
@@ -474,6 +510,8 @@ function Sandbox:_confine(root)
   local allowed = {}
   for _, dir in ipairs(dirs) do allowed[#allowed + 1] = dir:sub(2) end
   for _, mp in ipairs(submounts(self.init:pid(), dirs)) do allowed[#allowed + 1] = mp:sub(2) end
+  -- an image's root is the sandbox's own storage too (its upper dir)
+  if self.image then allowed[#allowed + 1] = "." end
   return fs.confine(root or self.fs_root, allowed, creds, "in_root")
 end
 
@@ -533,6 +571,7 @@ function Sandbox:_revive()
     idmap = self.idmap,
     owner_uid = self.owner_uid,
     userns = policy.userns,
+    image = self.image_mounts,
     cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
     on_exit = function() self:_init_exited(token) end,
   })
@@ -700,6 +739,7 @@ function Sandbox:_spawn_shell(opts)
     -- a tmpfs inside, reached from here through the init's root
     opts.rundir = self:_rundir(isolation_mod.RUN_DIR .. "/" .. name)
   end
+  if self.image then opts.no_builtins = true end
   opts.spawn_spec = function(spec) return self:_spawn_spec(spec) end
   return shell_mod.spawn(opts)
 end
@@ -924,6 +964,25 @@ end
 -- What is in force: limits lists only what is enforced; enforcement says
 -- how, notEnforced names limits the policy asked for that this host cannot
 -- enforce.
+-- The argv of the image's Entrypoint then Cmd (startProcess without a
+-- command), or nil when the image has neither.
+function Sandbox:_image_command()
+  local argv = {}
+  for _, list in ipairs { self.image.entrypoint or {}, self.image.cmd or {} } do
+    for _, w in ipairs(list) do argv[#argv + 1] = w end
+  end
+  return argv[1] and argv or nil
+end
+
+-- commit{name} -> image record (**waits**): what the sandbox changed over
+-- its image, as a new layer and image in the store (images/commit.lua)
+function Sandbox:commit(opts)
+  if self.destroyed then
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
+  end
+  return require("moonbox.images.commit").commit(self, opts)
+end
+
 function Sandbox:info()
   -- a sandbox whose init died is rebuilt first, so this says what is in
   -- force now; one that cannot be rebuilt raises SANDBOX_RESTARTED (coded)
@@ -962,6 +1021,8 @@ function Sandbox:info()
     -- namespaces; unisolated processes are the runtime's, with its own
     capabilities = self.init and isolation_mod.cap_names(self.policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
       or nil,
+    -- the image the root is made of (docs/images.md), nil for the host's
+    image = self.image and image_mod.info(self.image) or nil,
   }
 end
 

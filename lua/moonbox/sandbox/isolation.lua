@@ -151,11 +151,34 @@ local function exists(path)
   return util.is_dir(path)
 end
 
+-- An image's root (docs/images.md): its layer directories and the
+-- sandbox's upper dir bound into the root under construction, then an
+-- overlayfs of them becomes the root (src/nsinit.c mount_overlay_root);
+-- the host's name resolution files go over the image's, as Docker does.
+local function image_root(m, image, opts)
+  local lowers = {}
+  for i, dir in ipairs(image.lowers) do -- bottom first
+    m[#m + 1] = { type = "ro_bind", src = dir, dst = "/.mb-layers/" .. i }
+    table.insert(lowers, 1, ".mb-layers/" .. i) -- overlayfs lists the top first
+  end
+  m[#m + 1] = { type = "bind", src = image.upper, dst = "/.mb-upper" }
+  m[#m + 1] = { type = "overlay", dst = "/", data = ("lowerdir=%s,upperdir=.mb-upper/upper,workdir=.mb-upper/work,"
+    .. "userxattr"):format(table.concat(lowers, ":")) }
+  for _, name in ipairs { "resolv.conf", "hosts" } do
+    local path = "/etc/" .. name
+    if opts.resolv_conf and name == "resolv.conf" then -- (an egress sandbox's, as below)
+      m[#m + 1] = { type = "file", dst = path, data = opts.resolv_conf }
+    elseif exists(path) then
+      m[#m + 1] = { type = "ro_bind", src = path, dst = path, optional = true }
+    end
+  end
+end
+
 -- The default root: the host's system directories read-only (symlinks such
 -- as /bin -> usr/bin recreated as symlinks), the needed /etc files, a fresh
 -- /proc, a minimal /dev, tmpfs /tmp and /root, the workspace and run dirs.
-function M.mounts(sb, opts)
-  local m = {}
+-- With opts.image the image's layers are the root instead (image_root).
+local function host_system(m, opts)
   for _, dir in ipairs(SYSTEM_DIRS) do
     local target = core.readlink(dir)
     if target then
@@ -173,6 +196,11 @@ function M.mounts(sb, opts)
       m[#m + 1] = { type = "ro_bind", src = path, dst = path, optional = true }
     end
   end
+end
+
+function M.mounts(sb, opts)
+  local m = {}
+  if opts.image then image_root(m, opts.image, opts) else host_system(m, opts) end
   m[#m + 1] = { type = "file", dst = "/etc/hostname", data = opts.hostname .. "\n" }
   m[#m + 1] = { type = "proc", dst = "/proc" }
   local userns = {}
@@ -181,7 +209,8 @@ function M.mounts(sb, opts)
   for _, s in ipairs(userns_sysctls(userns)) do m[#m + 1] = s end
   m[#m + 1] = { type = "dev", dst = "/dev", size = opts.tmpBytes } -- the size of its /dev/shm
   m[#m + 1] = { type = "tmpfs", dst = "/tmp", size = opts.tmpBytes }
-  m[#m + 1] = { type = "tmpfs", dst = "/root", size = opts.tmpBytes }
+  -- (an image's /root is its own, in the sandbox's upper dir)
+  if not opts.image then m[#m + 1] = { type = "tmpfs", dst = "/root", size = opts.tmpBytes } end
   -- a pre-built root (deferred) gets its workspace when a sandbox claims it
   if not opts.deferred then m[#m + 1] = { type = "bind", src = sb.workspace, dst = "/workspace" } end
   m[#m + 1] = { type = "tmpfs", dst = M.RUN_DIR, size = opts.tmpBytes }

@@ -24,7 +24,8 @@ local SYSTEM_DIRS = { "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/l
   "/usr/local", "/usr/share", "/usr/src", "/usr/local/bin", "/usr/local/lib", "/var/lib", "/var/log",
   "/var/tmp", "/var/cache", "/var/spool", "/var/mail", "/var/www", "/var/opt", "/var/run", "/var/lock" }
 
-local OWN_ENTRIES = { workspace = true, [M.LOCK_NAME] = true }
+-- (image: the upper dir of a root made from an image, sandbox/image.lua)
+local OWN_ENTRIES = { workspace = true, image = true, [M.LOCK_NAME] = true }
 
 local function refuse(root, why)
   errors.raise("VALIDATION_FAILED", ("root %q %s"):format(root, why), { field = "root", root = root })

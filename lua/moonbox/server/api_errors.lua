@@ -9,14 +9,14 @@ local M = {}
 M.STATUS = {
   -- 400: the request itself is wrong
   VALIDATION_FAILED = 400, IS_DIRECTORY = 400, NOT_DIRECTORY = 400, INVALID_GIT_URL = 400,
-  INVALID_BACKUP_CONFIG = 400, BACKUP_EXPIRED = 400,
+  INVALID_BACKUP_CONFIG = 400, BACKUP_EXPIRED = 400, IMAGE_INVALID = 400,
   -- 401
   GIT_AUTH_FAILED = 401, UNAUTHORIZED = 401,
   -- 403: not allowed
   POLICY_DENIED = 403, PERMISSION_DENIED = 403, PATH_OUTSIDE_SANDBOX = 403,
   -- 404
   NOT_FOUND = 404, SANDBOX_NOT_FOUND = 404, PORT_NOT_EXPOSED = 404, SESSION_NOT_FOUND = 404, FILE_NOT_FOUND = 404,
-  PROCESS_NOT_FOUND = 404,
+  PROCESS_NOT_FOUND = 404, IMAGE_NOT_FOUND = 404,
   CONTEXT_NOT_FOUND = 404, GIT_REPOSITORY_NOT_FOUND = 404, GIT_BRANCH_NOT_FOUND = 404, BACKUP_NOT_FOUND = 404,
   -- 405
   METHOD_NOT_ALLOWED = 405,
@@ -39,7 +39,7 @@ M.STATUS = {
   -- 501: this host or build cannot do it (lasting: retrying does not help, so not 503)
   INTERPRETER_NOT_AVAILABLE = 501, ISOLATION_UNAVAILABLE = 501, SECCOMP_UNAVAILABLE = 501,
   -- 502: something beyond the sandbox failed
-  GIT_NETWORK_ERROR = 502,
+  GIT_NETWORK_ERROR = 502, IMAGE_PULL_FAILED = 502,
   -- 503: the sandbox's init died and the sandbox was rebuilt over its
   -- workspace: the call that was running is lost, the same call again works
   SANDBOX_RESTARTED = 503,

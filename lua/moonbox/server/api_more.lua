@@ -8,9 +8,14 @@
 --   POST   /v1/sandboxes/{id}/backups/restore  {id, dir?} -> restoreBackup
 --   GET    /v1/backups                         -> listBackups
 --   DELETE /v1/backups/{backupId}              -> deleteBackup
+--   POST   /v1/sandboxes/{id}/commit           {name} -> sandbox:commit{name}
+--   GET    /v1/images                          -> images.list
+--   POST   /v1/images/pull                     {ref, name?} -> images.pull, progress as SSE (registries only)
+--   DELETE /v1/images?name=                    -> images.remove
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
---   POST   /v1/sandboxes/{id}                  {from?, network?, egress?} -> getSandbox(id, {from = backup,
---                                              network, egress}): a new sandbox (a fork, or an egress one)
+--   POST   /v1/sandboxes/{id}                  {from?, network?, egress?, image?} -> getSandbox(id, {from = backup,
+--                                              network, egress, image}): a new sandbox (a fork, an egress one, or
+--                                              one made from a stored image)
 --   PATCH  /v1/sandboxes/{id}/network          {egress = {allow, deny}} -> setNetwork
 local moonbox = require "moonbox"
 local V = require "moonbox.lib.validate"
@@ -79,14 +84,97 @@ function H.check_changes(ctx)
   return 200, s:checkChanges(f.path, ctx:rest())
 end
 
--- POST /v1/sandboxes/{id} {from?, network?, egress?}: made as api.lua's
--- Ctx:sandbox() makes sandboxes (the server's home, policy, limits and
--- maxSandboxes), from a backup and/or with a network of its own.
+function H.list_images(ctx)
+  no_query(ctx)
+  return 200, json.array(moonbox.images.list())
+end
+
+function H.remove_image(ctx)
+  no_query(ctx, { name = true })
+  local name = ctx.query.name
+  if type(name) ~= "string" or name == "" then V.fail("name", "missing (?name=)") end
+  return 200, moonbox.images.remove(name)
+end
+
+-- POST /v1/images/pull {ref, name?}: the pull's progress events
+-- ({type = "layer"|"progress"|"layerDone"}) then {type = "complete",
+-- image} or {type = "error", error}, as SSE; a client that goes away
+-- cancels the pull. A registry reference only: a client never makes the
+-- server read a layout or an archive of the host's paths.
+function H.pull_image(ctx)
+  no_query(ctx)
+  local f = ctx:take { ref = "string", name = "string?" }
+  ctx:no_more()
+  if f.ref:match("^oci:") or f.ref:match("^docker%-archive:") then
+    require("moonbox.errors").raise("POLICY_DENIED", ("image %s: over HTTP only registry references are pulled "
+      .. "(moonbox image pull reads the host's files)"):format(f.ref), { ref = f.ref })
+  end
+  local async = require "moonbox.async"
+  local api_errors = require "moonbox.server.api_errors"
+  local queue, waiter, done = {}, nil, false
+  local function wake()
+    local w = waiter
+    waiter = nil
+    if w then w() end
+  end
+  local function push(ev)
+    queue[#queue + 1] = ev
+    wake()
+  end
+  local task = moonbox.spawn(function()
+    local ok, rec = pcall(moonbox.images.pull, f.ref, { name = f.name, onProgress = push })
+    if ok then
+      json.array(rec.layers)
+      push { type = "complete", image = rec }
+    else
+      local _, body = api_errors.body(rec)
+      push { type = "error", error = body }
+    end
+    done = true
+    wake()
+  end)
+  local iter = setmetatable({ cancel = function() task:cancel() end }, { __call = function()
+    while #queue == 0 do
+      if done then return nil end
+      async.await(function(resume) waiter = resume end, "images pull stream")
+    end
+    return table.remove(queue, 1)
+  end })
+  require("moonbox.server.api_sse").pump(ctx.res, iter)
+end
+
+-- POST /v1/sandboxes/{id}/commit {name}: the sandbox's changes as a new
+-- image in the server's store (docs/images.md, "Templates")
+function H.commit(ctx)
+  no_query(ctx)
+  local f = ctx:take { name = "string" }
+  ctx:no_more()
+  return 200, ctx:sandbox():commit { name = f.name }
+end
+
+-- POST /v1/sandboxes/{id} {from?, network?, egress?, image?}: made as
+-- api.lua's Ctx:sandbox() makes sandboxes (the server's home, policy,
+-- limits and maxSandboxes), from a backup, with a network of its own and/or
+-- from an image. An image must be in the store already (a name or digest,
+-- `moonbox image pull`): a client never makes the server read a layout or
+-- an archive of the host's paths.
 function H.create_from(ctx)
   no_query(ctx)
-  local f = ctx:take { from = "string?", network = "string?", egress = "table?" }
+  local f = ctx:take { from = "string?", network = "string?", egress = "table?", image = "string?" }
   ctx:no_more()
-  if f.from == nil and f.network == nil then V.fail("from", "missing (or give network)") end
+  if f.from == nil and f.network == nil and f.image == nil then
+    V.fail("from", "missing (or give network or image)")
+  end
+  if f.image ~= nil then
+    if f.image:match("^oci:") or f.image:match("^docker%-archive:") then
+      require("moonbox.errors").raise("POLICY_DENIED", ("image %s: the server makes sandboxes only from images in "
+        .. "its store (moonbox image pull)"):format(f.image), { image = f.image })
+    end
+    if not moonbox.images.get(f.image) then
+      require("moonbox.errors").raise("IMAGE_NOT_FOUND", ("no image named %s in the store"):format(f.image),
+        { image = f.image })
+    end
+  end
   local api = require "moonbox.server.api"
   local id = ctx.params.id
   local live, n = require("moonbox.sandbox").all(), 0
@@ -96,7 +184,7 @@ function H.create_from(ctx)
     require("moonbox.errors").raise("POLICY_DENIED",
       ("the server already holds %d sandboxes (maxSandboxes)"):format(n), { maxSandboxes = api.config.maxSandboxes })
   end
-  local opts = { from = f.from, network = f.network, egress = f.egress, policy = api.config.policy,
+  local opts = { from = f.from, network = f.network, egress = f.egress, image = f.image, policy = api.config.policy,
     limits = api.config.limits }
   if api.config.home then opts.root = api.config.home .. "/sandboxes/" .. id end
   local sb = moonbox.getSandbox(id, opts)
@@ -119,11 +207,15 @@ function M.install(router)
     { "DELETE", "/ports/{port}", H.unexpose },
     { "POST", "/backups", H.create_backup }, { "POST", "/backups/restore", H.restore_backup },
     { "POST", "/files/changes", H.check_changes }, { "POST", "", H.create_from },
+    { "POST", "/commit", H.commit },
     { "PATCH", "/network", H.set_network },
   } do
     router:add(r[1], "/v1/sandboxes/{id}" .. r[2], r[3])
   end
   router:add("GET", "/v1/backups", H.list_backups)
+  router:add("GET", "/v1/images", H.list_images)
+  router:add("POST", "/v1/images/pull", H.pull_image)
+  router:add("DELETE", "/v1/images", H.remove_image)
   router:add("DELETE", "/v1/backups/{backupId}", H.delete_backup)
 end
 

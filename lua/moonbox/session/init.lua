@@ -97,6 +97,12 @@ function Session:_start_shell()
     shell = self.sandbox.policy.shell,
   }
   if not sh then
+    local image = self.sandbox.image
+    if image and code == "ENOENT" then -- (the shell comes from the image: docs/images.md)
+      errors.raise("SHELL_START_FAILED", ("cannot start the session shell: image %s has no %s (a session needs bash "
+        .. "from the image): %s"):format(image.name, self.sandbox.policy.shell or "/bin/bash", tostring(err)),
+        { sessionId = self.id, errno = code, image = image.name })
+    end
     errors.raise("SHELL_START_FAILED", "cannot start the session shell: " .. tostring(err),
       { sessionId = self.id, errno = code })
   end

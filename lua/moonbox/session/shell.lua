@@ -459,7 +459,8 @@ function M.spawn(opts)
   -- the sandbox's rules (sandbox/spawn.lua): a shell without them is never started
   local spec_of = assert(opts.spawn_spec, "shell spawn: no spawn_spec")
   local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [PRELUDE_FD] = "in" }
-  if M.load_builtins then stdio[BUILTIN_FD] = spawn_builtin_fd() end
+  -- (not into an image's bash: the builtin is built against the host's)
+  if M.load_builtins and not opts.no_builtins then stdio[BUILTIN_FD] = spawn_builtin_fd() end
   local spec = spec_of {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",
