@@ -16,6 +16,7 @@ static const char usage[] =
   "       moonbox [--policy file.lua] [-i]               (a prompt: each line runs as a task)\n"
   "       moonbox [--policy file.lua] serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]\n"
   "               [--policy file.lua] [--handler app.lua] [--token-file F]   (docs/server.md)\n"
+  "       moonbox [--policy file.lua] mcp [--sandbox ID]   (an MCP server on stdio; docs/mcp.md)\n"
   "       moonbox --version | --help\n"
   "\n"
   "Runs the script as a task on the event loop and exits when it and every\n"
@@ -139,8 +140,9 @@ int main(int argc, char **argv) {
     argv += 2;
   }
   int rc;
-  if (strcmp(argv[1], "serve") == 0) {
-    /* the server is Lua (lua/moonbox/server/cli.lua); it gets the rest of argv */
+  if (strcmp(argv[1], "serve") == 0 || strcmp(argv[1], "mcp") == 0) {
+    /* the servers are Lua (lua/moonbox/server/cli.lua, lua/moonbox/mcp/stdio.lua); they get the rest of argv */
+    int serve = strcmp(argv[1], "serve") == 0;
     lua_State *L = moonbox_lua(mb);
     lua_createtable(L, argc - 2, 0);
     for (int i = 2; i < argc; i++) {
@@ -148,7 +150,8 @@ int main(int argc, char **argv) {
       lua_rawseti(L, -2, i - 1);
     }
     lua_setglobal(L, "arg");
-    rc = moonbox_run_string(mb, "return require('moonbox.server.cli').main(arg)", "=(moonbox serve)");
+    rc = serve ? moonbox_run_string(mb, "return require('moonbox.server.cli').main(arg)", "=(moonbox serve)")
+               : moonbox_run_string(mb, "return require('moonbox.mcp.stdio').main(arg)", "=(moonbox mcp)");
   } else if (strcmp(argv[1], "-i") == 0) {
     if (argc > 2) {
       fputs(usage, stderr);
