@@ -37,11 +37,21 @@ M.provider = {
 -- lines(on_line, on_eof, on_too_long): read stdin through the loop and
 -- hand each complete line over; bounded by MAX_LINE.
 local function read_lines(on_line, on_eof, on_too_long)
-  local fd = assert(core.open_fd("/dev/stdin", "r"))
-  local stream = assert(core.stream_open(fd))
+  -- fd 0 itself: a client's stdin may be a socket, which /dev/stdin cannot
+  -- reopen; and only what the loop can watch (a file or /dev/null cannot be)
+  local what = core.readlink("/proc/self/fd/0") or "closed"
+  local stream, err
+  if what:match("^pipe:") or what:match("^socket:") or what:match("^/dev/pts/") or what:match("^/dev/tty") then
+    stream, err = core.stream_open(0)
+  else
+    err = what
+  end
+  if not stream then
+    errors.raise("VALIDATION_FAILED", "standard input must be a pipe or a socket: " .. tostring(err))
+  end
   local pieces, size, skipping = {}, 0, false
-  stream:read_start(function(err, data)
-    if err or data == nil then
+  stream:read_start(function(read_err, data)
+    if read_err or data == nil then
       stream:close()
       if size > 0 and not skipping then on_line(table.concat(pieces)) end
       on_eof()
@@ -144,7 +154,12 @@ function M.main(argv)
     for i = 1, select("#", ...) do parts[i] = tostring((select(i, ...))) end
     io.stderr:write(table.concat(parts, "\t"), "\n")
   end
-  M.serve(opts)
+  local served, err = pcall(M.serve, opts)
+  if not served then
+    if not errors.is_error(err) then error(err, 0) end
+    io.stderr:write("moonbox mcp: ", tostring(err.message), "\n")
+    os.exit(1)
+  end
 end
 
 return M
