@@ -91,14 +91,14 @@ function assertToolError(r, code) {
 async function assertCancelKills(client) {
   const ac = new AbortController();
   const pending = call(client, 'run_command',
-    { command: "sh -c 'echo $$ > /workspace/sleep.pid; exec sleep 300'", timeout: 600000 }, { signal: ac.signal });
+    { command: "sh -c 'echo $$ > sleep.pid; exec sleep 300'", timeout: 600000 }, { signal: ac.signal });
   await sleep(1500);
   const started = Date.now();
   ac.abort('the test cancels');
   await assert.rejects(pending);
   assert.ok(Date.now() - started < 5000);
   const probe = await call(client, 'run_command', {
-    command: 'p=$(cat /workspace/sleep.pid); for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done; ' +
+    command: 'p=$(cat sleep.pid); for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done; ' +
       'if kill -0 "$p" 2>/dev/null; then echo alive; else echo gone; fi',
   }, { timeout: 20000 });
   assert.equal(text(probe), 'gone\n[exit code 0]');
