@@ -28,9 +28,22 @@ local sweeper
 
 -- The sandboxes a request for them over /v1 would find or make (the
 -- server's home, policy and --max-sandboxes).
+-- A call's use of a sandbox counts as a request for it in the server's
+-- service (M.service, set by server/cli.lua): it is not stopped for
+-- idleness under a running call, and its idle time starts after it.
+M.service = nil
 M.provider = {
   get = function(id) return require("moonbox.server.api").sandbox_for(id, true) end,
   exists = function(id) return require("moonbox.server.api").sandbox_exists(id) end,
+  enter = function(id)
+    if not M.service then return nil end
+    local req = { path = "/v1/sandboxes/" .. id }
+    M.service:begin(req)
+    return req
+  end,
+  leave = function(req)
+    if req and M.service then M.service:finish(req) end
+  end,
 }
 
 local function plain(status, code, message, extra)
@@ -129,6 +142,24 @@ local function post(req, res)
   entry.lastUsed = core.now()
   local session = entry.session
   local headers = { ["mcp-session-id"] = id }
+  if is_initialize(v) then
+    -- (an initialize that fails leaves no session behind)
+    local reply = session:handle(v)
+    if reply.error then
+      end_session(id)
+      return { status = 200, headers = { ["content-type"] = "application/json" }, body = jsonrpc.encode(reply) }
+    end
+    if not accepts(req, "text/event-stream") then
+      headers["content-type"] = "application/json"
+      return { status = 200, headers = headers, body = jsonrpc.encode(reply) .. "\n" }
+    end
+    headers["content-type"] = "text/event-stream"
+    headers["cache-control"] = "no-cache"
+    res:start(200, headers)
+    res:write("event: message\ndata: " .. jsonrpc.encode(reply) .. "\n\n")
+    res:finish()
+    return
+  end
   if not has_request(v) then
     session:handle_value(v)
     return { status = 202, headers = headers, body = "" }

@@ -8,7 +8,10 @@
 --   local reply = s:handle(msg) -- in a task; nil: nothing to answer
 --   s:close()                    -- cancels what runs, destroys its own sandbox
 --
--- provider: {get(id) -> Sandbox (made if needed), exists(id) -> bool}.
+-- provider: {get(id) -> Sandbox (made if needed), exists(id) -> bool}, and
+-- optionally enter(id) -> token / leave(token) around a call's use of a
+-- sandbox (`moonbox serve` counts it as a request for the sandbox: no idle
+-- stop under a running call).
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
@@ -55,10 +58,30 @@ function Session:own_sandbox()
   return sb
 end
 
+-- (the provider's enter, once per sandbox a call uses; left when it ends)
+function Ctx:_enter(id)
+  local provider = self.session.sandboxes
+  if not provider.enter or self.entered[id] then return end
+  self.entered[id] = provider.enter(id)
+end
+
+function Ctx:_leave_all()
+  local provider = self.session.sandboxes
+  for id, token in pairs(self.entered) do
+    self.entered[id] = nil
+    if provider.leave then provider.leave(token) end
+  end
+end
+
 function Ctx:sandbox(args)
   local id = args.sandbox
-  if id == nil then return self.session:own_sandbox() end
+  if id == nil then
+    self.session.own_id = self.session.own_id or ("mcp-" .. util.random_hex(8))
+    self:_enter(self.session.own_id)
+    return self.session:own_sandbox()
+  end
   require("moonbox.lib.validate").sandbox_id(id, "sandbox")
+  self:_enter(id)
   if id == self.session.own_id then return self.session:own_sandbox() end
   if not self.session.sandboxes.exists(id) then
     errors.raise("SANDBOX_NOT_FOUND", ("sandbox %q does not exist (create it with create_sandbox)"):format(id),
@@ -68,6 +91,7 @@ function Ctx:sandbox(args)
 end
 
 function Ctx:make_sandbox(id)
+  self:_enter(id)
   if id == self.session.own_id then return self.session:own_sandbox() end
   return self.session.sandboxes.get(id)
 end
@@ -118,8 +142,13 @@ local function call_tool(self, id, params)
   if self.ninflight >= M.MAX_INFLIGHT then
     return nil, jsonrpc.SERVER_BUSY, ("%d tool calls already run in this session"):format(M.MAX_INFLIGHT)
   end
-  local ctx = setmetatable({ session = self }, Ctx)
-  local task = async.spawn(function() return tool.handler(ctx, args) end)
+  local ctx = setmetatable({ session = self, entered = {} }, Ctx)
+  local task = async.spawn(function()
+    local results = { pcall(tool.handler, ctx, args) }
+    ctx:_leave_all()
+    if not results[1] then error(results[2], 0) end
+    return results[2]
+  end)
   local key = jsonrpc.id_key(id)
   local entry = { task = task }
   self.inflight[key] = entry

@@ -236,12 +236,13 @@ M.list = {
       language = { type = "string", enum = { "python", "javascript", "typescript", "lua" },
         description = "default python (ignored with context)" },
       context = { type = "string", minLength = 1, description = "a context id from create_code_context" },
-      timeout = { type = "integer", minimum = 1, description = "milliseconds" },
+      timeout = { type = "integer", minimum = 1, description = "milliseconds (default " ..
+        M.DEFAULT_TIMEOUT_MS .. ")" },
       sandbox = SANDBOX,
     }, { "code" }),
     handler = function(ctx, args)
       local sb = ctx:sandbox(args)
-      local r = sb:runCode(args.code, { context = args.context, timeout = args.timeout,
+      local r = sb:runCode(args.code, { context = args.context, timeout = args.timeout or M.DEFAULT_TIMEOUT_MS,
         language = args.context == nil and (args.language or "python") or nil })
       local stdout, stderr = lines_of(r.logs and r.logs.stdout), lines_of(r.logs and r.logs.stderr)
       local results, texts, images = json.array(), {}, {}

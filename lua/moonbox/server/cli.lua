@@ -434,6 +434,7 @@ function M.start(opts)
   server.service = service
   server.noSandbox, server.unisolated = M.no_sandbox_reason(policy, opts.allowUnisolated)
   service:start_idle()
+  require("moonbox.mcp.http").service = service
   if not addr.unix then
     require("moonbox.sandbox.ports").server = { port = tonumber(server.address:match(":(%d+)$")) }
   end
