@@ -388,6 +388,16 @@ test('http: a token is required', async () => {
   res = await fetch(server.origin + '/mcp', { method: 'POST', headers: { ...headers, ...auth }, body: '{"jsonrpc":' });
   assert.equal(res.status, 400);
   assert.equal((await res.json()).error.code, -32700);
+  // another site's page (DNS rebinding): refused whatever it carries
+  res = await fetch(server.origin + '/mcp', { method: 'POST', headers: { ...headers, ...auth, origin: 'http://evil.example' },
+    body: init });
+  assert.equal(res.status, 403);
+  // an initialize that fails leaves no session
+  res = await fetch(server.origin + '/mcp', { method: 'POST', headers: { ...headers, ...auth },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'initialize', params: {} }) });
+  assert.equal(res.status, 200);
+  assert.equal(res.headers.get('mcp-session-id'), null);
+  assert.equal((await res.json()).error.code, -32602);
 });
 
 test('http: tools over streamable HTTP; DELETE ends the session and its sandbox', async () => {
