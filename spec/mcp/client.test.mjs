@@ -132,6 +132,10 @@ test('stdio: the tools and their input schemas', async () => {
       assert.ok(t.description.length > 20, t.name);
     }
     assert.deepEqual(tools.find((t) => t.name === 'write_file').inputSchema.required, ['path', 'content']);
+    assert.deepEqual(tools.find((t) => t.name === 'read_file').annotations,
+      { readOnlyHint: true, destructiveHint: false });
+    assert.deepEqual(tools.find((t) => t.name === 'delete_file').annotations,
+      { readOnlyHint: false, destructiveHint: true });
     assert.deepEqual(tools.find((t) => t.name === 'expose_port').inputSchema.properties.port,
       { type: 'integer', minimum: 1, maximum: 65535 });
   } finally {

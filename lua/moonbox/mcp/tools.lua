@@ -308,11 +308,19 @@ M.list = {
 M.by_name = {}
 for _, t in ipairs(M.list) do M.by_name[t.name] = t end
 
+-- Hints for clients (MCP tool annotations): which tools only read, and
+-- which only add (every other may destroy: a command can do anything in
+-- its sandbox; a client may ask before running those).
+local READ_ONLY = { list_processes = true, get_process_logs = true, read_file = true, list_files = true }
+local ADDITIVE = { create_sandbox = true, create_code_context = true, expose_port = true }
+
 -- The tools/list entries (what a client sees).
 function M.definitions()
   local out = json.array()
   for i, t in ipairs(M.list) do
-    out[i] = { name = t.name, description = t.description, inputSchema = t.inputSchema }
+    out[i] = { name = t.name, description = t.description, inputSchema = t.inputSchema,
+      annotations = { readOnlyHint = READ_ONLY[t.name] == true,
+        destructiveHint = not (READ_ONLY[t.name] or ADDITIVE[t.name]) } }
   end
   return out
 end
