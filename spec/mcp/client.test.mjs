@@ -305,6 +305,25 @@ test('stdio: named sandboxes, unknown sandboxes, the session sandbox goes at the
   }
 });
 
+test('stdio: moonbox mcp --sandbox NAME works in that sandbox and keeps it', async () => {
+  const name = `mcp-flag-${process.pid}`;
+  let c = await stdioClient(['--sandbox', name]);
+  try {
+    assert.equal(text(await call(c, 'write_file', { path: 'stays.txt', content: 'stays' })), 'wrote /workspace/stays.txt');
+  } finally {
+    await c.close();
+  }
+  c = await stdioClient(['--sandbox', name]);
+  try {
+    assert.equal(text(await call(c, 'read_file', { path: 'stays.txt' })), 'stays');
+    assert.equal(text(await call(c, 'read_file', { path: 'stays.txt', sandbox: name })), 'stays');
+    assert.equal(text(await call(c, 'destroy_sandbox', {})), `destroyed sandbox ${name}`);
+  } finally {
+    await c.close();
+  }
+  assert.equal(existsSync(join(HOME, 'sandboxes', name)), false);
+});
+
 test('stdio: two concurrent clients get separate sandboxes', async () => {
   const [a, b] = await Promise.all([stdioClient(), stdioClient()]);
   try {
