@@ -411,6 +411,19 @@ test('http: a token is required', async () => {
   res = await fetch(server.origin + '/mcp', { method: 'POST', headers: { ...headers, ...auth }, body: '{"jsonrpc":' });
   assert.equal(res.status, 400);
   assert.equal((await res.json()).error.code, -32700);
+  // a session's message that is no JSON-RPC message: 400 with -32600
+  const made = await fetch(server.origin + '/mcp', { method: 'POST', headers: { ...headers, ...auth }, body: init });
+  const sid = made.headers.get('mcp-session-id');
+  assert.match(sid, /^[0-9a-f]{32}$/);
+  await made.text();
+  res = await fetch(server.origin + '/mcp', { method: 'POST', headers: { ...headers, ...auth, 'mcp-session-id': sid },
+    body: '{"jsonrpc": "2.0"}' });
+  assert.equal(res.status, 400);
+  assert.equal((await res.json()).error.code, -32600);
+  res = await fetch(server.origin + '/mcp', { method: 'DELETE', headers: { ...auth, 'mcp-session-id': sid } });
+  assert.equal(res.status, 200);
+  res = await fetch(server.origin + '/mcp', { method: 'DELETE', headers: { ...auth, 'mcp-session-id': sid } });
+  assert.equal(res.status, 404);
   // another site's page (DNS rebinding): refused whatever it carries
   res = await fetch(server.origin + '/mcp', { method: 'POST', headers: { ...headers, ...auth, origin: 'http://evil.example' },
     body: init });

@@ -161,7 +161,12 @@ local function post(req, res)
     return
   end
   if not has_request(v) then
-    session:handle_value(v)
+    -- (what is no notification or response either is answered 400 with its error)
+    local invalid = session:handle_value(v)
+    if invalid ~= nil then
+      headers["content-type"] = "application/json"
+      return { status = 400, headers = headers, body = jsonrpc.encode(invalid) .. "\n" }
+    end
     return { status = 202, headers = headers, body = "" }
   end
   if not accepts(req, "text/event-stream") then
