@@ -12,6 +12,7 @@
 -- Sessions are bounded in number, and end after IDLE_TIMEOUT_S without a
 -- request.
 local core = require "moonbox.core"
+local async = require "moonbox.async"
 local util = require "moonbox.lib.util"
 local jsonrpc = require "moonbox.mcp.jsonrpc"
 local session_mod = require "moonbox.mcp.session"
@@ -21,6 +22,7 @@ local M = {}
 
 M.MAX_SESSIONS = 256
 M.IDLE_TIMEOUT_S = 1800
+M.KEEPALIVE_MS = 15000
 
 local sessions = {} -- id -> {session, lastUsed (core.now() ms)}
 local count = 0
@@ -76,7 +78,7 @@ local function start_sweeper()
     local now = core.now()
     for id, entry in pairs(sessions) do
       if not entry.session:busy() and now - entry.lastUsed > M.IDLE_TIMEOUT_S * 1000 then
-        require("moonbox.async").spawn(end_session, id)
+        async.spawn(end_session, id)
       end
     end
   end)
@@ -180,7 +182,17 @@ local function post(req, res)
   headers["cache-control"] = "no-cache"
   headers["x-accel-buffering"] = "no"
   res:start(200, headers)
-  local reply = session:handle_value(v)
+  -- a comment every KEEPALIVE_MS while the call runs: clients and proxies
+  -- drop a stream silent for minutes (fetch's body timeout is 300 s)
+  local keepalive = async.spawn(pcall, function()
+    while not res.closed do
+      async.sleep(M.KEEPALIVE_MS)
+      res:write(": keep-alive\n\n")
+    end
+  end)
+  local ok, reply = pcall(session.handle_value, session, v)
+  keepalive:cancel()
+  if not ok then error(reply, 0) end
   entry.lastUsed = core.now()
   -- (a batch's responses go one event each)
   for _, msg in ipairs(reply == nil and {} or jsonrpc.is_batch(reply) and reply or { reply }) do
