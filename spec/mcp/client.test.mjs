@@ -104,6 +104,19 @@ async function assertCancelKills(client) {
   assert.equal(text(probe), 'gone\n[exit code 0]');
 }
 
+// A call that asks for progress (onprogress: the SDK sends a progressToken)
+// hears that it still runs, once a second has passed, in rising numbers.
+async function assertProgress(client) {
+  const seen = [];
+  const r = await call(client, 'run_command', { command: 'sleep 2.5; echo slept' }, {
+    onprogress: (p) => seen.push(p),
+  });
+  assert.equal(text(r), 'slept\n[exit code 0]');
+  assert.ok(seen.length >= 1, 'a progress notification arrived');
+  assert.deepEqual(seen[0], { progress: 1, message: 'running for 1 s' });
+  for (let i = 1; i < seen.length; i++) assert.ok(seen[i].progress > seen[i - 1].progress);
+}
+
 before(async () => { server = await startServer(); });
 after(async () => {
   if (server) {
@@ -340,10 +353,11 @@ test('stdio: two concurrent clients get separate sandboxes', async () => {
   }
 });
 
-test('stdio: a cancelled call kills its command', async () => {
+test('stdio: a cancelled call kills its command; progress of a long call', async () => {
   const client = await stdioClient();
   try {
     await assertCancelKills(client);
+    await assertProgress(client);
   } finally {
     await client.close();
   }
@@ -474,10 +488,11 @@ test('http: two concurrent clients get separate sandboxes', async () => {
   }
 });
 
-test('http: a cancelled call kills its command', async () => {
+test('http: a cancelled call kills its command; progress of a long call', async () => {
   const { client, transport } = await httpClient();
   try {
     await assertCancelKills(client);
+    await assertProgress(client);
   } finally {
     await transport.terminateSession();
     await client.close();

@@ -190,7 +190,10 @@ local function post(req, res)
       res:write(": keep-alive\n\n")
     end
   end)
-  local ok, reply = pcall(session.handle_value, session, v)
+  local function notify(msg)
+    res:write("event: message\ndata: " .. jsonrpc.encode(msg) .. "\n\n")
+  end
+  local ok, reply = pcall(session.handle_value, session, v, notify)
   keepalive:cancel()
   if not ok then error(reply, 0) end
   entry.lastUsed = core.now()

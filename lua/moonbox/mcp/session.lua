@@ -5,7 +5,9 @@
 -- made on first use and destroyed when the session ends, or a named one.
 --
 --   local s = session.new { sandboxes = provider }
---   local reply = s:handle(msg) -- in a task; nil: nothing to answer
+--   local reply = s:handle(msg, notify) -- in a task; nil: nothing to answer
+--   (notify(message), when the transport can send one before the response:
+--   progress notifications of a long tools/call that asked for them)
 --   s:close()                    -- cancels what runs, destroys its own sandbox
 --
 -- provider: {get(id) -> Sandbox (made if needed), exists(id) -> bool}, and
@@ -24,6 +26,12 @@ local M = {}
 M.LATEST = "2025-06-18"
 M.VERSIONS = { ["2025-06-18"] = true, ["2025-03-26"] = true }
 M.MAX_INFLIGHT = 64 -- tools/call requests a session runs at once
+-- A tools/call with a progressToken (params._meta) is told it still runs
+-- after 1 s, 3 s, 7 s, ... (the gaps doubling up to PROGRESS_MAX_MS): a
+-- client that resets its request timeout on progress waits for a long
+-- command instead of giving up on it.
+M.PROGRESS_FIRST_MS = 1000
+M.PROGRESS_MAX_MS = 15000
 
 local Session = {}
 Session.__index = Session
@@ -132,7 +140,21 @@ end
 -- tools/call: the handler runs as a task of its own, which a
 -- notifications/cancelled for this request cancels (what it started is
 -- killed: a cancelled exec kills its command's tree); then no response.
-local function call_tool(self, id, params)
+-- ticks(token, notify) -> a task sending notifications/progress until cancelled
+local function progress_ticks(token, notify)
+  return async.spawn(pcall, function()
+    local gap, elapsed = M.PROGRESS_FIRST_MS, 0
+    while true do
+      async.sleep(gap)
+      elapsed = elapsed + gap
+      notify { jsonrpc = "2.0", method = "notifications/progress", params = { progressToken = token,
+        progress = math.floor(elapsed / 1000), message = ("running for %d s"):format(math.floor(elapsed / 1000)) } }
+      gap = math.min(gap * 2, M.PROGRESS_MAX_MS)
+    end
+  end)
+end
+
+local function call_tool(self, id, params, notify)
   local name = params.name
   if type(name) ~= "string" then return nil, jsonrpc.INVALID_PARAMS, "tools/call: name must be a string" end
   local tool = tools.by_name[name]
@@ -153,7 +175,12 @@ local function call_tool(self, id, params)
   local entry = { task = task }
   self.inflight[key] = entry
   self.ninflight = self.ninflight + 1
+  local meta = type(params._meta) == "table" and params._meta or {}
+  local token = meta.progressToken
+  local ticks = notify and (type(token) == "string" or type(token) == "number") and not task.done
+    and progress_ticks(token, notify)
   local ok, r = pcall(task.wait, task)
+  if ticks then ticks:cancel() end
   if self.inflight[key] == entry then self.inflight[key] = nil end
   self.ninflight = self.ninflight - 1
   if not ok and not task.done then task:cancel() end -- we were cancelled ourselves
@@ -173,7 +200,7 @@ end
 
 -- handle(msg) -> the response to send, or nil (a notification, a response
 -- of the client's, a cancelled request). msg is one decoded message.
-function Session:handle(msg)
+function Session:handle(msg, notify)
   local kind, invalid = jsonrpc.check(msg)
   if not kind then return invalid end
   if kind == "response" then return nil end -- (we send no requests)
@@ -194,7 +221,7 @@ function Session:handle(msg)
   elseif method == "tools/list" then
     result = { tools = tools.definitions() }
   elseif method == "tools/call" then
-    result, code, message = call_tool(self, id, params)
+    result, code, message = call_tool(self, id, params, notify)
     if code == "cancelled" then return nil end
   else
     code, message = jsonrpc.METHOD_NOT_FOUND, ("method not found: %s"):format(method)
@@ -205,12 +232,12 @@ end
 
 -- handle_value(v) -> what to send for one decoded value: a response, an
 -- array of them (a batch), or nil. Requests of a batch run concurrently.
-function Session:handle_value(v)
-  if not jsonrpc.is_batch(v) then return self:handle(v) end
+function Session:handle_value(v, notify)
+  if not jsonrpc.is_batch(v) then return self:handle(v, notify) end
   local replies = jsonrpc.array()
   local fns = {}
   for i, msg in ipairs(v) do
-    fns[i] = function() return self:handle(msg) or false end
+    fns[i] = function() return self:handle(msg, notify) or false end
   end
   for _, r in ipairs(async.all(fns)) do
     if r then replies[#replies + 1] = r end

@@ -102,7 +102,7 @@ function M.serve(opts)
     if not line:find("%S") then return end
     spawn(function()
       local v, parse_error = jsonrpc.decode(line)
-      local reply = parse_error or session:handle_value(v)
+      local reply = parse_error or session:handle_value(v, send)
       if reply then send(reply) end
     end)
   end, function()
