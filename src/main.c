@@ -16,7 +16,7 @@ static const char usage[] =
   "       moonbox [--policy file.lua] [-i]               (a prompt: each line runs as a task)\n"
   "       moonbox [--policy file.lua] serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]\n"
   "               [--policy file.lua] [--handler app.lua] [--token-file F]   (docs/server.md)\n"
-  "       moonbox [--policy file.lua] mcp [--sandbox ID]   (an MCP server on stdio; docs/mcp.md)\n"
+  "       moonbox [--policy file.lua] mcp [--sandbox ID]      (an MCP server on stdio; docs/mcp.md)\n"
   "       moonbox --version | --help\n"
   "\n"
   "Runs the script as a task on the event loop and exits when it and every\n"

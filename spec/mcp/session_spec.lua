@@ -254,7 +254,11 @@ describe("moonbox mcp (stdio)", function()
     local dir = helper.mkdtemp()
     local err = helper.sh(("echo > %s/f; %s mcp < %s/f 2>&1; echo \"rc=$?\""):format(dir, bin, dir))
     assert.matches("^moonbox mcp: standard input must be a pipe or a socket: .*\nrc=1$", err)
-    assert.matches("^usage: moonbox %[%-%-policy file.lua%] mcp", helper.sh(bin .. " mcp -h"))
+    assert.matches("^usage: moonbox mcp %[%-%-policy strict|dev|file.lua%] %[%-%-sandbox ID%]",
+      helper.sh(bin .. " mcp -h"))
+    -- a policy that cannot be loaded is a usage mistake, as for a script and serve
+    assert.matches("rc=2$", helper.sh(bin .. " mcp --policy " .. dir .. "/no-such.lua 2>/dev/null; echo rc=$?"))
+    assert.matches("rc=2$", helper.sh(bin .. " mcp --sandbox Bad_ID 2>/dev/null; echo rc=$?"))
     assert.matches("mcp %[%-%-sandbox ID%]", helper.sh(bin .. " -h"))
     assert.matches("unknown option '%-%-bogus'", helper.sh(bin .. " mcp --bogus 2>&1; echo rc=$?"))
     assert.matches("rc=2$", helper.sh(bin .. " mcp --bogus 2>/dev/null; echo rc=$?"))

@@ -17,7 +17,7 @@ local M = {}
 M.MAX_LINE = 16 * 1024 * 1024
 
 M.usage = [[
-usage: moonbox [--policy file.lua] mcp [--sandbox ID]
+usage: moonbox mcp [--policy strict|dev|file.lua] [--sandbox ID]
   An MCP server on stdin/stdout (JSON-RPC 2.0, one message per line; logs
   on stderr). Each session gets its own sandbox, destroyed at the end;
   --sandbox ID uses (and keeps) the named sandbox instead. docs/mcp.md
@@ -122,7 +122,11 @@ local function parse(argv)
   local opts, i = {}, 1
   while i <= #argv do
     local a = argv[i]
-    if a == "--sandbox" then
+    if a == "--policy" then
+      if not argv[i + 1] then errors.raise("VALIDATION_FAILED", "--policy needs a preset or a file") end
+      opts.policy = argv[i + 1]
+      i = i + 2
+    elseif a == "--sandbox" then
       if not argv[i + 1] then errors.raise("VALIDATION_FAILED", "--sandbox needs a sandbox id") end
       require("moonbox.lib.validate").sandbox_id(argv[i + 1], "--sandbox")
       opts.sandbox = argv[i + 1]
@@ -143,7 +147,12 @@ function M.main(argv)
       os.exit(0)
     end
   end
-  local ok, opts = pcall(parse, argv)
+  local ok, opts = pcall(function()
+    local o = parse(argv)
+    -- (as `moonbox --policy P mcp` sets it; a mistake in it is said now)
+    if o.policy then require("moonbox.policy").set_default(o.policy) end
+    return o
+  end)
   if not ok then
     io.stderr:write("moonbox mcp: ", errors.is_error(opts) and opts.message or tostring(opts), "\n", M.usage)
     os.exit(2)
