@@ -262,6 +262,8 @@ test('stdio: run_code in python, javascript, typescript, lua and in a context', 
     assert.equal(r.structuredContent.error.name, 'ValueError');
     r = await call(client, 'create_code_context', { language: 'javascript' });
     const id = r.structuredContent.id;
+    assert.equal(text(r), `context ${id} (javascript)`);
+    assert.match(id, /^ctx-\d+$/);
     await call(client, 'run_code', { code: 'var y = 7', context: id });
     r = await call(client, 'run_code', { code: 'y * 6', context: id });
     assert.equal(text(r), '42');
