@@ -201,6 +201,24 @@ if(NODE_BIN AND NPM_BIN AND NOT MOONBOX_SANITIZE)
     ENVIRONMENT "MOONBOX_BIN=$<TARGET_FILE:moonbox_cli>;COMPAT_NODE_MODULES=${CMAKE_BINARY_DIR}/compat/node_modules")
 endif()
 
+# The official MCP TypeScript SDK (@modelcontextprotocol/sdk, pinned in
+# spec/mcp/package-lock.json) drives `moonbox mcp` (stdio) and /mcp of
+# `moonbox serve` (streamable HTTP; docs/mcp.md). Installed like compat's
+# client: a fixture runs `npm ci` into <build>/mcp.
+if(NODE_BIN AND NPM_BIN AND NOT MOONBOX_SANITIZE)
+  add_test(NAME mcp.npm_ci
+    COMMAND sh -c "mkdir -p \"$0\" && cp \"$1/package.json\" \"$1/package-lock.json\" \"$0/\" && cd \"$0\" && ${NPM_BIN} ci --no-audit --no-fund"
+      ${CMAKE_BINARY_DIR}/mcp ${CMAKE_SOURCE_DIR}/spec/mcp)
+  set_tests_properties(mcp.npm_ci PROPERTIES FIXTURES_SETUP mcp_modules TIMEOUT 300)
+  add_test(NAME mcp.client
+    COMMAND ${NODE_BIN} --test ${CMAKE_SOURCE_DIR}/spec/mcp/client.test.mjs
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(mcp.client PROPERTIES FIXTURES_REQUIRED mcp_modules TIMEOUT 600
+    ENVIRONMENT "MOONBOX_BIN=$<TARGET_FILE:moonbox_cli>;MCP_NODE_MODULES=${CMAKE_BINARY_DIR}/mcp/node_modules")
+else()
+  moonbox_skip("mcp.client" "needs node and npm")
+endif()
+
 # Backups and checkChanges again without namespaces and as nobody.
 foreach(spec spec/files/backup_spec.lua spec/files/changes_spec.lua)
   string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})

@@ -17,6 +17,7 @@ static const char usage[] =
   "       moonbox [--policy file.lua] serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]\n"
   "               [--policy file.lua] [--handler app.lua] [--token-file F]   (docs/server.md)\n"
   "       moonbox image pull REF [--name NAME] | image ls | image rm NAME   (docs/images.md)\n"
+  "       moonbox [--policy file.lua] mcp [--sandbox ID]      (an MCP server on stdio; docs/mcp.md)\n"
   "       moonbox --version | --help\n"
   "\n"
   "Runs the script as a task on the event loop and exits when it and every\n"
@@ -74,6 +75,23 @@ static char *read_stdin(void) {
 static int unknown_option(const char *opt) {
   fprintf(stderr, "moonbox: unknown option '%s'\n%s", opt, usage);
   return 2;
+}
+
+/* The subcommands written in Lua; each gets the rest of argv as `arg`. */
+typedef struct {
+  const char *name, *chunk, *chunkname;
+} lua_command;
+
+static const lua_command lua_commands[] = {
+  {"serve", "return require('moonbox.server.cli').main(arg)", "=(moonbox serve)"}, /* docs/server.md */
+  {"image", "return require('moonbox.images.cli').main(arg)", "=(moonbox image)"}, /* docs/images.md */
+  {"mcp", "return require('moonbox.mcp.stdio').main(arg)", "=(moonbox mcp)"},      /* docs/mcp.md */
+};
+
+static const lua_command *find_lua_command(const char *name) {
+  for (size_t i = 0; i < sizeof lua_commands / sizeof *lua_commands; i++)
+    if (strcmp(name, lua_commands[i].name) == 0) return &lua_commands[i];
+  return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -140,10 +158,8 @@ int main(int argc, char **argv) {
     argv += 2;
   }
   int rc;
-  if (strcmp(argv[1], "serve") == 0 || strcmp(argv[1], "image") == 0) {
-    /* the server and the image store's commands are Lua
-     * (lua/moonbox/server/cli.lua, lua/moonbox/images/cli.lua); they get the rest of argv */
-    int serve = strcmp(argv[1], "serve") == 0;
+  const lua_command *command = find_lua_command(argv[1]);
+  if (command) {
     lua_State *L = moonbox_lua(mb);
     lua_createtable(L, argc - 2, 0);
     for (int i = 2; i < argc; i++) {
@@ -151,8 +167,7 @@ int main(int argc, char **argv) {
       lua_rawseti(L, -2, i - 1);
     }
     lua_setglobal(L, "arg");
-    rc = serve ? moonbox_run_string(mb, "return require('moonbox.server.cli').main(arg)", "=(moonbox serve)")
-               : moonbox_run_string(mb, "return require('moonbox.images.cli').main(arg)", "=(moonbox image)");
+    rc = moonbox_run_string(mb, command->chunk, command->chunkname);
   } else if (strcmp(argv[1], "-i") == 0) {
     if (argc > 2) {
       fputs(usage, stderr);

@@ -30,7 +30,7 @@ _moonbox() {
         --max-connections --idle-timeout-ms --prewarm --max-sandboxes --idle-timeout-s
         --shutdown-grace-s --access-log --max-buffered-bytes --allow-unisolated --help' -- "$cur"))
       return ;;
-    mcp) COMPREPLY=($(compgen -W '--policy --help' -- "$cur")); return ;;
+    mcp) COMPREPLY=($(compgen -W '--policy --sandbox --help' -- "$cur")); return ;;
     image)
       if [[ ${words[cword - 1]} == image ]]; then
         COMPREPLY=($(compgen -W 'pull ls rm' -- "$cur"))

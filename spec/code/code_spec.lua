@@ -114,6 +114,18 @@ describe("code contexts", function()
     end)
   end)
 
+  it("starts one default context for concurrent first runs of a language", function()
+    with_sandbox(function(sb)
+      local results = moonbox.all(function() return sb:runCode("1 + 1", { language = "python" }) end,
+        function() return sb:runCode("2 + 2", { language = "python" }) end)
+      assert.equal("2", results[1].results[1].text)
+      assert.equal("4", results[2].results[1].text)
+      local ids = {}
+      for i, c in ipairs(sb:listCodeContexts()) do ids[i] = c.id end
+      assert.same({ "default-python" }, ids)
+    end)
+  end)
+
   it("honours the context's cwd and envVars", function()
     with_sandbox(function(sb)
       sb:exec("mkdir -p data")

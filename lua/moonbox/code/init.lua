@@ -285,10 +285,23 @@ local run_options = { context = true, language = true, timeout = true, onStdout 
 local function default_context(session, language)
   local sb = session.sandbox
   sb.default_contexts = sb.default_contexts or {}
+  sb.default_starting = sb.default_starting or {}
   local id = sb.default_contexts[language]
   if id and sb.contexts and sb.contexts[id] then return sb.contexts[id] end
-  local c = session:createCodeContext { language = language, id = "default-" .. language }
-  sb.default_contexts[language] = c.id
+  -- one start at a time: a concurrent first runCode of the language waits
+  -- for it (two would both create "default-<language>": CONTEXT_ALREADY_EXISTS)
+  local starting = sb.default_starting[language]
+  if not starting then
+    starting = async.spawn(function()
+      local ok, c = pcall(session.createCodeContext, session, { language = language, id = "default-" .. language })
+      sb.default_starting[language] = nil
+      if not ok then error(c, 0) end
+      sb.default_contexts[language] = c.id
+      return c
+    end)
+    if not starting.done then sb.default_starting[language] = starting end
+  end
+  local c = starting:wait()
   local ctx = sb.contexts and sb.contexts[c.id]
   if not ctx then -- (deleted while its interpreter started)
     session:_check_ended("runCode")

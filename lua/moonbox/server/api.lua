@@ -107,6 +107,17 @@ function Ctx:sandbox()
   return self._sandbox
 end
 
+-- sandbox_for(id, create) and sandbox_exists(id): a sandbox as a request
+-- for it would find (or, with create, make) it: for /mcp (moonbox.mcp.http).
+function M.sandbox_for(id, create)
+  V.sandbox_id(id, "sandbox")
+  return setmetatable({ params = { id = id }, may_create = create }, Ctx):sandbox()
+end
+
+function M.sandbox_exists(id)
+  return setmetatable({ params = { id = id } }, Ctx):sandbox_exists()
+end
+
 -- The JSON body's fields, decoded once.
 function Ctx:body()
   if not self._body then self._body = json.decode_object(self.req.body) end

@@ -277,6 +277,8 @@ function M.app(opts)
       return { status = 200, headers = { ["content-type"] = "text/plain; version=0.0.4; charset=utf-8",
         ["cache-control"] = "no-store" }, body = app.service:metrics(app.server()) }
     end
+    -- the MCP server's streamable HTTP transport (moonbox.mcp.http)
+    if req.path == "/mcp" then return require("moonbox.mcp.http").handle(req, res) end
     if req.path == "/v1" or req.path:sub(1, 4) == "/v1/" then
       local ok, api = pcall(require, "moonbox.server.api")
       if ok then return api.handle(req, res) end
@@ -432,6 +434,7 @@ function M.start(opts)
   server.service = service
   server.noSandbox, server.unisolated = M.no_sandbox_reason(policy, opts.allowUnisolated)
   service:start_idle()
+  require("moonbox.mcp.http").service = service
   if not addr.unix then
     require("moonbox.sandbox.ports").server = { port = tonumber(server.address:match(":(%d+)$")) }
   end
@@ -463,7 +466,11 @@ function M.main(argv)
     os.exit(server.code == "VALIDATION_FAILED" and 2 or 1)
   end
   local runtime = require "moonbox._runtime"
-  runtime.at_exit(function() server:close() end)
+  -- (the MCP sessions' own sandboxes go with their sessions, before the server closes)
+  runtime.at_exit(function()
+    pcall(require("moonbox.mcp.http").end_all)
+    server:close()
+  end)
   -- a crashed runtime's egress leftovers (links, nft tables, resolvers) go
   -- now, not only before this server's first egress sandbox (network/init.lua)
   if require("moonbox.core").getuid() == 0 then
@@ -473,6 +480,7 @@ function M.main(argv)
   runtime.on_signal("SIGTERM", function()
     io.stderr:write("moonbox serve: SIGTERM: stopping (grace ", tostring(opts.shutdownGraceS or 10), " s)\n")
     local stopped, err = pcall(server.service.stop, server.service, server)
+    pcall(require("moonbox.mcp.http").end_all)
     if not stopped then io.stderr:write("moonbox serve: stop: ", errors.format(err), "\n") end
     -- the sandboxes stop (their files stay) before the server's teardown
     -- starts: the server closes its sockets while the loop runs on, and a file a
