@@ -141,7 +141,7 @@ end
 -- one string up to six times their size).
 M.BIG = 64 * 1024
 M.RAW_SLICE = 16 * 1024
-M.YIELD_EVERY = 4 * 1024 * 1024
+M.YIELD_EVERY = 1024 * 1024
 
 -- A big field of a response body, sent in slices by body(): a table with
 -- the PART metatable and
@@ -281,8 +281,9 @@ end
 
 -- body(value) -> the JSON text of value and a newline, as an HTTP response
 -- body: a string; or, when value holds strings longer than BIG (an exec's
--- output), a body in pieces for moonbox.server.http: {length (exact),
--- pieces (an iterator, once), held (bytes it keeps until sent), text()}.
+-- output), a body in pieces for moonbox.server.http: {measure() (its exact
+-- length, counted once; may yield), pieces (an iterator, once), held (bytes
+-- it keeps until sent), text(), release(), summary}.
 -- The escaped form of a big string (up to six times its size for control
 -- characters) is never in memory whole: each slice is escaped as sent.
 function M.body(v)
@@ -312,10 +313,18 @@ function M.body(v)
   local function release()
     for _, p in ipairs(big) do p.release() end
   end
-  local ok, err = pcall(function()
-    for _, p in ipairs(big) do length, held = length + p.length(), held + p.held end
-  end)
-  if not ok then release() error(err, 0) end
+  for _, p in ipairs(big) do held = held + p.held end
+  -- The exact length counts every escape of the big parts (tens of ms for
+  -- 16 MiB): done by the sender once the body is sure to be sent, never for
+  -- a body the send budget refuses.
+  local measured
+  local function measure()
+    if measured then return measured end
+    local n = length
+    for _, p in ipairs(big) do n = n + p.length() end
+    measured = n
+    return n
+  end
   local i, slices = 0, nil
   local function pieces()
     while true do
@@ -336,7 +345,7 @@ function M.body(v)
     for k, p in ipairs(parts) do out[k] = type(p) == "string" and p or p.whole() end
     return table.concat(out)
   end
-  return { length = length, pieces = pieces, held = held, text = text, release = release, summary = M.summary(v) }
+  return { measure = measure, pieces = pieces, held = held, text = text, release = release, summary = M.summary(v) }
 end
 
 -- The small scalar fields of a result (exitCode, success, duration, ...):

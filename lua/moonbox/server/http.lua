@@ -6,7 +6,7 @@
 --   end)
 --
 -- handler(req, res) returns {status, headers, body} (body a string, or a
--- body in pieces {length, pieces, held, text} as api_json.body makes; one
+-- body in pieces {measure, pieces, held, text} as api_json.body makes; one
 -- over SLICE goes out a slice at a time as the client reads), or streams with
 -- res:start / res:write / res:finish, or turns a WebSocket request into a
 -- socket with res:upgrade(). An error raised by the handler becomes a 500
@@ -167,7 +167,7 @@ end
 function Response:_send(status, headers, body)
   V.type(status, "number", "status")
   body = body == nil and "" or body
-  -- a body in pieces: {length, pieces = iterator, held, text()} (api_json.body)
+  -- a body in pieces: {measure(), pieces = iterator, held, text()} (api_json.body)
   local sliced = type(body) == "table" and body or nil
   if sliced and self.req.websocket then
     body = sliced.text()
@@ -177,7 +177,7 @@ function Response:_send(status, headers, body)
   if not sliced then V.type(body, "string", "body") end
   if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
   self._started = true
-  self.status, self.bytes = status, sliced and sliced.length or #body
+  self.status, self.bytes = status, sliced and 0 or #body -- (a sliced body's, once measured)
   local h, ctype = split_headers(headers)
   ctype = ctype or "text/plain; charset=utf-8"
   if self.req.websocket then
@@ -214,7 +214,7 @@ end
 -- not fit is answered 503 BUFFERS_FULL instead (send_budget.lua).
 function Response:_send_sliced(status, h, ctype, body)
   local srv = self._server._core
-  local length, pieces, held = body.length, body.pieces, body.held
+  local pieces, held = body.pieces, body.held
   if not send_budget.fits(held) then
     self:reject("buffers_full")
     local ok = srv:respond(self._id, 503, "application/json", { ["retry-after"] = "1" }, nil,
@@ -225,6 +225,8 @@ function Response:_send_sliced(status, h, ctype, body)
   end
   self._held = held
   send_budget.add(held)
+  local length = body.length or body.measure()
+  if self.closed then return end -- (gone while the length was counted)
   if not srv:respond(self._id, status, ctype, h, length) then set_closed(self) return end
   self._streaming, self.bytes = true, 0
   for piece in pieces do
