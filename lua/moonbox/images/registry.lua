@@ -166,6 +166,7 @@ function Client:_get(url, opts, retried)
     auth_file = not opts.no_auth and self.auth_file or nil })
   local rc, status, stderr = run(argv)
   status = tonumber(status)
+  stderr = tostring(stderr or ""):gsub("%s+$", "") -- (curl's line ends in a newline)
   if rc ~= 0 and not status then pull_failed(("GET %s: curl failed (%s): %s"):format(url, tostring(rc), stderr)) end
   local h = headers_of(hdr)
   if status == 401 and not retried and not opts.no_auth then
