@@ -136,6 +136,7 @@ void mb_open_magic(lua_State *L);      /* magic.c */
 void mb_open_image(lua_State *L);      /* image_unpack.c: image layers, blob digests */
 void mb_open_image_pack(lua_State *L); /* image_pack.c: an upper dir as a layer (commit) */
 void mb_open_fsevent(lua_State *L);    /* fsevent.c */
+void mb_open_loopmount(lua_State *L);  /* loopmount.c: loop_mount, umount (the disk quota) */
 void mb_open_tcp(lua_State *L);        /* tcp.c */
 void mb_open_seccomp(lua_State *L);    /* seccomp.c */
 void mb_open_nsinit(lua_State *L);     /* nsinit_host.c */

@@ -69,6 +69,28 @@ local function run(argv)
   return true
 end
 
+-- The image on a free loop device (autoclear), mounted on target; and the
+-- unmount (lazy: detached now, released with its last user). On the thread
+-- pool (src/loopmount.c), not mount(8)/umount(8): a process each, twice per
+-- sandbox. -> true | nil, message
+local function mount_image(image, target)
+  local err = async.await(function(resume)
+    local ok, msg = core.loop_mount(image, target, "ext4", M.MOUNT_OPTIONS, function(e) resume(e) end)
+    if not ok then resume(msg) end
+  end, "mount")
+  if err then return nil, "mount: " .. tostring(err) end
+  return true
+end
+
+local function unmount(target, lazy)
+  local err = async.await(function(resume)
+    local ok, msg = core.umount(target, lazy, function(e) resume(e) end)
+    if not ok then resume(msg) end
+  end, "umount")
+  if err then return nil, tostring(err) end
+  return true
+end
+
 -- FNV-1a (32 bits, twice with different seeds): the image's name. The root
 -- an image belongs to is written beside it and checked, so a collision is
 -- refused, never mounted.
@@ -238,7 +260,7 @@ function M.attach(canon, home, bytes, made)
     end
     state.fresh = true
   end
-  local ok, msg = run { "mount", "-t", "ext4", "-o", M.MOUNT_OPTIONS, image, canon }
+  local ok, msg = mount_image(image, canon)
   if not ok then
     if state.fresh then
       os.remove(image)
@@ -258,8 +280,8 @@ end
 function M.detach(state, remove)
   if not state then return true end
   if state.mounted and mounted_at(state.root) then
-    if not run { "umount", state.root } then
-      local ok, msg = run { "umount", "-l", state.root }
+    if not unmount(state.root, false) then
+      local ok, msg = unmount(state.root, true)
       if not ok then return nil, msg end
     end
   end
