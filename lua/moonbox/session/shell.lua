@@ -323,12 +323,17 @@ Shell.__index = Shell
 -- sandbox's own tmpfs (nodev).
 local function pack(...) return { n = select("#", ...), ... } end
 
+-- (Nested calls run under the ids already in force: a command's entries are
+-- all made in one switch, four system calls instead of four per entry. fn
+-- must not yield: every task would run with these ids meanwhile.)
 function Shell:_as_root_inside(fn, ...)
   local ids = self.rundir_ids
-  if not ids then return fn(...) end
+  if not ids or self.as_root_inside then return fn(...) end
   local ou, og = core.setfsids(ids.uid, ids.gid)
   if not ou then return nil, og end
+  self.as_root_inside = true
   local res = pack(pcall(fn, ...))
+  self.as_root_inside = false
   core.setfsids(ou, og)
   if not res[1] then error(res[2], 0) end
   return unpack(res, 2, res.n)
@@ -860,22 +865,26 @@ function Shell:start(req)
     -- our ends are closed, so that pipe is dead either way)
   end
   local ok, err = pcall(function()
-    if self.rundir then
-      assert(self:_dir())
-      feed(SLOTS.body, req.body)
-    else
-      local ok_body, err_body = core.rewrite_fd(self.body_fd, req.body)
-      if not ok_body then error(err_body, 0) end
-    end
-    if req.stdin then feed(SLOTS.stdin, req.stdin) end
-    drain(SLOTS.stdout, "stdout")
-    drain(SLOTS.stderr, "stderr")
+    if self.rundir then assert(self:_dir()) end
+    -- the command's entries, made without a yield (as root inside: one switch)
     local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
-    if req.prelude then
-      feed(SLOTS.prelude, req.prelude)
-    elseif req.words and M.spawn_builtin then
-      shape = shape + 4
-    end
+    assert(self:_as_root_inside(function()
+      if self.rundir then
+        feed(SLOTS.body, req.body)
+      else
+        local ok_body, err_body = core.rewrite_fd(self.body_fd, req.body)
+        if not ok_body then error(err_body, 0) end
+      end
+      if req.stdin then feed(SLOTS.stdin, req.stdin) end
+      drain(SLOTS.stdout, "stdout")
+      drain(SLOTS.stderr, "stderr")
+      if req.prelude then
+        feed(SLOTS.prelude, req.prelude)
+      elseif req.words and M.spawn_builtin then
+        shape = shape + 4
+      end
+      return true
+    end))
     local sent, send_err = self:_send(("eval \"$__mb_c%d\"\n"):format(shape))
     if not sent then error(send_err, 0) end
   end)
