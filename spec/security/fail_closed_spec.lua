@@ -420,8 +420,11 @@ if not ok then print("ERR " .. tostring(e.code)) return end
 print("HELD") io.stdout:flush()
 while not io.open(%q) do moonbox.sleep(20) end
 e:writeFile("/workspace/theirs", "theirs")
+-- (seen from the host now: at its exit this runtime unmounts the root's disk image)
+local f = io.open(%q .. "/workspace/theirs")
+print(f and "THEIRS " .. f:read("*a") or "NONE") io.stdout:flush()
 e:destroy { keepFiles = true }
-]]):format(root, go)
+]]):format(root, go, root)
   end
 
   it("stays held across a killed and rebuilt init", function()
@@ -480,7 +483,12 @@ if ok then e:destroy { keepFiles = true } end
       -- the other runtime's files are untouched, and it goes on
       assert.is_true(exists(root .. "/workspace/mine"))
       write(go, "")
-      assert.is_true(helper.eventually(function() return exists(root .. "/workspace/theirs") end, 10000))
+      assert.is_true(helper.eventually(function()
+        local f = io.open(tmp .. "/held.out")
+        local got = f and f:read("*a") or ""
+        if f then f:close() end
+        return got:find("THEIRS theirs", 1, true) ~= nil
+      end, 10000))
     end)
     sh("rm -rf " .. q(tmp))
   end)
