@@ -10,6 +10,13 @@ package.cpath = build .. "/lib/?.so;" .. package.cpath
 local core = require "moonbox.core"
 local moonbox = require "moonbox"
 
+-- every `it` must assert something (spec/assertion_count.lua); busted is
+-- there whenever busted loads this file
+local has_busted, busted = pcall(require, "busted")
+if has_busted and type(busted) == "table" and busted.subscribe then
+  require("assertion_count").install(busted)
+end
+
 -- The sanitizer build preloads libasan into luajit; the shell commands specs
 -- run for setup and checks (pgrep, mktemp, ...) must not inherit it (pgrep
 -- under a preloaded ASan runtime can hang). Sandbox processes never see it:
@@ -293,6 +300,7 @@ local function lag_verdict(state)
   local allowed = allowance
   allowance = nil
   helper.lag.runs = helper.lag.runs + 1
+  helper.lag.last_ms = state.worst
   if state.worst > helper.lag.worst_ms then helper.lag.worst_ms = state.worst end
   if lag_report then
     local where = "?"

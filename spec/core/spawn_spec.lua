@@ -278,7 +278,7 @@ describe("core.spawn", function()
 
   it("starts the child in the cgroup given, its children too", function()
     local tree = require "moonbox.process.tree"
-    if tree.mode() ~= "cgroup" then return end -- no writable cgroup v2 here (unprivileged)
+    if tree.mode() ~= "cgroup" then pending("no writable cgroup v2 here (unprivileged)") end
     run_task(function()
       local dir = assert(tree.create("spawn-spec"))
       local ok, err = pcall(function()

@@ -267,7 +267,8 @@ describe("egress", function()
   it("exposed ports keep working: waitForPort connects inside the namespace", function()
     with_egress(function(sb)
       local p = sb:startProcess("python3 -m http.server 8001 --bind 127.0.0.1 --directory /etc")
-      p:waitForPort(8001, { mode = "http", path = "/hostname", timeout = 10000 })
+      assert.same({ success = true, port = 8001, mode = "http" },
+        p:waitForPort(8001, { mode = "http", path = "/hostname", timeout = 10000 }))
     end)
   end)
 

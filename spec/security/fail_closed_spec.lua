@@ -355,7 +355,9 @@ print("DESTROYED " .. tostring(sb.destroyed))
   end)
 
   it("a root whose disk image is covered by another mount meanwhile is not removed, and destroy says so", function()
-    if not require("moonbox.sandbox.disk").host_root() then return end -- (no image)
+    if not require("moonbox.sandbox.disk").host_root() then
+      pending("needs the host's root (loop devices, mount): no disk image here")
+    end
     local tmp = helper.mkdtemp()
     local root = tmp .. "/root"
     local image
@@ -438,7 +440,7 @@ if ok then e:destroy { keepFiles = true } end
 ]]):format(root)
     run_task(function()
       local sb = helper.new_sandbox { root = root }
-      if not sb.init then return sb:destroy() end -- no init without namespaces
+      if not sb.init then sb:destroy() pending("no init without namespaces") end
       sb:writeFile("/workspace/mine", "held")
       local out, err = run_child(tmp, script)
       assert.is_truthy(out:find("ERR SANDBOX_IN_USE", 1, true), out .. err)
@@ -462,7 +464,7 @@ if ok then e:destroy { keepFiles = true } end
     local go = tmp .. "/go"
     run_task(function()
       local sb = helper.new_sandbox { root = root }
-      if not sb.init then return sb:destroy() end
+      if not sb.init then sb:destroy() pending("no init without namespaces") end
       sb:writeFile("/workspace/mine", "held")
       assert.equal(0, os.execute("kill -9 " .. sb:info().initPid) and 0 or 1)
       assert.is_true(helper.eventually(function() return sb.init_dead end, 10000))

@@ -13,23 +13,25 @@ local function expect(t, pattern)
     local ok, chunk = pcall(moonbox.timeout, math.max(1, deadline - core.hrtime() / 1e6), t.read, t)
     if not ok or not chunk then break end
     acc = acc .. chunk
-    if acc:find(pattern) then return acc end
+    if acc:find(pattern) then break end
   end
-  error(("pattern %q not seen in %q"):format(pattern, acc))
+  assert.truthy(acc:find(pattern), ("pattern %q not seen in %q"):format(pattern, acc))
+  return acc
 end
 
 -- Wait until a process named comm is the terminal's foreground job: only
 -- then does ^C reach it (and not readline, which would discard the line).
 local function wait_foreground(t, comm)
   local deadline = core.hrtime() / 1e6 + 5000
-  while core.hrtime() / 1e6 < deadline do
+  local found = false
+  while not found and core.hrtime() / 1e6 < deadline do
     local stat = util.read_file("/proc/" .. t.pid .. "/stat") or ""
     local tpgid = tonumber(stat:match("%) %S %d+ %d+ %d+ %-?%d+ (%-?%d+)"))
     local fg = tpgid and tpgid ~= t.pid and util.read_file("/proc/" .. tpgid .. "/comm")
-    if fg == comm .. "\n" then return end
-    moonbox.sleep(10)
+    found = fg == comm .. "\n"
+    if not found then moonbox.sleep(10) end
   end
-  error(comm .. " never became the foreground job")
+  assert.is_true(found, comm .. " never became the foreground job")
 end
 
 describe("terminal", function()
