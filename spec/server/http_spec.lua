@@ -313,7 +313,7 @@ describe("moonbox.server.http", function()
     end)
   end)
 
-  it("turns a raised error into a 500 INTERNAL JSON response", function()
+  it("turns a raised error into a 500 INTERNAL_ERROR JSON response", function()
     local stderr = io.stderr
     io.stderr = { write = function() end } -- luacheck: ignore 122 (the expected log line)
     with_server({}, function() error("kaputt") end, function(_, url)
@@ -321,8 +321,9 @@ describe("moonbox.server.http", function()
       io.stderr = stderr -- luacheck: ignore 122
       assert.matches("^HTTP/1%.1 500", out)
       local json = cjson.decode(out:match("\r\n\r\n(.*)$"))
-      assert.equal("INTERNAL", json.code)
+      assert.equal("INTERNAL_ERROR", json.code)
       assert.matches("kaputt", json.message)
+      assert.same({ {}, 500 }, { json.context, json.httpStatus })
     end)
     io.stderr = stderr -- luacheck: ignore 122
   end)

@@ -210,7 +210,7 @@ function Session:gitCheckout(repo_url, opts)
     -- a leftover (or, below, a failed clone) is removed on the thread pool:
     -- a whole repository is too much to walk on the loop
     fs.remove_tree(sb.root, tmp)
-    assert(core.mkdir(sb.root .. "/" .. tmp, 448))
+    errors.check("FILESYSTEM_ERROR", core.mkdir(sb.root .. "/" .. tmp, 448))
     argv[#argv] = sb.root .. "/" .. tmp .. "/repo"
     r = host_git(argv, opts.timeout, self)
     if sb.destroyed or self.destroyed then

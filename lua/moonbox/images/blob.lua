@@ -70,7 +70,7 @@ function M.import(src, digest, what)
     os.remove(tmp)
     invalid(("%s: content of %s has digest sha256:%s, not %s"):format(what, src, got, digest), { entry = src })
   end
-  assert(os.rename(tmp, path))
+  errors.check("FILESYSTEM_ERROR", os.rename(tmp, path))
   return path, size
 end
 

@@ -62,7 +62,7 @@ function M.commit(sb, opts)
     config.history = type(config.history) == "table" and config.history or {}
     config.history[#config.history + 1] = { created = config.created, created_by = "moonbox commit " .. sb.id }
     local cpath = tmp .. "/config.json"
-    assert(util.write_file(cpath, cjson.encode(config)))
+    errors.check("FILESYSTEM_ERROR", util.write_file(cpath, cjson.encode(config)))
     local chex = blob.sha256(cpath)
     blob.import(cpath, "sha256:" .. chex, "committed config")
     local layers = {}

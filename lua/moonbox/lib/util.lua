@@ -1,5 +1,6 @@
 -- Small shared helpers: timestamps, shell quoting, file slurping.
 local core = require "moonbox.core"
+local errors = require "moonbox.errors"
 
 local M = {}
 
@@ -101,10 +102,10 @@ end
 -- n bytes from the kernel's random source (raises on a short read), and
 -- the same as 2n hex digits.
 function M.random_bytes(n)
-  local f = assert(io.open("/dev/urandom", "rb"))
+  local f = errors.check("FILESYSTEM_ERROR", io.open("/dev/urandom", "rb"))
   local bytes = f:read(n)
   f:close()
-  assert(bytes and #bytes == n, "short read from /dev/urandom")
+  if not (bytes and #bytes == n) then errors.raise("FILESYSTEM_ERROR", "short read from /dev/urandom") end
   return bytes
 end
 

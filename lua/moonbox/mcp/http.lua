@@ -17,6 +17,7 @@ local util = require "moonbox.lib.util"
 local jsonrpc = require "moonbox.mcp.jsonrpc"
 local session_mod = require "moonbox.mcp.session"
 local json = require "moonbox.server.api_json"
+local api_errors = require "moonbox.server.api_errors"
 
 local M = {}
 
@@ -52,7 +53,7 @@ local function plain(status, code, message, extra)
   local headers = { ["content-type"] = "application/json", ["cache-control"] = "no-store" }
   for k, v in pairs(extra or {}) do headers[k] = v end
   return { status = status, headers = headers,
-    body = json.encode { code = code, message = message, context = {}, httpStatus = status } .. "\n" }
+    body = json.encode(api_errors.envelope(code, message, {}, status)) .. "\n" }
 end
 
 local function rpc_error(status, code, message, extra)

@@ -8,6 +8,7 @@
 local V = require "moonbox.lib.validate"
 local errors = require "moonbox.errors"
 local json = require "moonbox.server.api_json"
+local api_errors = require "moonbox.server.api_errors"
 
 local M = {}
 
@@ -329,7 +330,7 @@ end
 function M.error_result(err)
   if not errors.is_error(err) then
     io.stderr:write("moonbox mcp: internal error: ", errors.format(err), "\n")
-    err = errors.new("INTERNAL_ERROR", "internal error")
+    err = errors.new(api_errors.INTERNAL, "internal error")
   end
   local body = { code = err.code, message = err.message, context = err.context or {} }
   return { isError = true, content = json.array { { type = "text", text = err.code .. ": " .. tostring(err.message) } },

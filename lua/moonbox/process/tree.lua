@@ -113,8 +113,8 @@ function M.create(name)
   if M.mode() ~= "cgroup" then return nil end
   local dir = base_dir .. "/" .. name
   if not util.is_dir(dir) then
-    local ok, err = core.mkdir(dir)
-    if not ok then return nil, err end
+    local ok, err, code = core.mkdir(dir)
+    if not ok then return nil, err, code end
   end
   return dir
 end

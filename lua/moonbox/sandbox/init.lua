@@ -300,7 +300,7 @@ function make_sandbox(id, opts)
   end
   -- whatever fails from here takes back what getSandbox made (below)
   ok, err = pcall(function()
-  if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
+  if tree.mode() == "cgroup" then errors.check("ISOLATION_UNAVAILABLE", tree.create(self.cgroup_name)) end
   if isolation == "none" or unisolated then
     local guarded, why, code = tree.guard_base()
     if not guarded then

@@ -333,7 +333,8 @@ function H.terminal(ctx)
   local sid = router_mod.check_id(ctx.params.sessionId, "sessionId")
   local ok, terminal_ws = pcall(require, "moonbox.server.terminal_ws")
   if not ok then
-    fail("INTERNAL_ERROR", "the WebSocket terminal is not available in this build", { reason = tostring(terminal_ws) })
+    fail(api_errors.INTERNAL, "the WebSocket terminal is not available in this build",
+      { reason = tostring(terminal_ws) })
   end
   -- refused before anything is made (a plain GET, bad sizes); it starts a
   -- shell, so it makes its sandbox like a write, though a GET, but only
@@ -710,8 +711,9 @@ function M.handle(req, res)
   -- stopped, not the sandbox (its workspace is kept); 503 as for a request
   -- that comes during the stop, not the 409 a destroyed sandbox would be
   if M.stopping and M.stopping() and errors.is_error(result) and CUT_BY_STOP[result.code] then
-    return reply(503, { code = "SHUTTING_DOWN", httpStatus = 503, context = { reason = "shutting_down" },
-      message = "the server stopped while the request ran (the sandbox's files are kept); retry later" },
+    return reply(503, api_errors.envelope("SHUTTING_DOWN",
+      "the server stopped while the request ran (the sandbox's files are kept); retry later",
+      { reason = "shutting_down" }, 503),
       { ["retry-after"] = "1", connection = "close" })
   end
   local status, body = api_errors.body(result)

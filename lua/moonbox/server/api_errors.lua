@@ -58,18 +58,28 @@ end
 -- status is 503, which clients retry, not a lasting 501 or a 500.
 M.TRANSIENT_ERRNO = { EMFILE = true, ENFILE = true, ENOMEM = true, EAGAIN = true }
 
+-- The code of a bug (anything raised that is not an error table of ours).
+M.INTERNAL = "INTERNAL_ERROR"
+
+-- envelope(code, message[, context[, status]]) -> {code, message, context,
+-- httpStatus}: the one shape of every error body the servers send (HTTP
+-- responses, SSE and WebSocket error events); status defaults to the code's.
+function M.envelope(code, message, context, status)
+  return { code = code, message = message, context = context or {}, httpStatus = status or M.status(code) }
+end
+
 -- body(err) -> status, {code, message, context, httpStatus}
 function M.body(err)
   if not errors.is_error(err) then
     io.stderr:write("moonbox api: internal error: ", errors.format(err), "\n")
-    return 500, { code = "INTERNAL_ERROR", message = "internal error", context = {}, httpStatus = 500 }
+    return 500, M.envelope(M.INTERNAL, "internal error", {}, 500)
   end
   local status = M.status(err.code)
   if status >= 500 and type(err.context) == "table" and M.TRANSIENT_ERRNO[err.context.errno] then status = 503 end
   if status == 500 and err.code ~= "FILESYSTEM_ERROR" and err.code ~= "GIT_CLONE_FAILED" then
     io.stderr:write("moonbox api: ", errors.format(err), "\n")
   end
-  return status, { code = err.code, message = err.message, context = err.context or {}, httpStatus = status }
+  return status, M.envelope(err.code, err.message, err.context, status)
 end
 
 return M

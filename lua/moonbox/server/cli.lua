@@ -8,6 +8,7 @@
 -- isolation = "none": sandbox code would call the API as its neighbours).
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
+local api_errors = require "moonbox.server.api_errors"
 local http = require "moonbox.server.http"
 local fs = require "moonbox.lib.fs"
 local cjson = require "cjson.safe"
@@ -89,7 +90,7 @@ end
 
 local function json_response(status, code, message, context)
   return { status = status, headers = { ["content-type"] = "application/json" },
-    body = cjson.encode({ code = code, message = message, context = context or {}, httpStatus = status }) }
+    body = cjson.encode(api_errors.envelope(code, message, context, status)) }
 end
 
 local function is_page(req)

@@ -10,11 +10,12 @@
 -- over SLICE goes out a slice at a time as the client reads), or streams with
 -- res:start / res:write / res:finish, or turns a WebSocket request into a
 -- socket with res:upgrade(). An error raised by the handler becomes a 500
--- JSON response {code = "INTERNAL", message}.
+-- JSON response {code = "INTERNAL_ERROR", message, context, httpStatus = 500}.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local send_budget = require "moonbox.server.send_budget"
 local errors = require "moonbox.errors"
+local api_errors = require "moonbox.server.api_errors"
 local V = require "moonbox.lib.validate"
 local cjson = require "cjson.safe"
 
@@ -239,11 +240,11 @@ end
 -- small fields (summary: exitCode, success, ...) go in context.result: the
 -- command ran, only its output could not be held.
 function M.buffers_full_body(summary)
-  return cjson.encode({ code = "BUFFERS_FULL", httpStatus = 503,
-    context = { limit = send_budget.limit, used = send_budget.used, result = summary },
-    message = ("the server holds %d bytes for its clients, its limit (--max-buffered-bytes) is %d; %sretry later")
+  return cjson.encode(api_errors.envelope("BUFFERS_FULL",
+    ("the server holds %d bytes for its clients, its limit (--max-buffered-bytes) is %d; %sretry later")
       :format(send_budget.used, send_budget.limit,
-        summary and "the request ran, its result is in context.result without its output; " or "") }) .. "\n"
+        summary and "the request ran, its result is in context.result without its output; " or ""),
+    { limit = send_budget.limit, used = send_budget.used, result = summary }, 503)) .. "\n"
 end
 
 -- res:reject(reason): a request refused (past a limit), counted by the
@@ -433,7 +434,8 @@ end
 -- ---- the server -----------------------------------------------------------------------
 
 local function json_error(code, message)
-  return cjson.encode({ code = code, message = message }) or '{"code":"INTERNAL"}'
+  return cjson.encode(api_errors.envelope(code, message, {}, 500))
+    or cjson.encode(api_errors.envelope(code, "(a message JSON cannot hold)", {}, 500))
 end
 
 local function run_handler(self, req, res)
@@ -446,7 +448,7 @@ local function run_handler(self, req, res)
     io.stderr:write("moonbox: http: ", req.method, " ", req.path, ": ", errors.format(result), "\n")
     local message = errors.is_error(result) and result.message or tostring(result):match("^[^\n]*")
     if not res._started then
-      res:_send(500, { ["content-type"] = "application/json" }, json_error("INTERNAL", message))
+      res:_send(500, { ["content-type"] = "application/json" }, json_error(api_errors.INTERNAL, message))
     elseif res._ws then
       res._ws:close(1011, "internal error")
     else
@@ -461,7 +463,7 @@ local function run_handler(self, req, res)
   elseif not res._started then
     if type(result) ~= "table" then
       res:_send(500, { ["content-type"] = "application/json" },
-        json_error("INTERNAL", "the handler returned no response"))
+        json_error(api_errors.INTERNAL, "the handler returned no response"))
     else
       res:_send(result.status or 200, result.headers, result.body)
     end
@@ -499,11 +501,11 @@ function Server:_on_event(kind, id, a, b)
       if not a.websocket then srv:hangup(id) end
       res._handshake = a.websocket
       res:_send(503, { ["content-type"] = "application/json", connection = "close",
-        ["retry-after"] = tostring(self.retryAfter or 1) }, cjson.encode({
-        code = a.over_limit and "TOO_MANY_CONNECTIONS" or "SHUTTING_DOWN", httpStatus = 503,
-        context = { reason = reason },
-        message = a.over_limit and ("the server has %d connections open (--max-connections); retry later")
-          :format(self.maxConnections) or "the server is shutting down; retry on another server or later" }))
+        ["retry-after"] = tostring(self.retryAfter or 1) }, cjson.encode(api_errors.envelope(
+        a.over_limit and "TOO_MANY_CONNECTIONS" or "SHUTTING_DOWN",
+        a.over_limit and ("the server has %d connections open (--max-connections); retry later")
+          :format(self.maxConnections) or "the server is shutting down; retry on another server or later",
+        { reason = reason }, 503)))
       res._handshake = false
       return
     end
@@ -514,22 +516,20 @@ function Server:_on_event(kind, id, a, b)
     if not req.rawPath then
       if not a.websocket then srv:hangup(id) end
       res._handshake = a.websocket
-      res:_send(400, { ["content-type"] = "application/json", connection = "close" }, cjson.encode({
-        code = "BAD_REQUEST", httpStatus = 400, context = {},
-        message = "refused request head: the request line as sent could not be told from the stream" }))
+      res:_send(400, { ["content-type"] = "application/json", connection = "close" },
+        cjson.encode(api_errors.envelope("BAD_REQUEST",
+          "refused request head: the request line as sent could not be told from the stream", {}, 400)))
       res._handshake = false
       return
     end
     if a.length_required then
-      res:_send(411, { ["content-type"] = "application/json" }, cjson.encode({
-        code = "LENGTH_REQUIRED", httpStatus = 411, context = {},
-        message = "send the request body with a Content-Length (chunked bodies are not accepted)" }))
+      res:_send(411, { ["content-type"] = "application/json" }, cjson.encode(api_errors.envelope("LENGTH_REQUIRED",
+        "send the request body with a Content-Length (chunked bodies are not accepted)", {}, 411)))
       return
     end
     if a.too_large then
-      res:_send(413, { ["content-type"] = "application/json" }, cjson.encode({
-        code = "REQUEST_TOO_LARGE", httpStatus = 413, context = { maxBodyBytes = self.maxBody },
-        message = ("the request body is larger than %d bytes"):format(self.maxBody) }))
+      res:_send(413, { ["content-type"] = "application/json" }, cjson.encode(api_errors.envelope("REQUEST_TOO_LARGE",
+        ("the request body is larger than %d bytes"):format(self.maxBody), { maxBodyBytes = self.maxBody }, 413)))
       return
     end
     res._handshake = a.websocket -- until the handler first waits, a refusal is a plain response

@@ -6,6 +6,7 @@
 -- buffer is freed when the body is sent or refused.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
+local errors = require "moonbox.errors"
 local json = require "moonbox.server.api_json"
 
 local M = {}
@@ -55,7 +56,8 @@ end
 local function is_utf8(b)
   if not async.in_task() then return (b:utf8_valid()) end
   local valid = async.await(function(resume)
-    assert(b:text_info(function(err, ok) resume(not err and ok) end))
+    -- (refused only when the thread pool cannot take the work)
+    errors.check("INTERNAL_ERROR", b:text_info(function(err, ok) resume(not err and ok) end))
   end, "utf8 check")
   return valid
 end

@@ -26,6 +26,7 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
+local api_errors = require "moonbox.server.api_errors"
 local util = require "moonbox.lib.util"
 local sandbox_mod = require "moonbox.sandbox"
 local ports = require "moonbox.sandbox.ports"
@@ -57,7 +58,7 @@ local function json(status, code, message, extra)
   local h = { ["content-type"] = "application/json" }
   for k, v in pairs(extra or {}) do h[k] = v end
   return { status = status, headers = h,
-    body = cjson.encode({ code = code, message = message, context = {}, httpStatus = status }) .. "\n" }
+    body = cjson.encode(api_errors.envelope(code, message, {}, status)) .. "\n" }
 end
 
 -- ---- which requests ----------------------------------------------------------------

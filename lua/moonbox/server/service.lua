@@ -8,6 +8,7 @@
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
+local api_errors = require "moonbox.server.api_errors"
 local util = require "moonbox.lib.util"
 local cjson = require "cjson.safe"
 
@@ -310,8 +311,8 @@ function M:stop(server)
   local grace = (self.opts.shutdownGraceS or 10) * 1000
   local deadline = core.now() + grace
   while server:inflight() > 0 and core.now() < deadline do async.sleep(50) end
-  local final = "data: " .. cjson.encode({ type = "error", error = { code = "SHUTTING_DOWN", httpStatus = 503,
-    message = "the server is stopping", context = {} } }) .. "\n\n"
+  local final = "data: " .. cjson.encode({ type = "error",
+    error = api_errors.envelope("SHUTTING_DOWN", "the server is stopping", {}, 503) }) .. "\n\n"
   for _, res in pairs(server._live) do
     if res._ws then
       res._ws:close(1001, "server shutting down")

@@ -12,6 +12,7 @@
 local moonbox = require "moonbox"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
+local api_errors = require "moonbox.server.api_errors"
 local cjson = require "cjson.safe"
 
 local M = {}
@@ -48,7 +49,7 @@ local STATUS = { VALIDATION_FAILED = 400, SESSION_NOT_FOUND = 404, SANDBOX_DESTR
 
 local function fail_response(status, code, message, context)
   return { status = status, headers = { ["content-type"] = "application/json" },
-    body = cjson.encode({ code = code, message = message, context = context or {}, httpStatus = status }) }
+    body = cjson.encode(api_errors.envelope(code, message, context, status)) }
 end
 
 local function size_param(req, name, default)
@@ -166,7 +167,7 @@ function M.handle(req, res, sandboxId, sessionId)
       if is_binary then t:write(data) else control(entry, ws, data) end
     end)
     if not wrote then
-      send_json(ws, { type = "error", code = errors.is_error(err) and err.code or "INTERNAL",
+      send_json(ws, { type = "error", code = errors.is_error(err) and err.code or api_errors.INTERNAL,
         message = errors.is_error(err) and err.message or tostring(err) })
       if t.exited or t.closed then break end
     end

@@ -47,7 +47,8 @@ function M.new(sandbox, id, opts)
   local spare = async.in_task() and (id ~= "default" or sandbox.spare) and sandbox:_take_spare(id == "default")
   local function own_cgroup()
     if tree.mode() == "cgroup" then
-      self.cgroup = assert(tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
+      self.cgroup = errors.check("ISOLATION_UNAVAILABLE",
+        tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
     end
   end
   -- an adopted spare brings the cgroups it was born in: no migration
@@ -165,7 +166,8 @@ end
 
 function Session:_new_cmd_cgroup()
   self.cmd_seq = self.cmd_seq + 1
-  self.cmd_cgroup = assert(tree.create(self.cgroup:sub(#tree.base() + 2) .. "/cmd" .. self.cmd_seq))
+  self.cmd_cgroup = errors.check("ISOLATION_UNAVAILABLE",
+    tree.create(self.cgroup:sub(#tree.base() + 2) .. "/cmd" .. self.cmd_seq))
   return self.cmd_cgroup
 end
 

@@ -68,6 +68,7 @@ local async = require "moonbox.async"
 local fs = require "moonbox.lib.fs"
 local util = require "moonbox.lib.util"
 local tree = require "moonbox.process.tree"
+local errors = require "moonbox.errors"
 
 local M = {}
 
@@ -101,7 +102,6 @@ M.load_builtins = true
 -- Returns the settings in force after the call.
 function M.builtins(opts)
   if opts ~= nil then
-    local errors = require "moonbox.errors"
     if type(opts) ~= "table" then
       errors.raise("VALIDATION_FAILED", "shellBuiltins: expected a table {spawn = bool, load = bool}, got "
         .. type(opts))
@@ -412,10 +412,10 @@ end
 -- changed (Shell:_read_env).
 function Shell:_open_env_file()
   if not self.rundir then
-    self.env_fd = assert(core.memfd("moonbox-env"))
+    self.env_fd = errors.check("FILESYSTEM_ERROR", core.memfd("moonbox-env"))
     return
   end
-  local w = assert(self:_make_entry(core.open_fd, "env", "w", self.rundir_fd))
+  local w = errors.check("FILESYSTEM_ERROR", self:_make_entry(core.open_fd, "env", "w", self.rundir_fd))
   core.close_fd(w)
 end
 
@@ -444,7 +444,7 @@ end
 -- The spawn builtin reads it too, and may then source it all the same.
 function Shell:_open_body_file()
   if not self.rundir then
-    self.body_fd = assert(core.memfd("moonbox-body"))
+    self.body_fd = errors.check("FILESYSTEM_ERROR", core.memfd("moonbox-body"))
     self.slots[SLOTS.body] = self.body_fd
   end
 end
@@ -798,7 +798,7 @@ function Shell:start(req)
   -- a pipe the shell reads: we write data and close our end
   local function feed(slot, data)
     if self.rundir then
-      local fd = assert(self:_make_entry(core.open_fd, entry(slot), "w", self.rundir_fd))
+      local fd = errors.check("FILESYSTEM_ERROR", self:_make_entry(core.open_fd, entry(slot), "w", self.rundir_fd))
       local ok, err = pcall(function()
         local done = 0
         while done < #data do
@@ -829,8 +829,8 @@ function Shell:start(req)
     local s
     if self.rundir then
       local fifo = entry(slot)
-      assert(self:_make_entry(core.mkfifo, fifo, 384, self.rundir_fd))
-      s = core.stream_open(assert(core.open_fd(fifo, "fifo", self.rundir_fd)))
+      errors.check("FILESYSTEM_ERROR", self:_make_entry(core.mkfifo, fifo, 384, self.rundir_fd))
+      s = core.stream_open(errors.check("FILESYSTEM_ERROR", core.open_fd(fifo, "fifo", self.rundir_fd)))
     else
       local r, w = pipe()
       place(slot, w)
@@ -865,10 +865,10 @@ function Shell:start(req)
     -- our ends are closed, so that pipe is dead either way)
   end
   local ok, err = pcall(function()
-    if self.rundir then assert(self:_dir()) end
+    if self.rundir then errors.check("FILESYSTEM_ERROR", self:_dir()) end
     -- the command's entries, made without a yield (as root inside: one switch)
     local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
-    assert(self:_as_root_inside(function()
+    errors.check("FILESYSTEM_ERROR", self:_as_root_inside(function()
       if self.rundir then
         feed(SLOTS.body, req.body)
       else
