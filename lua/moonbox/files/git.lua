@@ -138,11 +138,9 @@ local function host_git(argv, timeout_ms, session)
   return { exitCode = result or 1, stderr = table.concat(err_parts), timedOut = timed_out }
 end
 
--- gitCheckout(repoUrl, {branch, targetDir, depth, timeout}) ->
--- {success, repoUrl, branch, targetDir, timestamp}: git clone, run by the
--- session (its env, its cwd) as an argv without a shell.
-function Session:gitCheckout(repo_url, opts)
-  self:_check_live()
+-- The arguments of gitCheckout, checked -> opts, url (trimmed), the
+-- repository's name, branch, depth.
+local function checked_args(session, repo_url, opts)
   if type(repo_url) ~= "string" then V.fail("repoUrl", "expected a string, got " .. type(repo_url)) end
   if not repo_url:find("%S") then V.fail("repoUrl", "repository URL is empty") end
   opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").gitCheckout, "gitCheckout")
@@ -162,12 +160,124 @@ function Session:gitCheckout(repo_url, opts)
   -- a local path or file:// URL clones a repository of the runtime's own
   -- filesystem: only where the policy allows it (git.allowLocal; off in
   -- moonbox serve, where the URL comes from a tenant)
-  local git_policy = self.sandbox.policy.git
+  local git_policy = session.sandbox.policy.git
   if local_repo_path(url) and not (type(git_policy) == "table" and git_policy.allowLocal == true) then
     errors.raise("POLICY_DENIED", ("git clone %s: local repositories (a path or file:// URL) are not allowed " ..
       "by the policy (git = {allowLocal = true} allows them)"):format(url),
       { repoUrl = repo_url, policy = "git.allowLocal" })
   end
+  return opts, url, name, branch, depth
+end
+
+-- git clone's argv, into dest
+local function clone_argv(url, branch, depth, dest)
+  local argv = { "git", "clone" }
+  if depth then argv[#argv + 1] = "--depth" argv[#argv + 1] = tostring(depth) end
+  if branch then argv[#argv + 1] = "--branch" argv[#argv + 1] = branch end
+  argv[#argv + 1] = "--"
+  -- git ignores --depth for a plain path ("use file:// instead")
+  local plain_path = url:sub(1, 1) == "/" and url:match("^[%w/._+-]+$")
+  argv[#argv + 1] = (depth and plain_path) and ("file://" .. url) or url
+  argv[#argv + 1] = dest
+  return argv
+end
+
+-- A repository only the host has (host_only_repo), cloned by the runtime
+-- on the host and moved into the workspace -> {exitCode, stderr, timedOut}
+local function clone_on_host(session, argv, t, url, repo_url, opts)
+  local sb = session.sandbox
+  if t.rel ~= "workspace" and t.rel:sub(1, 10) ~= "workspace/" then
+    -- the rename below moves a host directory into the workspace's host
+    -- directory; the sandbox's private /tmp or /root lie in its own tmpfs
+    errors.raise("GIT_CLONE_FAILED", ("git clone %s: a repository only the host has can be checked out into " ..
+      "/workspace only, not %s"):format(url, t.view), { repoUrl = repo_url, targetDir = t.view })
+  end
+  -- the policy's onExec is asked as for a clone the session runs; the
+  -- clone runs on the host, so a rewrite cannot be honoured: refused
+  local changed = policy_mod.call_hook(sb.policy, "onExec", "gitCheckout", { command = argv }, session, argv,
+    { timeout = opts.timeout, env = git_env })
+  if changed ~= nil and changed ~= argv then
+    errors.raise("POLICY_DENIED", ("git clone %s: the onExec hook rewrote a clone of a repository only the host " ..
+      "has, which runs on the host and cannot be rewritten"):format(url), { repoUrl = repo_url, hook = "onExec" })
+  end
+  -- clone next to the workspace on the host (not inside it, where the
+  -- sandbox could plant a symlink), then move it in with a confined rename
+  sb.clone_seq = (sb.clone_seq or 0) + 1
+  local tmp = (".clone-%d"):format(sb.clone_seq)
+  -- a leftover (or, below, a failed clone) is removed on the thread pool:
+  -- a whole repository is too much to walk on the loop
+  fs.remove_tree(sb.root, tmp)
+  errors.check("FILESYSTEM_ERROR", core.mkdir(sb.root .. "/" .. tmp, 448))
+  argv[#argv] = sb.root .. "/" .. tmp .. "/repo"
+  local r = host_git(argv, opts.timeout, session)
+  if sb.destroyed or session.destroyed then
+    -- killed by the destroy or deleteSession (kill_host_clones): the
+    -- partial clone goes, nothing else is made in a root that may be gone
+    fs.remove_tree(sb.root, tmp)
+    session:_check_ended("gitCheckout")
+  end
+  local creds = sb:_fs_creds()
+  if r.exitCode == 0 and not r.timedOut and creds then
+    -- the sandbox's root owns what it gets; the clone lies in a directory
+    -- only the runtime reaches, where a plain chown -R cannot be raced
+    local c = host_git({ "chown", "-R", "-h", "--", ("%d:%d"):format(creds.uid, creds.gid),
+      sb.root .. "/" .. tmp .. "/repo" }, nil, session)
+    if c.exitCode ~= 0 then
+      r = { exitCode = 128, stderr = "fatal: cannot give the clone to the sandbox's user: " .. c.stderr }
+    end
+  end
+  if r.exitCode == 0 and not r.timedOut then
+    -- leading directories, as git clone would make them: confined like
+    -- mkdir (the sandbox's mounts, its credentials)
+    local parent = ""
+    for part in t.rel:gmatch("[^/]+/") do
+      parent = parent .. part
+      pcall(afs.mkdir_beneath, root_of(sb), parent:sub(1, -2), 493)
+    end
+    local ok, done, msg, code = pcall(afs.rename_beneath, sb.root, tmp .. "/repo", t.rel)
+    if not ok or not done then
+      local exists = code == "ENOTEMPTY" or code == "EEXIST" or code == "ENOTDIR"
+      r = { exitCode = 128, stderr = exists and
+        ("fatal: destination path '%s' already exists and is not an empty directory.\n"):format(t.view)
+        or ("fatal: %s\n"):format(tostring(ok and msg or done)) }
+    end
+  end
+  fs.remove_tree(sb.root, tmp)
+  return r
+end
+
+-- git clone run by the session (its env, its cwd) -> {exitCode, stderr, timedOut}
+local function clone_in_session(session, argv, t, existed, opts)
+  local sb = session.sandbox
+  local ran, res = pcall(session.exec, session, argv, { timeout = opts.timeout, env = git_env })
+  if not ran then
+    -- cut short (deleteSession, a cancel): no partial clone is left in a
+    -- sandbox that lives on (a destroyed one's root is not touched)
+    if not existed and not sb.destroyed then pcall(fs.remove_tree, root_of(sb), t.rel, "in_root") end
+    error(res, 0)
+  end
+  return res
+end
+
+-- The branch the clone in t checked out (branch, or HEAD, when git cannot say).
+local function checked_out_branch(session, t, branch)
+  local head = session:exec({ "git", "-C", t.host, "symbolic-ref", "--short", "-q", "HEAD" }, { env = git_env })
+  local checked_out = head.exitCode == 0 and trim(head.stdout) or ""
+  if checked_out == "" then
+    head = session:exec({ "git", "-C", t.host, "rev-parse", "--abbrev-ref", "HEAD" }, { env = git_env })
+    checked_out = trim(head.stdout)
+    if checked_out == "HEAD" or checked_out == "" then checked_out = branch or "HEAD" end
+  end
+  return checked_out
+end
+
+-- gitCheckout(repoUrl, {branch, targetDir, depth, timeout}) ->
+-- {success, repoUrl, branch, targetDir, timestamp}: git clone, run by the
+-- session (its env, its cwd) as an argv without a shell.
+function Session:gitCheckout(repo_url, opts)
+  self:_check_live()
+  local url, name, branch, depth
+  opts, url, name, branch, depth = checked_args(self, repo_url, opts)
   local timestamp = util.timestamp()
   local t, existed = queued(self, function()
     local dest = target(self, "gitCheckout", opts.targetDir or ("/workspace/" .. name))
@@ -177,84 +287,12 @@ function Session:gitCheckout(repo_url, opts)
     if not st and code ~= "ENOENT" then fail("gitCheckout", dest.view, msg, code) end
     return dest, st ~= nil
   end)
-  local argv = { "git", "clone" }
-  if depth then argv[#argv + 1] = "--depth" argv[#argv + 1] = tostring(depth) end
-  if branch then argv[#argv + 1] = "--branch" argv[#argv + 1] = branch end
-  argv[#argv + 1] = "--"
-  -- git ignores --depth for a plain path ("use file:// instead")
-  local plain_path = url:sub(1, 1) == "/" and url:match("^[%w/._+-]+$")
-  argv[#argv + 1] = (depth and plain_path) and ("file://" .. url) or url
-  argv[#argv + 1] = t.host
+  local argv = clone_argv(url, branch, depth, t.host)
   local r
-  local sb = self.sandbox
-  local host_only = host_only_repo(sb, url)
-  if host_only and t.rel ~= "workspace" and t.rel:sub(1, 10) ~= "workspace/" then
-    -- the rename below moves a host directory into the workspace's host
-    -- directory; the sandbox's private /tmp or /root lie in its own tmpfs
-    errors.raise("GIT_CLONE_FAILED", ("git clone %s: a repository only the host has can be checked out into " ..
-      "/workspace only, not %s"):format(url, t.view), { repoUrl = repo_url, targetDir = t.view })
-  end
-  if host_only then
-    -- the policy's onExec is asked as for a clone the session runs; the
-    -- clone runs on the host, so a rewrite cannot be honoured: refused
-    local changed = policy_mod.call_hook(sb.policy, "onExec", "gitCheckout", { command = argv }, self, argv,
-      { timeout = opts.timeout, env = git_env })
-    if changed ~= nil and changed ~= argv then
-      errors.raise("POLICY_DENIED", ("git clone %s: the onExec hook rewrote a clone of a repository only the host " ..
-        "has, which runs on the host and cannot be rewritten"):format(url), { repoUrl = repo_url, hook = "onExec" })
-    end
-    -- clone next to the workspace on the host (not inside it, where the
-    -- sandbox could plant a symlink), then move it in with a confined rename
-    sb.clone_seq = (sb.clone_seq or 0) + 1
-    local tmp = (".clone-%d"):format(sb.clone_seq)
-    -- a leftover (or, below, a failed clone) is removed on the thread pool:
-    -- a whole repository is too much to walk on the loop
-    fs.remove_tree(sb.root, tmp)
-    errors.check("FILESYSTEM_ERROR", core.mkdir(sb.root .. "/" .. tmp, 448))
-    argv[#argv] = sb.root .. "/" .. tmp .. "/repo"
-    r = host_git(argv, opts.timeout, self)
-    if sb.destroyed or self.destroyed then
-      -- killed by the destroy or deleteSession (kill_host_clones): the
-      -- partial clone goes, nothing else is made in a root that may be gone
-      fs.remove_tree(sb.root, tmp)
-      self:_check_ended("gitCheckout")
-    end
-    local creds = sb:_fs_creds()
-    if r.exitCode == 0 and not r.timedOut and creds then
-      -- the sandbox's root owns what it gets; the clone lies in a directory
-      -- only the runtime reaches, where a plain chown -R cannot be raced
-      local c = host_git({ "chown", "-R", "-h", "--", ("%d:%d"):format(creds.uid, creds.gid),
-        sb.root .. "/" .. tmp .. "/repo" }, nil, self)
-      if c.exitCode ~= 0 then
-        r = { exitCode = 128, stderr = "fatal: cannot give the clone to the sandbox's user: " .. c.stderr }
-      end
-    end
-    if r.exitCode == 0 and not r.timedOut then
-      -- leading directories, as git clone would make them: confined like
-      -- mkdir (the sandbox's mounts, its credentials)
-      local parent = ""
-      for part in t.rel:gmatch("[^/]+/") do
-        parent = parent .. part
-        pcall(afs.mkdir_beneath, root_of(sb), parent:sub(1, -2), 493)
-      end
-      local ok, done, msg, code = pcall(afs.rename_beneath, sb.root, tmp .. "/repo", t.rel)
-      if not ok or not done then
-        local exists = code == "ENOTEMPTY" or code == "EEXIST" or code == "ENOTDIR"
-        r = { exitCode = 128, stderr = exists and
-          ("fatal: destination path '%s' already exists and is not an empty directory.\n"):format(t.view)
-          or ("fatal: %s\n"):format(tostring(ok and msg or done)) }
-      end
-    end
-    fs.remove_tree(sb.root, tmp)
+  if host_only_repo(self.sandbox, url) then
+    r = clone_on_host(self, argv, t, url, repo_url, opts)
   else
-    local ran, res = pcall(self.exec, self, argv, { timeout = opts.timeout, env = git_env })
-    if not ran then
-      -- cut short (deleteSession, a cancel): no partial clone is left in a
-      -- sandbox that lives on (a destroyed one's root is not touched)
-      if not existed and not sb.destroyed then pcall(fs.remove_tree, root_of(sb), t.rel, "in_root") end
-      error(res, 0)
-    end
-    r = res
+    r = clone_in_session(self, argv, t, existed, opts)
   end
   local context = { repoUrl = repo_url, branch = branch, targetDir = t.view, exitCode = r.exitCode,
     stderr = r.stderr }
@@ -269,14 +307,8 @@ function Session:gitCheckout(repo_url, opts)
     local detail = r.stderr:match("fatal: ([^\n]+)") or trim(r.stderr)
     errors.raise(code, ("git clone %s: %s"):format(url, detail), context)
   end
-  local head = self:exec({ "git", "-C", t.host, "symbolic-ref", "--short", "-q", "HEAD" }, { env = git_env })
-  local checked_out = head.exitCode == 0 and trim(head.stdout) or ""
-  if checked_out == "" then
-    head = self:exec({ "git", "-C", t.host, "rev-parse", "--abbrev-ref", "HEAD" }, { env = git_env })
-    checked_out = trim(head.stdout)
-    if checked_out == "HEAD" or checked_out == "" then checked_out = branch or "HEAD" end
-  end
-  return { success = true, repoUrl = repo_url, branch = checked_out, targetDir = t.view, timestamp = timestamp }
+  return { success = true, repoUrl = repo_url, branch = checked_out_branch(self, t, branch), targetDir = t.view,
+    timestamp = timestamp }
 end
 
 -- deleteSession (session_id) or destroy (nil): its host-side clones are

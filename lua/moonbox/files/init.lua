@@ -592,6 +592,92 @@ local function read_dir(fd)
   end, "listFiles")
 end
 
+-- A directory's O_PATH fd (confined) and its entries (read_dir) -> fd,
+-- dirlist; nil when a directory below the listed one went meanwhile; any
+-- other failure fails the listing.
+local function open_listing(root, sb, dir_rel, top_rel)
+  local fd, msg, code = fs.open_beneath(root, dir_rel, O_PATH)
+  local dirlist
+  if fd then
+    local ok, res, rmsg, rcode = pcall(read_dir, fd)
+    if not ok then fs.close_dir(fd) error(res, 0) end
+    dirlist, msg, code = res, rmsg, rcode
+  end
+  if not dirlist then
+    if fd then fs.close_dir(fd) end
+    if dir_rel ~= top_rel and (code == "ENOENT" or code == "ENOTDIR") then return nil end -- changed meanwhile
+    msg = msg and msg:gsub(" %(scandir '/proc/self/fd/%d+'%)", "")
+    fail("listFiles", view_of(sb, dir_rel), msg, code)
+  end
+  return fd, dirlist
+end
+
+-- The entries of dirlist one by one, taken in batches; past LIST_SLICE_MS
+-- of work (listing.slice_start) the loop runs a moment before the next.
+local function entries(dirlist, listing)
+  local batch, i = {}, 0
+  return function()
+    i = i + 1
+    local e = batch[i]
+    if not e then
+      if util.now_ms() - listing.slice_start >= LIST_SLICE_MS then
+        async.sleep(1) -- a 0 ms timer could run again before any I/O
+        listing.slice_start = util.now_ms()
+      end
+      batch, i = dirlist:next(64), 1
+      if not batch then return nil end
+      e = batch[1]
+    end
+    return e
+  end
+end
+
+-- One entry of the listing, as listFiles returns it.
+local function file_record(sb, name, rel, relative, st)
+  return {
+    name = name, absolutePath = view_of(sb, rel), relativePath = relative,
+    type = st.type, size = st.size, modifiedAt = util.timestamp(st.mtime),
+    mode = mode_string(st.mode), permissions = permissions(st),
+  }
+end
+
+-- Add the entries of dir_rel (and, recursive, of its subdirectories) to
+-- listing.files, until listing.limit.
+local function walk(listing, dir_rel, prefix)
+  local sb = listing.sb
+  local fd, dirlist = open_listing(listing.root, sb, dir_rel, listing.top_rel)
+  if not fd then return end
+  local ok, err = pcall(function()
+    for e in entries(dirlist, listing) do
+      if listing.hidden or e.name:sub(1, 1) ~= "." then
+        local rel = join(dir_rel, e.name)
+        local st, smsg, scode = afs.lstat_beneath(fd, e.name)
+        if st then
+          if #listing.files == listing.limit then listing.truncated = true return end
+          local relative = prefix == "" and e.name or prefix .. "/" .. e.name
+          listing.files[#listing.files + 1] = file_record(sb, e.name, rel, relative, st)
+          if listing.recursive and st.type == "directory" then
+            -- one directory fd at a time, whatever the depth (a chain of
+            -- 2,000 directories held 2,000 of the runtime's fds): this
+            -- one is opened again after its subdirectory (its sorted
+            -- entries are in memory already); gone meanwhile, it ends here
+            fs.close_dir(fd)
+            fd = nil
+            walk(listing, rel, relative)
+            fd = fs.open_beneath(listing.root, dir_rel, O_PATH)
+            if not fd or listing.truncated then return end
+          end
+        elseif scode ~= "ENOENT" then
+          fail("listFiles", view_of(sb, rel), smsg, scode)
+        end
+      end
+    end
+  end)
+  dirlist:close()
+  if fd then fs.close_dir(fd) end
+  if not ok then error(err, 0) end
+end
+
 -- listFiles(path, {recursive, includeHidden, limit}) -> {success, path, files,
 -- count, truncated, timestamp}. Entries sorted by name, a directory's
 -- contents right after it; symlinks are listed as "symlink" and never
@@ -617,72 +703,11 @@ function Session:listFiles(path, opts)
   return queued(self, function()
     local timestamp = util.timestamp()
     local t = target(self, "listFiles", path)
-    local root, sb = root_of(self.sandbox), self.sandbox
-    local files, truncated = {}, false
-    local slice_start = util.now_ms()
-    local function walk(dir_rel, prefix)
-      local fd, msg, code = fs.open_beneath(root, dir_rel, O_PATH)
-      local dirlist
-      if fd then
-        local ok, res, rmsg, rcode = pcall(read_dir, fd)
-        if not ok then fs.close_dir(fd) error(res, 0) end
-        dirlist, msg, code = res, rmsg, rcode
-      end
-      if not dirlist then
-        if fd then fs.close_dir(fd) end
-        if dir_rel ~= t.rel and (code == "ENOENT" or code == "ENOTDIR") then return end -- changed meanwhile
-        msg = msg and msg:gsub(" %(scandir '/proc/self/fd/%d+'%)", "")
-        fail("listFiles", view_of(sb, dir_rel), msg, code)
-      end
-      local ok, err = pcall(function()
-        local batch, i = {}, 0
-        while not truncated do
-          i = i + 1
-          local e = batch[i]
-          if not e then
-            if util.now_ms() - slice_start >= LIST_SLICE_MS then
-              async.sleep(1) -- a 0 ms timer could run again before any I/O
-              slice_start = util.now_ms()
-            end
-            batch, i = dirlist:next(64), 1
-            if not batch then return end
-            e = batch[1]
-          end
-          if hidden or e.name:sub(1, 1) ~= "." then
-            local rel = join(dir_rel, e.name)
-            local st, smsg, scode = afs.lstat_beneath(fd, e.name)
-            if st then
-              if #files == limit then truncated = true return end
-              local relative = prefix == "" and e.name or prefix .. "/" .. e.name
-              files[#files + 1] = {
-                name = e.name, absolutePath = view_of(sb, rel), relativePath = relative,
-                type = st.type, size = st.size, modifiedAt = util.timestamp(st.mtime),
-                mode = mode_string(st.mode), permissions = permissions(st),
-              }
-              if recursive and st.type == "directory" then
-                -- one directory fd at a time, whatever the depth (a chain of
-                -- 2,000 directories held 2,000 of the runtime's fds): this
-                -- one is opened again after its subdirectory (its sorted
-                -- entries are in memory already); gone meanwhile, it ends here
-                fs.close_dir(fd)
-                fd = nil
-                walk(rel, relative)
-                fd = fs.open_beneath(root, dir_rel, O_PATH)
-                if not fd then return end
-              end
-            elseif scode ~= "ENOENT" then
-              fail("listFiles", view_of(sb, rel), smsg, scode)
-            end
-          end
-        end
-      end)
-      dirlist:close()
-      if fd then fs.close_dir(fd) end
-      if not ok then error(err, 0) end
-    end
-    walk(t.rel, "")
-    return { success = true, path = t.view, files = files, count = #files, truncated = truncated,
-      timestamp = timestamp }
+    local listing = { root = root_of(self.sandbox), sb = self.sandbox, top_rel = t.rel, files = {},
+      truncated = false, limit = limit, hidden = hidden, recursive = recursive, slice_start = util.now_ms() }
+    walk(listing, t.rel, "")
+    return { success = true, path = t.view, files = listing.files, count = #listing.files,
+      truncated = listing.truncated, timestamp = timestamp }
   end)
 end
 

@@ -12,6 +12,7 @@ local util = require "moonbox.lib.util"
 local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
 local pattern_mod = require "moonbox.lib.pattern"
+local log_wait = require "moonbox.process.wait"
 local compose = require "moonbox.lib.compose"
 local output_budget = require "moonbox.session.budget"
 local Session = {} -- this part's methods, installed by session/init.lua (M.install)
@@ -368,37 +369,10 @@ end
 
 -- waitForLog(pattern, timeoutMs?, {plain?}) -> {line, match, stream,
 -- captures?}: searches what is buffered first, then each new chunk, across
--- chunk boundaries.
---
--- The search never holds the loop: it runs in the calling task with the
--- step-counting matcher (moonbox.lib.pattern), yielding to the loop every
--- LOG_SEARCH.sliceMs, and resumes where the last search could still match
--- instead of searching the whole log again after each chunk. One search of
--- the log may take LOG_SEARCH.baseSteps plus stepsPerByte per byte it
--- covers; a pattern that needs more (nested backtracking such as
--- "a*a*a*a*a*a*a*a*b") fails the wait with VALIDATION_FAILED ("too
--- expensive") instead of stalling every sandbox for minutes.
-M.LOG_SEARCH = {
-  maxPatternBytes = 4096,
-  baseSteps = 10000000, -- about a quarter second of matching, in slices
-  stepsPerByte = 100,   -- a linear pattern takes a few steps per byte
-  sliceMs = 3,
-}
-
--- The line around text[s..e] (a match may span lines; the line runs from the
--- start of its first to the end of its last).
-local function line_around(text, s, e)
-  local line_start = 1
-  local hi = s - 1
-  while hi >= 1 do -- the last "\n" before s, looked for backwards in windows
-    local lo = math.max(1, hi - 4095)
-    local at = text:sub(lo, hi):match("^.*()\n") -- anchored: one pass
-    if at then line_start = lo + at break end
-    hi = lo - 1
-  end
-  local line_end = text:find("\n", e, true) or (#text + 1)
-  return text:sub(line_start, line_end - 1)
-end
+-- chunk boundaries, with the step-counting matcher (moonbox.lib.pattern)
+-- in slices that never hold the loop (process/wait.lua, which also holds
+-- the budget: M.LOG_SEARCH).
+M.LOG_SEARCH = log_wait.LOG_SEARCH
 
 function Process:waitForLog(pattern, timeout_ms, opts)
   V.type(pattern, "string", "pattern")
@@ -406,113 +380,20 @@ function Process:waitForLog(pattern, timeout_ms, opts)
   V.timeout(timeout_ms, "timeoutMs")
   opts = V.options(opts, { plain = true }, "waitForLog options")
   V.type(opts.plain, "boolean", "plain", true)
-  local cfg = M.LOG_SEARCH
-  if #pattern > cfg.maxPatternBytes then
-    V.fail("pattern", ("pattern is longer than %d bytes"):format(cfg.maxPatternBytes))
+  if #pattern > M.LOG_SEARCH.maxPatternBytes then
+    V.fail("pattern", ("pattern is longer than %d bytes"):format(M.LOG_SEARCH.maxPatternBytes))
   end
   local plain = opts.plain or pattern_mod.is_plain(pattern)
-  local cp = not plain and pattern_mod.check(pattern, "pattern")
-  local what = ("log pattern %q"):format(pattern)
-  local deadline = timeout_ms and util.now_ms() + timeout_ms
-  local function timed_out()
-    errors.raise("PROCESS_READY_TIMEOUT", ("process %q: %s not seen within %d ms"):format(self.id, what, timeout_ms),
-      { processId = self.id, timeout = timeout_ms })
-  end
-
-  -- Between slices the task sleeps a moment, so the loop runs everything
-  -- else that is due (a 0 ms timer would run again before any I/O).
-  local in_task = async.in_task()
-  local slice_start = util.now_ms()
-  local function pause()
-    local now = util.now_ms()
-    if now - slice_start < cfg.sliceMs then return end
-    if deadline and now >= deadline then timed_out() end
-    if in_task then async.sleep(1) end
-    slice_start = util.now_ms()
-  end
-
-  -- per stream: where the next search starts, and the bytes the log had
-  -- dropped from its front when that was decided
-  local state = {}
-  for _, stream in ipairs { "stdout", "stderr" } do
-    state[stream] = { from = 1, dropped = self._logs[stream].dropped }
-  end
-
-  local function search()
-    slice_start = util.now_ms()
-    for _, stream in ipairs { "stdout", "stderr" } do
-      local buf, st = self._logs[stream], state[stream]
-      local text = buf:text()
-      local shift = buf.dropped - st.dropped
-      st.dropped = buf.dropped
-      local from = st.from
-      if shift > 0 then
-        from = (from == false or (cp and cp.anchor)) and 1 or math.max(1, from - shift)
-      end
-      if from then
-        from = math.min(from, #text + 1)
-        local s, e, caps
-        if plain then
-          s, e = pattern_mod.plain_find(text, pattern, from, pause)
-          if not s then st.from = e end
-        else
-          local budget = cfg.baseSteps + cfg.stepsPerByte * (#text - from + 1)
-          local ok, a, b, c = pcall(pattern_mod.search, cp, text, from,
-            { budget = budget, pause = pause, also_first = shift > 0 })
-          if not ok then
-            if not pattern_mod.is_too_expensive(a) then error(a, 0) end
-            errors.raise("VALIDATION_FAILED", ("pattern: %s is too expensive: searching %d bytes of %s took more " ..
-              "than %d steps (nested repetitions backtrack without end); simplify it or use plain = true"):format(
-              what, #text - from + 1, stream, budget), { field = "pattern", steps = a.steps, budget = budget })
-          end
-          s, e, caps = a, b, c
-          if not s then st.from = b end
-        end
-        if s then
-          local r = { line = line_around(text, s, e), match = text:sub(s, e), stream = stream }
-          if caps and #caps > 0 then r.captures = caps end
-          return r
-        end
-      end
-    end
-  end
-
-  local changed = true
-  local wake
-  local function listener()
-    changed = true
-    if wake then local w = wake wake = nil w() end
-  end
-  table.insert(self._listeners, listener)
-  local ok, result = pcall(function()
-    while true do
-      changed = false
-      local found = search()
-      if found then return found end
-      if not self:_running() then
-        errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q %s before %s"):format(self.id, self:_how_ended(),
-          what), { processId = self.id, exitCode = self.exitCode, status = self.status })
-      end
-      if deadline and util.now_ms() >= deadline then timed_out() end
-      if not changed then
-        local timer
-        local expired = async.await(function(resume)
-          wake = resume
-          if deadline then timer = after(math.max(0, deadline - util.now_ms()), function() resume(true) end) end
-          return function()
-            wake = nil
-            if timer and not timer:is_closing() then timer:close() end
-          end
-        end, what)
-        wake = nil
-        if timer and not timer:is_closing() then timer:close() end
-        if expired then timed_out() end
-      end
-    end
-  end)
-  for i, l in ipairs(self._listeners) do if l == listener then table.remove(self._listeners, i) break end end
-  if not ok then error(result, 0) end
-  return result
+  local q = { pattern = pattern, plain = plain, cp = not plain and pattern_mod.check(pattern, "pattern"),
+    what = ("log pattern %q"):format(pattern) }
+  return log_wait.for_log({
+    id = self.id, logs = self._logs, listeners = self._listeners,
+    check_running = function(what)
+      if self:_running() then return end
+      errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q %s before %s"):format(self.id, self:_how_ended(),
+        what), { processId = self.id, exitCode = self.exitCode, status = self.status })
+    end,
+  }, q, timeout_ms)
 end
 
 -- waitForPort(port, {mode = "http"|"tcp", path, status, timeout, interval})
@@ -564,9 +445,10 @@ end
 local start_options = { processId = true, env = true, cwd = true, timeout = true, stdin = true, onOutput = true,
   onExit = true, onStart = true, autoCleanup = true, _encoding = true } -- (_encoding: the seed's encoding)
 
-function Session:startProcess(command, opts)
-  self:_check_live()
-  local sb = self.sandbox
+-- The command and options of startProcess, checked (and passed through the
+-- onStartProcess hook) -> command, opts, env, cwd (host path).
+local function checked_start(session, command, opts)
+  local sb = session.sandbox
   -- no command in a sandbox made from an image: the image's Entrypoint
   -- followed by its Cmd, as an argv (docs/images.md)
   if command == nil and sb.image then command = sb:_image_command() end
@@ -580,15 +462,20 @@ function Session:startProcess(command, opts)
   V.type(opts.processId, "string", "processId", true)
   V.type(opts.autoCleanup, "boolean", "autoCleanup", true)
   for _, cb in ipairs { "onOutput", "onExit", "onStart" } do V.type(opts[cb], "function", cb, true) end
-  local cwd = self.cwd
+  local cwd = session.cwd
   if opts.cwd ~= nil then
-    cwd = sb:host_path(V.path(opts.cwd, "cwd"), self.cwd)
+    cwd = sb:host_path(V.path(opts.cwd, "cwd"), session.cwd)
     if not sb:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   local changed = policy_mod.call_hook(sb.policy, "onStartProcess", "startProcess", { command = command },
-    self, command, opts)
+    session, command, opts)
   if changed ~= nil then command = changed end
-  local id = opts.processId
+  return command, opts, env, cwd
+end
+
+-- The new process's id (the one asked for, unless such a process runs, or
+-- the next proc-N), within limits.maxProcesses.
+local function claim_id(sb, id)
   if id ~= nil then
     V.id(id, "processId", "process id")
     local existing = sb.processes[id]
@@ -608,6 +495,58 @@ function Session:startProcess(command, opts)
     errors.raise("POLICY_DENIED", ("sandbox %q already runs %d processes (limits.maxProcesses)"):format(sb.id, running),
       { limit = "maxProcesses", maxProcesses = sb.policy.limits.maxProcesses })
   end
+  return id
+end
+
+-- A process that could not be spawned: its record says why (status "error").
+local function spawn_failed(p, message, code)
+  p.status, p.error, p.errorCode = "error", message, code
+  p.endTime = util.timestamp()
+  if p._cgroup then tree.remove_cgroup(p._cgroup) p._cgroup = nil end
+  notify(p._exit_waiters)
+  p._exit_waiters = {}
+  M.completed(p)
+  return p
+end
+
+-- The spawned process's pipes and timeout: stdin written then closed,
+-- stdout and stderr read into its log until EOF.
+local function attach(p, proc, pipes, opts)
+  p.pid = proc:pid()
+  -- (beyond) the pid the sandbox's own processes see (`kill`, `ps` inside);
+  -- pid is the host's, as the runtime and a host-side script use it
+  p.sandboxPid = proc:sandbox_pid()
+  p._proc = proc
+  p.status = "running"
+  if opts.stdin then
+    local s = pipes[0]
+    s:write(opts.stdin, function() s:close() end)
+  end
+  for fd, stream in pairs { [1] = "stdout", [2] = "stderr" } do
+    local s = pipes[fd]
+    p._pipes[stream] = s
+    s:read_start(function(_, data)
+      if data then p:_output(stream, data)
+      else
+        s:close()
+        p._pipes[stream] = nil
+      end
+    end)
+  end
+  if opts.timeout and opts.timeout > 0 then
+    p._timers.timeout = after(opts.timeout, function()
+      p._timers.timeout = nil
+      run_in_task("process timeout", function() if p:_alive() then p:kill() end end)
+    end)
+  end
+end
+
+function Session:startProcess(command, opts)
+  self:_check_live()
+  local sb = self.sandbox
+  local env, cwd
+  command, opts, env, cwd = checked_start(self, command, opts)
+  local id = claim_id(sb, opts.processId)
 
   local shown = type(command) == "table" and util.shell_join(command) or command
   local p = new_process(sb, self, id, shown)
@@ -639,42 +578,8 @@ function Session:startProcess(command, opts)
     cgroup = p._cgroup,
     on_exit = function(exit_code, signal) p:_exited(exit_code, signal) end,
   })
-  if not proc then
-    p.status, p.error, p.errorCode = "error", pipes, code
-    p.endTime = util.timestamp()
-    if p._cgroup then tree.remove_cgroup(p._cgroup) p._cgroup = nil end
-    notify(p._exit_waiters)
-    p._exit_waiters = {}
-    M.completed(p)
-    return p
-  end
-  p.pid = proc:pid()
-  -- (beyond) the pid the sandbox's own processes see (`kill`, `ps` inside);
-  -- pid is the host's, as the runtime and a host-side script use it
-  p.sandboxPid = proc:sandbox_pid()
-  p._proc = proc
-  p.status = "running"
-  if opts.stdin then
-    local s = pipes[0]
-    s:write(opts.stdin, function() s:close() end)
-  end
-  for fd, stream in pairs { [1] = "stdout", [2] = "stderr" } do
-    local s = pipes[fd]
-    p._pipes[stream] = s
-    s:read_start(function(_, data)
-      if data then p:_output(stream, data)
-      else
-        s:close()
-        p._pipes[stream] = nil
-      end
-    end)
-  end
-  if opts.timeout and opts.timeout > 0 then
-    p._timers.timeout = after(opts.timeout, function()
-      p._timers.timeout = nil
-      run_in_task("process timeout", function() if p:_alive() then p:kill() end end)
-    end)
-  end
+  if not proc then return spawn_failed(p, pipes, code) end
+  attach(p, proc, pipes, opts)
   if opts.onStart then
     async.user_callback("onStart", opts.onStart, p)
   end
