@@ -27,25 +27,20 @@
  *    the kernel's answer must meet: every fd on one of a set of mounts, and
  *    the calls made with given credentials (the sandbox file API's).
  */
+#include "openat2.h"
 #include "private.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
-
-#ifndef SYS_openat2
-#define SYS_openat2 437
-#endif
 
 #ifndef STATX_MNT_ID
 #define STATX_MNT_ID 0x00001000U
@@ -53,8 +48,6 @@
 #ifndef STATX_MNT_ID_UNIQUE
 #define STATX_MNT_ID_UNIQUE 0x00004000U
 #endif
-
-#define OPENAT2_ENOSYS_MSG "ENOSYS: openat2 not supported by this kernel (needs Linux 5.6)"
 
 /* ---- shared helpers ------------------------------------------------------ */
 
@@ -477,29 +470,10 @@ static int fs_utime(lua_State *L) {
 
 /* ---- root-confined resolution (openat2) ---------------------------------- */
 
-static const char *const resolve_names[] = {"beneath", "in_root", NULL};
-
 static unsigned long long check_resolve(lua_State *L, int idx, const char **name) {
-  int which = luaL_checkoption(L, idx, "beneath", resolve_names);
-  *name = resolve_names[which];
-  return (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
-}
-
-/* openat2, retried on EINTR and on the EAGAIN the kernel returns when a
- * concurrent rename or mount makes a confined lookup unsafe to complete. */
-static int openat2_fd(int dirfd, const char *path, unsigned long long flags, unsigned long long mode,
-                      unsigned long long resolve) {
-  struct open_how how;
-  memset(&how, 0, sizeof(how));
-  how.flags = flags;
-  how.mode = (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? mode : 0;
-  how.resolve = resolve;
-  long rc = -1;
-  for (int tries = 0; tries < 16; tries++) {
-    rc = syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
-    if (rc >= 0 || (errno != EINTR && errno != EAGAIN)) break;
-  }
-  return (int)rc;
+  int which = luaL_checkoption(L, idx, "beneath", mb_resolve_names);
+  *name = mb_resolve_names[which];
+  return mb_resolve_bits(which);
 }
 
 /* ---- confinement ---------------------------------------------------------
@@ -663,7 +637,7 @@ static int meets_proc_link(int dirfd, const char *path, unsigned long long resol
       if (cur[end - 1] == '/') continue;
       memcpy(prefix, cur, end);
       prefix[end] = 0;
-      int fd = openat2_fd(dirfd, prefix, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, resolve);
+      int fd = mb_openat2(dirfd, prefix, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, resolve);
       if (fd < 0) return 0;
       struct stat st;
       struct statfs sfs;
@@ -703,14 +677,14 @@ static int rules_openat2(const confine_rules *r, int dirfd, const char *path, un
   if (r && !(flags & O_PATH)) extra = (O_NONBLOCK | O_NOCTTY) & ~flags;
   saved_creds s;
   if (creds_enter(r, &s) < 0) return -1;
-  int fd = openat2_fd(dirfd, path, flags | extra, mode, resolve);
+  int fd = mb_openat2(dirfd, path, flags | extra, mode, resolve);
   if (fd < 0 && r && r->mnt_mask && !(flags & O_PATH) && (errno == EACCES || errno == EPERM || errno == EROFS)) {
     /* Refused where it leads: if that is outside the allowed mounts, say
      * so (EXDEV), as a path that opens would; a permission error would
      * tell the caller what exists out there. An O_PATH open needs no
      * permission on the file itself and is only looked at. */
     int err = errno;
-    int probe = openat2_fd(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW), 0, resolve);
+    int probe = mb_openat2(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW), 0, resolve);
     if (probe >= 0) {
       if (rules_check(r, probe) < 0 && errno == EXDEV) err = EXDEV;
       close(probe);
@@ -872,10 +846,6 @@ static int confine_mounts(lua_State *L) {
 
 static int return_root_error(lua_State *L, int err, int idx);
 
-static unsigned long long resolve_bits(int which) {
-  return (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
-}
-
 /* Shares from's root fd with c (a runtime of thousands of sandboxes keeps
  * one root fd for each sandbox's two confinements). 0 or an errno. */
 static int share_root(fs_confine *c, fs_confine *from) {
@@ -920,7 +890,7 @@ static int fs_confine_new(lua_State *L) {
       return luaL_argerror(L, 3, "uid and gid must be between 0 and 2^32-2");
     creds = 1;
   }
-  int which = luaL_checkoption(L, 4, "beneath", resolve_names);
+  int which = luaL_checkoption(L, 4, "beneath", mb_resolve_names);
 
   fs_confine *c = (fs_confine *)lua_newuserdata(L, sizeof(fs_confine));
   memset(c, 0, sizeof *c);
@@ -930,8 +900,8 @@ static int fs_confine_new(lua_State *L) {
   c->creds = creds;
   c->uid = (uid_t)uid;
   c->gid = (gid_t)gid;
-  c->resolve = resolve_bits(which);
-  c->resolve_name = resolve_names[which];
+  c->resolve = mb_resolve_bits(which);
+  c->resolve_name = mb_resolve_names[which];
   if (from) {
     int err = share_root(c, from);
     if (err) return return_root_error(L, err, 1);
@@ -956,7 +926,7 @@ static int fs_confine_new(lua_State *L) {
   for (int i = 1; i <= nallow; i++) {
     lua_rawgeti(L, 2, i);
     const char *rel = lua_tostring(L, -1);
-    int fd = openat2_fd(c->root, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
+    int fd = mb_openat2(c->root, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
     unsigned long long id;
     /* the root's own mount only when named as "." (an image's root, whose
      * overlay is the sandbox's storage); else a path on it allows nothing */
@@ -1034,12 +1004,12 @@ int mb_fs_root_open_path(lua_State *L, int idx, const char *rel) {
   }
   lua_Integer dirfd = luaL_checkinteger(L, idx);
   if (dirfd < 0 || dirfd > 0x7fffffff) luaL_argerror(L, idx, "dirfd must be >= 0");
-  return openat2_fd((int)dirfd, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+  return mb_openat2((int)dirfd, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
 }
 
 /* The error message for a failed openat2 of path (errno value err). */
 static void push_openat2_errmsg(lua_State *L, int err, const char *path, const char *resolve) {
-  if (err == ENOSYS) lua_pushliteral(L, OPENAT2_ENOSYS_MSG);
+  if (err == ENOSYS) lua_pushliteral(L, MB_OPENAT2_ENOSYS_MSG);
   else if (err == EXDEV) lua_pushfstring(L, "EXDEV: path resolves outside the root ('%s', resolve=%s)", path, resolve);
   else {
     int uverr = uv_translate_sys_error(err);

@@ -6,6 +6,7 @@
 #include "nsinit.h"
 #include "child/child.h"
 #include "child/wire.h"
+#include "openat2.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,7 +30,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <linux/capability.h>
-#include <linux/openat2.h>
 
 /* The new mount API (Linux 5.2+, mount_setattr 5.12+); glibc 2.36's
  * <sys/mount.h> and <linux/mount.h> clash, so the few constants live here. */
@@ -288,11 +288,8 @@ static int has_symlink(const char *dst) {
   if (n >= sizeof buf) return errno = ENAMETOOLONG, -1;
   memcpy(buf, dst, n + 1);
   for (;;) {
-    struct open_how how;
-    memset(&how, 0, sizeof how);
-    how.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC;
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-    int fd = (int)syscall(SYS_openat2, AT_FDCWD, buf, &how, sizeof how);
+    int fd = mb_openat2(AT_FDCWD, buf, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0,
+                        RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
     if (fd >= 0) {
       struct stat st;
       int link = fstat(fd, &st) == 0 && S_ISLNK(st.st_mode);

@@ -13,6 +13,8 @@
  *               family's mb_open_* (the registration list) and teardown.
  * The code that runs in a child between clone and exec (child/) and the
  * sandbox init (nsinit.c) see only child/child.h, child/wire.h, nsinit.h.
+ * openat2.h (openat2.c) is the one confined path resolution, for fs.c,
+ * fs_tree.c, image_unpack.c and nsinit.c.
  *
  * Conventions (after luv): a uv handle lives in C memory (mb_handle); the Lua
  * userdata only points at it. While a handle is open it is anchored in the
