@@ -836,10 +836,6 @@ static void on_event(uv_poll_t *poll, int status, int events) {
  * are kept (keep_exit). */
 static int recv_reply(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_reply *r, pid_t *cred_pid, int *fd) {
   union {
-    char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * 4)];
-    struct cmsghdr align;
-  } u;
-  union {
     mb_nsinit_reply reply;
     mb_nsinit_event event;
   } in;
@@ -847,15 +843,9 @@ static int recv_reply(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_re
   if (fd) *fd = -1;
   int64_t deadline = (int64_t)uv_hrtime() + REPLY_TIMEOUT_MS * 1000000LL; /* a wedged init must not hang us */
   for (;;) {
-    struct iovec iov = {&in, sizeof in};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = u.buf;
-    msg.msg_controllen = sizeof u.buf;
-    ssize_t n = recvmsg(st->sock_fd, &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+    mb_wire_in got;
+    ssize_t n = mb_wire_recv(st->sock_fd, &in, sizeof in, &got);
+    if (n < 0 && errno == EAGAIN) {
       /* non-blocking (the loop polls it): wait here, but not forever */
       struct pollfd pf = {st->sock_fd, POLLIN, 0};
       int left = (int)((deadline - (int64_t)uv_hrtime()) / 1000000);
@@ -864,22 +854,11 @@ static int recv_reply(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_re
       continue;
     }
     if (n < 0) return errno;
-    int is_reply = n == (ssize_t)sizeof in.reply && in.reply.kind == MB_NSINIT_REPLY && !(msg.msg_flags & MSG_TRUNC);
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET) continue;
-      if (c->cmsg_type == SCM_CREDENTIALS && cred_pid && is_reply) {
-        struct ucred cred;
-        memcpy(&cred, CMSG_DATA(c), sizeof cred);
-        *cred_pid = cred.pid;
-      } else if (c->cmsg_type == SCM_RIGHTS) {
-        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        for (int i = 0; i < k; i++) {
-          int got;
-          memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
-          if (is_reply && fd && *fd < 0) *fd = got;
-          else close(got);
-        }
-      }
+    int is_reply = n == (ssize_t)sizeof in.reply && in.reply.kind == MB_NSINIT_REPLY && !(got.flags & MSG_TRUNC);
+    if (cred_pid && is_reply) *cred_pid = got.cred_pid;
+    for (int i = 0; i < got.nfds; i++) {
+      if (is_reply && fd && *fd < 0) *fd = got.fds[i];
+      else close(got.fds[i]);
     }
     if (is_reply) {
       memcpy(r, &in.reply, sizeof *r);
