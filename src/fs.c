@@ -267,13 +267,34 @@ static int req_submitted(lua_State *L, fs_req *fr, int rc) {
 
 #define LOOP(fr) ((fr)->core->loop)
 
+/* Queues uv_fs_<func>(loop, &fr->req, args..., on_fs) and returns what the
+ * binding returns: true, or nil, message, CODE (after luv's FS_CALL). */
+#define FS_CALL(L, fr, func, ...) req_submitted(L, fr, uv_fs_##func(LOOP(fr), &(fr)->req, __VA_ARGS__, on_fs))
+
+/* core.fs_<func>(path, cb): a request on a path alone, named func. */
+#define FS_PATH_OP(func, push)                                                                                         \
+  static int fs_##func(lua_State *L) {                                                                                 \
+    const char *path = luaL_checkstring(L, 1);                                                                         \
+    fs_req *fr = req_new(L, 2, #func, push);                                                                           \
+    return FS_CALL(L, fr, func, path);                                                                                 \
+  }
+
+/* core.fs_<func>(fd, cb): a request on an fd alone, named func. */
+#define FS_FD_OP(func, push)                                                                                           \
+  static int fs_##func(lua_State *L) {                                                                                 \
+    int fd = check_fd(L, 1);                                                                                           \
+    fs_req *fr = req_new(L, 2, #func, push);                                                                           \
+    fr->fd = fd;                                                                                                       \
+    return FS_CALL(L, fr, func, fd);                                                                                   \
+  }
+
 /* core.fs_open(path, flags, mode, cb) -> cb(nil, fd) */
 static int fs_open(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   int flags = check_flags(L, 2);
   int mode = check_mode(L, 3, 0666);
   fs_req *fr = req_new(L, 4, "open", push_result_int);
-  return req_submitted(L, fr, uv_fs_open(LOOP(fr), &fr->req, path, flags, mode, on_fs));
+  return FS_CALL(L, fr, open, path, flags, mode);
 }
 
 /* core.fs_read(fd, size, offset, cb) -> cb(nil, data); "" at EOF; offset nil/-1: current position */
@@ -292,7 +313,7 @@ static int fs_read(lua_State *L) {
     return mb_push_error(L, UV_ENOMEM, "read buffer");
   }
   uv_buf_t buf = uv_buf_init(fr->buf, (unsigned int)size);
-  return req_submitted(L, fr, uv_fs_read(LOOP(fr), &fr->req, fd, &buf, 1, offset, on_fs));
+  return FS_CALL(L, fr, read, fd, &buf, 1, offset);
 }
 
 /* core.fs_write(fd, data, offset, cb) -> cb(nil, bytes_written) */
@@ -308,64 +329,35 @@ static int fs_write(lua_State *L) {
   lua_pushvalue(L, 2);
   fr->data_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   uv_buf_t buf = uv_buf_init((char *)data, (unsigned int)len);
-  return req_submitted(L, fr, uv_fs_write(LOOP(fr), &fr->req, fd, &buf, 1, offset, on_fs));
+  return FS_CALL(L, fr, write, fd, &buf, 1, offset);
 }
 
 /* core.fs_close(fd, cb) -> cb(nil, true) */
-static int fs_close(lua_State *L) {
-  int fd = check_fd(L, 1);
-  fs_req *fr = req_new(L, 2, "close", push_result_true);
-  fr->fd = fd;
-  return req_submitted(L, fr, uv_fs_close(LOOP(fr), &fr->req, fd, on_fs));
-}
+FS_FD_OP(close, push_result_true)
 
-/* core.fs_stat(path, cb) / fs_lstat(path, cb) -> cb(nil, stat table) */
-static int fs_stat(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "stat", push_result_stat);
-  return req_submitted(L, fr, uv_fs_stat(LOOP(fr), &fr->req, path, on_fs));
-}
-
-static int fs_lstat(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "lstat", push_result_stat);
-  return req_submitted(L, fr, uv_fs_lstat(LOOP(fr), &fr->req, path, on_fs));
-}
-
-/* core.fs_fstat(fd, cb) -> cb(nil, stat table) */
-static int fs_fstat(lua_State *L) {
-  int fd = check_fd(L, 1);
-  fs_req *fr = req_new(L, 2, "fstat", push_result_stat);
-  fr->fd = fd;
-  return req_submitted(L, fr, uv_fs_fstat(LOOP(fr), &fr->req, fd, on_fs));
-}
+/* core.fs_stat(path, cb) / fs_lstat(path, cb) / fs_fstat(fd, cb) -> cb(nil, stat table) */
+FS_PATH_OP(stat, push_result_stat)
+FS_PATH_OP(lstat, push_result_stat)
+FS_FD_OP(fstat, push_result_stat)
 
 /* core.fs_mkdir(path, mode, cb) -> cb(nil, true); mode nil: 0777 (before umask) */
 static int fs_mkdir(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   int mode = check_mode(L, 2, 0777);
   fs_req *fr = req_new(L, 3, "mkdir", push_result_true);
-  return req_submitted(L, fr, uv_fs_mkdir(LOOP(fr), &fr->req, path, mode, on_fs));
+  return FS_CALL(L, fr, mkdir, path, mode);
 }
 
-static int fs_rmdir(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "rmdir", push_result_true);
-  return req_submitted(L, fr, uv_fs_rmdir(LOOP(fr), &fr->req, path, on_fs));
-}
-
-static int fs_unlink(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "unlink", push_result_true);
-  return req_submitted(L, fr, uv_fs_unlink(LOOP(fr), &fr->req, path, on_fs));
-}
+/* core.fs_rmdir(path, cb) / fs_unlink(path, cb) -> cb(nil, true) */
+FS_PATH_OP(rmdir, push_result_true)
+FS_PATH_OP(unlink, push_result_true)
 
 /* core.fs_rename(old, new, cb) -> cb(nil, true) */
 static int fs_rename(lua_State *L) {
   const char *from = luaL_checkstring(L, 1);
   const char *to = luaL_checkstring(L, 2);
   fs_req *fr = req_new(L, 3, "rename", push_result_true);
-  return req_submitted(L, fr, uv_fs_rename(LOOP(fr), &fr->req, from, to, on_fs));
+  return FS_CALL(L, fr, rename, from, to);
 }
 
 /* core.fs_scandir(path, cb) -> cb(nil, {{name=, type=}, ...}) unsorted, without . and ..;
@@ -373,7 +365,7 @@ static int fs_rename(lua_State *L) {
 static int fs_scandir(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   fs_req *fr = req_new(L, 2, "scandir", push_result_scandir);
-  return req_submitted(L, fr, uv_fs_scandir(LOOP(fr), &fr->req, path, 0, on_fs));
+  return FS_CALL(L, fr, scandir, path, 0);
 }
 
 /* core.fs_scandir_batched(path, cb) -> cb(nil, dirlist): the same listing
@@ -409,7 +401,7 @@ static void push_result_dirlist(lua_State *L, fs_req *fr) {
 static int fs_scandir_batched(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   fs_req *fr = req_new(L, 2, "scandir", push_result_dirlist);
-  return req_submitted(L, fr, uv_fs_scandir(LOOP(fr), &fr->req, path, 0, on_fs));
+  return FS_CALL(L, fr, scandir, path, 0);
 }
 
 static int dirlist_next(lua_State *L) {
@@ -437,18 +429,10 @@ static int dirlist_close(lua_State *L) {
 }
 
 /* core.fs_readlink(path, cb) -> cb(nil, target) */
-static int fs_readlink(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "readlink", push_result_ptr);
-  return req_submitted(L, fr, uv_fs_readlink(LOOP(fr), &fr->req, path, on_fs));
-}
+FS_PATH_OP(readlink, push_result_ptr)
 
 /* core.fs_realpath(path, cb) -> cb(nil, absolute canonical path) */
-static int fs_realpath(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "realpath", push_result_ptr);
-  return req_submitted(L, fr, uv_fs_realpath(LOOP(fr), &fr->req, path, on_fs));
-}
+FS_PATH_OP(realpath, push_result_ptr)
 
 /* core.fs_chmod(path, mode, cb) -> cb(nil, true) */
 static int fs_chmod(lua_State *L) {
@@ -456,7 +440,7 @@ static int fs_chmod(lua_State *L) {
   luaL_checkinteger(L, 2);
   int mode = check_mode(L, 2, 0);
   fs_req *fr = req_new(L, 3, "chmod", push_result_true);
-  return req_submitted(L, fr, uv_fs_chmod(LOOP(fr), &fr->req, path, mode, on_fs));
+  return FS_CALL(L, fr, chmod, path, mode);
 }
 
 /* core.fs_utime(path, atime, mtime, cb) -> cb(nil, true); times in seconds (float) */
@@ -465,7 +449,7 @@ static int fs_utime(lua_State *L) {
   double atime = (double)luaL_checknumber(L, 2);
   double mtime = (double)luaL_checknumber(L, 3);
   fs_req *fr = req_new(L, 4, "utime", push_result_true);
-  return req_submitted(L, fr, uv_fs_utime(LOOP(fr), &fr->req, path, atime, mtime, on_fs));
+  return FS_CALL(L, fr, utime, path, atime, mtime);
 }
 
 /* ---- root-confined resolution (openat2) ---------------------------------- */
