@@ -7,11 +7,13 @@
  *   core.sandbox_init(spec) -> init | nil, message, CODE
  *   spec: namespaces = {"user", "mnt", "pid", "ipc", "uts", "net"}, hostname,
  *         loopback, mounts = {{type, src, dst, data, size, optional}, ...},
- *         uid_map, gid_map (the lines written to /proc/<init>/uid_map and
- *         gid_map; default "0 <our uid> 1" and "0 <our gid> 1"),
- *         setgroups ("deny": written before gid_map, as an unprivileged
- *         user must; "allow": left, and the init drops the supplementary
- *         groups it inherited; default "deny" unless we are root),
+ *         uid_map, gid_map (required: the lines written to
+ *         /proc/<init>/uid_map and gid_map, as the caller derives them,
+ *         lua/moonbox/sandbox/isolation.lua; a malformed one is nil,
+ *         message, "EINVAL" before anything starts),
+ *         setgroups (required: "deny": written before gid_map, as an
+ *         unprivileged user must; "allow": left, and the init drops the
+ *         supplementary groups it inherited),
  *         cgroups = {dir, ...} (joined by the init before anything else),
  *         on_exit(exit_code, term_signal) (the init itself ended)
  *   init:pid()           host pid of the init
@@ -538,7 +540,7 @@ static void clone_init(void *arg) {
 
 /* What sandbox_init keeps of its spec besides the plan. */
 typedef struct {
-  char uid_map[1024], gid_map[1024];
+  char uid_map[4096], gid_map[4096]; /* the kernel takes less than a page */
   int deny_setgroups;
   uid_t owner;     /* the host uid to own the user namespace; 0: ours */
   int exit_cb_idx; /* stack index of spec.on_exit, or 0 */
@@ -577,17 +579,9 @@ static void parse_init_options(lua_State *L, mb_nsinit_plan *p, init_opts *o) {
   p->loopback = lua_toboolean(L, -1);
   lua_getfield(L, 1, "defer_pivot");
   p->defer_pivot = lua_toboolean(L, -1);
-  lua_getfield(L, 1, "uid_map");
-  if (lua_isnil(L, -1)) snprintf(o->uid_map, sizeof o->uid_map, "0 %u 1\n", (unsigned)getuid());
-  else if (lua_objlen(L, -1) >= sizeof o->uid_map) luaL_error(L, "sandbox_init: uid_map too long");
-  else snprintf(o->uid_map, sizeof o->uid_map, "%s", luaL_checkstring(L, -1));
-  lua_getfield(L, 1, "gid_map");
-  if (lua_isnil(L, -1)) snprintf(o->gid_map, sizeof o->gid_map, "0 %u 1\n", (unsigned)getgid());
-  else if (lua_objlen(L, -1) >= sizeof o->gid_map) luaL_error(L, "sandbox_init: gid_map too long");
-  else snprintf(o->gid_map, sizeof o->gid_map, "%s", luaL_checkstring(L, -1));
   lua_getfield(L, 1, "setgroups");
-  const char *setgroups = luaL_optstring(L, -1, getuid() == 0 ? "allow" : "deny");
-  if (strcmp(setgroups, "allow") != 0 && strcmp(setgroups, "deny") != 0)
+  const char *setgroups = lua_tostring(L, -1);
+  if (!setgroups || (strcmp(setgroups, "allow") != 0 && strcmp(setgroups, "deny") != 0))
     luaL_error(L, "sandbox_init: setgroups: expected \"allow\" or \"deny\"");
   o->deny_setgroups = strcmp(setgroups, "deny") == 0;
   p->drop_groups = !o->deny_setgroups;
@@ -599,6 +593,22 @@ static void parse_init_options(lua_State *L, mb_nsinit_plan *p, init_opts *o) {
   o->owner = (uid_t)owner;
   lua_getfield(L, 1, "on_exit");
   o->exit_cb_idx = lua_isfunction(L, -1) ? lua_gettop(L) : 0;
+}
+
+/* spec[field], an id map, into buf (size bytes). 0, or nil, message,
+ * "EINVAL" pushed and 3: the map is the caller's (no default here), and
+ * checked before it is written. */
+static int read_id_map(lua_State *L, const char *field, char *buf, size_t size) {
+  lua_getfield(L, 1, field);
+  size_t len = 0;
+  const char *text = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+  const char *why = !text ? "is required (a string)" : len >= size ? "is too long" : mb_id_map_check(text, len);
+  if (!why) memcpy(buf, text, len + 1);
+  lua_pop(L, 1);
+  if (!why) return 0;
+  char detail[128];
+  snprintf(detail, sizeof detail, "sandbox_init: %s %s", field, why);
+  return mb_push_errno(L, EINVAL, detail);
 }
 
 /* spec.cgroups: the cgroup.procs fds the init joins by (p->cgroup_fds) and
@@ -763,6 +773,8 @@ static int nsinit_start(lua_State *L) {
   mb_nsinit_plan *p = &plan;
   init_opts o;
   parse_init_options(L, p, &o);
+  if (read_id_map(L, "uid_map", o.uid_map, sizeof o.uid_map) || read_id_map(L, "gid_map", o.gid_map, sizeof o.gid_map))
+    return 3;
   if (init_exe_private < 0) {
     char detail[PATH_MAX + 96];
     snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, or beside moonbox/core.so)", init_exe_path);

@@ -155,6 +155,10 @@ int mb_bytes_view(lua_State *L, int idx, const char **data, size_t *len);
 /* codec_pure.c (base64, UTF-8 and text scans on byte ranges) is declared in
  * codec_pure.h instead: it needs no Lua or libuv, and spec/fuzz/ links it alone. */
 
+/* id_map.c: NULL when text (len bytes) is an id map the kernel can take
+ * (lines of "inside outside count"), else why not ("is empty", ...). */
+const char *mb_id_map_check(const char *text, size_t len);
+
 /* fs.c: open rel (O_PATH) under the root at idx: a confinement
  * (core.fs_confine) or a directory fd; -1 with errno on failure (fsevent.c). */
 int mb_fs_root_open_path(lua_State *L, int idx, const char *rel);
