@@ -5,6 +5,7 @@
  * errno, index). */
 #include "nsinit.h"
 #include "child/child.h"
+#include "child/mount_api.h"
 #include "child/wire.h"
 #include "openat2.h"
 
@@ -30,32 +31,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <linux/capability.h>
-
-/* The new mount API (Linux 5.2+, mount_setattr 5.12+); glibc 2.36's
- * <sys/mount.h> and <linux/mount.h> clash, so the few constants live here. */
-#ifndef OPEN_TREE_CLONE
-#define OPEN_TREE_CLONE 1
-#endif
-#ifndef AT_RECURSIVE
-#define AT_RECURSIVE 0x8000
-#endif
-#ifndef MOVE_MOUNT_F_EMPTY_PATH
-#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
-#endif
-#ifndef MOVE_MOUNT_T_EMPTY_PATH
-#define MOVE_MOUNT_T_EMPTY_PATH 0x00000040
-#endif
-#ifndef MOUNT_ATTR_RDONLY
-#define MOUNT_ATTR_RDONLY 0x00000001
-#define MOUNT_ATTR_NOSUID 0x00000002
-#define MOUNT_ATTR_NODEV 0x00000004
-#endif
-#ifndef MOUNT_ATTR_NOEXEC
-#define MOUNT_ATTR_NOEXEC 0x00000008
-#endif
-struct mb_mount_attr {
-  uint64_t attr_set, attr_clr, propagation, userns_fd;
-};
 
 #define NDEV MB_NSINIT_NDEV
 #define dev_nodes mb_nsinit_dev_nodes

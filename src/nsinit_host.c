@@ -28,13 +28,6 @@
 #include "nsinit.h"
 #include "child/wire.h"
 
-#ifndef OPEN_TREE_CLONE
-#define OPEN_TREE_CLONE 1
-#endif
-#ifndef AT_RECURSIVE
-#define AT_RECURSIVE 0x8000
-#endif
-
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
