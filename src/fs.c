@@ -100,39 +100,28 @@ static const char *type_name(unsigned long mode) {
 #define SET_NUM(L, key, v) (lua_pushnumber(L, (lua_Number)(v)), lua_setfield(L, -2, key))
 #define TIMESPEC(ts) ((double)(ts).tv_sec + (double)(ts).tv_nsec / 1e9)
 
-static void push_uv_stat(lua_State *L, const uv_stat_t *st) {
-  lua_createtable(L, 0, 11);
-  lua_pushstring(L, type_name((unsigned long)st->st_mode));
-  lua_setfield(L, -2, "type");
-  SET_NUM(L, "size", st->st_size);
-  SET_NUM(L, "mode", st->st_mode & 07777);
-  SET_NUM(L, "uid", st->st_uid);
-  SET_NUM(L, "gid", st->st_gid);
-  SET_NUM(L, "mtime", TIMESPEC(st->st_mtim));
-  SET_NUM(L, "atime", TIMESPEC(st->st_atim));
-  SET_NUM(L, "ctime", TIMESPEC(st->st_ctim));
-  SET_NUM(L, "ino", st->st_ino);
-  SET_NUM(L, "dev", st->st_dev);
-  SET_NUM(L, "nlink", st->st_nlink);
-  SET_NUM(L, "blocks", st->st_blocks); /* 512-byte units allocated: what a sparse file really holds */
-}
+/* The stat table of a uv_stat_t or a struct stat (the same field names). */
+#define PUSH_STAT(L, st)                                                                                               \
+  do {                                                                                                                 \
+    lua_createtable(L, 0, 11);                                                                                         \
+    lua_pushstring(L, type_name((unsigned long)(st)->st_mode));                                                        \
+    lua_setfield(L, -2, "type");                                                                                       \
+    SET_NUM(L, "size", (st)->st_size);                                                                                 \
+    SET_NUM(L, "mode", (st)->st_mode & 07777);                                                                         \
+    SET_NUM(L, "uid", (st)->st_uid);                                                                                   \
+    SET_NUM(L, "gid", (st)->st_gid);                                                                                   \
+    SET_NUM(L, "mtime", TIMESPEC((st)->st_mtim));                                                                      \
+    SET_NUM(L, "atime", TIMESPEC((st)->st_atim));                                                                      \
+    SET_NUM(L, "ctime", TIMESPEC((st)->st_ctim));                                                                      \
+    SET_NUM(L, "ino", (st)->st_ino);                                                                                   \
+    SET_NUM(L, "dev", (st)->st_dev);                                                                                   \
+    SET_NUM(L, "nlink", (st)->st_nlink);                                                                               \
+    SET_NUM(L, "blocks", (st)->st_blocks); /* 512-byte units allocated: what a sparse file really holds */             \
+  } while (0)
 
-static void push_sys_stat(lua_State *L, const struct stat *st) {
-  lua_createtable(L, 0, 11);
-  lua_pushstring(L, type_name((unsigned long)st->st_mode));
-  lua_setfield(L, -2, "type");
-  SET_NUM(L, "size", st->st_size);
-  SET_NUM(L, "mode", st->st_mode & 07777);
-  SET_NUM(L, "uid", st->st_uid);
-  SET_NUM(L, "gid", st->st_gid);
-  SET_NUM(L, "mtime", TIMESPEC(st->st_mtim));
-  SET_NUM(L, "atime", TIMESPEC(st->st_atim));
-  SET_NUM(L, "ctime", TIMESPEC(st->st_ctim));
-  SET_NUM(L, "ino", st->st_ino);
-  SET_NUM(L, "dev", st->st_dev);
-  SET_NUM(L, "nlink", st->st_nlink);
-  SET_NUM(L, "blocks", st->st_blocks); /* 512-byte units allocated: what a sparse file really holds */
-}
+static void push_uv_stat(lua_State *L, const uv_stat_t *st) { PUSH_STAT(L, st); }
+
+static void push_sys_stat(lua_State *L, const struct stat *st) { PUSH_STAT(L, st); }
 
 static void push_entry(lua_State *L, int i, const char *name, const char *type) {
   lua_createtable(L, 0, 2);
