@@ -106,12 +106,14 @@ function M.up(gw, pid, host_addr, sb_addr)
     "unshare", "--net", "--", "sleep", "infinity" }
   if not holder then return nil, err end
   gw.holder = holder
-  local sandbox_net = ns_id(pid, "net")
+  -- ready once it is in the sandbox's user namespace (nsenter) and then in
+  -- a network namespace neither the host's nor the sandbox's (unshare)
+  local sandbox_net, own_net = ns_id(pid, "net"), ns_id("self", "net")
   local ok
   ok, err = wait_for("the gateway namespace", holder, function()
     local net = ns_id(holder.pid, "net")
     local user = ns_id(holder.pid, "user")
-    return net and user and net ~= sandbox_net and user == ns_id(pid, "user")
+    return net and user and net ~= sandbox_net and net ~= own_net and user == ns_id(pid, "user")
   end)
   if not ok then return nil, err end
   -- pasta: the gateway's way out, with the host's address and default
