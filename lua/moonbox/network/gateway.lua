@@ -62,7 +62,7 @@ end
 local function spawn(argv)
   local state = {}
   local proc, err, code = core.spawn {
-    args = argv, env = host.ENV, pdeathsig = "SIGKILL",
+    args = argv, env = host.ENV, pdeathsig = "SIGKILL", no_new_privs = true,
     stdio = { [0] = "null", [1] = "null", [2] = "null" },
     on_exit = function(status) state.status = status end,
   }
