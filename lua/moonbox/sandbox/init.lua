@@ -22,15 +22,15 @@ local userns = require "moonbox.sandbox.userns"
 local spawn_rules = require "moonbox.sandbox.spawn"
 local kernels = require "moonbox.code.kernels"
 local compose = require "moonbox.lib.compose"
+local registry_mod = require "moonbox.sandbox.registry"
 local image_mod = require "moonbox.sandbox.image"
 local network_mod = require "moonbox.network"
 
 local M = {}
 
-local registry = {}   -- id -> sandbox
--- sandboxes being destroyed, out of the registry: their processes are
--- still the runtime's own while the parts collect them (_known_pids)
-local dying = setmetatable({}, { __mode = "k" })
+local registry = registry_mod.live -- id -> sandbox
+local dying = registry_mod.dying -- being destroyed: their processes are still ours
+registry_mod.shell_pids = shell_mod.live
 -- root -> disk state of a sandbox destroyed with keepFiles: its image stays
 -- mounted while this runtime lives (a getSandbox of that root takes it
 -- again), and is unmounted at the runtime's exit (M.shutdown)
@@ -753,27 +753,6 @@ function Sandbox:_drop_spare(gone)
   end
 end
 
--- pids spawned by the runtime itself (shells, background processes, code
--- kernels, terminals), which are not orphans though their parent is the
--- runtime or a sandbox's init
-function Sandbox._known_pids()
-  local known = util.copy(shell_mod.live)
-  local function add(sb)
-    for _, p in pairs(sb.processes or {}) do
-      if p.pid and p.status == "running" then known[p.pid] = true end
-    end
-    for _, ctx in pairs(sb.contexts or {}) do
-      if ctx.kernel and not ctx.kernel.dead then known[ctx.kernel.pid] = true end
-    end
-    for t in pairs(sb.terminals or {}) do
-      if t.pid and not t.exited then known[t.pid] = true end
-    end
-  end
-  for _, sb in pairs(registry) do add(sb) end
-  for sb in pairs(dying) do add(sb) end
-  return known
-end
-
 local session_options = { id = true, env = true, cwd = true, commandTimeoutMs = true }
 
 function Sandbox:createSession(opts)
@@ -1243,8 +1222,8 @@ for name, method in pairs(Session) do
   end
 end
 
-function M.all() return registry end
-M.known_pids = Sandbox._known_pids
+M.all = registry_mod.all
+M.known_pids = registry_mod.known_pids
 
 -- Runtime exit: every sandbox's processes die with it; files stay.
 M.prewarm = prewarm.enable

@@ -9,6 +9,7 @@ local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
+local token = require "moonbox.server.token"
 local cjson = require "cjson.safe"
 
 local M = {}
@@ -43,7 +44,7 @@ function M.new(opts)
     stopping = {},          -- sandbox id -> list of waiters while it is being stopped
     idleStopped = 0,
     nextId = 0,
-    prefix = require("moonbox.server.cli").new_token():sub(1, 8), -- request ids: <prefix>-<n>
+    prefix = token.new():sub(1, 8), -- request ids: <prefix>-<n>
   }
   for i = 1, #M.BUCKETS do self.exec.buckets[i] = 0 end
   local log = self.opts.accessLog

@@ -8,6 +8,7 @@ local errors = require "moonbox.errors"
 local shell_mod = require "moonbox.session.shell"
 local simple_command = require "moonbox.session.simple_command"
 local tree = require "moonbox.process.tree"
+local registry = require "moonbox.sandbox.registry"
 local queue_mod = require "moonbox.session.queue"
 local util = require "moonbox.lib.util"
 local budget = require "moonbox.session.budget"
@@ -177,7 +178,7 @@ function Session:_marked_orphans(scan)
     mine[pid] = true
   end
   local out = {}
-  for _, pid in ipairs(tree.adopted(self.sandbox._known_pids(), scan)) do
+  for _, pid in ipairs(tree.adopted(registry.known_pids(), scan)) do
     if mine[pid] then out[#out + 1] = pid end
   end
   return out
