@@ -170,6 +170,36 @@ local function one_cycle(graph, comp)
   end
 end
 
+-- The underscore names a file defines: `function X:_n`, `function X._n`,
+-- `X._n =` / `self._n =` (also in a list, `a._n, b._m = ...`), and `_n =`
+-- as a field of a table constructor.
+local function defined_privates(code)
+  local defs = {}
+  for line in code:gmatch("[^\n]+") do
+    local lhs = line:match("^%s*([%w_.,%s%[%]@]-)%s*=[^=]")
+    if lhs then
+      for name in lhs:gmatch("[.](_[%a_][%w_]*)") do defs[name] = true end
+    end
+  end
+  for name in code:gmatch("function%s+[%w_.]+[.:](_[%a_][%w_]*)%s*%(") do defs[name] = true end
+  for name in code:gmatch("[%w_%]][.](_[%a_][%w_]*)%s*=[^=]") do defs[name] = true end
+  for name in code:gmatch("[{,;]%s*(_[%a_][%w_]*)%s*=[^=]") do defs[name] = true end
+  return defs
+end
+
+-- Where a file reads or calls an underscore field: `x._n`, `x:_n(`.
+-- Double-underscore names are the language's metamethods, not privates.
+local function used_privates(code)
+  local uses = {}
+  for name in code:gmatch("[%w_%]%)][.:](_[%a][%w_]*)") do uses[name] = true end
+  return uses
+end
+
+-- Underscore names that are not moonbox's privates.
+local ALLOWED = {
+  _meta = true, -- MCP's wire field (params._meta of a tools/call), read by mcp/session.lua
+}
+
 describe("lua/moonbox structure", function()
   it("finds the modules and their requires", function()
     local graph = require_graph()
@@ -205,5 +235,24 @@ local s = "require 'x.f'"
       found[#found + 1] = table.concat(comp, ", ") .. "\n    e.g. " .. one_cycle(graph, comp)
     end
     assert(#found == 0, "require cycles:\n  " .. table.concat(found, "\n  "))
+  end)
+
+  it("uses no underscore name outside the file that defines it", function()
+    local defs_of, owners = {}, {}
+    for _, path in ipairs(files) do
+      defs_of[path] = defined_privates(code_of[path])
+      for name in pairs(defs_of[path]) do owners[name] = owners[name] or {}; owners[name][#owners[name] + 1] = path end
+    end
+    local bad = {}
+    for _, path in ipairs(files) do
+      for name in pairs(used_privates(code_of[path])) do
+        if not defs_of[path][name] and not ALLOWED[name] then
+          bad[#bad + 1] = ("%s uses %s (defined in %s)"):format(path, name,
+            owners[name] and table.concat(owners[name], ", ") or "no file")
+        end
+      end
+    end
+    table.sort(bad)
+    assert(#bad == 0, #bad .. " underscore names used outside their file:\n  " .. table.concat(bad, "\n  "))
   end)
 end)

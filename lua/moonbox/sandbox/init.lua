@@ -296,7 +296,7 @@ function make_sandbox(id, opts)
   -- workspace, outside the sandbox's view) that a runtime stopped before
   -- removing: removed now, on the thread pool, like the restore would have
   for _, name in ipairs(core.readdir(canon) or {}) do
-    if name:match("^%.moonbox%-old%-") then self:_remove_later(name) end
+    if name:match("^%.moonbox%-old%-") then self:remove_later(name) end
   end
   -- whatever fails from here takes back what getSandbox made (below)
   ok, err = pcall(function()
@@ -382,7 +382,7 @@ function make_sandbox(id, opts)
       -- the shells' run directory, reached only through the sandbox's root
       -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
       self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
-        self:_fs_creds(), "in_root")
+        self:fs_creds(), "in_root")
       self.home = self.image and self.image.workingDir or "/workspace"
       self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
       if self.prebuilt_shell then
@@ -492,7 +492,7 @@ end
 -- The ids the runtime's file I/O for the sandbox runs with: root inside's
 -- host ids when the runtime is root and they differ (a runtime that is not
 -- root maps only itself: nothing to switch).
-function Sandbox:_fs_creds()
+function Sandbox:fs_creds()
   local idmap = self.idmap
   if not idmap or core.getuid() ~= 0 or (idmap.uid == 0 and idmap.gid == 0) then return nil end
   return { uid = idmap.uid, gid = idmap.gid }
@@ -501,7 +501,7 @@ end
 -- root: the run directory's confinement, whose root fd (the same
 -- /proc/<init>/root) this one shares: one fd per sandbox, not two.
 function Sandbox:_confine(root)
-  local creds = self:_fs_creds()
+  local creds = self:fs_creds()
   if not self.init then return fs.confine(self.fs_root, nil, creds, "beneath") end
   local dirs = util.copy(M.OWN_STORAGE)
   for _, m in ipairs(self.policy.mounts or {}) do
@@ -519,7 +519,7 @@ end
 -- killed (kill -9 from the host) or crashed, and every process of the
 -- sandbox died with its pid namespace. The sandbox notices here, once: the
 -- generation moves on (a call that was running when it died raises
--- SANDBOX_RESTARTED), and the next call rebuilds the init (_revive) over
+-- SANDBOX_RESTARTED), and the next call rebuilds the init (revive_init) over
 -- the same root: the workspace is a directory of the host and stays; the
 -- private /tmp and /root, every process, and the state of every shell go.
 function Sandbox:_init_exited(token)
@@ -537,7 +537,7 @@ end
 
 -- Whether the init still runs (its exit may not have been reported yet:
 -- a shell killed with its pid namespace can be reported first).
-function Sandbox:_init_alive()
+function Sandbox:init_alive()
   if not self.init or self.init_dead then return false end
   -- (an init that was killed is exiting, PF_EXITING in the flags, before it
   -- is a zombie: it waits there for the rest of its pid namespace to die)
@@ -551,9 +551,9 @@ end
 -- Rebuild a sandbox whose init died (not by destroy): a new init with the
 -- same namespaces, mounts, hostname and cgroup, then sessions restart their
 -- shells on first use with their last known cwd and exported env.
-function Sandbox:_revive()
+function Sandbox:revive_init()
   if not self.init or self.destroyed or self.destroying then return end
-  if not self.init_dead and self:_init_alive() then return end
+  if not self.init_dead and self:init_alive() then return end
   local old = self.init
   pcall(old.close, old)
   local spare = self.spare
@@ -597,7 +597,7 @@ function Sandbox:_revive()
   for _, name in ipairs { "fs_conf", "run_conf" } do
     if self[name] then self[name]:close() self[name] = nil end
   end
-  local run_conf, rmsg = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, self:_fs_creds(), "in_root")
+  local run_conf, rmsg = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, self:fs_creds(), "in_root")
   local conf, cmsg = self:_confine(run_conf)
   if not run_conf or not conf then
     if run_conf then run_conf:close() end
@@ -619,10 +619,10 @@ function Sandbox:_revive()
 end
 
 -- The one spawn spec (sandbox/spawn.lua): every process of this sandbox is started
--- by core.spawn(sb:_spawn_spec{...}), which adds its namespaces, cgroups,
+-- by core.spawn(sb:spawn_spec{...}), which adds its namespaces, cgroups,
 -- rlimits, seccomp filter, capabilities and pipe ownership.
-function Sandbox:_spawn_spec(spec)
-  if self.init then self:_revive() end
+function Sandbox:spawn_spec(spec)
+  if self.init then self:revive_init() end
   return spawn_rules.apply({
     init = self.init, cap_keep = self.cap_keep, idmap = self.idmap, limits = self.limits_state,
     cgroup_dir = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil,
@@ -630,7 +630,7 @@ function Sandbox:_spawn_spec(spec)
 end
 
 -- Whether a directory exists in the sandbox's view (path as host_path gives).
-function Sandbox:_dir_exists(path)
+function Sandbox:dir_exists(path)
   if not self.init then return util.is_dir(path) end
   local rel = path:gsub("^/+", "")
   if rel == "" then return true end
@@ -659,18 +659,18 @@ function Sandbox:view_path(host)
   return host
 end
 
-function Sandbox:_check_live()
+function Sandbox:check_live()
   if self.destroyed then
     errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
   end
-  if self.init_dead then self:_revive() end
+  if self.init_dead then self:revive_init() end
 end
 
 -- A file call that found no way into the sandbox first asks whether the
 -- sandbox's storage is still there: with its root or workspace removed
 -- from the host, every path seems to lead out of it (the workspace inside
 -- is a deleted directory), and PATH_OUTSIDE_SANDBOX would mislead.
-function Sandbox:_check_storage(path)
+function Sandbox:check_storage(path)
   if util.is_dir(self.workspace) then return end
   errors.raise("FILE_NOT_FOUND", ("%s: the sandbox's workspace %s no longer exists (removed from the host)")
     :format(tostring(path), self.workspace), { path = path, root = self.root, storageGone = true })
@@ -693,7 +693,7 @@ end
 
 -- A warm spare shell for the next createSession (see Session:_adopt). It is
 -- started only once a sandbox creates sessions, outside the caller's time.
-function Sandbox:_take_spare(no_refill)
+function Sandbox:take_spare(no_refill)
   local spare = self.spare
   self.spare = nil
   if spare and not spare:usable() then spare = nil end
@@ -710,7 +710,7 @@ function Sandbox:_take_spare(no_refill)
       self.spare_seq = (self.spare_seq or 0) + 1
       local name = self.cgroup_name .. "/spare-" .. self.spare_seq
       local session_cgroup = tree.create(name)
-      self.spare = self:_spawn_shell {
+      self.spare = self:spawn_shell {
         env = env, cwd = self.home, shell = self.policy.shell,
         cgroup = session_cgroup and tree.create(name .. "/cmd0"), session_cgroup = session_cgroup,
       }
@@ -728,7 +728,7 @@ end
 
 -- A session shell (session/shell.lua spawn) started in this sandbox; under namespaces
 -- its per-command pipes are FIFOs in a directory of its own under .run.
-function Sandbox:_spawn_shell(opts)
+function Sandbox:spawn_shell(opts)
   -- (a createSession that waited while the sandbox was destroyed)
   if self.destroyed then
     errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
@@ -740,7 +740,7 @@ function Sandbox:_spawn_shell(opts)
     opts.rundir = self:_rundir(isolation_mod.RUN_DIR .. "/" .. name)
   end
   if self.image then opts.no_builtins = true end
-  opts.spawn_spec = function(spec) return self:_spawn_spec(spec) end
+  opts.spawn_spec = function(spec) return self:spawn_spec(spec) end
   return shell_mod.spawn(opts)
 end
 
@@ -756,7 +756,7 @@ end
 local session_options = { id = true, env = true, cwd = true, commandTimeoutMs = true }
 
 function Sandbox:createSession(opts)
-  self:_check_live()
+  self:check_live()
   local seed_options = require "moonbox.lib.seed_options"
   opts = seed_options.adapt(opts, seed_options.createSession, "createSession")
   opts = V.options(opts, session_options, "createSession options")
@@ -773,7 +773,7 @@ function Sandbox:createSession(opts)
   local cwd = self.home
   if opts.cwd ~= nil then
     cwd = self:host_path(V.path(opts.cwd, "cwd"))
-    if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+    if not self:dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   if self.sessions[id] then
     errors.raise("SESSION_ALREADY_EXISTS", ("session %q already exists"):format(id), { sessionId = id })
@@ -790,7 +790,7 @@ function Sandbox:createSession(opts)
       commandTimeoutMs = V.timeout(changed.commandTimeoutMs, "commandTimeoutMs")
       if changed.cwd ~= cwd and changed.cwd ~= nil then
         cwd = self:host_path(V.path(changed.cwd, "cwd"))
-        if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
+        if not self:dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
       end
     end)
     if not took then
@@ -803,7 +803,7 @@ function Sandbox:createSession(opts)
   local ok, session = pcall(session_mod.new, self, id, {
     env = self:_session_env(env), cwd = cwd, commandTimeoutMs = commandTimeoutMs })
   if ok and self.destroyed then -- destroyed while it started: it must not outlive the sandbox
-    session:_destroy()
+    session:tear_down()
     ok, session = false, errors.new("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
   end
   self.sessions[id] = ok and session or nil
@@ -829,7 +829,7 @@ function Sandbox:_session_settled(id)
       list[#list + 1] = w
       return function() w.resume = function() end end
     end, "session being made")
-    self:_check_live()
+    self:check_live()
   end
 end
 
@@ -845,7 +845,7 @@ function Sandbox:_check_session_room(why)
 end
 
 function Sandbox:getSession(id)
-  self:_check_live()
+  self:check_live()
   V.type(id, "string", "sessionId")
   if id == "default" then return self:_default() end -- created on first use
   local s = self.sessions[id]
@@ -863,7 +863,7 @@ function Sandbox:listSessions()
 end
 
 function Sandbox:deleteSession(id)
-  self:_check_live()
+  self:check_live()
   V.type(id, "string", "sessionId")
   local s
   if id == "default" then
@@ -883,7 +883,7 @@ function Sandbox:deleteSession(id)
   -- its processes first, so they end as "killed" (ours) before the session's
   -- sweep reaches them
   compose.run(session_mod.hooks, "session_ending", self, id)
-  s:_destroy()
+  s:tear_down()
   return { success = true, sessionId = id, timestamp = util.timestamp() }
 end
 
@@ -897,7 +897,7 @@ function Sandbox:_default_settled()
       table.insert(self.default_waiters, w)
       return function() w.resume = function() end end
     end, "default session")
-    self:_check_live()
+    self:check_live()
   end
   return self.sessions.default or nil
 end
@@ -906,14 +906,14 @@ end
 -- warm spare shell); tasks that ask meanwhile wait for that one instead of
 -- making (and leaking) shells of their own.
 function Sandbox:_default()
-  self:_check_live()
+  self:check_live()
   local existing = self:_default_settled()
   if existing then return existing end
   self:_check_session_room(", so no default session") -- it counts like any other
   self.sessions.default = true -- reserved while it starts
   local ok, s = pcall(session_mod.new, self, "default", { env = self:_session_env(), cwd = self.home })
   if ok and self.destroyed then -- destroyed while it started: it must not outlive the sandbox
-    s:_destroy()
+    s:tear_down()
     ok, s = false, errors.new("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
   end
   self.sessions.default = ok and s or nil
@@ -927,7 +927,7 @@ end
 -- Sandbox level: remembered for sessions created later, applied to the
 -- default session now.
 function Sandbox:setEnvVars(map)
-  self:_check_live()
+  self:check_live()
   local env = V.env(V.type(map, "table", "envVars"), "envVars")
   -- a default session that is starting took its env before this call: wait for it
   local default = self:_default_settled()
@@ -935,7 +935,7 @@ function Sandbox:setEnvVars(map)
   env = session_mod.env_hook(self, default or self, env)
   for k, v in pairs(env) do self.env[k] = v end
   if default then
-    return default:_apply_env(env)
+    return default:apply_env(env)
   end
   return { success = true, timestamp = util.timestamp() }
 end
@@ -945,7 +945,7 @@ end
 -- enforce.
 -- The argv of the image's Entrypoint then Cmd (startProcess without a
 -- command), or nil when the image has neither.
-function Sandbox:_image_command()
+function Sandbox:image_command()
   local argv = {}
   for _, list in ipairs { self.image.entrypoint or {}, self.image.cmd or {} } do
     for _, w in ipairs(list) do argv[#argv + 1] = w end
@@ -965,7 +965,7 @@ end
 function Sandbox:info()
   -- a sandbox whose init died is rebuilt first, so this says what is in
   -- force now; one that cannot be rebuilt raises SANDBOX_RESTARTED (coded)
-  if not self.destroyed and self.init_dead then self:_revive() end
+  if not self.destroyed and self.init_dead then self:revive_init() end
   local in_force = {}
   for _, k in ipairs { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
     "maxCompletedProcesses", "maxCompletedLogBytes",
@@ -1010,7 +1010,7 @@ end
 -- open stay). The mode itself is chosen at getSandbox: naming another one
 -- here is refused. -> info().network
 function Sandbox:setNetwork(opts)
-  self:_check_live()
+  self:check_live()
   opts = V.options(opts, { network = true, egress = true }, "setNetwork options")
   local mode = self.egress and "egress" or self.network
   if opts.network ~= nil and opts.network ~= mode then
@@ -1019,7 +1019,7 @@ function Sandbox:setNetwork(opts)
   if not self.egress then
     V.fail("egress", ('rules apply to network = "egress"; this sandbox\'s network is %q'):format(mode))
   end
-  if self.init_dead then self:_revive() end
+  if self.init_dead then self:revive_init() end
   network_mod.update(self.egress, opts.egress or {})
   return network_mod.info(self.egress)
 end
@@ -1028,7 +1028,7 @@ end
 -- directory (files the sandbox no longer sees: restoreBackup's old
 -- workspace content), not waited for by the caller; destroy waits for every
 -- such removal before the root is removed or released.
-function Sandbox:_remove_later(relpath)
+function Sandbox:remove_later(relpath)
   local job = { done = false, waiters = {} }
   local function finish()
     job.done = true
@@ -1158,7 +1158,7 @@ function Sandbox:_destroy_now(opts)
   self:_drop_spare(gone)
   for id, s in pairs(self.sessions) do
     self.sessions[id] = nil
-    if type(s) == "table" then s:_destroy(gone) end
+    if type(s) == "table" then s:tear_down(gone) end
   end
   compose.run(session_mod.hooks, "sandbox_end", self) -- kernels, terminals
   if not cgroup and not gone then
@@ -1211,12 +1211,16 @@ end
 
 -- The sandbox's own methods run in the default session: every public
 -- Session method (its parts' included) the sandbox does not define itself
--- gets a forwarder, made here once both classes are complete.
+-- gets a forwarder, made here once both classes are complete. What the
+-- sandbox asks of a session (Session's interface to it, docs/architecture.md)
+-- is not a call of the sandbox's own.
 local Session = session_mod.Session
+local SESSION_ONLY = { check_ended = true, apply_env = true, tear_down = true }
+M.SESSION_ONLY = SESSION_ONLY
 arity.guard(Session, "Session")
 arity.guard(Sandbox, "Sandbox")
 for name, method in pairs(Session) do
-  if type(name) == "string" and not name:match("^_") and type(method) == "function"
+  if type(name) == "string" and not name:match("^_") and not SESSION_ONLY[name] and type(method) == "function"
     and rawget(Sandbox, name) == nil then
     Sandbox[name] = function(self, ...) return Session[name](self:_default(), ...) end
   end

@@ -93,7 +93,7 @@ local function make()
   s.shell = shell_mod.spawn {
     env = env, shell = policy.shell, deferred = true,
     cgroup = shell_cgroup, session_cgroup = session_cgroup,
-    -- the sandbox's rules as _spawn_spec gives them (no limits: never pre-built)
+    -- the sandbox's rules as spawn_spec gives them (no limits: never pre-built)
     spawn_spec = function(spec)
       return spawn_rules.apply({ init = init, cap_keep = caps, idmap = s.idmap,
         limits = { seccomp = seccomp.filter(policy.seccomp) },

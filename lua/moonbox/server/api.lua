@@ -296,7 +296,7 @@ function H.list_sandboxes(ctx)
     end
     local running = 0
     for _, p in pairs(sb.processes) do
-      if p:_running() then running = running + 1 end
+      if p:is_running() then running = running + 1 end
     end
     list[#list + 1] = { id = id, created = t.created, lastUsed = t.lastUsed, sessions = #sb:listSessions(),
       processes = running, isolation = sb.isolation }
