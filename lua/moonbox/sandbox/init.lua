@@ -20,9 +20,9 @@ local prewarm = require "moonbox.sandbox.prewarm"
 local root_mod = require "moonbox.sandbox.root"
 local userns = require "moonbox.sandbox.userns"
 local spawn_rules = require "moonbox.sandbox.spawn"
-local kernels = require "moonbox.code.kernels"
 local compose = require "moonbox.lib.compose"
 local registry_mod = require "moonbox.sandbox.registry"
+local rules_mod = require "moonbox.sandbox.rules"
 local image_mod = require "moonbox.sandbox.image"
 local network_mod = require "moonbox.network"
 
@@ -103,8 +103,19 @@ function M.getSandbox(id, opts)
   return with_id_lock(id, function() return make_sandbox(id, opts) end)
 end
 
--- The live sandbox of id (options checked against it), or a new one.
-function make_sandbox(id, opts)
+-- An undo list: each step of making a sandbox pushes what takes back what
+-- it made; a failure runs the list in reverse, each undo on its own (one
+-- that fails keeps none of the others from running).
+local function undo_list()
+  local list = {}
+  return {
+    push = function(fn) list[#list + 1] = fn end,
+    run = function() for i = #list, 1, -1 do pcall(list[i]) end end,
+  }
+end
+
+-- Step 1, the options: checked, the policy resolved. -> plan
+local function check_options(id, opts)
   local isolation = opts.isolation or "auto"
   if isolation ~= "auto" and isolation ~= "none" and isolation ~= "namespaces" then
     V.fail("isolation", "expected \"auto\", \"namespaces\" or \"none\"")
@@ -124,20 +135,16 @@ function make_sandbox(id, opts)
   if opts.image ~= nil and (type(opts.image) ~= "string" or opts.image == "") then
     V.fail("image", "expected an image reference (a string)")
   end
-  local image_ref = opts.image or policy.image
-  local live = registry[id]
-  if live then
-    if opts.root ~= nil and root_mod.canonical(opts.root) ~= live.root_canon then
-      V.fail("root", ("sandbox %q is live with its root at %s, not %s"):format(id, live.root, opts.root))
-    end
-    return live
-  end
-  local home = default_home()
-  local default_root = home .. "/sandboxes/" .. id
-  local root = opts.root and V.path(opts.root, "root") or default_root
-  local workspace = root .. "/workspace"
-  -- fail closed: "auto" runs without namespaces only where the kernel
-  -- refuses user namespaces, never for a failure of the moment
+  return { id = id, opts = opts, isolation = isolation, policy = policy, env = env,
+    image_ref = opts.image or policy.image }
+end
+
+-- Step 2, the isolation: "auto" runs without namespaces only where the
+-- kernel refuses user namespaces, never for a failure of the moment (fail
+-- closed), and what only namespaces give is refused without them. Then the
+-- sandbox's rules (sandbox/rules.lua), derived once.
+local function choose_isolation(plan)
+  local isolation, policy, opts = plan.isolation, plan.policy, plan.opts
   local unisolated
   if isolation == "auto" then
     local why, msg, code = userns.refused()
@@ -162,7 +169,7 @@ function make_sandbox(id, opts)
     local no_network = own == "none" or own == "egress"
     local field = (no_network and (opts.network and "network" or "policy.network"))
       or (policy.mounts and next(policy.mounts) and "policy.mounts") or (policy.hostname and "policy.hostname")
-      or (image_ref and "image")
+      or (plan.image_ref and "image")
     if field then
       local what = ("%s needs the sandbox's own namespaces"):format(field:find("network") and
         ('network = "%s"'):format(own) or field)
@@ -173,135 +180,137 @@ function make_sandbox(id, opts)
         :format(field, what, unisolated), { isolation = isolation, field = field })
     end
   end
+  plan.unisolated = unisolated
+  plan.isolated = isolation ~= "none" and not unisolated
+  plan.rules = rules_mod.derive(policy, { network = opts.network or policy.network or "none",
+    hostname = policy.hostname or plan.id, isolated = plan.isolated })
+end
+
+-- Step 3, the root (docs/api.md "Sandbox roots"): checked, made, its disk
+-- image mounted on it, locked; the workspace made and given to root
+-- inside; an image's layers prepared.
+local function prepare_root(plan, undo)
+  local opts, policy, id = plan.opts, plan.policy, plan.id
+  local home = default_home()
+  local default_root = home .. "/sandboxes/" .. id
+  local root = opts.root and V.path(opts.root, "root") or default_root
+  local workspace = root .. "/workspace"
   -- the image, in the store (imported now when the reference names a
   -- layout or archive not yet there): before anything is made
-  local image_rec = image_ref and image_mod.resolve(image_ref)
-  -- the root: checked, made, locked (docs/api.md "Sandbox roots")
+  local image_rec = plan.image_ref and image_mod.resolve(plan.image_ref)
   local canon = root_mod.check(root, home, default_root)
   if root:sub(1, 1) ~= "/" then -- (relative to our cwd: info() says where)
     root = canon
     workspace = root .. "/workspace"
   end
+  plan.root, plan.workspace, plan.canon = root, workspace, canon
   local created = {}
+  local function remove_created() for i = #created, 1, -1 do core.rmdir(created[i]) end end
+  undo.push(remove_created)
   local ok, err = root_mod.mkdir_p(canon, created)
   if not ok then
     errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(err), { root = root })
   end
   -- the disk quota: the root becomes the mount point of an image of its
   -- own (sandbox/disk.lua) before anything is made in it
-  local disk_state, disk_why, disk_mounted_here
-  ok, err = pcall(function()
-    local before = disk.mounted_at(canon)
-    local made = false
-    for _, dir in ipairs(created) do made = made or dir == canon end
-    disk_state, disk_why = disk.attach(canon, home, policy.limits.diskBytes, made)
-    disk_mounted_here = disk_state and not before
-    if disk_mounted_here then core.rmdir(canon .. "/lost+found") end -- (mkfs's; e2fsck makes it again)
-  end)
-  if not ok then
-    root_mod.undo(nil, created)
-    error(err, 0)
+  local before = disk.mounted_at(canon)
+  local made = false
+  for _, dir in ipairs(created) do made = made or dir == canon end
+  plan.disk_state, plan.disk_why = disk.attach(canon, home, policy.limits.diskBytes, made)
+  if plan.disk_state and not before then
+    core.rmdir(canon .. "/lost+found") -- (mkfs's; e2fsck makes it again)
+    -- a mount made here goes, and the image with it when the image is new
+    -- (the root then had nothing)
+    local state = plan.disk_state
+    undo.push(function()
+      remove_created()
+      disk.detach(state, state.fresh)
+      remove_created()
+    end)
   end
-  -- takes back what getSandbox made: a mount it made goes, and the image
-  -- with it when the image is new (the root then had nothing)
-  local function undo(lock)
-    root_mod.undo(lock, created)
-    if disk_mounted_here then
-      disk.detach(disk_state, disk_state.fresh)
-      for i = #created, 1, -1 do core.rmdir(created[i]) end
-    end
+  if root_mod.canonical(root) ~= canon then -- a ".." after a symlink, say
+    V.fail("root", ("root %q leads elsewhere once made (%s)"):format(root, root_mod.canonical(root)))
   end
-  local lock, identity
-  ok, err = pcall(function()
-    if root_mod.canonical(root) ~= canon then -- a ".." after a symlink, say
-      V.fail("root", ("root %q leads elsewhere once made (%s)"):format(root, root_mod.canonical(root)))
-    end
-    lock = root_mod.lock(id, canon)
-    identity = root_mod.identity(canon) -- destroy removes this directory, never another one at its path
-    if not identity then errors.raise("FILESYSTEM_ERROR", "cannot stat the sandbox root", { root = root }) end
-    local made, msg = root_mod.mkdir_p(canon .. "/workspace", created)
-    if not made then
-      errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(msg), { root = root })
-    end
-  end)
-  if not ok then
-    undo(lock)
-    error(err, 0)
+  local lock = root_mod.lock(id, canon)
+  undo.push(function() root_mod.undo(lock, {}) end)
+  plan.lock = lock
+  plan.identity = root_mod.identity(canon) -- destroy removes this directory, never another one at its path
+  if not plan.identity then errors.raise("FILESYSTEM_ERROR", "cannot stat the sandbox root", { root = root }) end
+  local made_ws, msg = root_mod.mkdir_p(canon .. "/workspace", created)
+  if not made_ws then
+    errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(msg), { root = root })
   end
   -- who root inside is on the host; the workspace is root inside's
-  local idmap = (isolation ~= "none" and not unisolated) and isolation_mod.idmap(policy)
-    or { uid = core.getuid(), gid = core.getgid(), count = 1 }
+  local idmap = plan.rules.idmap
   if idmap.count > 1 then
-    local code
-    ok, err, code = core.chown(workspace, idmap.uid, idmap.gid)
-    if not ok then
-      undo(lock)
+    local chowned, cerr, code = core.chown(workspace, idmap.uid, idmap.gid)
+    if not chowned then
       if code == "EINVAL" then -- the range does not exist where the runtime runs (a user namespace of its own)
         errors.raise("ISOLATION_UNAVAILABLE", ("cannot create the sandbox's namespaces: its id range %d-%d is " ..
           "not mapped in the runtime's own user namespace (set the policy's idmap)")
-          :format(idmap.uid, idmap.uid + idmap.count - 1), { isolation = isolation, errno = code })
+          :format(idmap.uid, idmap.uid + idmap.count - 1), { isolation = plan.isolation, errno = code })
       end
-      errors.raise("FILESYSTEM_ERROR", "cannot give the workspace to the sandbox's root: " .. tostring(err),
+      errors.raise("FILESYSTEM_ERROR", "cannot give the workspace to the sandbox's root: " .. tostring(cerr),
         { root = root })
     end
   end
   -- an image's root: its layers for this id range, and the sandbox's
   -- upper dir under its root (inside its disk image when it has one)
-  local image_mounts, image_info
   -- (a root made from an image is got again from it, named or not)
   local made_by = not image_rec and image_mod.made_by(canon)
   if made_by or image_rec then
-    ok, err = pcall(function()
-      if made_by then
-        if isolation == "none" or unisolated then
-          errors.raise("ISOLATION_UNAVAILABLE", ("the sandbox's root was made from image %s, which needs the "
-            .. "sandbox's own namespaces"):format(made_by), { isolation = isolation })
-        end
-        image_rec = image_mod.resolve(made_by)
+    if made_by then
+      if not plan.isolated then
+        errors.raise("ISOLATION_UNAVAILABLE", ("the sandbox's root was made from image %s, which needs the "
+          .. "sandbox's own namespaces"):format(made_by), { isolation = plan.isolation })
       end
-      image_mounts, image_info = image_mod.prepare(image_rec, canon, idmap)
-    end)
-    if not ok then
-      undo(lock)
-      error(err, 0)
+      image_rec = image_mod.resolve(made_by)
     end
-    for name, value in pairs(image_info.env) do
-      if env[name] == nil then env[name] = value end
+    plan.image_mounts, plan.image_info = image_mod.prepare(image_rec, canon, idmap)
+    for name, value in pairs(plan.image_info.env) do
+      if plan.env[name] == nil then plan.env[name] = value end
     end
   end
-  local self = setmetatable({
-    id = id,
-    image = image_info, image_mounts = image_mounts,
-    root = root,
-    workspace = workspace,
-    fs_root = root,
-    home = workspace,         -- a new session's cwd, as a path the shell understands
+  plan.from_image = image_rec ~= nil
+end
+
+local function new_sandbox(plan)
+  return setmetatable({
+    id = plan.id,
+    image = plan.image_info, image_mounts = plan.image_mounts,
+    root = plan.root,
+    workspace = plan.workspace,
+    fs_root = plan.root,
+    home = plan.workspace,    -- a new session's cwd, as a path the shell understands
     isolation = "none",
-    requested_isolation = isolation,
+    requested_isolation = plan.isolation,
     network = "host",
     namespaces = {},
-    policy = policy,
-    env = env,
+    policy = plan.policy,
+    rules = plan.rules,
+    env = plan.env,
     sessions = {},
     session_seq = 0,
     processes = {},
     process_seq = 0,
     shell_seq = 0,
-    cgroup_name = tree.fresh_name("sb-" .. id),
-    idmap = idmap,
-    disk = disk_state, disk_not_enforced = disk_why,
-    root_lock = lock, root_canon = canon, root_identity = identity,
+    cgroup_name = tree.fresh_name("sb-" .. plan.id),
+    idmap = plan.rules.idmap,
+    disk = plan.disk_state, disk_not_enforced = plan.disk_why,
+    root_lock = plan.lock, root_canon = plan.canon, root_identity = plan.identity,
   }, Sandbox)
-  -- a restore's old workspace content (files/backup.lua, beside the
-  -- workspace, outside the sandbox's view) that a runtime stopped before
-  -- removing: removed now, on the thread pool, like the restore would have
-  for _, name in ipairs(core.readdir(canon) or {}) do
-    if name:match("^%.moonbox%-old%-") then self:remove_later(name) end
-  end
-  -- whatever fails from here takes back what getSandbox made (below)
-  ok, err = pcall(function()
+end
+
+-- Step 4, the limits: the sandbox's cgroup, the runtime's exit guard
+-- without namespaces, cgroup and rlimit limits (sandbox/limits.lua).
+local function set_limits(self, plan, undo)
+  undo.push(function() if self.guarded then tree.unguard() end end)
+  undo.push(function()
+    local dir = rules_mod.cgroup_dir(self.cgroup_name)
+    if dir then tree.remove_cgroup(dir) end
+  end)
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
-  if isolation == "none" or unisolated then
+  if not plan.isolated then
     local guarded, why, code = tree.guard_base()
     if not guarded then
       -- (fail closed: it is what kills this sandbox's processes should the runtime die)
@@ -310,123 +319,155 @@ function make_sandbox(id, opts)
     end
     self.guarded = true
   end
+  undo.push(function() if self.limits_state then limits.cleanup(self.limits_state, async.sleep) end end)
   self.limits_state = limits.setup(self)
-  if isolation ~= "none" and not unisolated then
-    local network = opts.network or policy.network or "none"
-    local token = {}
-    self.init_token = token
-    local function on_init_exit() self:_init_exited(token) end
-    local init, namespaces, code
-    -- (a pre-built sandbox's processes join v1 limit directories only
-    -- through its own cgroup: without one, it is not used)
-    -- egress: its address is claimed first (its /etc/resolv.conf names its resolver)
-    if network == "egress" then
-      self.egress = network_mod.prepare(self, opts.egress or policy.egress, policy.limits, policy.dns)
-    end
-    -- (an egress sandbox is never pre-built: its resolv.conf is its own; nor
-    -- is an image's: its root is the image)
-    local pre = network ~= "egress" and not image_rec and prewarm.enabled
-      and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs))
-      and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
-      workspace, on_init_exit)
-    if pre then
-      init, namespaces = pre.init, pre.namespaces
-      self.owner_uid = pre.owner_uid
-      self.prebuilt_shell = pre.shell
-      if pre.cgroup_name then
-        -- it brings its cgroup: the limits (never pre-built) are set up
-        -- again on it, and its processes join the v1 limit directories
-        core.rmdir(tree.base() .. "/" .. self.cgroup_name)
-        self.cgroup_name = pre.cgroup_name
-        limits.cleanup(self.limits_state, async.sleep)
-        self.limits_state = limits.setup(self)
-      end
-      local adopted, why = true, nil
-      if pre.cgroup_name then
-        adopted, why = limits.adopt(self.limits_state, tree.base() .. "/" .. self.cgroup_name)
-      elseif next(self.limits_state.v1_dirs) then
-        adopted, why = nil, "a pre-built sandbox without a cgroup of its own cannot join its limit directories"
-      end
-      if not adopted then
-        pcall(pre.init.close, pre.init)
-        if pre.shell then pcall(pre.shell.kill, pre.shell, "SIGKILL") end
-        errors.raise("ISOLATION_UNAVAILABLE", "cannot put the sandbox's limits on: " .. tostring(why),
-          { isolation = isolation })
-      end
-    else
-      -- the host uid its kernel counters are charged to (isolation.lua)
-      self.owner_uid = isolation_mod.owner_uid(idmap)
-      init, namespaces, code = isolation_mod.start(self, {
-        network = network,
-        resolv_conf = self.egress and network_mod.resolv_conf(self.egress),
-        hostname = policy.hostname or id,
-        tmpBytes = policy.limits.tmpBytes,
-        kernels = kernels.dir(),
-        extra = policy.mounts,
-        idmap = idmap,
-        owner_uid = self.owner_uid,
-        userns = policy.userns,
-        image = image_mounts,
-        cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
-        on_exit = on_init_exit,
-      })
-    end
-    if init then
-      self.init, self.isolation, self.namespaces = init, "namespaces", namespaces
-      self.network = opts.network or policy.network or "none"
-      self.init_network = network
-      self.init_generation = 0
-      self.init_pid = init:pid()
-      if self.egress then network_mod.attach(self.egress, self.init_pid) end
-      self.fs_root = "/proc/" .. self.init_pid .. "/root"
-      -- the shells' run directory, reached only through the sandbox's root
-      -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
-      self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
-        self:fs_creds(), "in_root")
-      self.home = self.image and self.image.workingDir or "/workspace"
-      self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
-      if self.prebuilt_shell then
-        -- its start-up script can name paths inside only now
-        local sh = self.prebuilt_shell
-        self.prebuilt_shell = nil
-        self.shell_seq = self.shell_seq + 1
-        local inside = isolation_mod.RUN_DIR .. "/sh-" .. self.shell_seq
-        if self.run_conf and sh:begin(self:_rundir(inside)) then self.spare = sh else sh:kill() end
-      end
-    else
-      -- no fallback here: the kernel allows user namespaces (probed), so
-      -- this is a failure of the moment (EMFILE, ENOMEM, ...) or of the policy
-      errors.raise("ISOLATION_UNAVAILABLE", "cannot create the sandbox's namespaces: " ..
-        userns.plain(code, namespaces), { isolation = isolation, errno = code })
-    end
+end
+
+-- A spare (sandbox/prewarm.lua) of these rules, claimed: its init and
+-- shell, and its cgroup (cgroup mode), which becomes the sandbox's. -> init, namespaces | nil
+local function claim_spare(self, plan, on_init_exit)
+  local pre = prewarm.claim(rules_mod.key(plan.rules, plan.policy), plan.rules.hostname, self.workspace,
+    on_init_exit)
+  if not pre then return nil end
+  self.owner_uid = pre.owner_uid
+  self.prebuilt_shell = pre.shell
+  if pre.cgroup_name then
+    -- it brings its cgroup: the limits (never pre-built) are set up
+    -- again on it, and its processes join the v1 limit directories
+    core.rmdir(rules_mod.cgroup_dir(self.cgroup_name))
+    self.cgroup_name = pre.cgroup_name
+    limits.cleanup(self.limits_state, async.sleep)
+    self.limits_state = limits.setup(self)
   end
-  if unisolated then self.isolation_error = unisolated end
-  -- the file API's root: captured now, before any command of the sandbox
-  -- runs, so the mounts it may reach are the ones the runtime made
+  local adopted, why = true, nil
+  if pre.cgroup_name then
+    adopted, why = limits.adopt(self.limits_state, rules_mod.cgroup_dir(self.cgroup_name))
+  elseif next(self.limits_state.v1_dirs) then
+    adopted, why = nil, "a pre-built sandbox without a cgroup of its own cannot join its limit directories"
+  end
+  if not adopted then
+    pcall(pre.init.close, pre.init)
+    if pre.shell then pcall(pre.shell.kill, pre.shell, "SIGKILL") end
+    errors.raise("ISOLATION_UNAVAILABLE", "cannot put the sandbox's limits on: " .. tostring(why),
+      { isolation = plan.isolation })
+  end
+  return pre.init, pre.namespaces
+end
+
+-- Step 5, entering isolation: the sandbox's init (a spare's, or one
+-- started now) with its namespaces, its network linked, its run directory.
+local function enter_isolation(self, plan, undo)
+  if plan.unisolated then self.isolation_error = plan.unisolated end
+  if not plan.isolated then return end
+  local policy, rules = plan.policy, plan.rules
+  local network = rules.network
+  local token = {}
+  self.init_token = token
+  local function on_init_exit() self:_init_exited(token) end
+  local init, namespaces, code
+  -- egress: its address is claimed first (its /etc/resolv.conf names its resolver)
+  if network == "egress" then
+    self.egress = network_mod.prepare(self, plan.opts.egress or policy.egress, policy.limits, policy.dns)
+    undo.push(function() network_mod.detach(self.egress) end)
+  end
+  -- (an egress sandbox is never pre-built: its resolv.conf is its own; nor
+  -- is an image's: its root is the image; a pre-built sandbox's processes
+  -- join v1 limit directories only through its own cgroup: without one,
+  -- it is not used)
+  if network ~= "egress" and not plan.from_image and prewarm.enabled
+    and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs)) then
+    init, namespaces = claim_spare(self, plan, on_init_exit)
+  end
+  if not init then
+    -- the host uid its kernel counters are charged to (isolation.lua)
+    self.owner_uid = isolation_mod.owner_uid(rules.idmap)
+    init, namespaces, code = isolation_mod.start(self, rules_mod.init_options(rules, self.cgroup_name, {
+      resolv_conf = self.egress and network_mod.resolv_conf(self.egress),
+      owner_uid = self.owner_uid,
+      image = plan.image_mounts,
+      on_exit = on_init_exit,
+    }))
+  end
+  if not init then
+    -- no fallback here: the kernel allows user namespaces (probed), so
+    -- this is a failure of the moment (EMFILE, ENOMEM, ...) or of the policy
+    errors.raise("ISOLATION_UNAVAILABLE", "cannot create the sandbox's namespaces: " ..
+      userns.plain(code, namespaces), { isolation = plan.isolation, errno = code })
+  end
+  undo.push(function() init:close() end)
+  self.init, self.isolation, self.namespaces = init, "namespaces", namespaces
+  self.network = network
+  self.init_network = network
+  self.init_generation = 0
+  self.init_pid = init:pid()
+  if self.egress then network_mod.attach(self.egress, self.init_pid) end
+  self.fs_root = "/proc/" .. self.init_pid .. "/root"
+  -- the shells' run directory, reached only through the sandbox's root
+  -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
+  self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
+    self:fs_creds(), "in_root")
+  undo.push(function() if self.run_conf then self.run_conf:close() end end)
+  self.home = self.image and self.image.workingDir or "/workspace"
+  self.cap_keep = rules.cap_keep
+  if self.prebuilt_shell then
+    -- its start-up script can name paths inside only now
+    local sh = self.prebuilt_shell
+    self.prebuilt_shell = nil
+    self.shell_seq = self.shell_seq + 1
+    local inside = isolation_mod.RUN_DIR .. "/sh-" .. self.shell_seq
+    if self.run_conf and sh:begin(self:_rundir(inside)) then self.spare = sh else sh:kill() end
+    undo.push(function() if self.spare then self:_drop_spare() end end)
+  end
+end
+
+-- Step 6, file confinement: the file API's root, captured now, before any
+-- command of the sandbox runs, so the mounts it may reach are the ones the
+-- runtime made.
+local function confine_files(self)
   local conf, cmsg = self:_confine(self.run_conf)
   if conf and self.init and not self.run_conf then
     conf:close()
     conf, cmsg = nil, self.run_conf_error
   end
   if not conf then
-    errors.raise("FILESYSTEM_ERROR", "cannot confine the sandbox's file API: " .. tostring(cmsg), { root = root })
+    errors.raise("FILESYSTEM_ERROR", "cannot confine the sandbox's file API: " .. tostring(cmsg), { root = self.root })
   end
   self.fs_conf = conf
+end
+
+-- The live sandbox of id (options checked against it), or a new one.
+function make_sandbox(id, opts)
+  local plan = check_options(id, opts)
+  local live = registry[id]
+  if live then
+    if opts.root ~= nil and root_mod.canonical(opts.root) ~= live.root_canon then
+      V.fail("root", ("sandbox %q is live with its root at %s, not %s"):format(id, live.root, opts.root))
+    end
+    return live
+  end
+  choose_isolation(plan)
+  local undo = undo_list()
+  local ok, result = pcall(function()
+    prepare_root(plan, undo)
+    local self = new_sandbox(plan)
+    -- a restore's old workspace content (files/backup.lua, beside the
+    -- workspace, outside the sandbox's view) that a runtime stopped before
+    -- removing: removed now, on the thread pool, like the restore would have
+    for _, name in ipairs(core.readdir(plan.canon) or {}) do
+      if name:match("^%.moonbox%-old%-") then self:remove_later(name) end
+    end
+    set_limits(self, plan, undo)
+    enter_isolation(self, plan, undo)
+    confine_files(self)
+    return self
   end)
   if not ok then
-    if self.spare then pcall(self._drop_spare, self) end
-    if self.run_conf then self.run_conf:close() end
-    if self.init then pcall(self.init.close, self.init) end
-    if self.egress then pcall(network_mod.detach, self.egress) end
-    if self.limits_state then limits.cleanup(self.limits_state, async.sleep) end
-    if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
-    if self.guarded then tree.unguard() end
-    undo(lock)
-    error(err, 0)
+    undo.run()
+    error(result, 0)
   end
-  self:_hand_lock()
-  registry[id] = self
-  return self
+  result:_hand_lock()
+  registry[id] = result
+  return result
 end
 
 -- The root's lock costs the runtime no fd while the sandbox has an init
@@ -504,7 +545,7 @@ function Sandbox:_confine(root)
   local creds = self:fs_creds()
   if not self.init then return fs.confine(self.fs_root, nil, creds, "beneath") end
   local dirs = util.copy(M.OWN_STORAGE)
-  for _, m in ipairs(self.policy.mounts or {}) do
+  for _, m in ipairs(self.rules.mounts or {}) do
     if m.dst and normalize(m.dst) ~= "/" then dirs[#dirs + 1] = normalize(m.dst) end
   end
   local allowed = {}
@@ -559,22 +600,13 @@ function Sandbox:revive_init()
   local spare = self.spare
   self.spare = nil
   if spare and spare:alive() then spare:kill("SIGKILL") end
-  local policy = self.policy
   local token = {}
-  local init, namespaces, code = isolation_mod.start(self, {
-    network = self.init_network,
+  local init, namespaces, code = isolation_mod.start(self, rules_mod.init_options(self.rules, self.cgroup_name, {
     resolv_conf = self.egress and network_mod.resolv_conf(self.egress),
-    hostname = policy.hostname or self.id,
-    tmpBytes = policy.limits.tmpBytes,
-    kernels = kernels.dir(),
-    extra = policy.mounts,
-    idmap = self.idmap,
     owner_uid = self.owner_uid,
-    userns = policy.userns,
     image = self.image_mounts,
-    cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
     on_exit = function() self:_init_exited(token) end,
-  })
+  }))
   if not init then
     errors.raise("SANDBOX_RESTARTED", ("sandbox %q lost its init process and cannot rebuild it: %s")
       :format(self.id, tostring(namespaces)), { id = self.id, errno = code })
@@ -625,7 +657,7 @@ function Sandbox:spawn_spec(spec)
   if self.init then self:revive_init() end
   return spawn_rules.apply({
     init = self.init, cap_keep = self.cap_keep, idmap = self.idmap, limits = self.limits_state,
-    cgroup_dir = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil,
+    cgroup_dir = rules_mod.cgroup_dir(self.cgroup_name),
   }, spec)
 end
 
@@ -998,8 +1030,7 @@ function Sandbox:info()
     idmap = util.copy(self.idmap),
     -- the bounding (and only) capability set of every process under
     -- namespaces; unisolated processes are the runtime's, with its own
-    capabilities = self.init and isolation_mod.cap_names(self.policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
-      or nil,
+    capabilities = self.init and isolation_mod.cap_names(self.rules.capabilities) or nil,
     -- the image the root is made of (docs/images.md), nil for the host's
     image = self.image and image_mod.info(self.image) or nil,
   }
@@ -1108,7 +1139,7 @@ function Sandbox:_destroy_now(opts)
   local locked, lock_err = true, nil
   if not opts.keepFiles then locked, lock_err = self:_take_lock() end
   if not locked then opts = { keepFiles = true } end
-  local cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil
+  local cgroup = rules_mod.cgroup_dir(self.cgroup_name)
   local init = self.init
   local gone = false
   compose.run(session_mod.hooks, "sandbox_killing", self)
