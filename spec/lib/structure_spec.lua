@@ -188,6 +188,9 @@ local function defined_privates(code)
 end
 
 -- Where a file reads or calls an underscore field: `x._n`, `x:_n(`.
+-- (By name, not by class: a few names, _sandbox or _exited, are each
+-- defined by several files for their own objects, and a file that defines
+-- one may still read another class's field of that name unseen.)
 -- Double-underscore names are the language's metamethods, not privates.
 local function used_privates(code)
   local uses = {}
