@@ -188,7 +188,7 @@ end
 
 -- Step 3, the root (docs/api.md "Sandbox roots"): checked, made, its disk
 -- image mounted on it, locked; the workspace made and given to root
--- inside; an image's layers prepared.
+-- inside; then an image's layers (prepare_image).
 local function prepare_root(plan, undo)
   local opts, policy, id = plan.opts, plan.policy, plan.id
   local home = default_home()
@@ -254,24 +254,28 @@ local function prepare_root(plan, undo)
         { root = root })
     end
   end
-  -- an image's root: its layers for this id range, and the sandbox's
-  -- upper dir under its root (inside its disk image when it has one)
-  -- (a root made from an image is got again from it, named or not)
-  local made_by = not image_rec and image_mod.made_by(canon)
-  if made_by or image_rec then
-    if made_by then
-      if not plan.isolated then
-        errors.raise("ISOLATION_UNAVAILABLE", ("the sandbox's root was made from image %s, which needs the "
-          .. "sandbox's own namespaces"):format(made_by), { isolation = plan.isolation })
-      end
-      image_rec = image_mod.resolve(made_by)
+  plan.image_rec = image_rec
+end
+
+-- An image's root: its layers for the sandbox's id range, and its upper
+-- dir under the root (inside its disk image when it has one). A root made
+-- from an image is got again from it, named or not.
+local function prepare_image(plan)
+  local image_rec = plan.image_rec
+  local made_by = not image_rec and image_mod.made_by(plan.canon)
+  if made_by then
+    if not plan.isolated then
+      errors.raise("ISOLATION_UNAVAILABLE", ("the sandbox's root was made from image %s, which needs the "
+        .. "sandbox's own namespaces"):format(made_by), { isolation = plan.isolation })
     end
-    plan.image_mounts, plan.image_info = image_mod.prepare(image_rec, canon, idmap)
-    for name, value in pairs(plan.image_info.env) do
-      if plan.env[name] == nil then plan.env[name] = value end
-    end
+    image_rec = image_mod.resolve(made_by)
   end
   plan.from_image = image_rec ~= nil
+  if not image_rec then return end
+  plan.image_mounts, plan.image_info = image_mod.prepare(image_rec, plan.canon, plan.rules.idmap)
+  for name, value in pairs(plan.image_info.env) do
+    if plan.env[name] == nil then plan.env[name] = value end
+  end
 end
 
 local function new_sandbox(plan)
@@ -449,6 +453,7 @@ function make_sandbox(id, opts)
   local undo = undo_list()
   local ok, result = pcall(function()
     prepare_root(plan, undo)
+    prepare_image(plan)
     local self = new_sandbox(plan)
     -- a restore's old workspace content (files/backup.lua, beside the
     -- workspace, outside the sandbox's view) that a runtime stopped before
