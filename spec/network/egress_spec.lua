@@ -326,7 +326,7 @@ describe("egress", function()
         assert.same({ 400, "VALIDATION_FAILED" }, { status, r.code })
         local service = require("moonbox.server.service").new {}
         local text = service:metrics { connections = function() return 0 end, inflight = function() return 0 end,
-          refused = function() return 0, 0 end }
+          refused = function() return 0, 0 end, queued_bytes = function() return 0 end }
         local id = base:match("[^/]+$")
         local sent = tonumber(text:match('moonbox_egress_sent_bytes_total{sandbox="' .. id:gsub("%-", "%%-") ..
           '"} (%d+)'))

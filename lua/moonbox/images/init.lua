@@ -10,6 +10,7 @@ local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
 local store = require "moonbox.images.store"
 local blob = require "moonbox.images.blob"
+local registry = require "moonbox.sandbox.registry"
 
 local M = {}
 
@@ -159,7 +160,7 @@ function M.pull(ref, opts)
     -- (unless a live sandbox of this runtime stands on it)
     if old and old.digest ~= rec.digest then
       local used = used_blobs(refs)
-      for _, sb in pairs(require("moonbox.sandbox").all()) do
+      for _, sb in pairs(registry.all()) do
         for _, dir in ipairs(not sb.destroyed and sb.image_mounts and sb.image_mounts.lowers or {}) do
           local hex = dir:match("/layers/(%x+)[^/]*$")
           if hex then used[hex] = true end
@@ -225,7 +226,7 @@ function M.remove(ref)
     local used = used_blobs(refs, ref)
     -- a layer a live sandbox of this runtime stands on stays, and so does
     -- the name (other runtimes' sandboxes are not seen: docs/images.md)
-    for id, sb in pairs(require("moonbox.sandbox").all()) do
+    for id, sb in pairs(registry.all()) do
       for _, dir in ipairs(not sb.destroyed and sb.image_mounts and sb.image_mounts.lowers or {}) do
         local hex = dir:match("/layers/(%x+)[^/]*$")
         if hex and not used[hex] then

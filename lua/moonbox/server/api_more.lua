@@ -24,6 +24,10 @@ local router_mod = require "moonbox.server.api_router"
 
 local M = {}
 
+-- api.lua's module (its config and on_reject, read per request), handed in
+-- by install: a route module does not require api.lua, which installs it
+local api
+
 local function no_query(ctx, allowed)
   for k in pairs(ctx.query) do
     if not (allowed and allowed[k]) then V.fail(k, "unknown query parameter") end
@@ -175,7 +179,6 @@ function H.create_from(ctx)
         { image = f.image })
     end
   end
-  local api = require "moonbox.server.api"
   local id = ctx.params.id
   local live, n = require("moonbox.sandbox").all(), 0
   for _ in pairs(live) do n = n + 1 end
@@ -201,7 +204,9 @@ function H.set_network(ctx)
   return 200, json.network(ctx:sandbox():setNetwork(ctx:body()))
 end
 
-function M.install(router)
+-- install(router, api_module): add the routes to /v1's router.
+function M.install(router, api_module)
+  api = api_module
   for _, r in ipairs {
     { "POST", "/ports", H.expose }, { "GET", "/ports", H.list_ports },
     { "DELETE", "/ports/{port}", H.unexpose },
