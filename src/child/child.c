@@ -179,7 +179,9 @@ static int step_close_fds(const mb_child_plan *p) {
 }
 
 /* Inside a user namespace the process is root there: what it may do is the
- * bounding set, which also caps what any later execve can gain. */
+ * bounding set, which also caps what any later execve can gain. Cut before
+ * step_ids: dropping from it needs CAP_SETPCAP, which a setuid to another
+ * user (an image's User) takes away. */
 static int step_caps(const mb_child_plan *p) {
   if (!p->drop_caps) return 0;
   for (int cap = 0; cap < 64; cap++) {
@@ -219,8 +221,8 @@ int mb_child_main(void *arg) {
   /* first: our own fd table, of the runtime's low end only (fd_slots.c) */
   if (mb_unshare_fds_below(p->unshare_below) < 0) fail(p, MB_STAGE_CLOSE_FDS, errno);
   if ((stage = step_session(p)) || (stage = step_pdeathsig(p)) || (stage = step_cgroup(p)) || (stage = step_fds(p)) ||
-      (stage = step_ctty(p)) || (stage = step_rlimits(p)) || (stage = step_chdir(p)) || (stage = step_ids(p)) ||
-      (stage = step_signals()) || (stage = step_close_fds(p)) || (stage = step_caps(p)) || (stage = step_seccomp(p)) ||
+      (stage = step_ctty(p)) || (stage = step_rlimits(p)) || (stage = step_chdir(p)) || (stage = step_caps(p)) ||
+      (stage = step_ids(p)) || (stage = step_signals()) || (stage = step_close_fds(p)) || (stage = step_seccomp(p)) ||
       (stage = step_exec(p)))
     fail(p, stage, errno);
   return 127;

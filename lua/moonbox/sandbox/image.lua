@@ -5,6 +5,7 @@ local core = require "moonbox.core"
 local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
 local images = require "moonbox.images"
+local image_user = require "moonbox.sandbox.image_user"
 
 local M = {}
 
@@ -79,14 +80,47 @@ function M.prepare(rec, root, idmap)
     env = env_map(c.Env, rec.name), envList = c.Env or {}, workingDir = c.WorkingDir ~= "" and c.WorkingDir or nil,
     user = c.User ~= "" and c.User or nil, entrypoint = c.Entrypoint, cmd = c.Cmd,
   }
+  -- who its processes run as: the image's /etc/passwd and /etc/group as
+  -- the sandbox will see them (its own upper dir over the layers, top first)
+  local dirs = { base .. "/upper" }
+  for i = #lowers, 1, -1 do dirs[#dirs + 1] = lowers[i] end
+  local who = image_user.resolve(info.user, dirs, rec.name)
+  image_user.check(who, idmap, rec.name)
+  info.uid, info.gid, info.home = who.uid, who.gid, who.home
+  -- HOME from the image's passwd entry when its Env has none
+  if info.user and who.home and info.env.HOME == nil then info.env.HOME = who.home end
   return { lowers = lowers, upper = base }, info
 end
 
--- info().image: {name, digest, source, layers, env, workingDir, user, entrypoint, cmd}
+-- The host ids the sandbox's processes run as (sb.idmap shifted by the
+-- image's User): the owner of what the runtime makes for them.
+function M.host_ids(info, idmap)
+  local uid, gid = (info and info.uid) or 0, (info and info.gid) or 0
+  if idmap.count <= 1 then return idmap.uid, idmap.gid end
+  return idmap.uid + uid, idmap.gid + gid
+end
+
+-- give(path, info, idmap): path (the workspace; the run directory of the
+-- shells, a fresh tmpfs of the init's, before anything of the sandbox
+-- runs) to the image's User, so its processes can make their files there.
+-- Root inside (no User) keeps what it has.
+function M.give(path, info, idmap)
+  if not info or (info.uid == 0 and info.gid == 0) or idmap.count <= 1 then return end
+  local uid, gid = M.host_ids(info, idmap)
+  local ok, msg, code = core.chown(path, uid, gid)
+  if not ok then
+    errors.raise("FILESYSTEM_ERROR", ("cannot give %s to the image's user: %s"):format(path, tostring(msg)),
+      { errno = code })
+  end
+end
+
+-- info().image: {name, digest, source, layers, env, workingDir, user, uid,
+-- gid, home, entrypoint, cmd}
 function M.info(info)
   return {
     name = info.name, digest = info.digest, source = info.source, layers = info.layers,
     env = util.copy(info.envList), workingDir = info.workingDir, user = info.user,
+    uid = info.uid, gid = info.gid, home = info.home,
     entrypoint = info.entrypoint and util.copy(info.entrypoint) or nil, cmd = info.cmd and util.copy(info.cmd) or nil,
   }
 end

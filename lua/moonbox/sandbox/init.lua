@@ -265,6 +265,12 @@ function make_sandbox(id, opts)
       undo(lock)
       error(err, 0)
     end
+    -- the image's User writes the workspace (docs/images.md)
+    ok, err = pcall(image_mod.give, workspace, image_info, idmap)
+    if not ok then
+      undo(lock)
+      error(err, 0)
+    end
     for name, value in pairs(image_info.env) do
       if env[name] == nil then env[name] = value end
     end
@@ -381,6 +387,7 @@ function make_sandbox(id, opts)
       self.fs_root = "/proc/" .. self.init_pid .. "/root"
       -- the shells' run directory, reached only through the sandbox's root
       -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
+      image_mod.give(self.fs_root .. isolation_mod.RUN_DIR, self.image, idmap)
       self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
         self:_fs_creds(), "in_root")
       self.home = self.image and self.image.workingDir or "/workspace"
@@ -495,7 +502,9 @@ end
 function Sandbox:_fs_creds()
   local idmap = self.idmap
   if not idmap or core.getuid() ~= 0 or (idmap.uid == 0 and idmap.gid == 0) then return nil end
-  return { uid = idmap.uid, gid = idmap.gid }
+  -- an image's User: the file API acts as that user (docs/images.md)
+  local uid, gid = image_mod.host_ids(self.image, idmap)
+  return { uid = uid, gid = gid }
 end
 
 -- root: the run directory's confinement, whose root fd (the same
@@ -597,6 +606,7 @@ function Sandbox:_revive()
   for _, name in ipairs { "fs_conf", "run_conf" } do
     if self[name] then self[name]:close() self[name] = nil end
   end
+  image_mod.give(self.fs_root .. isolation_mod.RUN_DIR, self.image, self.idmap)
   local run_conf, rmsg = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, self:_fs_creds(), "in_root")
   local conf, cmsg = self:_confine(run_conf)
   if not run_conf or not conf then
@@ -625,6 +635,7 @@ function Sandbox:_spawn_spec(spec)
   if self.init then self:_revive() end
   return spawn_rules.apply({
     init = self.init, cap_keep = self.cap_keep, idmap = self.idmap, limits = self.limits_state,
+    user = self.image and { uid = self.image.uid, gid = self.image.gid },
     cgroup_dir = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil,
   }, spec)
 end
@@ -720,9 +731,11 @@ function Sandbox:_take_spare(no_refill)
 end
 
 -- A shell's run directory: its path inside, the same from the runtime, and
--- the ids of root inside (who gets the entries the shell writes).
+-- the host ids its processes run as (root inside, or the image's User:
+-- who gets the entries the shell writes).
 function Sandbox:_rundir(inside)
-  return { host = self.fs_root .. inside, inside = inside, uid = self.idmap.uid, gid = self.idmap.gid,
+  local uid, gid = image_mod.host_ids(self.image, self.idmap)
+  return { host = self.fs_root .. inside, inside = inside, uid = uid, gid = gid,
     conf = self.run_conf }
 end
 
