@@ -10,7 +10,7 @@
 --   DELETE /v1/backups/{backupId}              -> deleteBackup
 --   POST   /v1/sandboxes/{id}/commit           {name} -> sandbox:commit{name}
 --   GET    /v1/images                          -> images.list
---   POST   /v1/images/pull                     {ref, name?} -> images.pull, progress as SSE (registries only)
+--   POST   /v1/images/pull                     {ref, name?, auth?} -> images.pull, progress as SSE (registries only)
 --   DELETE /v1/images?name=                    -> images.remove
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
 --   POST   /v1/sandboxes/{id}                  {from?, network?, egress?, image?} -> getSandbox(id, {from = backup,
@@ -96,14 +96,14 @@ function H.remove_image(ctx)
   return 200, moonbox.images.remove(name)
 end
 
--- POST /v1/images/pull {ref, name?}: the pull's progress events
+-- POST /v1/images/pull {ref, name?, auth?}: the pull's progress events
 -- ({type = "layer"|"progress"|"layerDone"}) then {type = "complete",
 -- image} or {type = "error", error}, as SSE; a client that goes away
 -- cancels the pull. A registry reference only: a client never makes the
 -- server read a layout or an archive of the host's paths.
 function H.pull_image(ctx)
   no_query(ctx)
-  local f = ctx:take { ref = "string", name = "string?" }
+  local f = ctx:take { ref = "string", name = "string?", auth = "table?" }
   ctx:no_more()
   if f.ref:match("^oci:") or f.ref:match("^docker%-archive:") then
     require("moonbox.errors").raise("POLICY_DENIED", ("image %s: over HTTP only registry references are pulled "
@@ -122,7 +122,7 @@ function H.pull_image(ctx)
     wake()
   end
   local task = moonbox.spawn(function()
-    local ok, rec = pcall(moonbox.images.pull, f.ref, { name = f.name, onProgress = push })
+    local ok, rec = pcall(moonbox.images.pull, f.ref, { name = f.name, auth = f.auth, onProgress = push })
     if ok then
       json.array(rec.layers)
       push { type = "complete", image = rec }
