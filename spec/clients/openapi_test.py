@@ -45,12 +45,6 @@ NOT_RECORDED = {
     ("post", "/v1/sandboxes/{id}/api/git/checkout"): "the same clone through the seed's protocol",
     ("patch", "/v1/sandboxes/{id}/network"): "needs an egress sandbox: a root runtime, nftables and an internet "
                                              "(spec/network/egress_spec.lua drives it)",
-    # the image routes need an image store with an image built for the test (the Python client has no
-    # image calls yet): spec/images/server_spec.lua and spec/images/registry_spec.lua drive them
-    ("get", "/v1/images"): "an image store (spec/images/registry_spec.lua)",
-    ("delete", "/v1/images"): "an image store (spec/images/registry_spec.lua)",
-    ("post", "/v1/images/pull"): "a registry (spec/images/registry_spec.lua)",
-    ("post", "/v1/sandboxes/{id}/commit"): "a sandbox made from an image (spec/images/server_spec.lua)",
 }
 
 
