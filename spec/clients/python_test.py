@@ -685,6 +685,29 @@ class TestImages(unittest.TestCase):
             reg.stop()
 
 
+class TestNetwork(unittest.TestCase):
+    def test_egress_rules_changed_while_running(self):
+        c = client()
+        if os.geteuid() != 0:
+            # fails closed unprivileged (docs/network.md): nothing to change
+            with self.assertRaises(MoonboxError) as cm:
+                c.get_sandbox("py-egress", network="egress", egress={"allow": ["192.0.2.0/24"]})
+            self.assertEqual(cm.exception.code, "ISOLATION_UNAVAILABLE")
+            return
+        sb = c.get_sandbox("py-egress", network="egress", egress={"allow": ["192.0.2.0/24"]})
+        try:
+            self.assertEqual(sb.info()["network"]["egress"]["allow"], ["192.0.2.0/24"])
+            net = sb.setNetwork(egress={"allow": ["198.51.100.0/24:443"], "deny": ["198.51.100.7"]})
+            self.assertEqual((net["mode"], net["egress"]["allow"], net["egress"]["deny"]),
+                             ("egress", ["198.51.100.0/24:443"], ["198.51.100.7"]))
+            with self.assertRaises(MoonboxError) as cm:
+                sb.set_network(egress={"allow": ["not a rule"]})
+            self.assertEqual((cm.exception.code, cm.exception.status), ("VALIDATION_FAILED", 400))
+            self.assertEqual(sb.info()["network"]["egress"]["allow"], ["198.51.100.0/24:443"])
+        finally:
+            sb.destroy()
+
+
 class TestServer(unittest.TestCase):
     def test_health_ready_metrics(self):
         c = client()

@@ -64,14 +64,21 @@ class Client:
 
     # ---- server ---------------------------------------------------------------------
     def get_sandbox(self, id: str, *, from_backup: Union[str, JSON, None] = None,
-                    image: Optional[str] = None) -> "Sandbox":
+                    image: Optional[str] = None, network: Optional[str] = None,
+                    egress: Optional[JSON] = None) -> "Sandbox":
         """The sandbox `id` (made by the server on its first write, like the
         Lua getSandbox). With ``from_backup`` (a backup or its id) and/or
         ``image`` (the name or digest of an image in the server's store,
         docs/images.md) a new sandbox is made now, whose files are the
-        backup's, whose root is the image's (POST /v1/sandboxes/{id})."""
+        backup's, whose root is the image's (POST /v1/sandboxes/{id});
+        ``network`` ("none", "host", "egress") with ``egress`` ({allow,
+        deny}, docs/network.md) gives it that network."""
         sb = Sandbox(self, id)
         body: JSON = {}
+        if network is not None:
+            body["network"] = network
+        if egress is not None:
+            body["egress"] = egress
         if from_backup is not None:
             body["from"] = from_backup["id"] if isinstance(from_backup, dict) else from_backup
         if image is not None:
@@ -488,6 +495,11 @@ class Sandbox(_Calls):
         bid = backup["id"] if isinstance(backup, dict) else backup
         return self._json("POST", "/backups/restore", body=_options({"id": bid, "dir": dir}))
 
+    def set_network(self, *, egress: JSON) -> JSON:
+        """An egress sandbox's rules, changed while it runs ({allow, deny},
+        PATCH /network): its network as info() shows it."""
+        return self._json("PATCH", "/network", body={"egress": egress})
+
     def commit(self, name: str) -> JSON:
         """The sandbox's changes over its image as a new image ``name`` in
         the server's store (a template): its record."""
@@ -502,6 +514,7 @@ class Sandbox(_Calls):
     getExposedPorts = get_exposed_ports
     createBackup = create_backup
     restoreBackup = restore_backup
+    setNetwork = set_network
 
 
 class Session(_Calls):
