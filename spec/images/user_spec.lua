@@ -14,7 +14,7 @@ local tmp
 
 local PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n" ..
   "svc:x:1001:1002:service:/var/svc:/bin/sh\n"
-local GROUP = "root:x:0:\napp:x:1000:\nsvcgrp:x:1002:\n"
+local GROUP = "root:x:0:\napp:x:1000:\nsvcgrp:x:1002:\nextra:x:1003:svc,app\nmore:x:1004: app \n"
 
 -- oci:DIR of an image whose config says User = user
 local function image(tag, user, extra_env)
@@ -69,8 +69,9 @@ describe("an image's User", function()
     end
     with_sandbox(ref, function(sb)
       assert.equal("1000\n1000", sh(sb, "id -u; id -g"))
-      -- no supplementary groups carried over from root
-      assert.equal("1000", sh(sb, "id -G"))
+      -- its supplementary groups: the image's /etc/group's, none of root's
+      assert.equal("1000 1003 1004", sh(sb, "id -G"))
+      assert.same({ 1000, 1003, 1004 }, sb:info().image.groups)
       -- a uid the image's passwd has: its HOME
       assert.equal("/home/app", sh(sb, "echo $HOME"))
       local info = sb:info().image
@@ -121,6 +122,7 @@ describe("an image's User", function()
     end
     with_sandbox(image("named", "svc"), function(sb)
       assert.equal("1001 1002 /var/svc", sh(sb, "echo $(id -u) $(id -g) $HOME"))
+      assert.equal("1002 1003", sh(sb, "id -G"))
       assert.equal("svc", sh(sb, "id -un"))
     end)
     with_sandbox(image("namegroup", "app:svcgrp"), function(sb)
@@ -129,6 +131,28 @@ describe("an image's User", function()
     -- the image's Env HOME wins over passwd's
     with_sandbox(image("envhome", "svc", { "HOME=/tmp" }), function(sb)
       assert.equal("/tmp", sh(sb, "echo $HOME"))
+    end)
+  end)
+
+  it("is overridden by getSandbox's user option", function()
+    local ref = image("override", "1000:1000")
+    run_task(function()
+      -- root by name: the one id every runtime maps
+      local sb = helper.new_sandbox { image = ref, isolation = "namespaces", user = "root" }
+      local ok, err = pcall(function()
+        assert.equal("0 0 /root", sh(sb, "echo $(id -u) $(id -g) $HOME"))
+        assert.equal("root", sb:info().image.user)
+      end)
+      sb:destroy()
+      assert(ok, err)
+      fails("VALIDATION_FAILED", helper.new_sandbox, { isolation = "namespaces", user = "root" })
+      fails("VALIDATION_FAILED", helper.new_sandbox, { image = ref, isolation = "namespaces", user = "" })
+      if as_root then
+        sb = helper.new_sandbox { image = ref, isolation = "namespaces", user = "svc" }
+        ok, err = pcall(function() assert.equal("1001 1002", sh(sb, "echo $(id -u) $(id -g)")) end)
+        sb:destroy()
+        assert(ok, err)
+      end
     end)
   end)
 

@@ -135,7 +135,12 @@ static int step_chdir(const mb_child_plan *p) {
  * shares with the runtime (its threads are not ours to signal or wait on). */
 static int step_ids(const mb_child_plan *p) {
   if (!p->set_ids) return 0;
-  if (syscall(SYS_setgroups, 0, NULL) < 0 && errno != EPERM) return MB_STAGE_SETGID;
+  if (p->ngroups > 0) {
+    /* asked for: they are set or the process does not start */
+    if (syscall(SYS_setgroups, (size_t)p->ngroups, p->groups) < 0) return MB_STAGE_SETGID;
+  } else if (syscall(SYS_setgroups, 0, NULL) < 0 && errno != EPERM) {
+    return MB_STAGE_SETGID; /* (EPERM: a user namespace with setgroups denied has none to drop) */
+  }
   if (syscall(SYS_setgid, p->gid) < 0) return MB_STAGE_SETGID;
   if (syscall(SYS_setuid, p->uid) < 0) return MB_STAGE_SETUID;
   return 0;

@@ -81,11 +81,13 @@ local function number(s)
   return s:match("^%d+$") and tonumber(s) or nil
 end
 
--- resolve(user, dirs, name) -> {uid, gid, home?, name?}
+M.MAX_GROUPS = 32 -- the spawn plan's (src/child/child.h MB_MAX_GROUPS)
+
+-- resolve(user, dirs, name) -> {uid, gid, groups = {gid, ...}, home?, name?}
 -- for the image's User string (nil or "" -> root). dirs: the image's
 -- directories, top first.
 function M.resolve(user, dirs, name)
-  if user == nil or user == "" then return { uid = 0, gid = 0 } end
+  if user == nil or user == "" then return { uid = 0, gid = 0, groups = {} } end
   local u, g = user:match("^([^:]+):([^:]+)$")
   if not u then u = user:match("^([^:]+)$") end
   if not u then
@@ -100,7 +102,7 @@ function M.resolve(user, dirs, name)
       if f[1] == u then break end -- a name beats a uid that looks like it
     end
   end
-  local r = {}
+  local r = { groups = {} }
   if number(u) then
     r.uid = number(u)
   elseif entry and number(entry[3] or "") then
@@ -113,7 +115,7 @@ function M.resolve(user, dirs, name)
     r.name = entry[1]
     r.home = entry[6] ~= "" and entry[6] or nil
   end
-  local group = g and rows(M.image_file(dirs, "etc/group", name)) or nil
+  local group = rows(M.image_file(dirs, "etc/group", name))
   if g and number(g) then
     r.gid = number(g)
   elseif g then
@@ -128,18 +130,38 @@ function M.resolve(user, dirs, name)
     -- the passwd entry's group; a uid the image does not list gets group 0, as Docker does
     r.gid = entry and number(entry[4] or "") or 0
   end
+  -- supplementary groups: those of the image's /etc/group that list the
+  -- user's name among their members (as login(1) and Docker do)
+  local seen = { [r.gid] = true }
+  for _, f in ipairs(r.name and group or {}) do
+    local gid = number(f[3] or "")
+    for member in (f[4] or ""):gmatch("[^,%s]+") do
+      if member == r.name and gid and not seen[gid] then
+        seen[gid] = true
+        r.groups[#r.groups + 1] = gid
+      end
+    end
+  end
+  if #r.groups > M.MAX_GROUPS then
+    errors.raise("IMAGE_INVALID", ("image %s: User %q is in %d groups, more than %d"):format(name, user, #r.groups,
+      M.MAX_GROUPS), { user = user })
+  end
+  if #r.groups > 0 then table.insert(r.groups, 1, r.gid) end -- (the primary group stays one of them)
   return r
 end
 
 -- check(r, idmap, name): every id must lie in the sandbox's id range, or
 -- the sandbox is not made (fail closed: no process runs as another id).
 function M.check(r, idmap, name)
-  for _, kind in ipairs { "uid", "gid" } do
-    if r[kind] >= idmap.count then
+  local ids = { { "uid", r.uid }, { "gid", r.gid } }
+  for _, g in ipairs(r.groups or {}) do ids[#ids + 1] = { "gid", g } end
+  for _, id in ipairs(ids) do
+    local kind, value = id[1], id[2]
+    if value >= idmap.count then
       errors.raise("ISOLATION_UNAVAILABLE", ("image %s: its User's %s %d is outside the sandbox's id range " ..
-        "(%d id%s: %s)"):format(name, kind, r[kind], idmap.count, idmap.count == 1 and "" or "s",
+        "(%d id%s: %s)"):format(name, kind, value, idmap.count, idmap.count == 1 and "" or "s",
         idmap.count == 1 and "a runtime that is not root maps only root inside"
-          or "set the policy's idmap.count"), { user = r.name, [kind] = r[kind] })
+          or "set the policy's idmap.count"), { user = r.name, [kind] = value })
     end
   end
 end

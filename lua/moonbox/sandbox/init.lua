@@ -69,7 +69,7 @@ M.mkdir_p = mkdir_p
 local normalize = util.normalize
 
 local get_options = { root = true, isolation = true, network = true, egress = true, env = true, policy = true,
-  limits = true, image = true }
+  limits = true, image = true, user = true }
 
 -- One making or destroying of a sandbox id at a time (a FIFO lock per id,
 -- dropped when nobody holds or waits for it): two first getSandbox calls
@@ -125,6 +125,7 @@ function make_sandbox(id, opts)
     V.fail("image", "expected an image reference (a string)")
   end
   local image_ref = opts.image or policy.image
+  image_mod.check_user(opts.user)
   local live = registry[id]
   if live then
     if opts.root ~= nil and root_mod.canonical(opts.root) ~= live.root_canon then
@@ -250,6 +251,10 @@ function make_sandbox(id, opts)
   local image_mounts, image_info
   -- (a root made from an image is got again from it, named or not)
   local made_by = not image_rec and image_mod.made_by(canon)
+  if opts.user ~= nil and not (made_by or image_rec) then
+    undo(lock)
+    V.fail("user", "applies to a sandbox made from an image (its processes run as root inside otherwise)")
+  end
   if made_by or image_rec then
     ok, err = pcall(function()
       if made_by then
@@ -259,7 +264,7 @@ function make_sandbox(id, opts)
         end
         image_rec = image_mod.resolve(made_by)
       end
-      image_mounts, image_info = image_mod.prepare(image_rec, canon, idmap)
+      image_mounts, image_info = image_mod.prepare(image_rec, canon, idmap, opts.user)
     end)
     if not ok then
       undo(lock)
@@ -635,7 +640,7 @@ function Sandbox:_spawn_spec(spec)
   if self.init then self:_revive() end
   return spawn_rules.apply({
     init = self.init, cap_keep = self.cap_keep, idmap = self.idmap, limits = self.limits_state,
-    user = self.image and { uid = self.image.uid, gid = self.image.gid },
+    user = self.image and { uid = self.image.uid, gid = self.image.gid, groups = self.image.groups },
     cgroup_dir = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil,
   }, spec)
 end
