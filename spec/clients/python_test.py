@@ -655,6 +655,12 @@ class TestImages(unittest.TestCase):
             self.assertEqual((tmpl["name"], tmpl["parent"], len(tmpl["layers"])), ("py-tmpl:1", img["digest"], 2))
         finally:
             sb.destroy()
+        sb_root = self.client.get_sandbox("py-image-root", image="py-app:1", user="0:0")
+        try:
+            self.assertEqual(sb_root.exec("id -u")["stdout"], "0\n")
+            self.assertEqual(sb_root.info()["image"]["user"], "0:0")
+        finally:
+            sb_root.destroy()
         with self.assertRaises(MoonboxError) as cm:
             self.client.get_sandbox("py-image2", image="never-pulled")
         self.assertEqual((cm.exception.code, cm.exception.status), ("IMAGE_NOT_FOUND", 404))

@@ -64,13 +64,14 @@ class Client:
 
     # ---- server ---------------------------------------------------------------------
     def get_sandbox(self, id: str, *, from_backup: Union[str, JSON, None] = None,
-                    image: Optional[str] = None, network: Optional[str] = None,
+                    image: Optional[str] = None, user: Optional[str] = None, network: Optional[str] = None,
                     egress: Optional[JSON] = None) -> "Sandbox":
         """The sandbox `id` (made by the server on its first write, like the
         Lua getSandbox). With ``from_backup`` (a backup or its id) and/or
         ``image`` (the name or digest of an image in the server's store,
         docs/images.md) a new sandbox is made now, whose files are the
-        backup's, whose root is the image's (POST /v1/sandboxes/{id});
+        backup's, whose root is the image's (POST /v1/sandboxes/{id}), run
+        as ``user`` (over the image's User) when given;
         ``network`` ("none", "host", "egress") with ``egress`` ({allow,
         deny}, docs/network.md) gives it that network."""
         sb = Sandbox(self, id)
@@ -83,6 +84,8 @@ class Client:
             body["from"] = from_backup["id"] if isinstance(from_backup, dict) else from_backup
         if image is not None:
             body["image"] = image
+        if user is not None:
+            body["user"] = user
         if body:
             self._t.json("POST", sb._base, body=body)
         return sb

@@ -152,7 +152,7 @@ function H.commit(ctx)
   return 200, ctx:sandbox():commit { name = f.name }
 end
 
--- POST /v1/sandboxes/{id} {from?, network?, egress?, image?}: made as
+-- POST /v1/sandboxes/{id} {from?, network?, egress?, image?, user?}: made as
 -- api.lua's Ctx:sandbox() makes sandboxes (the server's home, policy,
 -- limits and maxSandboxes), from a backup, with a network of its own and/or
 -- from an image. An image must be in the store already (a name or digest,
@@ -160,7 +160,8 @@ end
 -- an archive of the host's paths.
 function H.create_from(ctx)
   no_query(ctx)
-  local f = ctx:take { from = "string?", network = "string?", egress = "table?", image = "string?" }
+  local f = ctx:take { from = "string?", network = "string?", egress = "table?", image = "string?",
+    user = "string?" }
   ctx:no_more()
   if f.from == nil and f.network == nil and f.image == nil then
     V.fail("from", "missing (or give network or image)")
@@ -184,7 +185,8 @@ function H.create_from(ctx)
     require("moonbox.errors").raise("POLICY_DENIED",
       ("the server already holds %d sandboxes (maxSandboxes)"):format(n), { maxSandboxes = api.config.maxSandboxes })
   end
-  local opts = { from = f.from, network = f.network, egress = f.egress, image = f.image, policy = api.config.policy,
+  local opts = { from = f.from, network = f.network, egress = f.egress, image = f.image, user = f.user,
+    policy = api.config.policy,
     limits = api.config.limits }
   if api.config.home then opts.root = api.config.home .. "/sandboxes/" .. id end
   local sb = moonbox.getSandbox(id, opts)
