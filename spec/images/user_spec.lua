@@ -152,6 +152,11 @@ describe("an image's User", function()
         ok, err = pcall(function() assert.equal("1001 1002", sh(sb, "echo $(id -u) $(id -g)")) end)
         sb:destroy()
         assert(ok, err)
+        -- a uid the image's passwd lacks: group 0, HOME /
+        sb = helper.new_sandbox { image = ref, isolation = "namespaces", user = "4242" }
+        ok, err = pcall(function() assert.equal("4242 0 /", sh(sb, "echo $(id -u) $(id -g) $HOME")) end)
+        sb:destroy()
+        assert(ok, err)
       end
     end)
   end)

@@ -97,8 +97,11 @@ function M.prepare(rec, root, idmap, user)
   local who = image_user.resolve(info.user, dirs, rec.name)
   image_user.check(who, idmap, rec.name)
   info.uid, info.gid, info.groups, info.home = who.uid, who.gid, who.groups, who.home
-  -- HOME from the image's passwd entry when its Env has none
-  if info.user and who.home and info.env.HOME == nil then info.env.HOME = who.home end
+  -- HOME from the image's passwd entry when its Env has none; "/" for a
+  -- user it does not list (as Docker does: root's /root is not theirs)
+  if info.user and info.env.HOME == nil then
+    info.env.HOME = who.home or (who.uid ~= 0 and "/" or nil)
+  end
   return { lowers = lowers, upper = base }, info
 end
 
