@@ -473,6 +473,19 @@ static void parse_options(lua_State *L, spawn_job *job, spawn_opts *o) {
     p->set_ids = 1;
     p->uid = lua_isnil(L, -2) ? getuid() : (uid_t)luaL_checkinteger(L, -2);
     p->gid = lua_isnil(L, -1) ? getgid() : (gid_t)luaL_checkinteger(L, -1);
+    lua_getfield(L, 1, "groups");
+    if (!lua_isnil(L, -1)) {
+      luaL_checktype(L, -1, LUA_TTABLE);
+      int n = (int)lua_objlen(L, -1);
+      if (n > MB_MAX_GROUPS) luaL_error(L, "spawn: more than %d groups", MB_MAX_GROUPS);
+      for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, -1, i + 1);
+        p->groups[i] = (gid_t)luaL_checkinteger(L, -1);
+        lua_pop(L, 1);
+      }
+      p->ngroups = n;
+    }
+    lua_pop(L, 1);
   }
   lua_getfield(L, 1, "no_new_privs");
   p->no_new_privs = lua_toboolean(L, -1);
@@ -669,7 +682,8 @@ static int push_started(lua_State *L, mb_core *core, spawn_job *job, const spawn
  * spec: args (array, required), file, env (array "K=V" or map; nothing is
  * inherited), cwd, stdio ({[fd] = kind}, fd 0..255), setsid, setpgid, pdeathsig,
  * ctty (child fd to make the controlling terminal; needs setsid), rlimits,
- * uid, gid, cgroup (path of a cgroup directory to start in), no_new_privs,
+ * uid, gid, groups (supplementary gids with uid/gid; else none), cgroup (path
+ * of a cgroup directory to start in), no_new_privs,
  * cap_keep (list of capability numbers to keep in the bounding set; the rest
  * are dropped), sandbox (a core.sandbox_init: the child starts inside it),
  * pipe_uid, pipe_gid (owner of the pipes made for stdio: a child running as

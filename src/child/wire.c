@@ -32,6 +32,8 @@ typedef struct {
   } rlimits[MB_MAX_RLIMITS];
   int32_t set_ids;
   uint32_t uid, gid;
+  int32_t ngroups;
+  uint32_t groups[MB_MAX_GROUPS];
   int32_t no_new_privs, drop_caps;
   uint64_t cap_keep;
   int32_t seccomp_len, seccomp_off;
@@ -121,6 +123,8 @@ int mb_wire_pack(const mb_child_plan *p, int *fds, int *nfds) {
   h.set_ids = p->set_ids;
   h.uid = p->uid;
   h.gid = p->gid;
+  h.ngroups = p->ngroups;
+  for (int i = 0; i < p->ngroups && i < MB_MAX_GROUPS; i++) h.groups[i] = p->groups[i];
   h.no_new_privs = p->no_new_privs;
   h.drop_caps = p->drop_caps;
   h.cap_keep = p->cap_keep;
@@ -230,6 +234,9 @@ int mb_wire_unpack(void *map, size_t len, const int *fds, int nfds, mb_child_pla
   p->set_ids = h.set_ids;
   p->uid = h.uid;
   p->gid = h.gid;
+  if (h.ngroups < 0 || h.ngroups > MB_MAX_GROUPS) return EINVAL;
+  p->ngroups = h.ngroups;
+  for (int i = 0; i < h.ngroups; i++) p->groups[i] = h.groups[i];
   p->no_new_privs = h.no_new_privs;
   p->drop_caps = h.drop_caps;
   p->cap_keep = h.cap_keep;

@@ -69,7 +69,7 @@ M.mkdir_p = mkdir_p
 local normalize = util.normalize
 
 local get_options = { root = true, isolation = true, network = true, egress = true, env = true, policy = true,
-  limits = true, image = true }
+  limits = true, image = true, user = true }
 
 -- One making or destroying of a sandbox id at a time (a FIFO lock per id,
 -- dropped when nobody holds or waits for it): two first getSandbox calls
@@ -135,6 +135,7 @@ local function check_options(id, opts)
   if opts.image ~= nil and (type(opts.image) ~= "string" or opts.image == "") then
     V.fail("image", "expected an image reference (a string)")
   end
+  image_mod.check_user(opts.user)
   return { id = id, opts = opts, isolation = isolation, policy = policy, env = env,
     image_ref = opts.image or policy.image }
 end
@@ -270,9 +271,14 @@ local function prepare_image(plan)
     end
     image_rec = image_mod.resolve(made_by)
   end
+  if plan.opts.user ~= nil and not image_rec then
+    V.fail("user", "applies to a sandbox made from an image (its processes run as root inside otherwise)")
+  end
   plan.from_image = image_rec ~= nil
   if not image_rec then return end
-  plan.image_mounts, plan.image_info = image_mod.prepare(image_rec, plan.canon, plan.rules.idmap)
+  plan.image_mounts, plan.image_info = image_mod.prepare(image_rec, plan.canon, plan.rules.idmap, plan.opts.user)
+  -- the image's User writes the workspace (docs/images.md)
+  image_mod.give(plan.workspace, plan.image_info, plan.rules.idmap)
   for name, value in pairs(plan.image_info.env) do
     if plan.env[name] == nil then plan.env[name] = value end
   end
@@ -408,6 +414,7 @@ local function enter_isolation(self, plan, undo)
   self.fs_root = "/proc/" .. self.init_pid .. "/root"
   -- the shells' run directory, reached only through the sandbox's root
   -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
+  image_mod.give(self.fs_root .. isolation_mod.RUN_DIR, self.image, self.idmap)
   self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
     self:fs_creds(), "in_root")
   undo.push(function() if self.run_conf then self.run_conf:close() end end)
@@ -541,7 +548,9 @@ end
 function Sandbox:fs_creds()
   local idmap = self.idmap
   if not idmap or core.getuid() ~= 0 or (idmap.uid == 0 and idmap.gid == 0) then return nil end
-  return { uid = idmap.uid, gid = idmap.gid }
+  -- an image's User: the file API acts as that user (docs/images.md)
+  local uid, gid = image_mod.host_ids(self.image, idmap)
+  return { uid = uid, gid = gid }
 end
 
 -- root: the run directory's confinement, whose root fd (the same
@@ -634,6 +643,7 @@ function Sandbox:revive_init()
   for _, name in ipairs { "fs_conf", "run_conf" } do
     if self[name] then self[name]:close() self[name] = nil end
   end
+  image_mod.give(self.fs_root .. isolation_mod.RUN_DIR, self.image, self.idmap)
   local run_conf, rmsg = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, self:fs_creds(), "in_root")
   local conf, cmsg = self:_confine(run_conf)
   if not run_conf or not conf then
@@ -662,6 +672,7 @@ function Sandbox:spawn_spec(spec)
   if self.init then self:revive_init() end
   return spawn_rules.apply({
     init = self.init, cap_keep = self.cap_keep, idmap = self.idmap, limits = self.limits_state,
+    user = self.image and { uid = self.image.uid, gid = self.image.gid, groups = self.image.groups },
     cgroup_dir = rules_mod.cgroup_dir(self.cgroup_name),
   }, spec)
 end
@@ -757,9 +768,11 @@ function Sandbox:take_spare(no_refill)
 end
 
 -- A shell's run directory: its path inside, the same from the runtime, and
--- the ids of root inside (who gets the entries the shell writes).
+-- the host ids its processes run as (root inside, or the image's User:
+-- who gets the entries the shell writes).
 function Sandbox:_rundir(inside)
-  return { host = self.fs_root .. inside, inside = inside, uid = self.idmap.uid, gid = self.idmap.gid,
+  local uid, gid = image_mod.host_ids(self.image, self.idmap)
+  return { host = self.fs_root .. inside, inside = inside, uid = uid, gid = gid,
     conf = self.run_conf }
 end
 

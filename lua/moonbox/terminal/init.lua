@@ -57,7 +57,8 @@ function Session:terminal(opts)
   -- devpts gives the pty to whoever opened ptmx (us): root inside reopens it
   -- by name (tty, ssh, script), so it is root inside's
   if sb.init and sb.idmap.count > 1 then
-    local ok, msg = core.chown(slave, sb.idmap.uid, sb.idmap.gid)
+    -- (its owner: who the shell runs as, root inside or the image's User)
+    local ok, msg = core.chown(slave, require("moonbox.sandbox.image").host_ids(sb.image, sb.idmap))
     if not ok then
       core.close_fd(master)
       core.close_fd(slave)
