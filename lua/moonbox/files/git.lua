@@ -92,7 +92,7 @@ end
 local function host_only_repo(sb, url)
   local path = sb.init and local_repo_path(url)
   if not path then return false end
-  return not sb:_dir_exists(path) and util.is_dir(path)
+  return not sb:dir_exists(path) and util.is_dir(path)
 end
 
 -- Host-side clones running now: proc -> {sb, session_id, exited}. A
@@ -214,9 +214,9 @@ local function clone_on_host(session, argv, t, url, repo_url, opts)
     -- killed by the destroy or deleteSession (kill_host_clones): the
     -- partial clone goes, nothing else is made in a root that may be gone
     fs.remove_tree(sb.root, tmp)
-    session:_check_ended("gitCheckout")
+    session:check_ended("gitCheckout")
   end
-  local creds = sb:_fs_creds()
+  local creds = sb:fs_creds()
   if r.exitCode == 0 and not r.timedOut and creds then
     -- the sandbox's root owns what it gets; the clone lies in a directory
     -- only the runtime reaches, where a plain chown -R cannot be raced
@@ -275,7 +275,7 @@ end
 -- {success, repoUrl, branch, targetDir, timestamp}: git clone, run by the
 -- session (its env, its cwd) as an argv without a shell.
 function Session:gitCheckout(repo_url, opts)
-  self:_check_live()
+  self:check_live()
   local url, name, branch, depth
   opts, url, name, branch, depth = checked_args(self, repo_url, opts)
   local timestamp = util.timestamp()
