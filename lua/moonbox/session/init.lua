@@ -12,6 +12,7 @@ local queue_mod = require "moonbox.session.queue"
 local util = require "moonbox.lib.util"
 local budget = require "moonbox.session.budget"
 local kill = require "moonbox.session.kill"
+local stream_events = require "moonbox.session.stream"
 local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
 local policy_mod = require "moonbox.policy"
@@ -448,43 +449,8 @@ function Session:execStream(command, opts)
   command, o = self:_prepare(command, opts, "execStream")
   local control = {}
   o.control = control
-  local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
-  local events, head, tail, waiter = {}, 1, 0, nil
-  local queued = { stdout = 0, stderr = 0 }
-  local truncated = false
-  local function push(ev)
-    tail = tail + 1
-    events[tail] = ev
-    if waiter then local w = waiter waiter = nil w() end
-  end
-  local user_output = o.onOutput
-  -- queued chunks count against the runtime-wide budget until the reader
-  -- takes them; a stream the budget cut keeps its prefix (nothing after)
-  local hold, cut = budget.hold(self.sandbox.policy.limits.maxBufferedBytes, true), {}
-  -- (the shell may keep the last command's sink until its next one: once
-  -- the command is done, the sink lets go of the queue and the hold)
-  local sink_hold, sink_push = hold, push
-  local function sink(stream, data)
-    if user_output then async.user_callback("onOutput", user_output, stream, data) end
-    if not sink_hold then return end
-    if cut[stream] then truncated = true return end
-    -- past the bound: the part that fits, then nothing more of this stream
-    -- (a reader gets a prefix, never a stream with holes in it)
-    local room = limit - queued[stream]
-    if #data > room then
-      truncated, cut[stream] = true, true
-      if room <= 0 then return end
-      data = data:sub(1, room)
-    end
-    local granted = sink_hold:take(#data)
-    if granted < #data then
-      truncated, cut[stream] = true, true
-      if granted == 0 then return end
-      data = data:sub(1, granted)
-    end
-    queued[stream] = queued[stream] + #data
-    sink_push { type = stream, data = data, timestamp = util.timestamp(), _size = #data }
-  end
+  local limits_ = self.sandbox.policy.limits
+  local q = stream_events.events(o.maxOutputBytes or limits_.maxOutputBytes, limits_.maxBufferedBytes, o.onOutput)
   local task = async.spawn(function()
     local ok, r = pcall(self.queue.run, self.queue, function(...)
       control.started = true
@@ -492,20 +458,20 @@ function Session:execStream(command, opts)
       -- another of the session's waits for it (and one that will not
       -- start, its session or sandbox gone meanwhile, has none)
       if not (self.destroyed or self.sandbox.destroyed) then
-        push { type = "start", command = type(command) == "table" and util.shell_join(command) or command,
+        q.push { type = "start", command = type(command) == "table" and util.shell_join(command) or command,
           timestamp = util.timestamp(), sessionId = self.id }
       end
       return self._run(...)
-    end, self, command, o, sink)
-    sink_hold, sink_push = nil, nil
+    end, self, command, o, q.sink)
+    q.seal()
     control.finished = true
     if ok then
-      push { type = "complete", exitCode = r.exitCode, timedOut = r.timedOut, truncated = truncated,
+      q.push { type = "complete", exitCode = r.exitCode, timedOut = r.timedOut, truncated = q.truncated(),
         timestamp = util.timestamp(), sessionId = self.id, duration = r.duration, cancelled = r.cancelled }
     else
-      push { type = "error", error = r, timestamp = util.timestamp() }
+      q.push { type = "error", error = r, timestamp = util.timestamp() }
     end
-    push(false)
+    q.push(false)
   end)
   local function cancel()
     if control.finished or control.cancelled then return end
@@ -518,35 +484,18 @@ function Session:execStream(command, opts)
   local iter = setmetatable({ task = task, cancel = cancel }, {
     __call = function()
       if ended then return nil end -- (called again after the end: nil again, never a wait)
-      while head > tail do
-        local ok, err = pcall(async.await, function(resume)
-          waiter = resume
-          return function() waiter = nil end
-        end, "execStream iteration")
-        if not ok then
-          -- the reading task was cancelled (moonbox.timeout, task:cancel):
-          -- the command is ended as iterator.cancel() would end it
-          cancel()
-          error(err, 0)
-        end
+      local ok, ev = pcall(q.take, "execStream iteration")
+      if not ok then
+        -- the reading task was cancelled (moonbox.timeout, task:cancel):
+        -- the command is ended as iterator.cancel() would end it
+        cancel()
+        error(ev, 0)
       end
-      local ev = events[head]
-      events[head] = nil
-      head = head + 1
-      if not ev then
-        ended = true
-        hold:release()
-        return nil
-      end
-      if ev._size then
-        queued[ev.type] = queued[ev.type] - ev._size
-        hold:give(ev._size)
-        ev._size = nil
-      end
+      if not ev then ended = true end
       return ev
     end,
   })
-  iter._hold = hold -- collected undrained: the queued bytes go back to the budget
+  iter._hold = q.hold -- collected undrained: the queued bytes go back to the budget
   return iter
 end
 
