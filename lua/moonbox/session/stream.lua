@@ -29,17 +29,22 @@ function M.events(limit, ceiling, on_output)
   local truncated, cut = false, {}
   local hold = budget.hold(ceiling, true)
   local q = { hold = hold }
-  local open = true
 
-  function q.push(ev)
+  local function push(ev)
     tail = tail + 1
     events[tail] = ev
     if waiter then local w = waiter waiter = nil w() end
   end
+  q.push = push
 
+  -- (the shell may keep the last command's sink until its next one: sealed,
+  -- the sink holds neither the queue nor the hold, so an iterator dropped
+  -- unread is collected and its bytes go back to the budget)
+  local live = { hold = hold, push = push }
   function q.sink(stream, data)
     if on_output then async.user_callback("onOutput", on_output, stream, data) end
-    if not open then return end
+    local l = live
+    if not l then return end
     if cut[stream] then truncated = true return end
     -- past the bound: the part that fits, then nothing more of this stream
     local room = limit - queued[stream]
@@ -48,17 +53,17 @@ function M.events(limit, ceiling, on_output)
       if room <= 0 then return end
       data = data:sub(1, room)
     end
-    local granted = hold:take(#data)
+    local granted = l.hold:take(#data)
     if granted < #data then
       truncated, cut[stream] = true, true
       if granted == 0 then return end
       data = data:sub(1, granted)
     end
     queued[stream] = queued[stream] + #data
-    q.push { type = stream, data = data, timestamp = util.timestamp(), _size = #data }
+    l.push { type = stream, data = data, timestamp = util.timestamp(), _size = #data }
   end
 
-  function q.seal() open = false end
+  function q.seal() live = nil end
 
   function q.truncated() return truncated end
 
