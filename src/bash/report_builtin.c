@@ -57,6 +57,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mb_builtins.h"
@@ -190,6 +191,34 @@ static void drop_pending(int fd) {
   if (!(flags & O_NONBLOCK)) fcntl(fd, F_SETFL, flags);
 }
 
+/* The shell's stdin is /dev/null (read-only) between commands: the command
+ * shapes without a stdin no longer redirect `</dev/null` around the body
+ * (bash's save, open, dup2 and restore: 10 system calls a command, issue
+ * #32), so what a body did to fd 0 (`exec 0<file`, `exec 0<&-`) is undone
+ * here, before the next command runs, as the redirection undid it. */
+static dev_t null_rdev; /* /dev/null's device number, looked up once */
+static int null_known;
+
+static void restore_null_stdin(void) {
+  struct stat st;
+  if (!null_known && stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode)) {
+    null_rdev = st.st_rdev;
+    null_known = 1;
+  }
+  int flags = fcntl(0, F_GETFL);
+  if (null_known && flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && fstat(0, &st) == 0 && S_ISCHR(st.st_mode) &&
+      st.st_rdev == null_rdev)
+    return;
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (fd != 0) {
+    dup2(fd, 0);
+    close(fd);
+  } else {
+    fcntl(0, F_SETFD, 0);
+  }
+}
+
 /* A report refused (or that failed) is status REFUSED, not 1: 1 is what
  * `builtin __mb_rep` gives when the builtin was disabled, and the report
  * then goes through `__mb_run -r` instead. */
@@ -252,6 +281,7 @@ int mb_rep_builtin(WORD_LIST *list) {
   int pending = 0;
   if (!exiting && default_buffered_input >= 0 && ioctl(default_buffered_input, FIONREAD, &pending) == 0 && pending > 0)
     drop_pending(default_buffered_input);
+  if (!exiting) restore_null_stdin();
   char next[NONCE_HEX + 1];
   if (new_nonce(next) < 0) return REFUSED;
   keep_protocol_names();
