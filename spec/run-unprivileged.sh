@@ -22,5 +22,7 @@ cd "$tmp/src"
 # namespaces nor cgroups and tracks every tree through /proc alone
 set -- HOME=/tmp
 if [ -n "${MOONBOX_TEST_ISOLATION:-}" ]; then set -- "$@" MOONBOX_TEST_ISOLATION="$MOONBOX_TEST_ISOLATION"; fi
+# the egress spec's "internet", made by root (spec/network/run-unprivileged.sh)
+if [ -n "${MOONBOX_TEST_INTERNET:-}" ]; then set -- "$@" MOONBOX_TEST_INTERNET="$MOONBOX_TEST_INTERNET"; fi
 runuser -u nobody -- env "$@" PATH="$PATH" MOONBOX_BUILD_DIR="$tmp/build" MOONBOX_SOURCE_DIR="$tmp/src" \
   MOONBOX_BIN="$tmp/prefix/bin/moonbox" luajit /usr/bin/busted --helper=spec/helper.lua -o utfTerminal "$spec"

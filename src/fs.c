@@ -27,25 +27,20 @@
  *    the kernel's answer must meet: every fd on one of a set of mounts, and
  *    the calls made with given credentials (the sandbox file API's).
  */
+#include "openat2.h"
 #include "private.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
-
-#ifndef SYS_openat2
-#define SYS_openat2 437
-#endif
 
 #ifndef STATX_MNT_ID
 #define STATX_MNT_ID 0x00001000U
@@ -53,8 +48,6 @@
 #ifndef STATX_MNT_ID_UNIQUE
 #define STATX_MNT_ID_UNIQUE 0x00004000U
 #endif
-
-#define OPENAT2_ENOSYS_MSG "ENOSYS: openat2 not supported by this kernel (needs Linux 5.6)"
 
 /* ---- shared helpers ------------------------------------------------------ */
 
@@ -107,39 +100,28 @@ static const char *type_name(unsigned long mode) {
 #define SET_NUM(L, key, v) (lua_pushnumber(L, (lua_Number)(v)), lua_setfield(L, -2, key))
 #define TIMESPEC(ts) ((double)(ts).tv_sec + (double)(ts).tv_nsec / 1e9)
 
-static void push_uv_stat(lua_State *L, const uv_stat_t *st) {
-  lua_createtable(L, 0, 11);
-  lua_pushstring(L, type_name((unsigned long)st->st_mode));
-  lua_setfield(L, -2, "type");
-  SET_NUM(L, "size", st->st_size);
-  SET_NUM(L, "mode", st->st_mode & 07777);
-  SET_NUM(L, "uid", st->st_uid);
-  SET_NUM(L, "gid", st->st_gid);
-  SET_NUM(L, "mtime", TIMESPEC(st->st_mtim));
-  SET_NUM(L, "atime", TIMESPEC(st->st_atim));
-  SET_NUM(L, "ctime", TIMESPEC(st->st_ctim));
-  SET_NUM(L, "ino", st->st_ino);
-  SET_NUM(L, "dev", st->st_dev);
-  SET_NUM(L, "nlink", st->st_nlink);
-  SET_NUM(L, "blocks", st->st_blocks); /* 512-byte units allocated: what a sparse file really holds */
-}
+/* The stat table of a uv_stat_t or a struct stat (the same field names). */
+#define PUSH_STAT(L, st)                                                                                               \
+  do {                                                                                                                 \
+    lua_createtable(L, 0, 11);                                                                                         \
+    lua_pushstring(L, type_name((unsigned long)(st)->st_mode));                                                        \
+    lua_setfield(L, -2, "type");                                                                                       \
+    SET_NUM(L, "size", (st)->st_size);                                                                                 \
+    SET_NUM(L, "mode", (st)->st_mode & 07777);                                                                         \
+    SET_NUM(L, "uid", (st)->st_uid);                                                                                   \
+    SET_NUM(L, "gid", (st)->st_gid);                                                                                   \
+    SET_NUM(L, "mtime", TIMESPEC((st)->st_mtim));                                                                      \
+    SET_NUM(L, "atime", TIMESPEC((st)->st_atim));                                                                      \
+    SET_NUM(L, "ctime", TIMESPEC((st)->st_ctim));                                                                      \
+    SET_NUM(L, "ino", (st)->st_ino);                                                                                   \
+    SET_NUM(L, "dev", (st)->st_dev);                                                                                   \
+    SET_NUM(L, "nlink", (st)->st_nlink);                                                                               \
+    SET_NUM(L, "blocks", (st)->st_blocks); /* 512-byte units allocated: what a sparse file really holds */             \
+  } while (0)
 
-static void push_sys_stat(lua_State *L, const struct stat *st) {
-  lua_createtable(L, 0, 11);
-  lua_pushstring(L, type_name((unsigned long)st->st_mode));
-  lua_setfield(L, -2, "type");
-  SET_NUM(L, "size", st->st_size);
-  SET_NUM(L, "mode", st->st_mode & 07777);
-  SET_NUM(L, "uid", st->st_uid);
-  SET_NUM(L, "gid", st->st_gid);
-  SET_NUM(L, "mtime", TIMESPEC(st->st_mtim));
-  SET_NUM(L, "atime", TIMESPEC(st->st_atim));
-  SET_NUM(L, "ctime", TIMESPEC(st->st_ctim));
-  SET_NUM(L, "ino", st->st_ino);
-  SET_NUM(L, "dev", st->st_dev);
-  SET_NUM(L, "nlink", st->st_nlink);
-  SET_NUM(L, "blocks", st->st_blocks); /* 512-byte units allocated: what a sparse file really holds */
-}
+static void push_uv_stat(lua_State *L, const uv_stat_t *st) { PUSH_STAT(L, st); }
+
+static void push_sys_stat(lua_State *L, const struct stat *st) { PUSH_STAT(L, st); }
 
 static void push_entry(lua_State *L, int i, const char *name, const char *type) {
   lua_createtable(L, 0, 2);
@@ -274,13 +256,34 @@ static int req_submitted(lua_State *L, fs_req *fr, int rc) {
 
 #define LOOP(fr) ((fr)->core->loop)
 
+/* Queues uv_fs_<func>(loop, &fr->req, args..., on_fs) and returns what the
+ * binding returns: true, or nil, message, CODE (after luv's FS_CALL). */
+#define FS_CALL(L, fr, func, ...) req_submitted(L, fr, uv_fs_##func(LOOP(fr), &(fr)->req, __VA_ARGS__, on_fs))
+
+/* core.fs_<func>(path, cb): a request on a path alone, named func. */
+#define FS_PATH_OP(func, push)                                                                                         \
+  static int fs_##func(lua_State *L) {                                                                                 \
+    const char *path = luaL_checkstring(L, 1);                                                                         \
+    fs_req *fr = req_new(L, 2, #func, push);                                                                           \
+    return FS_CALL(L, fr, func, path);                                                                                 \
+  }
+
+/* core.fs_<func>(fd, cb): a request on an fd alone, named func. */
+#define FS_FD_OP(func, push)                                                                                           \
+  static int fs_##func(lua_State *L) {                                                                                 \
+    int fd = check_fd(L, 1);                                                                                           \
+    fs_req *fr = req_new(L, 2, #func, push);                                                                           \
+    fr->fd = fd;                                                                                                       \
+    return FS_CALL(L, fr, func, fd);                                                                                   \
+  }
+
 /* core.fs_open(path, flags, mode, cb) -> cb(nil, fd) */
 static int fs_open(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   int flags = check_flags(L, 2);
   int mode = check_mode(L, 3, 0666);
   fs_req *fr = req_new(L, 4, "open", push_result_int);
-  return req_submitted(L, fr, uv_fs_open(LOOP(fr), &fr->req, path, flags, mode, on_fs));
+  return FS_CALL(L, fr, open, path, flags, mode);
 }
 
 /* core.fs_read(fd, size, offset, cb) -> cb(nil, data); "" at EOF; offset nil/-1: current position */
@@ -299,7 +302,7 @@ static int fs_read(lua_State *L) {
     return mb_push_error(L, UV_ENOMEM, "read buffer");
   }
   uv_buf_t buf = uv_buf_init(fr->buf, (unsigned int)size);
-  return req_submitted(L, fr, uv_fs_read(LOOP(fr), &fr->req, fd, &buf, 1, offset, on_fs));
+  return FS_CALL(L, fr, read, fd, &buf, 1, offset);
 }
 
 /* core.fs_write(fd, data, offset, cb) -> cb(nil, bytes_written) */
@@ -315,64 +318,35 @@ static int fs_write(lua_State *L) {
   lua_pushvalue(L, 2);
   fr->data_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   uv_buf_t buf = uv_buf_init((char *)data, (unsigned int)len);
-  return req_submitted(L, fr, uv_fs_write(LOOP(fr), &fr->req, fd, &buf, 1, offset, on_fs));
+  return FS_CALL(L, fr, write, fd, &buf, 1, offset);
 }
 
 /* core.fs_close(fd, cb) -> cb(nil, true) */
-static int fs_close(lua_State *L) {
-  int fd = check_fd(L, 1);
-  fs_req *fr = req_new(L, 2, "close", push_result_true);
-  fr->fd = fd;
-  return req_submitted(L, fr, uv_fs_close(LOOP(fr), &fr->req, fd, on_fs));
-}
+FS_FD_OP(close, push_result_true)
 
-/* core.fs_stat(path, cb) / fs_lstat(path, cb) -> cb(nil, stat table) */
-static int fs_stat(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "stat", push_result_stat);
-  return req_submitted(L, fr, uv_fs_stat(LOOP(fr), &fr->req, path, on_fs));
-}
-
-static int fs_lstat(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "lstat", push_result_stat);
-  return req_submitted(L, fr, uv_fs_lstat(LOOP(fr), &fr->req, path, on_fs));
-}
-
-/* core.fs_fstat(fd, cb) -> cb(nil, stat table) */
-static int fs_fstat(lua_State *L) {
-  int fd = check_fd(L, 1);
-  fs_req *fr = req_new(L, 2, "fstat", push_result_stat);
-  fr->fd = fd;
-  return req_submitted(L, fr, uv_fs_fstat(LOOP(fr), &fr->req, fd, on_fs));
-}
+/* core.fs_stat(path, cb) / fs_lstat(path, cb) / fs_fstat(fd, cb) -> cb(nil, stat table) */
+FS_PATH_OP(stat, push_result_stat)
+FS_PATH_OP(lstat, push_result_stat)
+FS_FD_OP(fstat, push_result_stat)
 
 /* core.fs_mkdir(path, mode, cb) -> cb(nil, true); mode nil: 0777 (before umask) */
 static int fs_mkdir(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   int mode = check_mode(L, 2, 0777);
   fs_req *fr = req_new(L, 3, "mkdir", push_result_true);
-  return req_submitted(L, fr, uv_fs_mkdir(LOOP(fr), &fr->req, path, mode, on_fs));
+  return FS_CALL(L, fr, mkdir, path, mode);
 }
 
-static int fs_rmdir(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "rmdir", push_result_true);
-  return req_submitted(L, fr, uv_fs_rmdir(LOOP(fr), &fr->req, path, on_fs));
-}
-
-static int fs_unlink(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "unlink", push_result_true);
-  return req_submitted(L, fr, uv_fs_unlink(LOOP(fr), &fr->req, path, on_fs));
-}
+/* core.fs_rmdir(path, cb) / fs_unlink(path, cb) -> cb(nil, true) */
+FS_PATH_OP(rmdir, push_result_true)
+FS_PATH_OP(unlink, push_result_true)
 
 /* core.fs_rename(old, new, cb) -> cb(nil, true) */
 static int fs_rename(lua_State *L) {
   const char *from = luaL_checkstring(L, 1);
   const char *to = luaL_checkstring(L, 2);
   fs_req *fr = req_new(L, 3, "rename", push_result_true);
-  return req_submitted(L, fr, uv_fs_rename(LOOP(fr), &fr->req, from, to, on_fs));
+  return FS_CALL(L, fr, rename, from, to);
 }
 
 /* core.fs_scandir(path, cb) -> cb(nil, {{name=, type=}, ...}) unsorted, without . and ..;
@@ -380,7 +354,7 @@ static int fs_rename(lua_State *L) {
 static int fs_scandir(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   fs_req *fr = req_new(L, 2, "scandir", push_result_scandir);
-  return req_submitted(L, fr, uv_fs_scandir(LOOP(fr), &fr->req, path, 0, on_fs));
+  return FS_CALL(L, fr, scandir, path, 0);
 }
 
 /* core.fs_scandir_batched(path, cb) -> cb(nil, dirlist): the same listing
@@ -416,7 +390,7 @@ static void push_result_dirlist(lua_State *L, fs_req *fr) {
 static int fs_scandir_batched(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   fs_req *fr = req_new(L, 2, "scandir", push_result_dirlist);
-  return req_submitted(L, fr, uv_fs_scandir(LOOP(fr), &fr->req, path, 0, on_fs));
+  return FS_CALL(L, fr, scandir, path, 0);
 }
 
 static int dirlist_next(lua_State *L) {
@@ -444,18 +418,10 @@ static int dirlist_close(lua_State *L) {
 }
 
 /* core.fs_readlink(path, cb) -> cb(nil, target) */
-static int fs_readlink(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "readlink", push_result_ptr);
-  return req_submitted(L, fr, uv_fs_readlink(LOOP(fr), &fr->req, path, on_fs));
-}
+FS_PATH_OP(readlink, push_result_ptr)
 
 /* core.fs_realpath(path, cb) -> cb(nil, absolute canonical path) */
-static int fs_realpath(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  fs_req *fr = req_new(L, 2, "realpath", push_result_ptr);
-  return req_submitted(L, fr, uv_fs_realpath(LOOP(fr), &fr->req, path, on_fs));
-}
+FS_PATH_OP(realpath, push_result_ptr)
 
 /* core.fs_chmod(path, mode, cb) -> cb(nil, true) */
 static int fs_chmod(lua_State *L) {
@@ -463,7 +429,7 @@ static int fs_chmod(lua_State *L) {
   luaL_checkinteger(L, 2);
   int mode = check_mode(L, 2, 0);
   fs_req *fr = req_new(L, 3, "chmod", push_result_true);
-  return req_submitted(L, fr, uv_fs_chmod(LOOP(fr), &fr->req, path, mode, on_fs));
+  return FS_CALL(L, fr, chmod, path, mode);
 }
 
 /* core.fs_utime(path, atime, mtime, cb) -> cb(nil, true); times in seconds (float) */
@@ -472,34 +438,15 @@ static int fs_utime(lua_State *L) {
   double atime = (double)luaL_checknumber(L, 2);
   double mtime = (double)luaL_checknumber(L, 3);
   fs_req *fr = req_new(L, 4, "utime", push_result_true);
-  return req_submitted(L, fr, uv_fs_utime(LOOP(fr), &fr->req, path, atime, mtime, on_fs));
+  return FS_CALL(L, fr, utime, path, atime, mtime);
 }
 
 /* ---- root-confined resolution (openat2) ---------------------------------- */
 
-static const char *const resolve_names[] = {"beneath", "in_root", NULL};
-
 static unsigned long long check_resolve(lua_State *L, int idx, const char **name) {
-  int which = luaL_checkoption(L, idx, "beneath", resolve_names);
-  *name = resolve_names[which];
-  return (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
-}
-
-/* openat2, retried on EINTR and on the EAGAIN the kernel returns when a
- * concurrent rename or mount makes a confined lookup unsafe to complete. */
-static int openat2_fd(int dirfd, const char *path, unsigned long long flags, unsigned long long mode,
-                      unsigned long long resolve) {
-  struct open_how how;
-  memset(&how, 0, sizeof(how));
-  how.flags = flags;
-  how.mode = (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? mode : 0;
-  how.resolve = resolve;
-  long rc = -1;
-  for (int tries = 0; tries < 16; tries++) {
-    rc = syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
-    if (rc >= 0 || (errno != EINTR && errno != EAGAIN)) break;
-  }
-  return (int)rc;
+  int which = luaL_checkoption(L, idx, "beneath", mb_resolve_names);
+  *name = mb_resolve_names[which];
+  return mb_resolve_bits(which);
 }
 
 /* ---- confinement ---------------------------------------------------------
@@ -663,7 +610,7 @@ static int meets_proc_link(int dirfd, const char *path, unsigned long long resol
       if (cur[end - 1] == '/') continue;
       memcpy(prefix, cur, end);
       prefix[end] = 0;
-      int fd = openat2_fd(dirfd, prefix, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, resolve);
+      int fd = mb_openat2(dirfd, prefix, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, resolve);
       if (fd < 0) return 0;
       struct stat st;
       struct statfs sfs;
@@ -703,14 +650,14 @@ static int rules_openat2(const confine_rules *r, int dirfd, const char *path, un
   if (r && !(flags & O_PATH)) extra = (O_NONBLOCK | O_NOCTTY) & ~flags;
   saved_creds s;
   if (creds_enter(r, &s) < 0) return -1;
-  int fd = openat2_fd(dirfd, path, flags | extra, mode, resolve);
+  int fd = mb_openat2(dirfd, path, flags | extra, mode, resolve);
   if (fd < 0 && r && r->mnt_mask && !(flags & O_PATH) && (errno == EACCES || errno == EPERM || errno == EROFS)) {
     /* Refused where it leads: if that is outside the allowed mounts, say
      * so (EXDEV), as a path that opens would; a permission error would
      * tell the caller what exists out there. An O_PATH open needs no
      * permission on the file itself and is only looked at. */
     int err = errno;
-    int probe = openat2_fd(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW), 0, resolve);
+    int probe = mb_openat2(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW), 0, resolve);
     if (probe >= 0) {
       if (rules_check(r, probe) < 0 && errno == EXDEV) err = EXDEV;
       close(probe);
@@ -872,10 +819,6 @@ static int confine_mounts(lua_State *L) {
 
 static int return_root_error(lua_State *L, int err, int idx);
 
-static unsigned long long resolve_bits(int which) {
-  return (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
-}
-
 /* Shares from's root fd with c (a runtime of thousands of sandboxes keeps
  * one root fd for each sandbox's two confinements). 0 or an errno. */
 static int share_root(fs_confine *c, fs_confine *from) {
@@ -920,7 +863,7 @@ static int fs_confine_new(lua_State *L) {
       return luaL_argerror(L, 3, "uid and gid must be between 0 and 2^32-2");
     creds = 1;
   }
-  int which = luaL_checkoption(L, 4, "beneath", resolve_names);
+  int which = luaL_checkoption(L, 4, "beneath", mb_resolve_names);
 
   fs_confine *c = (fs_confine *)lua_newuserdata(L, sizeof(fs_confine));
   memset(c, 0, sizeof *c);
@@ -930,8 +873,8 @@ static int fs_confine_new(lua_State *L) {
   c->creds = creds;
   c->uid = (uid_t)uid;
   c->gid = (gid_t)gid;
-  c->resolve = resolve_bits(which);
-  c->resolve_name = resolve_names[which];
+  c->resolve = mb_resolve_bits(which);
+  c->resolve_name = mb_resolve_names[which];
   if (from) {
     int err = share_root(c, from);
     if (err) return return_root_error(L, err, 1);
@@ -956,7 +899,7 @@ static int fs_confine_new(lua_State *L) {
   for (int i = 1; i <= nallow; i++) {
     lua_rawgeti(L, 2, i);
     const char *rel = lua_tostring(L, -1);
-    int fd = openat2_fd(c->root, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
+    int fd = mb_openat2(c->root, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
     unsigned long long id;
     /* the root's own mount only when named as "." (an image's root, whose
      * overlay is the sandbox's storage); else a path on it allows nothing */
@@ -1034,12 +977,12 @@ int mb_fs_root_open_path(lua_State *L, int idx, const char *rel) {
   }
   lua_Integer dirfd = luaL_checkinteger(L, idx);
   if (dirfd < 0 || dirfd > 0x7fffffff) luaL_argerror(L, idx, "dirfd must be >= 0");
-  return openat2_fd((int)dirfd, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+  return mb_openat2((int)dirfd, rel, O_PATH | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
 }
 
 /* The error message for a failed openat2 of path (errno value err). */
 static void push_openat2_errmsg(lua_State *L, int err, const char *path, const char *resolve) {
-  if (err == ENOSYS) lua_pushliteral(L, OPENAT2_ENOSYS_MSG);
+  if (err == ENOSYS) lua_pushliteral(L, MB_OPENAT2_ENOSYS_MSG);
   else if (err == EXDEV) lua_pushfstring(L, "EXDEV: path resolves outside the root ('%s', resolve=%s)", path, resolve);
   else {
     int uverr = uv_translate_sys_error(err);

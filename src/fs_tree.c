@@ -53,24 +53,19 @@
  *   removed, or cb(message, nil, CODE) at the first failure; a path already
  *   gone is count 0.
  */
+#include "openat2.h"
 #include "private.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
-
-#ifndef SYS_openat2
-#define SYS_openat2 437
-#endif
 
 #define MAX_OPEN 64        /* directory levels kept open at once */
 #define MAX_RESTARTS 10000 /* rescans of directories that filled up again */
@@ -100,19 +95,6 @@ typedef struct {
   const char *op;
   char where[256];
 } tree_req;
-
-static int openat2_path(int dirfd, const char *path, unsigned long long flags, unsigned long long resolve) {
-  struct open_how how;
-  memset(&how, 0, sizeof how);
-  how.flags = flags;
-  how.resolve = resolve;
-  long rc = -1;
-  for (int tries = 0; tries < 16; tries++) {
-    rc = syscall(SYS_openat2, dirfd, path, &how, sizeof how);
-    if (rc >= 0 || (errno != EINTR && errno != EAGAIN)) break;
-  }
-  return (int)rc;
-}
 
 static int fail(tree_req *tr, int err, const char *op, const char *name, size_t depth) {
   tr->err = err;
@@ -407,7 +389,7 @@ static void tree_walk(tree_req *tr) {
     fail(tr, EINVAL, "remove", tr->path, 0);
     return;
   }
-  int parent = openat2_path(tr->root, parent_path, O_PATH | O_DIRECTORY | O_CLOEXEC, tr->resolve);
+  int parent = mb_openat2(tr->root, parent_path, O_PATH | O_DIRECTORY | O_CLOEXEC, 0, tr->resolve);
   if (parent >= 0 && tr->rules && mb_fs_rules_check(tr->rules, parent) < 0) {
     int e = errno;
     close(parent);
@@ -469,14 +451,12 @@ static void tree_after(uv_work_t *w, int status) {
   mb_call(core, cbL, nargs);
 }
 
-static const char *const resolve_names[] = {"beneath", "in_root", NULL};
-
 /* core.fs_remove_tree(root, relpath, resolve, cb) -> true | nil, message, CODE */
 static int fs_remove_tree(lua_State *L) {
   if (lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING && lua_type(L, 1) != LUA_TUSERDATA)
     return luaL_argerror(L, 1, "root must be a directory fd, path or confinement");
   const char *rel = luaL_checkstring(L, 2);
-  int which = luaL_checkoption(L, 3, "beneath", resolve_names);
+  int which = luaL_checkoption(L, 3, "beneath", mb_resolve_names);
   luaL_checktype(L, 4, LUA_TFUNCTION);
   int with_creds = !lua_isnoneornil(L, 5);
   lua_Integer uid = 0, gid = 0;
@@ -528,8 +508,8 @@ static int fs_remove_tree(lua_State *L) {
   tr->root = root;
   tr->own_root = owned;
   tr->path = path;
-  tr->resolve_name = resolve_names[which];
-  tr->resolve = (which == 0 ? RESOLVE_BENEATH : RESOLVE_IN_ROOT) | RESOLVE_NO_MAGICLINKS;
+  tr->resolve_name = mb_resolve_names[which];
+  tr->resolve = mb_resolve_bits(which);
   if (rules && lua_isnoneornil(L, 3)) {
     tr->resolve = c_resolve;
     tr->resolve_name = c_resolve_name;

@@ -45,26 +45,21 @@
  *   a blob is hashed as it enters the store. cb(message, nil, CODE) on a
  *   failure (a partial copy is unlinked).
  */
+#include "openat2.h"
 #include "private.h"
 
 #include <archive.h>
 #include <archive_entry.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <nettle/sha2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
-
-#ifndef SYS_openat2
-#define SYS_openat2 437
-#endif
 
 #define JOB_META "moonbox.image_layer"
 #define STEP_BYTES (16 << 20) /* file data per thread-pool step */
@@ -103,16 +98,10 @@ typedef struct {
   char entry[ENTRY_MAX];
 } layer_job;
 
+/* beneath the layer only: no symlink, no magic link, no other mount */
 static int openat2_fd(int dirfd, const char *path, int flags) {
-  struct open_how how;
-  memset(&how, 0, sizeof how);
-  how.flags = (unsigned long long)(flags | O_CLOEXEC);
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
-  int fd;
-  do {
-    fd = (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
-  } while (fd < 0 && (errno == EINTR || errno == EAGAIN));
-  return fd;
+  return mb_openat2(dirfd, path, (unsigned long long)(flags | O_CLOEXEC), 0,
+                    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV);
 }
 
 static int refuse(layer_job *j, const char *entry, const char *why) {

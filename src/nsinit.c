@@ -5,7 +5,9 @@
  * errno, index). */
 #include "nsinit.h"
 #include "child/child.h"
+#include "child/mount_api.h"
 #include "child/wire.h"
+#include "openat2.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,33 +31,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <linux/capability.h>
-#include <linux/openat2.h>
-
-/* The new mount API (Linux 5.2+, mount_setattr 5.12+); glibc 2.36's
- * <sys/mount.h> and <linux/mount.h> clash, so the few constants live here. */
-#ifndef OPEN_TREE_CLONE
-#define OPEN_TREE_CLONE 1
-#endif
-#ifndef AT_RECURSIVE
-#define AT_RECURSIVE 0x8000
-#endif
-#ifndef MOVE_MOUNT_F_EMPTY_PATH
-#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
-#endif
-#ifndef MOVE_MOUNT_T_EMPTY_PATH
-#define MOVE_MOUNT_T_EMPTY_PATH 0x00000040
-#endif
-#ifndef MOUNT_ATTR_RDONLY
-#define MOUNT_ATTR_RDONLY 0x00000001
-#define MOUNT_ATTR_NOSUID 0x00000002
-#define MOUNT_ATTR_NODEV 0x00000004
-#endif
-#ifndef MOUNT_ATTR_NOEXEC
-#define MOUNT_ATTR_NOEXEC 0x00000008
-#endif
-struct mb_mount_attr {
-  uint64_t attr_set, attr_clr, propagation, userns_fd;
-};
 
 #define NDEV MB_NSINIT_NDEV
 #define dev_nodes mb_nsinit_dev_nodes
@@ -288,11 +263,8 @@ static int has_symlink(const char *dst) {
   if (n >= sizeof buf) return errno = ENAMETOOLONG, -1;
   memcpy(buf, dst, n + 1);
   for (;;) {
-    struct open_how how;
-    memset(&how, 0, sizeof how);
-    how.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC;
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-    int fd = (int)syscall(SYS_openat2, AT_FDCWD, buf, &how, sizeof how);
+    int fd = mb_openat2(AT_FDCWD, buf, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0,
+                        RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
     if (fd >= 0) {
       struct stat st;
       int link = fstat(fd, &st) == 0 && S_ISLNK(st.st_mode);
@@ -329,32 +301,23 @@ static int pre_err, pre_index = -1; /* the first failure of detach_sources, repo
 static int receive_trees(int sock_fd, int nmounts) {
   for (;;) {
     mb_nsinit_tree t;
-    union {
-      char buf[CMSG_SPACE(sizeof(int))];
-      struct cmsghdr align;
-    } u;
-    struct iovec iov = {&t, sizeof t};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = u.buf;
-    msg.msg_controllen = sizeof u.buf;
-    ssize_t n;
-    do n = recvmsg(sock_fd, &msg, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
+    mb_wire_in in;
+    ssize_t n = mb_wire_recv(sock_fd, &t, sizeof t, &in);
     if (n < 0) return -1;
-    int fd = -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
-      memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    int fd = in.nfds == 1 ? in.fds[0] : -1;
     errno = EPROTO;
-    if (n != (ssize_t)sizeof t || t.kind != MB_NSINIT_TREE || (msg.msg_flags & MSG_CTRUNC)) return -1;
+    if (n != (ssize_t)sizeof t || t.kind != MB_NSINIT_TREE || in.nfds > 1 || (in.flags & MSG_CTRUNC)) {
+      for (int i = 0; i < in.nfds; i++) close(in.fds[i]);
+      return -1;
+    }
     if (t.index == -1 && fd < 0) return 0;
     int i = t.index, d = i - MB_NSINIT_MAX_MOUNTS;
     if (fd >= 0 && i >= 0 && i < nmounts && srcfd[i] < 0) srcfd[i] = fd;
     else if (fd >= 0 && d >= 0 && d < (int)NDEV && devfd[d] < 0) devfd[d] = fd;
-    else return -1;
+    else {
+      if (fd >= 0) close(fd);
+      return -1;
+    }
   }
 }
 
@@ -710,29 +673,11 @@ static void handle_request(int sock_fd) {
     mb_nsinit_finish finish;
   } in;
   mb_nsinit_request req;
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  struct iovec iov = {&in, sizeof in};
-  struct msghdr msg;
-  memset(&msg, 0, sizeof msg);
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = u.buf;
-  msg.msg_controllen = sizeof u.buf;
-  ssize_t n;
-  do n = recvmsg(sock_fd, &msg, MSG_CMSG_CLOEXEC);
-  while (n < 0 && errno == EINTR);
+  mb_wire_in got;
+  ssize_t n = mb_wire_recv(sock_fd, &in, sizeof in, &got);
   if (n <= 0) _exit(0); /* the runtime closed the sandbox (or died) */
   memcpy(&req, &in.req, sizeof req);
-  int fds[MB_WIRE_MAX_FDS], nfds = 0;
-  for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-    for (int i = 0; i < k && nfds < MB_WIRE_MAX_FDS; i++)
-      memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-  }
+  int *fds = got.fds, nfds = got.nfds;
   if (n == (ssize_t)sizeof req && req.type == MB_NSINIT_SPAWN) {
     do_spawn(sock_fd, fds, nfds);
     return;

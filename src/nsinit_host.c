@@ -7,11 +7,13 @@
  *   core.sandbox_init(spec) -> init | nil, message, CODE
  *   spec: namespaces = {"user", "mnt", "pid", "ipc", "uts", "net"}, hostname,
  *         loopback, mounts = {{type, src, dst, data, size, optional}, ...},
- *         uid_map, gid_map (the lines written to /proc/<init>/uid_map and
- *         gid_map; default "0 <our uid> 1" and "0 <our gid> 1"),
- *         setgroups ("deny": written before gid_map, as an unprivileged
- *         user must; "allow": left, and the init drops the supplementary
- *         groups it inherited; default "deny" unless we are root),
+ *         uid_map, gid_map (required: the lines written to
+ *         /proc/<init>/uid_map and gid_map, as the caller derives them,
+ *         lua/moonbox/sandbox/isolation.lua; a malformed one is nil,
+ *         message, "EINVAL" before anything starts),
+ *         setgroups (required: "deny": written before gid_map, as an
+ *         unprivileged user must; "allow": left, and the init drops the
+ *         supplementary groups it inherited),
  *         cgroups = {dir, ...} (joined by the init before anything else),
  *         on_exit(exit_code, term_signal) (the init itself ended)
  *   init:pid()           host pid of the init
@@ -25,13 +27,6 @@
 #include "private.h"
 #include "nsinit.h"
 #include "child/wire.h"
-
-#ifndef OPEN_TREE_CLONE
-#define OPEN_TREE_CLONE 1
-#endif
-#ifndef AT_RECURSIVE
-#define AT_RECURSIVE 0x8000
-#endif
 
 #include <errno.h>
 #include <fcntl.h>
@@ -536,11 +531,25 @@ static void clone_init(void *arg) {
 #define ZYGOTE_USABLE 0
 #endif
 
-static int nsinit_start(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  mb_core *core = mb_core_get(L);
-  static mb_nsinit_plan plan; /* packed into a memfd before the clone */
-  mb_nsinit_plan *p = &plan;
+/* What sandbox_init keeps of its spec besides the plan. */
+typedef struct {
+  char uid_map[4096], gid_map[4096]; /* the kernel takes less than a page */
+  int deny_setgroups;
+  uid_t owner;     /* the host uid to own the user namespace; 0: ours */
+  int exit_cb_idx; /* stack index of spec.on_exit, or 0 */
+} init_opts;
+
+/* The fds of one init's start: ours and the ends it inherits. */
+typedef struct {
+  int sk[2], go[2], rep[2], plan_fd;
+  int cgroup_dir; /* the first cgroup's directory, to clone the init into */
+  int ncgroups;
+} init_fds;
+
+/* The spec's options (everything but cgroups) into the plan; raises on a
+ * malformed one, before anything is opened. The strings stay on the stack:
+ * the plan points into them. */
+static void parse_init_options(lua_State *L, mb_nsinit_plan *p, init_opts *o) {
   memset(p, 0, sizeof *p);
   for (int i = 0; i < MB_NSINIT_MAX_CGROUPS; i++) p->cgroup_fds[i] = -1;
   lua_getfield(L, 1, "namespaces");
@@ -551,51 +560,54 @@ static int nsinit_start(lua_State *L) {
     int flag = 0;
     for (int k = 0; name && ns_names[k].name; k++)
       if (strcmp(name, ns_names[k].name) == 0) flag = ns_names[k].flag;
-    if (!flag) return luaL_error(L, "sandbox_init: unknown namespace '%s'", name ? name : "?");
+    if (!flag) luaL_error(L, "sandbox_init: unknown namespace '%s'", name ? name : "?");
     p->clone_flags |= flag;
     lua_pop(L, 1);
   }
   if (!(p->clone_flags & CLONE_NEWUSER) || !(p->clone_flags & CLONE_NEWNS) || !(p->clone_flags & CLONE_NEWPID))
-    return luaL_error(L, "sandbox_init: the user, mnt and pid namespaces are required");
+    luaL_error(L, "sandbox_init: the user, mnt and pid namespaces are required");
   lua_getfield(L, 1, "hostname");
   p->hostname = lua_tostring(L, -1);
   lua_getfield(L, 1, "loopback");
   p->loopback = lua_toboolean(L, -1);
   lua_getfield(L, 1, "defer_pivot");
   p->defer_pivot = lua_toboolean(L, -1);
-  char uid_map[1024], gid_map[1024];
-  lua_getfield(L, 1, "uid_map");
-  if (lua_isnil(L, -1)) snprintf(uid_map, sizeof uid_map, "0 %u 1\n", (unsigned)getuid());
-  else if (lua_objlen(L, -1) >= sizeof uid_map) return luaL_error(L, "sandbox_init: uid_map too long");
-  else snprintf(uid_map, sizeof uid_map, "%s", luaL_checkstring(L, -1));
-  lua_getfield(L, 1, "gid_map");
-  if (lua_isnil(L, -1)) snprintf(gid_map, sizeof gid_map, "0 %u 1\n", (unsigned)getgid());
-  else if (lua_objlen(L, -1) >= sizeof gid_map) return luaL_error(L, "sandbox_init: gid_map too long");
-  else snprintf(gid_map, sizeof gid_map, "%s", luaL_checkstring(L, -1));
   lua_getfield(L, 1, "setgroups");
-  const char *setgroups = luaL_optstring(L, -1, getuid() == 0 ? "allow" : "deny");
-  if (strcmp(setgroups, "allow") != 0 && strcmp(setgroups, "deny") != 0)
-    return luaL_error(L, "sandbox_init: setgroups: expected \"allow\" or \"deny\"");
-  int deny_setgroups = strcmp(setgroups, "deny") == 0;
-  p->drop_groups = !deny_setgroups;
+  const char *setgroups = lua_tostring(L, -1);
+  if (!setgroups || (strcmp(setgroups, "allow") != 0 && strcmp(setgroups, "deny") != 0))
+    luaL_error(L, "sandbox_init: setgroups: expected \"allow\" or \"deny\"");
+  o->deny_setgroups = strcmp(setgroups, "deny") == 0;
+  p->drop_groups = !o->deny_setgroups;
   parse_mounts(L, 1, p);
   lua_getfield(L, 1, "owner_uid");
   lua_Integer owner = luaL_optinteger(L, -1, 0);
   if (owner < 0 || owner >= (lua_Integer)UINT32_MAX || (owner && geteuid() != 0))
-    return luaL_error(L, "sandbox_init: owner_uid needs a runtime that is root and an id below 2^32-1");
+    luaL_error(L, "sandbox_init: owner_uid needs a runtime that is root and an id below 2^32-1");
+  o->owner = (uid_t)owner;
   lua_getfield(L, 1, "on_exit");
-  int exit_cb_idx = lua_isfunction(L, -1) ? lua_gettop(L) : 0;
+  o->exit_cb_idx = lua_isfunction(L, -1) ? lua_gettop(L) : 0;
+}
 
-  if (init_exe_private < 0) {
-    char detail[PATH_MAX + 96];
-    snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, or beside moonbox/core.so)", init_exe_path);
-    return mb_push_errno(L, init_exe_err, detail);
-  }
-  int sk[2] = {-1, -1}, go[2] = {-1, -1}, rep[2] = {-1, -1}, plan_fd = -1;
-  int ncgroups = 0;
+/* spec[field], an id map, into buf (size bytes). 0, or nil, message,
+ * "EINVAL" pushed and 3: the map is the caller's (no default here), and
+ * checked before it is written. */
+static int read_id_map(lua_State *L, const char *field, char *buf, size_t size) {
+  lua_getfield(L, 1, field);
+  size_t len = 0;
+  const char *text = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+  const char *why = !text ? "is required (a string)" : len >= size ? "is too long" : mb_id_map_check(text, len);
+  if (!why) memcpy(buf, text, len + 1);
+  lua_pop(L, 1);
+  if (!why) return 0;
+  char detail[128];
+  snprintf(detail, sizeof detail, "sandbox_init: %s %s", field, why);
+  return mb_push_errno(L, EINVAL, detail);
+}
+
+/* spec.cgroups: the cgroup.procs fds the init joins by (p->cgroup_fds) and
+ * the first one's directory. 0, or an errno (*what "cgroup"). */
+static int open_init_cgroups(lua_State *L, mb_nsinit_plan *p, init_fds *f, const char **what) {
   int err = 0;
-  const char *what = NULL;
-  int cgroup_dir = -1; /* the first cgroup's directory, to clone the init into */
   lua_getfield(L, 1, "cgroups");
   if (lua_istable(L, -1)) {
     if ((int)lua_objlen(L, -1) > MB_NSINIT_MAX_CGROUPS)
@@ -606,105 +618,137 @@ static int nsinit_start(lua_State *L) {
       p->cgroup_fds[i - 1] = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
       if (p->cgroup_fds[i - 1] < 0) {
         err = errno;
-        what = "cgroup";
-      } else ncgroups = i;
-      if (i == 1) cgroup_dir = open(lua_tostring(L, -2), O_PATH | O_DIRECTORY | O_CLOEXEC);
+        *what = "cgroup";
+      } else f->ncgroups = i;
+      if (i == 1) f->cgroup_dir = open(lua_tostring(L, -2), O_PATH | O_DIRECTORY | O_CLOEXEC);
       lua_pop(L, 2);
     }
   }
-  if (!err && (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sk) < 0 || pipe2(go, O_CLOEXEC) < 0 ||
-               pipe2(rep, O_CLOEXEC) < 0)) {
-    err = errno;
-    what = "socketpair";
+  lua_pop(L, 1);
+  return err;
+}
+
+/* Clones the init (from the zygote where it can) with its plan in a memfd
+ * and, where the runtime passes them, sends it its bind sources. 0 with
+ * *pid, or an errno with *what (and *tree_failed: the mount whose source
+ * could not be detached); *pid is the init's even when only sending its
+ * trees failed, for the caller to kill. */
+static int clone_init_process(mb_nsinit_plan *p, const init_opts *o, init_fds *f, pid_t *pid, int *tree_failed,
+                              const char **what) {
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, f->sk) < 0 || pipe2(f->go, O_CLOEXEC) < 0 ||
+      pipe2(f->rep, O_CLOEXEC) < 0) {
+    *what = "socketpair";
+    return errno;
   }
-  int tree_failed = -1;
   p->zygote = ZYGOTE_USABLE && mb_zygote_available();
-  p->trees_passed = p->zygote || owner != 0;
-  if (!err && (err = pack_plan(p, ncgroups, &plan_fd)) != 0) what = "sandbox plan";
-  pid_t pid = -1;
-  if (!err) {
-    int one = 1;
-    setsockopt(sk[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
-    static init_exec_args args;
-    memset(&args, 0, sizeof args);
-    args.fds[MB_NSINIT_FD_PLAN] = plan_fd;
-    args.fds[MB_NSINIT_FD_SOCK] = sk[1];
-    args.fds[MB_NSINIT_FD_GO] = go[0];
-    args.fds[MB_NSINIT_FD_REPORT] = rep[1];
-    for (int i = 0; i < ncgroups; i++) args.fds[MB_NSINIT_FD_CGROUP + i] = p->cgroup_fds[i];
-    args.nfds = MB_NSINIT_FD_CGROUP + ncgroups;
-    args.report_fd = rep[1];
-    args.exe_fd = changes_ids(uid_map, gid_map) ? init_exe_private : init_exe_readable;
-    int shared = take_slots(&args) == 0;
-    /* the child only runs until its exec: a small stack of ours will do */
-    static char stack[INIT_STACK] __attribute__((aligned(16)));
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    init_clone c = {.args = &args, .stack = stack, .cgroup_dir = cgroup_dir, .owner = (uid_t)owner, .pid = -1};
-    c.flags = p->clone_flags | CLONE_VM | CLONE_VFORK | (shared ? CLONE_FILES : 0);
-    if (!p->zygote) clone_init(&c);
-    else if ((c.err = mb_zygote_run(clone_init, &c)) != 0) c.pid = -1;
-    pid = c.pid;
-    if (pid < 0) {
-      err = c.err;
-      what = "clone";
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    mb_fd_slots_put();
-    if (pid > 0 && p->trees_passed && (err = trees_send(sk[0], p, &tree_failed)) != 0) what = "sandbox mounts";
+  p->trees_passed = p->zygote || o->owner != 0;
+  int err = pack_plan(p, f->ncgroups, &f->plan_fd);
+  if (err) {
+    *what = "sandbox plan";
+    return err;
   }
-  close_fd(&sk[1]);
-  close_fd(&go[0]);
-  close_fd(&rep[1]);
-  close_fd(&plan_fd);
+  int one = 1;
+  setsockopt(f->sk[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
+  static init_exec_args args;
+  memset(&args, 0, sizeof args);
+  args.fds[MB_NSINIT_FD_PLAN] = f->plan_fd;
+  args.fds[MB_NSINIT_FD_SOCK] = f->sk[1];
+  args.fds[MB_NSINIT_FD_GO] = f->go[0];
+  args.fds[MB_NSINIT_FD_REPORT] = f->rep[1];
+  for (int i = 0; i < f->ncgroups; i++) args.fds[MB_NSINIT_FD_CGROUP + i] = p->cgroup_fds[i];
+  args.nfds = MB_NSINIT_FD_CGROUP + f->ncgroups;
+  args.report_fd = f->rep[1];
+  args.exe_fd = changes_ids(o->uid_map, o->gid_map) ? init_exe_private : init_exe_readable;
+  int shared = take_slots(&args) == 0;
+  /* the child only runs until its exec: a small stack of ours will do */
+  static char stack[INIT_STACK] __attribute__((aligned(16)));
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  init_clone c = {.args = &args, .stack = stack, .cgroup_dir = f->cgroup_dir, .owner = o->owner, .pid = -1};
+  c.flags = p->clone_flags | CLONE_VM | CLONE_VFORK | (shared ? CLONE_FILES : 0);
+  if (!p->zygote) clone_init(&c);
+  else if ((c.err = mb_zygote_run(clone_init, &c)) != 0) c.pid = -1;
+  *pid = c.pid;
+  if (c.pid < 0) {
+    err = c.err;
+    *what = "clone";
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  mb_fd_slots_put();
+  if (c.pid > 0 && p->trees_passed && (err = trees_send(f->sk[0], p, tree_failed)) != 0) *what = "sandbox mounts";
+  return err;
+}
+
+/* The ends the init inherited (it has them now, or never will) and the
+ * cgroup fds it joined by. */
+static void close_inherited(mb_nsinit_plan *p, init_fds *f) {
+  close_fd(&f->sk[1]);
+  close_fd(&f->go[0]);
+  close_fd(&f->rep[1]);
+  close_fd(&f->plan_fd);
   for (int i = 0; i < MB_NSINIT_MAX_CGROUPS; i++) close_fd(&p->cgroup_fds[i]);
-  close_fd(&cgroup_dir);
-  if (!err) {
-    if (deny_setgroups) err = write_proc(pid, "setgroups", "deny");
-    if (!err) err = write_proc(pid, "uid_map", uid_map);
-    if (!err) err = write_proc(pid, "gid_map", gid_map);
-    if (err) what = "id map";
-  }
+  close_fd(&f->cgroup_dir);
+}
+
+/* The init's user namespace: setgroups, then its id maps. 0 or an errno. */
+static int write_id_maps(pid_t pid, const init_opts *o) {
+  int err = 0;
+  if (o->deny_setgroups) err = write_proc(pid, "setgroups", "deny");
+  if (!err) err = write_proc(pid, "uid_map", o->uid_map);
+  if (!err) err = write_proc(pid, "gid_map", o->gid_map);
+  return err;
+}
+
+/* Lets the init go (unless *err) and reads how its set-up ended. An exec
+ * that failed, or a moonbox-init that could not start, is that report, not
+ * the id map that then could not be written (*err cleared). */
+static mb_nsinit_report await_ready(init_fds *f, pid_t pid, int *err) {
   mb_nsinit_report r = {MB_NSINIT_GO, EPIPE, -1};
-  /* the exec failed, or moonbox-init could not start: that, not the id map
-   * that then cannot be written, is the error */
-  if (pid > 0 && early_report(rep[0], &r)) err = 0;
-  else if (!err) {
+  if (pid > 0 && early_report(f->rep[0], &r)) *err = 0;
+  else if (!*err) {
     ssize_t n;
-    do n = write(go[1], "g", 1);
+    do n = write(f->go[1], "g", 1);
     while (n < 0 && errno == EINTR);
-    do n = read(rep[0], &r, sizeof r);
+    do n = read(f->rep[0], &r, sizeof r);
     while (n < 0 && errno == EINTR);
     if (n != (ssize_t)sizeof r) r = (mb_nsinit_report){MB_NSINIT_GO, EPIPE, -1};
   }
-  close_fd(&go[1]);
-  close_fd(&rep[0]);
-  if (err || r.stage != MB_NSINIT_READY) {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
-    }
-    close_fd(&sk[0]);
-    if (err && tree_failed >= 0) r = (mb_nsinit_report){MB_NSINIT_MOUNT, err, tree_failed};
-    else if (err) return mb_push_errno(L, err, what);
-    char detail[512];
-    if (r.stage == MB_NSINIT_MOUNT && r.index >= 0 && r.index < p->nmounts) {
-      const mb_mount *m = &p->mounts[r.index];
-      snprintf(detail, sizeof detail, "sandbox set-up: mount #%d (%s %s -> %s)", r.index + 1, mount_types[m->type],
-               m->src ? m->src : "-", m->dst);
-    } else if (r.stage == MB_NSINIT_EXEC) {
-      snprintf(detail, sizeof detail, "sandbox set-up: exec moonbox-init (%.400s)", init_exe_path);
-    } else {
-      snprintf(detail, sizeof detail, "sandbox set-up: %s", stage_name(r.stage));
-    }
-    return mb_push_errno(L, r.err, detail);
-  }
+  close_fd(&f->go[1]);
+  close_fd(&f->rep[0]);
+  return r;
+}
 
+/* A start that failed: the init killed and reaped, nil, message, CODE
+ * pushed (the set-up stage, and the mount it failed at). */
+static int start_failed(lua_State *L, const mb_nsinit_plan *p, init_fds *f, pid_t pid, int err, const char *what,
+                        int tree_failed, mb_nsinit_report r) {
+  if (pid > 0) {
+    kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+  }
+  close_fd(&f->sk[0]);
+  if (err && tree_failed >= 0) r = (mb_nsinit_report){MB_NSINIT_MOUNT, err, tree_failed};
+  else if (err) return mb_push_errno(L, err, what);
+  char detail[512];
+  if (r.stage == MB_NSINIT_MOUNT && r.index >= 0 && r.index < p->nmounts) {
+    const mb_mount *m = &p->mounts[r.index];
+    snprintf(detail, sizeof detail, "sandbox set-up: mount #%d (%s %s -> %s)", r.index + 1, mount_types[m->type],
+             m->src ? m->src : "-", m->dst);
+  } else if (r.stage == MB_NSINIT_EXEC) {
+    snprintf(detail, sizeof detail, "sandbox set-up: exec moonbox-init (%.400s)", init_exe_path);
+  } else {
+    snprintf(detail, sizeof detail, "sandbox set-up: %s", stage_name(r.stage));
+  }
+  return mb_push_errno(L, r.err, detail);
+}
+
+/* A started init: its handle, holding our end of its socket. */
+static int push_init(lua_State *L, mb_core *core, pid_t pid, int sock_fd, int exit_cb_idx) {
   mb_handle *h = mb_handle_new(L, NSINIT, sizeof(nsinit_state));
   nsinit_state *st = (nsinit_state *)h->extra;
   st->pid = pid;
-  st->sock_fd = sk[0];
+  st->sock_fd = sock_fd;
   lua_newtable(L);
   st->pids_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   int hidx = lua_gettop(L);
@@ -713,6 +757,33 @@ static int nsinit_start(lua_State *L) {
   lua_pop(L, 1);
   lua_pushvalue(L, hidx);
   return 1;
+}
+
+static int nsinit_start(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  mb_core *core = mb_core_get(L);
+  static mb_nsinit_plan plan; /* packed into a memfd before the clone */
+  mb_nsinit_plan *p = &plan;
+  init_opts o;
+  parse_init_options(L, p, &o);
+  if (read_id_map(L, "uid_map", o.uid_map, sizeof o.uid_map) || read_id_map(L, "gid_map", o.gid_map, sizeof o.gid_map))
+    return 3;
+  if (init_exe_private < 0) {
+    char detail[PATH_MAX + 96];
+    snprintf(detail, sizeof detail, "sandbox set-up: moonbox-init (%s, or beside moonbox/core.so)", init_exe_path);
+    return mb_push_errno(L, init_exe_err, detail);
+  }
+  init_fds f = {.sk = {-1, -1}, .go = {-1, -1}, .rep = {-1, -1}, .plan_fd = -1, .cgroup_dir = -1, .ncgroups = 0};
+  const char *what = NULL;
+  int tree_failed = -1;
+  pid_t pid = -1;
+  int err = open_init_cgroups(L, p, &f, &what);
+  if (!err) err = clone_init_process(p, &o, &f, &pid, &tree_failed, &what);
+  close_inherited(p, &f);
+  if (!err && (err = write_id_maps(pid, &o)) != 0) what = "id map";
+  mb_nsinit_report r = await_ready(&f, pid, &err);
+  if (err || r.stage != MB_NSINIT_READY) return start_failed(L, p, &f, pid, err, what, tree_failed, r);
+  return push_init(L, core, pid, f.sk[0], o.exit_cb_idx);
 }
 
 static nsinit_state *check_live(lua_State *L, int idx, mb_handle **hp) {
@@ -836,10 +907,6 @@ static void on_event(uv_poll_t *poll, int status, int events) {
  * are kept (keep_exit). */
 static int recv_reply(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_reply *r, pid_t *cred_pid, int *fd) {
   union {
-    char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * 4)];
-    struct cmsghdr align;
-  } u;
-  union {
     mb_nsinit_reply reply;
     mb_nsinit_event event;
   } in;
@@ -847,15 +914,9 @@ static int recv_reply(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_re
   if (fd) *fd = -1;
   int64_t deadline = (int64_t)uv_hrtime() + REPLY_TIMEOUT_MS * 1000000LL; /* a wedged init must not hang us */
   for (;;) {
-    struct iovec iov = {&in, sizeof in};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = u.buf;
-    msg.msg_controllen = sizeof u.buf;
-    ssize_t n = recvmsg(st->sock_fd, &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+    mb_wire_in got;
+    ssize_t n = mb_wire_recv(st->sock_fd, &in, sizeof in, &got);
+    if (n < 0 && errno == EAGAIN) {
       /* non-blocking (the loop polls it): wait here, but not forever */
       struct pollfd pf = {st->sock_fd, POLLIN, 0};
       int left = (int)((deadline - (int64_t)uv_hrtime()) / 1000000);
@@ -864,22 +925,11 @@ static int recv_reply(lua_State *L, mb_handle *h, nsinit_state *st, mb_nsinit_re
       continue;
     }
     if (n < 0) return errno;
-    int is_reply = n == (ssize_t)sizeof in.reply && in.reply.kind == MB_NSINIT_REPLY && !(msg.msg_flags & MSG_TRUNC);
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET) continue;
-      if (c->cmsg_type == SCM_CREDENTIALS && cred_pid && is_reply) {
-        struct ucred cred;
-        memcpy(&cred, CMSG_DATA(c), sizeof cred);
-        *cred_pid = cred.pid;
-      } else if (c->cmsg_type == SCM_RIGHTS) {
-        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        for (int i = 0; i < k; i++) {
-          int got;
-          memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
-          if (is_reply && fd && *fd < 0) *fd = got;
-          else close(got);
-        }
-      }
+    int is_reply = n == (ssize_t)sizeof in.reply && in.reply.kind == MB_NSINIT_REPLY && !(got.flags & MSG_TRUNC);
+    if (cred_pid && is_reply) *cred_pid = got.cred_pid;
+    for (int i = 0; i < got.nfds; i++) {
+      if (is_reply && fd && *fd < 0) *fd = got.fds[i];
+      else close(got.fds[i]);
     }
     if (is_reply) {
       memcpy(r, &in.reply, sizeof *r);

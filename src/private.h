@@ -13,6 +13,8 @@
  *               family's mb_open_* (the registration list) and teardown.
  * The code that runs in a child between clone and exec (child/) and the
  * sandbox init (nsinit.c) see only child/child.h, child/wire.h, nsinit.h.
+ * openat2.h (openat2.c) is the one confined path resolution, for fs.c,
+ * fs_tree.c, image_unpack.c and nsinit.c.
  *
  * Conventions (after luv): a uv handle lives in C memory (mb_handle); the Lua
  * userdata only points at it. While a handle is open it is anchored in the
@@ -152,6 +154,10 @@ void mb_http_teardown(mb_core *core);  /* http/lua.c: every HTTP server's socket
 int mb_bytes_view(lua_State *L, int idx, const char **data, size_t *len);
 /* codec_pure.c (base64, UTF-8 and text scans on byte ranges) is declared in
  * codec_pure.h instead: it needs no Lua or libuv, and spec/fuzz/ links it alone. */
+
+/* id_map.c: NULL when text (len bytes) is an id map the kernel can take
+ * (lines of "inside outside count"), else why not ("is empty", ...). */
+const char *mb_id_map_check(const char *text, size_t len);
 
 /* fs.c: open rel (O_PATH) under the root at idx: a confinement
  * (core.fs_confine) or a directory fd; -1 with errno on failure (fsevent.c). */

@@ -421,33 +421,31 @@ int mb_spawn_track(lua_State *L, mb_core *core, pid_t pid, int exit_cb_idx) {
   return 1;
 }
 
-/* core.spawn(spec) -> process, streams | nil, message, CODE
- * spec: args (array, required), file, env (array "K=V" or map; nothing is
- * inherited), cwd, stdio ({[fd] = kind}, fd 0..255), setsid, setpgid, pdeathsig,
- * ctty (child fd to make the controlling terminal; needs setsid), rlimits,
- * uid, gid, cgroup (path of a cgroup directory to start in), no_new_privs,
- * cap_keep (list of capability numbers to keep in the bounding set; the rest
- * are dropped), sandbox (a core.sandbox_init: the child starts inside it),
- * pipe_uid, pipe_gid (owner of the pipes made for stdio: a child running as
- * other ids, e.g. a sandbox's root, can reopen them by /dev/fd/N),
- * on_exit(exit_code, term_signal). */
-static int spawn(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  mb_core *core = mb_core_get(L);
-  state_of(L, core); /* the SIGCHLD watcher must be up before a child can exit */
-  spawn_job job;
-  memset(&job, 0, sizeof job);
-  for (int i = 0; i < MB_MAX_FDS; i++) job.pipe_parent_end[i] = job.pipe_child_end[i] = -1;
-  mb_child_plan *p = &job.plan;
+static void job_init(spawn_job *job) {
+  memset(job, 0, sizeof *job);
+  for (int i = 0; i < MB_MAX_FDS; i++) job->pipe_parent_end[i] = job->pipe_child_end[i] = -1;
+  mb_child_plan *p = &job->plan;
   p->cgroup_procs_fd = p->cgroup_dir_fd = -1;
   for (int i = 0; i < MB_MAX_EXTRA_CGROUPS; i++) p->extra_cgroup_fds[i] = -1;
   p->report_fd = -1;
   p->parent_pid = getpid();
+}
 
+/* What spawn keeps of its spec besides the plan. */
+typedef struct {
+  const char *file; /* what to exec: spec.file or args[1] */
+  int sandbox_idx;  /* stack index of spec.sandbox, or 0 */
+  int exit_cb_idx;  /* stack index of spec.on_exit, or 0 */
+} spawn_opts;
+
+/* The spec's plain options (everything but cgroups and stdio) into the
+ * plan; raises on a malformed one, before anything is opened. The values
+ * stay on the stack: the plan points into them. */
+static void parse_options(lua_State *L, spawn_job *job, spawn_opts *o) {
+  mb_child_plan *p = &job->plan;
   lua_getfield(L, 1, "args");
-  if (!lua_istable(L, -1) || lua_objlen(L, -1) == 0) return luaL_error(L, "spawn: args must be a non-empty array");
-  int args_idx = lua_gettop(L);
-  p->argv = string_array(L, args_idx, 0, "args");
+  if (!lua_istable(L, -1) || lua_objlen(L, -1) == 0) luaL_error(L, "spawn: args must be a non-empty array");
+  p->argv = string_array(L, lua_gettop(L), 0, "args");
   lua_getfield(L, 1, "env");
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
@@ -456,7 +454,7 @@ static int spawn(lua_State *L) {
   luaL_checktype(L, -1, LUA_TTABLE);
   p->envp = string_array(L, lua_gettop(L), 1, "env");
   lua_getfield(L, 1, "file");
-  const char *file = lua_isnil(L, -1) ? p->argv[0] : luaL_checkstring(L, -1);
+  o->file = lua_isnil(L, -1) ? p->argv[0] : luaL_checkstring(L, -1);
   lua_getfield(L, 1, "cwd");
   p->cwd = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
   lua_getfield(L, 1, "setsid");
@@ -475,6 +473,19 @@ static int spawn(lua_State *L) {
     p->set_ids = 1;
     p->uid = lua_isnil(L, -2) ? getuid() : (uid_t)luaL_checkinteger(L, -2);
     p->gid = lua_isnil(L, -1) ? getgid() : (gid_t)luaL_checkinteger(L, -1);
+    lua_getfield(L, 1, "groups");
+    if (!lua_isnil(L, -1)) {
+      luaL_checktype(L, -1, LUA_TTABLE);
+      int n = (int)lua_objlen(L, -1);
+      if (n > MB_MAX_GROUPS) luaL_error(L, "spawn: more than %d groups", MB_MAX_GROUPS);
+      for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, -1, i + 1);
+        p->groups[i] = (gid_t)luaL_checkinteger(L, -1);
+        lua_pop(L, 1);
+      }
+      p->ngroups = n;
+    }
+    lua_pop(L, 1);
   }
   lua_getfield(L, 1, "no_new_privs");
   p->no_new_privs = lua_toboolean(L, -1);
@@ -490,17 +501,31 @@ static int spawn(lua_State *L) {
     }
   }
   lua_getfield(L, 1, "sandbox");
-  int sandbox_idx = lua_isnil(L, -1) ? 0 : lua_gettop(L);
+  o->sandbox_idx = lua_isnil(L, -1) ? 0 : lua_gettop(L);
   lua_getfield(L, 1, "on_exit");
-  int exit_cb_idx = 0;
+  o->exit_cb_idx = 0;
   if (!lua_isnil(L, -1)) {
     luaL_checktype(L, -1, LUA_TFUNCTION);
-    exit_cb_idx = lua_gettop(L);
+    o->exit_cb_idx = lua_gettop(L);
   }
   plan_rlimits(L, p, 1);
+  lua_getfield(L, 1, "pipe_uid");
+  lua_getfield(L, 1, "pipe_gid");
+  if (!lua_isnil(L, -2)) {
+    job->own_pipes = 1;
+    job->pipe_uid = (uid_t)luaL_checknumber(L, -2);
+    job->pipe_gid = (gid_t)luaL_checknumber(L, -1);
+  }
+  lua_pop(L, 2);
+}
 
+/* spec.cgroup and spec.extra_cgroups (directories in other, v1,
+ * hierarchies: memory, pids): the cgroup.procs fds the child joins by.
+ * 0, or a uv error (*detail "cgroup"); raises on a malformed option (with
+ * the job cleaned up). */
+static int open_cgroups(lua_State *L, spawn_job *job, const char **detail) {
+  mb_child_plan *p = &job->plan;
   int rc = 0;
-  const char *fail_detail = NULL;
   lua_getfield(L, 1, "cgroup");
   if (!lua_isnil(L, -1)) {
     const char *dir = luaL_checkstring(L, -1);
@@ -508,70 +533,70 @@ static int spawn(lua_State *L) {
     p->cgroup_procs_fd = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
     if (p->cgroup_procs_fd < 0) {
       rc = uv_translate_sys_error(errno);
-      fail_detail = "cgroup";
+      *detail = "cgroup";
     }
     p->cgroup_dir_fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC); /* -1: join by cgroup.procs */
   }
-  /* extra_cgroups: directories in other (v1) hierarchies, e.g. memory, pids */
   lua_getfield(L, 1, "extra_cgroups");
   if (!rc && !lua_isnil(L, -1)) {
     luaL_checktype(L, -1, LUA_TTABLE);
     int n = (int)lua_objlen(L, -1);
     if (n > MB_MAX_EXTRA_CGROUPS) {
-      job_cleanup(&job);
+      job_cleanup(job);
       return luaL_error(L, "too many extra_cgroups");
     }
     for (int i = 0; i < n && !rc; i++) {
       lua_rawgeti(L, -1, i + 1);
       const char *dir = lua_tostring(L, -1);
       if (!dir) {
-        job_cleanup(&job);
+        job_cleanup(job);
         return luaL_error(L, "extra_cgroups[%d] must be a string", i + 1);
       }
       lua_pushfstring(L, "%s/cgroup.procs", dir);
       p->extra_cgroup_fds[i] = open(lua_tostring(L, -1), O_WRONLY | O_CLOEXEC);
       if (p->extra_cgroup_fds[i] < 0) {
         rc = uv_translate_sys_error(errno);
-        fail_detail = "cgroup";
+        *detail = "cgroup";
       }
       lua_pop(L, 2);
     }
   }
-  lua_getfield(L, 1, "pipe_uid");
-  lua_getfield(L, 1, "pipe_gid");
-  if (!lua_isnil(L, -2)) {
-    job.own_pipes = 1;
-    job.pipe_uid = (uid_t)luaL_checknumber(L, -2);
-    job.pipe_gid = (gid_t)luaL_checknumber(L, -1);
-  }
-  lua_pop(L, 2);
+  return rc;
+}
+
+/* spec.stdio into the fd plan (new pipes, inherited fds, /dev/null), and
+ * /dev/null for whichever of fds 0-2 it leaves out. 0, or a uv error
+ * (*detail "stdio"); raises on a malformed entry (with the job cleaned up). */
+static int plan_stdio(lua_State *L, spawn_job *job, const char **detail) {
+  mb_child_plan *p = &job->plan;
+  int rc = 0;
   lua_getfield(L, 1, "stdio");
   int stdio_idx = lua_gettop(L);
-  if (!rc && !lua_isnil(L, stdio_idx)) {
+  if (!lua_isnil(L, stdio_idx)) {
     if (!lua_istable(L, stdio_idx)) {
-      job_cleanup(&job);
+      job_cleanup(job);
       return luaL_error(L, "spawn: stdio must be a table");
     }
     /* every key an fd number we place, never one silently left out */
     for (lua_pushnil(L); lua_next(L, stdio_idx); lua_pop(L, 1)) {
       lua_Number k = lua_type(L, -2) == LUA_TNUMBER ? lua_tonumber(L, -2) : -1;
       if (k < 0 || k > 255 || k != (lua_Number)(int)k) {
-        job_cleanup(&job);
+        job_cleanup(job);
         return luaL_error(L, "spawn: stdio keys must be fd numbers 0..255");
       }
     }
     for (int fd = 0; fd < 256 && !rc; fd++) {
       lua_rawgeti(L, stdio_idx, fd);
       if (!lua_isnil(L, -1)) {
-        rc = plan_fd(L, &job, fd, lua_gettop(L));
+        rc = plan_fd(L, job, fd, lua_gettop(L));
         if (rc > 0) {
-          job_cleanup(&job);
+          job_cleanup(job);
           luaL_where(L, 1);
           lua_insert(L, -2);
           lua_concat(L, 2);
           return lua_error(L);
         }
-        if (rc) fail_detail = "stdio";
+        if (rc) *detail = "stdio";
       }
       lua_pop(L, 1);
     }
@@ -583,7 +608,7 @@ static int spawn(lua_State *L) {
     for (int i = 0; i < p->nfds; i++) placed |= (p->fds[i].target == fd);
     if (placed) continue;
     if (p->nfds >= MB_MAX_FDS) {
-      job_cleanup(&job);
+      job_cleanup(job);
       return luaL_error(L, "too many stdio entries (max %d)", MB_MAX_FDS);
     }
     mb_fd_plan *f = &p->fds[p->nfds++];
@@ -591,52 +616,57 @@ static int spawn(lua_State *L) {
     f->kind = MB_FD_NULL;
     f->null_flags = fd == 0 ? O_RDONLY : O_WRONLY;
   }
-  if (!rc) plan_candidates(L, &job, file);
-  if (rc) {
-    job_cleanup(&job);
-    return mb_push_error(L, rc, fail_detail);
-  }
-  pid_t pid, inside = 0;
+  return rc;
+}
+
+/* Starts the planned child, through the sandbox's init or by clone, and
+ * closes the child's ends of new pipes. 0 when it runs (*pid, *inside);
+ * else the job is cleaned up and the count of what was pushed (nil,
+ * message, CODE) is returned. */
+static int start_child(lua_State *L, spawn_job *job, const spawn_opts *o, pid_t *pid, pid_t *inside) {
+  mb_child_plan *p = &job->plan;
   mb_child_report r = {0, 0};
   int failed = 0;
-  if (sandbox_idx) {
-    int e = mb_nsinit_spawn(L, sandbox_idx, p, &pid, &inside, &r);
+  if (o->sandbox_idx) {
+    int e = mb_nsinit_spawn(L, o->sandbox_idx, p, pid, inside, &r);
     if (e) {
-      job_cleanup(&job);
+      job_cleanup(job);
       return mb_push_errno(L, e, "spawn in sandbox");
     }
     failed = r.stage != 0 || r.err != 0;
   } else {
-    int e = clone_child(&job, &pid, &r, &failed);
+    int e = clone_child(job, pid, &r, &failed);
     if (e) {
-      job_cleanup(&job);
+      job_cleanup(job);
       return mb_push_errno(L, e, e == ENOMEM ? "out of memory" : "clone");
     }
   }
   for (int i = 0; i < MB_MAX_FDS; i++) {
-    if (job.pipe_child_end[i] >= 0) close(job.pipe_child_end[i]);
-    job.pipe_child_end[i] = -1;
+    if (job->pipe_child_end[i] >= 0) close(job->pipe_child_end[i]);
+    job->pipe_child_end[i] = -1;
   }
-  if (failed) {
-    const char *what = r.stage == MB_STAGE_EXEC ? "argv[0]" : r.stage == MB_STAGE_CHDIR ? "cwd" : NULL;
-    const char *arg = r.stage == MB_STAGE_EXEC ? file : r.stage == MB_STAGE_CHDIR ? p->cwd : NULL;
-    int uverr = uv_translate_sys_error(r.err);
-    job_cleanup(&job);
-    lua_pushnil(L);
-    if (what) lua_pushfstring(L, "%s: %s failed (%s): '%s'", uv_err_name(uverr), mb_stage_name(r.stage), what, arg);
-    else lua_pushfstring(L, "%s: %s failed: %s", uv_err_name(uverr), mb_stage_name(r.stage), uv_strerror(uverr));
-    lua_pushstring(L, uv_err_name(uverr));
-    return 3;
-  }
+  if (!failed) return 0;
+  const char *what = r.stage == MB_STAGE_EXEC ? "argv[0]" : r.stage == MB_STAGE_CHDIR ? "cwd" : NULL;
+  const char *arg = r.stage == MB_STAGE_EXEC ? o->file : r.stage == MB_STAGE_CHDIR ? p->cwd : NULL;
+  int uverr = uv_translate_sys_error(r.err);
+  job_cleanup(job);
+  lua_pushnil(L);
+  if (what) lua_pushfstring(L, "%s: %s failed (%s): '%s'", uv_err_name(uverr), mb_stage_name(r.stage), what, arg);
+  else lua_pushfstring(L, "%s: %s failed: %s", uv_err_name(uverr), mb_stage_name(r.stage), uv_strerror(uverr));
+  lua_pushstring(L, uv_err_name(uverr));
+  return 3;
+}
 
-  /* Success: the process object, then a table of our ends of new pipes. */
-  mb_spawn_track(L, core, pid, exit_cb_idx);
-  if (sandbox_idx) ((mb_process *)lua_touserdata(L, -1))->inside_pid = inside;
+/* Success: the process object, then a table of our ends of new pipes. */
+static int push_started(lua_State *L, mb_core *core, spawn_job *job, const spawn_opts *o, pid_t pid, pid_t inside) {
+  mb_child_plan *p = &job->plan;
+  mb_spawn_track(L, core, pid, o->exit_cb_idx);
+  if (o->sandbox_idx) ((mb_process *)lua_touserdata(L, -1))->inside_pid = inside;
   lua_newtable(L);
   for (int i = 0; i < p->nfds; i++) {
-    int fd = job.pipe_parent_end[i];
+    int fd = job->pipe_parent_end[i];
     if (fd < 0) continue;
-    job.pipe_parent_end[i] = -1;
+    job->pipe_parent_end[i] = -1;
     if (mb_stream_push_fd(L, fd, 0) != 1) {
       lua_pop(L, 3);
       close(fd);
@@ -644,8 +674,41 @@ static int spawn(lua_State *L) {
     }
     lua_rawseti(L, -2, p->fds[i].target);
   }
-  job_cleanup(&job);
+  job_cleanup(job);
   return 2;
+}
+
+/* core.spawn(spec) -> process, streams | nil, message, CODE
+ * spec: args (array, required), file, env (array "K=V" or map; nothing is
+ * inherited), cwd, stdio ({[fd] = kind}, fd 0..255), setsid, setpgid, pdeathsig,
+ * ctty (child fd to make the controlling terminal; needs setsid), rlimits,
+ * uid, gid, groups (supplementary gids with uid/gid; else none), cgroup (path
+ * of a cgroup directory to start in), no_new_privs,
+ * cap_keep (list of capability numbers to keep in the bounding set; the rest
+ * are dropped), sandbox (a core.sandbox_init: the child starts inside it),
+ * pipe_uid, pipe_gid (owner of the pipes made for stdio: a child running as
+ * other ids, e.g. a sandbox's root, can reopen them by /dev/fd/N),
+ * on_exit(exit_code, term_signal). */
+static int spawn(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  mb_core *core = mb_core_get(L);
+  state_of(L, core); /* the SIGCHLD watcher must be up before a child can exit */
+  spawn_job job;
+  job_init(&job);
+  spawn_opts o;
+  parse_options(L, &job, &o);
+  const char *fail_detail = NULL;
+  int rc = open_cgroups(L, &job, &fail_detail);
+  if (!rc) rc = plan_stdio(L, &job, &fail_detail);
+  if (!rc) plan_candidates(L, &job, o.file);
+  if (rc) {
+    job_cleanup(&job);
+    return mb_push_error(L, rc, fail_detail);
+  }
+  pid_t pid, inside = 0;
+  int nret = start_child(L, &job, &o, &pid, &inside);
+  if (nret) return nret;
+  return push_started(L, core, &job, &o, pid, inside);
 }
 
 static mb_process *check_process(lua_State *L) { return (mb_process *)luaL_checkudata(L, 1, PROCESS); }

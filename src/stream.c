@@ -160,6 +160,16 @@ typedef struct {
   int data_ref; /* keeps the Lua string alive until libuv is done with it */
 } write_req;
 
+/* A write's or shutdown's callback (its ref dropped): nil, or the error's name. */
+static void call_status(mb_core *core, int ref, int status) {
+  lua_State *cbL = core->cbL;
+  lua_rawgeti(cbL, LUA_REGISTRYINDEX, ref);
+  luaL_unref(cbL, LUA_REGISTRYINDEX, ref);
+  if (status < 0) lua_pushstring(cbL, uv_err_name(status));
+  else lua_pushnil(cbL);
+  mb_call(core, cbL, 1);
+}
+
 static void on_write(uv_write_t *req, int status) {
   write_req *wr = (write_req *)req;
   mb_core *core = wr->core;
@@ -171,12 +181,7 @@ static void on_write(uv_write_t *req, int status) {
   } /* cancelled while the Lua state closes */
   luaL_unref(cbL, LUA_REGISTRYINDEX, wr->data_ref);
   free(wr);
-  if (cb_ref == LUA_NOREF) return;
-  lua_rawgeti(cbL, LUA_REGISTRYINDEX, cb_ref);
-  luaL_unref(cbL, LUA_REGISTRYINDEX, cb_ref);
-  if (status < 0) lua_pushstring(cbL, uv_err_name(status));
-  else lua_pushnil(cbL);
-  mb_call(core, cbL, 1);
+  if (cb_ref != LUA_NOREF) call_status(core, cb_ref, status);
 }
 
 /* stream:write(data[, callback(err)]) -> queued bytes | nil, msg, code */
@@ -241,13 +246,7 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
   if (status == UV_ENOTSOCK) status = shutdown_pipe(req->handle);
   int ref = sr->cb_ref;
   free(sr);
-  if (ref == LUA_NOREF || core->dead) return;
-  lua_State *cbL = core->cbL;
-  lua_rawgeti(cbL, LUA_REGISTRYINDEX, ref);
-  luaL_unref(cbL, LUA_REGISTRYINDEX, ref);
-  if (status < 0) lua_pushstring(cbL, uv_err_name(status));
-  else lua_pushnil(cbL);
-  mb_call(core, cbL, 1);
+  if (ref != LUA_NOREF && !core->dead) call_status(core, ref, status);
 }
 
 /* stream:shutdown([callback(err)]): EOF for the reader once queued writes are done */

@@ -568,6 +568,152 @@ class TestCompatRecorded(Base):
         self.assertEqual(self.call("POST", "/session/delete", {"sessionId": "c1"})["sessionId"], "c1")
 
 
+def image_layout(outdir):
+    """An OCI layout of busybox and the host's bash with its libraries (the
+    image specs' fixture, spec/images/fixtures.lua), built offline by
+    spec/images/make_image.py; its tag "latest"."""
+    entries, dirs = [{"path": "bin", "type": "dir"}, {"path": "etc", "type": "dir"},
+                     {"path": "bin/busybox", "type": "file", "hostfile": "/bin/busybox", "mode": 0o755},
+                     {"path": "etc/os-release", "type": "file", "content": "ID=moonbox-client-image\n"}], {"bin", "etc"}
+    for applet in ("sh", "cat", "echo", "id", "true", "ls", "mkdir"):
+        entries.append({"path": "bin/" + applet, "type": "symlink", "target": "busybox"})
+    files = ["/bin/bash"]
+    for line in subprocess.run(["ldd", "/bin/bash"], capture_output=True, text=True, check=True).stdout.splitlines():
+        words = line.split()
+        path = words[2] if "=>" in words and len(words) > 2 else words[0]
+        if path.startswith("/"):
+            files.append(path)
+    for path in files:
+        parts = path[1:].split("/")
+        for i in range(1, len(parts)):
+            d = "/".join(parts[:i])
+            if d not in dirs:
+                dirs.add(d)
+                entries.append({"path": d, "type": "dir"})
+        entries.append({"path": path[1:], "type": "file", "hostfile": os.path.realpath(path), "mode": 0o755})
+    desc = os.path.join(os.path.dirname(outdir), "desc.json")
+    with open(desc, "w") as f:
+        json.dump({"config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]}, "layers": [{"gzip": True, "entries": entries}]},
+                  f)
+    subprocess.run([sys.executable, os.path.join(SOURCE, "spec", "images", "make_image.py"), "oci", outdir, "latest",
+                    desc], check=True, capture_output=True)
+
+
+class Registry:
+    """spec/images/registry.py on the loopback, serving ROOT's layouts."""
+
+    def __init__(self, root, *flags):
+        self.port_file = os.path.join(root, "port-%d" % len(os.listdir(root)))
+        self.proc = subprocess.Popen([sys.executable, os.path.join(SOURCE, "spec", "images", "registry.py"), root,
+                                      self.port_file] + list(flags), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while not os.path.exists(self.port_file):
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("the test registry did not start")
+            time.sleep(0.05)
+        with open(self.port_file) as f:
+            self.host = "127.0.0.1:" + f.read().strip()
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+class TestImages(unittest.TestCase):
+    """Images (docs/images.md) through the client: a pull from a registry
+    on the loopback with its progress, with credentials, list, a sandbox
+    made from the image, a template committed from it, remove."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.client = client()
+        cls.root = os.path.join(SERVER["tmp"], "registry")
+        os.makedirs(os.path.join(cls.root, "team"))
+        image_layout(os.path.join(cls.root, "team", "app"))
+
+    def test_pull_list_sandbox_commit_remove(self):
+        reg = Registry(self.root)
+        try:
+            events = []
+            img = self.client.pull_image(reg.host + "/team/app:latest", name="py-app:1", on_progress=events.append)
+            with self.assertRaises(MoonboxError) as cm:
+                self.client.pullImage(reg.host + "/team/app:nope")
+            self.assertEqual(cm.exception.code, "IMAGE_NOT_FOUND")
+        finally:
+            reg.stop()
+        self.assertEqual((img["name"], len(img["layers"]), img["config"]["Cmd"]), ("py-app:1", 1, ["/bin/sh"]))
+        self.assertTrue(img["digest"].startswith("sha256:"))
+        self.assertEqual([e["type"] for e in events if e["type"] != "progress"], ["layer", "layerDone"])
+        self.assertIn("py-app:1", [i["name"] for i in self.client.listImages()])
+        sb = self.client.get_sandbox("py-image", image="py-app:1")
+        try:
+            self.assertEqual(sb.exec("cat /etc/os-release")["stdout"], "ID=moonbox-client-image\n")
+            self.assertEqual(sb.info()["image"]["digest"], img["digest"])
+            sb.exec("echo made > /etc/made-here")
+            tmpl = sb.commit("py-tmpl:1")
+            self.assertEqual((tmpl["name"], tmpl["parent"], len(tmpl["layers"])), ("py-tmpl:1", img["digest"], 2))
+        finally:
+            sb.destroy()
+        sb_root = self.client.get_sandbox("py-image-root", image="py-app:1", user="0:0")
+        try:
+            self.assertEqual(sb_root.exec("id -u")["stdout"], "0\n")
+            self.assertEqual(sb_root.info()["image"]["user"], "0:0")
+        finally:
+            sb_root.destroy()
+        with self.assertRaises(MoonboxError) as cm:
+            self.client.get_sandbox("py-image2", image="never-pulled")
+        self.assertEqual((cm.exception.code, cm.exception.status), ("IMAGE_NOT_FOUND", 404))
+        sb2 = self.client.get_sandbox("py-image3", image="py-tmpl:1")
+        try:
+            self.assertEqual(sb2.exec("cat /etc/made-here")["stdout"], "made\n")
+        finally:
+            sb2.destroy()
+        self.assertEqual(self.client.remove_image("py-tmpl:1")["success"], True)
+        self.assertEqual(self.client.removeImage("py-app:1")["name"], "py-app:1")
+        self.assertNotIn("py-app:1", [i["name"] for i in self.client.list_images()])
+
+    def test_pull_with_credentials(self):
+        reg = Registry(self.root, "--basic", "py:secret pw")
+        try:
+            with self.assertRaises(MoonboxError) as cm:
+                self.client.pull_image(reg.host + "/team/app:latest", name="py-private")
+            self.assertEqual(cm.exception.code, "IMAGE_PULL_FAILED")
+            self.assertIn("needs credentials", cm.exception.message)
+            with self.assertRaises(MoonboxError) as cm:
+                self.client.pull_image(reg.host + "/team/app:latest", username="py", password="wrong")
+            self.assertIn("refused the credentials of py", cm.exception.message)
+            events = list(self.client.pull_image_stream(reg.host + "/team/app:latest", name="py-private",
+                                                        username="py", password="secret pw"))
+            self.assertEqual((events[0]["type"], events[-1]["type"]), ("layer", "complete"))
+            self.assertEqual(self.client.remove_image("py-private")["success"], True)
+        finally:
+            reg.stop()
+
+
+class TestNetwork(unittest.TestCase):
+    def test_egress_rules_changed_while_running(self):
+        c = client()
+        if os.geteuid() != 0:
+            # fails closed unprivileged (docs/network.md): nothing to change
+            with self.assertRaises(MoonboxError) as cm:
+                c.get_sandbox("py-egress", network="egress", egress={"allow": ["192.0.2.0/24"]})
+            self.assertEqual(cm.exception.code, "ISOLATION_UNAVAILABLE")
+            return
+        sb = c.get_sandbox("py-egress", network="egress", egress={"allow": ["192.0.2.0/24"]})
+        try:
+            self.assertEqual(sb.info()["network"]["egress"]["allow"], ["192.0.2.0/24"])
+            net = sb.setNetwork(egress={"allow": ["198.51.100.0/24:443"], "deny": ["198.51.100.7"]})
+            self.assertEqual((net["mode"], net["egress"]["allow"], net["egress"]["deny"]),
+                             ("egress", ["198.51.100.0/24:443"], ["198.51.100.7"]))
+            with self.assertRaises(MoonboxError) as cm:
+                sb.set_network(egress={"allow": ["not a rule"]})
+            self.assertEqual((cm.exception.code, cm.exception.status), ("VALIDATION_FAILED", 400))
+            self.assertEqual(sb.info()["network"]["egress"]["allow"], ["198.51.100.0/24:443"])
+        finally:
+            sb.destroy()
+
+
 class TestServer(unittest.TestCase):
     def test_health_ready_metrics(self):
         c = client()

@@ -4,21 +4,34 @@ serves the OCI layouts under ROOT (ROOT/<name>/ is a layout; tags from its
 index.json annotations) on 127.0.0.1, an ephemeral port written to
 PORT_FILE.
 
-  registry.py ROOT PORT_FILE [--token]
+  registry.py ROOT PORT_FILE [--token] [--basic USER:PASS] [--token-basic USER:PASS]
 
 With --token every /v2/ request needs `Authorization: Bearer good-token`,
 else 401 with a WWW-Authenticate bearer challenge whose realm is /token
 here (which answers {"token": "good-token"} for service=test-registry).
+--basic: every /v2/ request needs `Authorization: Basic` of USER:PASS, else
+401 with `WWW-Authenticate: Basic realm="test-registry"` (a registry behind
+htpasswd). --token-basic: the token service (with --token) gives a token
+only to those credentials, else 401.
 A tag "multi" of a layout answers an image index: an arm64 entry (absent
 from the layout) then the amd64 manifest of its tag "latest"; "tampered"
 the manifest of "latest" with a byte added, under its digest.
 """
-import hashlib, json, os, sys
+import base64, hashlib, json, os, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse, parse_qs
 
 ROOT, PORT_FILE = sys.argv[1], sys.argv[2]
 TOKEN = "--token" in sys.argv
+
+
+def basic_of(flag):
+    if flag not in sys.argv:
+        return None
+    return "Basic " + base64.b64encode(sys.argv[sys.argv.index(flag) + 1].encode()).decode()
+
+
+BASIC, TOKEN_BASIC = basic_of("--basic"), basic_of("--token-basic")
 INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -55,6 +68,9 @@ class Handler(BaseHTTPRequestHandler):
         u = urlparse(self.path)
         port = self.server.server_address[1]
         if u.path == "/token":
+            if TOKEN_BASIC and self.headers.get("Authorization") != TOKEN_BASIC:
+                return self.send(401, b'{"errors":[]}', "application/json",
+                                 [("WWW-Authenticate", 'Basic realm="test-registry"')])
             q = parse_qs(u.query)
             if q.get("service") != ["test-registry"] or not q.get("scope", [""])[0].startswith("repository:"):
                 return self.send(400, b"{}", "application/json")
@@ -64,6 +80,9 @@ class Handler(BaseHTTPRequestHandler):
             challenge = 'Bearer realm="http://127.0.0.1:%d/token",service="test-registry",' \
                         'scope="repository:%s:pull"' % (port, name)
             return self.send(401, b'{"errors":[]}', "application/json", [("WWW-Authenticate", challenge)])
+        if BASIC and self.headers.get("Authorization") != BASIC:
+            return self.send(401, b'{"errors":[]}', "application/json",
+                             [("WWW-Authenticate", 'Basic realm="test-registry"')])
         if u.path == "/v2/":
             return self.send(200, b"{}", "application/json")
         parts = u.path[4:].rsplit("/", 2)

@@ -1,7 +1,8 @@
 -- Pulls over the OCI distribution API (lua/moonbox/images/registry.lua)
 -- from a registry on the loopback (spec/images/registry.py): plain and
 -- with the bearer token flow, an image index chosen for linux/amd64,
--- digests checked, a missing tag.
+-- digests checked, a missing tag; credentials (images/credentials.lua) for
+-- a Basic registry and a token service that wants them.
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local images = require "moonbox.images"
@@ -24,13 +25,17 @@ before_each(function()
 end)
 after_each(function() images.store.DIR = nil end)
 
--- runs fn(host) with the registry up (token flow with token = true), then stops it
+-- runs fn(host) with the registry up (token flow with token = true; a
+-- table: registry.py's flags), then stops it
 local function with_registry(token, fn)
   run_task(function()
     local port_file = ("%s/port-%d"):format(tmp, n)
     local exited = false
-    local proc = assert(core.spawn { args = { "python3", src .. "/spec/images/registry.py", tmp .. "/reg", port_file,
-      token and "--token" or nil }, file = "/usr/bin/python3", stdio = { [0] = "null", [1] = "null", [2] = "null" },
+    local args = { "python3", src .. "/spec/images/registry.py", tmp .. "/reg", port_file }
+    local flags = type(token) == "table" and token or { token and "--token" or nil }
+    for _, a in ipairs(flags) do args[#args + 1] = a end
+    local proc = assert(core.spawn { args = args, file = "/usr/bin/python3",
+      stdio = { [0] = "null", [1] = "null", [2] = "null" },
       env = { PATH = "/usr/bin:/bin" }, -- (not the sanitizer build's LD_PRELOAD)
       on_exit = function() exited = true end })
     local ok, err = pcall(function()
@@ -115,6 +120,121 @@ describe("pulls from a registry", function()
       assert.same({ 200, true }, { s, list.success })
       s, list = call("GET", "/v1/images")
       assert.same({ 200 }, { s, list[1] })
+    end)
+  end)
+
+  describe("with credentials", function()
+    local SECRET = "s3cret pass:word"
+    local credentials = require "moonbox.images.credentials"
+    local real_spawn = core.spawn
+    local argvs
+    before_each(function()
+      credentials.FILE = tmp .. "/auth-" .. n .. ".json"
+      argvs = {}
+      -- every curl the pull starts, its argv kept to look for the secret (the
+      -- test's registry gets it on its own command line)
+      core.spawn = function(spec)
+        if spec.args[1]:match("curl$") then argvs[#argvs + 1] = table.concat(spec.args, " ") end
+        return real_spawn(spec)
+      end
+    end)
+    after_each(function()
+      core.spawn = real_spawn
+      credentials.FILE = nil
+    end)
+    local function no_secret_in_argv()
+      assert.is_true(#argvs > 0)
+      for _, a in ipairs(argvs) do
+        assert.is_nil(a:find("s3cret", 1, true))
+        assert.is_nil(a:find(core.base64_encode("tester:" .. SECRET), 1, true))
+      end
+      -- nor left in the store's scratch
+      assert.equal("", helper.sh("grep -rlF '" .. core.base64_encode("tester:" .. SECRET) .. "' '" ..
+        images.store.DIR .. "' 2>/dev/null; ls -A '" .. images.store.DIR .. "/tmp'"))
+    end
+
+    it("a Basic registry: the right ones pull; wrong or none are IMAGE_PULL_FAILED", function()
+      with_registry({ "--basic", "tester:" .. SECRET }, function(host)
+        local ref = host .. "/team/app:latest"
+        local err = fails("IMAGE_PULL_FAILED", images.pull, ref)
+        assert.matches("needs credentials (HTTP 401)", err.message, 1, true)
+        err = fails("IMAGE_PULL_FAILED", images.pull, ref, { auth = { username = "tester", password = "wrong" } })
+        assert.matches("refused the credentials of tester (HTTP 401): wrong username or password", err.message, 1,
+          true)
+        assert.is_nil(err.message:find("wrong\"", 1, true))
+        local rec = images.pull(ref, { auth = { username = "tester", password = SECRET } })
+        assert.equal(2, #rec.layers)
+        no_secret_in_argv()
+        fails("VALIDATION_FAILED", images.pull, ref, { auth = { username = "a:b", password = "x" } })
+      end)
+    end)
+
+    it("a token service that wants them (the bearer flow with Basic auth)", function()
+      with_registry({ "--token", "--token-basic", "tester:" .. SECRET }, function(host)
+        local ref = host .. "/team/app:multi"
+        local err = fails("IMAGE_PULL_FAILED", images.pull, ref)
+        assert.matches("its token service needs credentials", err.message, 1, true)
+        err = fails("IMAGE_PULL_FAILED", images.pull, ref, { auth = { username = "tester", password = "nope" } })
+        assert.matches("its token service refused the credentials of tester", err.message, 1, true)
+        assert.is_nil(err.message:find("nope", 1, true))
+        local rec = images.pull(ref, { auth = { username = "tester", password = SECRET } })
+        assert.equal(2, #rec.layers)
+        no_secret_in_argv()
+      end)
+    end)
+
+    it("from the auth file (docker's auths format), which must be 0600", function()
+      with_registry({ "--basic", "tester:" .. SECRET }, function(host)
+        local f = assert(io.open(credentials.FILE, "w"))
+        f:write(require("cjson").encode { auths = { [host] = { auth = core.base64_encode("tester:" .. SECRET) } } })
+        f:close()
+        helper.sh("chmod 644 '" .. credentials.FILE .. "'")
+        local err = fails("IMAGE_PULL_FAILED", images.pull, host .. "/team/app:latest")
+        assert.matches("may be read by others (mode 644): chmod 600 it", err.message, 1, true)
+        helper.sh("chmod 600 '" .. credentials.FILE .. "'")
+        assert.equal(2, #images.pull(host .. "/team/app:latest").layers)
+        no_secret_in_argv()
+        -- the file has nothing for another host: anonymous there
+        assert.is_nil(credentials.from_file("127.0.0.2:1"))
+      end)
+    end)
+  end)
+
+  it("with credentials from the CLI (--password-stdin) and POST /v1/images/pull {auth}", function()
+    local cjson = require "cjson"
+    local bin = os.getenv("MOONBOX_BIN") or "build/moonbox"
+    with_registry({ "--basic", "cli:pw of cli" }, function(host)
+      local home = tmp .. "/cli-home-" .. n
+      local function cli(stdin, args)
+        return helper.sh(("printf '%s' | MOONBOX_HOME='%s' %s image pull %s 2>&1; echo \"rc=$?\""):format(stdin, home,
+          bin, args))
+      end
+      local out = cli("wrong\\n", host .. "/team/app:v2 --username cli --password-stdin")
+      assert.matches("IMAGE_PULL_FAILED: registry [^\n]* refused the credentials of cli .*rc=1$", out)
+      out = cli("pw of cli\\n", host .. "/team/app:v2 --username cli --password-stdin")
+      assert.matches("rc=0$", out)
+      assert.matches(host .. "/team/app:v2 sha256:", out, 1, true)
+      out = cli("", host .. "/team/app:v2 --username cli")
+      assert.matches("%-%-username and %-%-password%-stdin go together.*rc=2$", out)
+
+      local api = require "moonbox.server.api"
+      api.configure { home = tmp .. "/server-home-" .. n }
+      local function pull(body)
+        local res = { chunks = {} }
+        function res.start(self, status) self.status = status end
+        function res.write(self, data) self.chunks[#self.chunks + 1] = data return true end
+        function res.finish(self) self.finished = true end
+        function res.onClose() end
+        local r = api.handle({ method = "POST", path = "/v1/images/pull", query = {}, headers = {},
+          body = cjson.encode(body) }, res)
+        assert.is_nil(r)
+        return table.concat(res.chunks)
+      end
+      local text = pull { ref = host .. "/team/app:v2", auth = { username = "cli", password = "bad" } }
+      assert.matches('"code":"IMAGE_PULL_FAILED"', text, 1, true)
+      assert.is_nil(text:find("bad", 1, true))
+      text = pull { ref = host .. "/team/app:v2", auth = { username = "cli", password = "pw of cli" } }
+      assert.matches('"type":"complete"', text, 1, true)
     end)
   end)
 

@@ -78,13 +78,38 @@ describe("egress rules", function()
   end)
 end)
 
-if core.getuid() ~= 0 then
-  describe("egress, unprivileged", function()
+-- unprivileged (spec/network/run-unprivileged.sh): pasta and a gateway
+-- namespace of the sandbox's own instead of a veth to the host
+local ROOT = core.getuid() == 0
+local MECHANISM = ROOT and "veth+nftables" or "pasta+nftables"
+
+-- the table as nft lists it, wherever it lives
+local function ruleset(sb) return assert(network.ruleset(sb.egress)) end
+
+-- the processes an unprivileged sandbox's egress runs (gateway holder, pasta, resolver)
+local function egress_pids(state)
+  local pids = {}
+  for _, pid in pairs(require("moonbox.network.gateway").pids(state.gateway)) do pids[#pids + 1] = pid end
+  if state.resolver then pids[#pids + 1] = state.resolver.pid end
+  table.sort(pids)
+  return pids
+end
+
+local function alive(pids)
+  local out = {}
+  for _, pid in ipairs(pids) do if helper.pid_alive(pid) then out[#out + 1] = pid end end
+  return out
+end
+
+local unprivileged_missing = not ROOT and network.refused()
+if unprivileged_missing then
+  -- (a host without what pasta needs: a container without /dev/net/tun, say)
+  describe("egress, unprivileged, without pasta's needs", function()
     it("fails closed with ISOLATION_UNAVAILABLE naming the reason", function()
       run_task(function()
         local err = helper.error_of(helper.new_sandbox, { network = "egress" })
         assert.equal("ISOLATION_UNAVAILABLE", err.code)
-        assert.truthy(err.message:find("needs a runtime that is root", 1, true), err.message)
+        assert.truthy(err.message:find(unprivileged_missing, 1, true), err.message)
       end)
     end)
   end)
@@ -99,7 +124,7 @@ describe("egress", function()
     with_egress(function(sb)
       local net = sb:info().network
       assert.equal("egress", net.mode)
-      assert.equal("veth+nftables", net.mechanism)
+      assert.equal(MECHANISM, net.mechanism)
       assert.equal(network.DEFAULT_CONNECTIONS, net.limits.connections) -- (the host's conntrack table is shared)
       assert.equal(BODY, curl(sb, "http://203.0.113.10/").body)
       assert.equal(BODY, curl(sb, "http://allowed.test/").body)
@@ -189,7 +214,9 @@ describe("egress", function()
 
   it("an allow rule naming the host opens it, never a port of moonbox serve", function()
     with_egress(function(sb)
-      local gw = sb:info().network.gateway
+      -- (as root the link's host side is the host; unprivileged it is the
+      -- gateway namespace, and the host is reached at its own addresses)
+      local gw = ROOT and sb:info().network.gateway or "198.51.100.1"
       local url = ("http://%s:%d/"):format(gw, internet.host_port)
       refused(sb, url)
       sb:setNetwork { egress = { allow = { ("%s:%d"):format(gw, internet.host_port) } } }
@@ -206,7 +233,7 @@ describe("egress", function()
   end)
 
   it("never reaches moonbox serve on the host, on any of its addresses", function()
-    local bin = (os.getenv("MOONBOX_BUILD_DIR") or "build") .. "/moonbox"
+    local bin = os.getenv("MOONBOX_BIN") or ((os.getenv("MOONBOX_BUILD_DIR") or "build") .. "/moonbox")
     local dir = helper.mkdtemp()
     local port = internet.host_port + 1
     local token = dir .. "/token"
@@ -246,7 +273,7 @@ describe("egress", function()
       local net = sb:info().network
       assert.equal(2, net.limits.connections)
       assert.equal(1048576, net.limits.egressBytesPerSecond)
-      assert.truthy(helper.sh("nft list table " .. net.table):find("limit rate over 1 mbytes/second", 1, true))
+      assert.truthy(ruleset(sb):find("limit rate over 1 mbytes/second", 1, true))
     end, nil, { limits = { connections = 2, egressBytesPerSecond = 1048576 } })
   end)
 
@@ -299,7 +326,7 @@ describe("egress", function()
         assert.same({ 400, "VALIDATION_FAILED" }, { status, r.code })
         local service = require("moonbox.server.service").new {}
         local text = service:metrics { connections = function() return 0 end, inflight = function() return 0 end,
-          refused = function() return 0, 0 end }
+          refused = function() return 0, 0 end, queued_bytes = function() return 0 end }
         local id = base:match("[^/]+$")
         local sent = tonumber(text:match('moonbox_egress_sent_bytes_total{sandbox="' .. id:gsub("%-", "%%-") ..
           '"} (%d+)'))
@@ -328,6 +355,71 @@ describe("egress", function()
     end, { allow = { "allowed.test" } })
   end)
 
+  it("cannot see or change its table from inside: no CAP_NET_ADMIN or CAP_SYS_ADMIN, no_new_privs", function()
+    with_egress(function(sb)
+      local status = sb:exec("cat /proc/self/status").stdout
+      local caps = tonumber(status:match("CapEff:%s*%x*(%x%x%x%x%x%x%x%x)\n"), 16)
+      assert.equal(0, bit.band(caps, bit.lshift(1, 12)), "CAP_NET_ADMIN")
+      assert.equal(0, bit.band(caps, bit.lshift(1, 21)), "CAP_SYS_ADMIN")
+      assert.truthy(status:find("NoNewPrivs:\t1\n", 1, true))
+      for _, cmd in ipairs { "nft list ruleset", "nft flush ruleset", "nft add table inet mine",
+        "ip link set eth0 down", "ip addr add 10.77.0.9/32 dev eth0" } do
+        local r = sb:exec(cmd .. " 2>&1")
+        assert.are_not.equal(0, r.exitCode, cmd)
+        assert.truthy(r.stdout:find("Operation not permitted", 1, true), cmd .. ": " .. r.stdout)
+      end
+      -- the table is whole: what it refused, it still refuses
+      refused(sb, "http://10.77.0.1/")
+      assert.equal(BODY, curl(sb, "http://allowed.test/").body)
+    end)
+  end)
+
+  if not ROOT then
+    it("leaves no process after destroy (gateway, pasta, resolver)", function()
+      run_task(function()
+        local sb = egress_sandbox({ allow = { "allowed.test" } })
+        local pids = egress_pids(sb.egress)
+        assert.equal(3, #pids)
+        assert.same(pids, alive(pids))
+        sb:destroy()
+        assert.same({}, alive(pids))
+      end)
+    end)
+
+    it("a killed runtime leaves no process: each had the runtime's death as its signal", function()
+      local bin = os.getenv("MOONBOX_BIN") or ((os.getenv("MOONBOX_BUILD_DIR") or "build") .. "/moonbox")
+      local root = helper.mkdtemp()
+      local script = root .. "/crash.lua"
+      local f = assert(io.open(script, "w"))
+      f:write(([[
+        local sb = require("moonbox").getSandbox("crash-%d", { root = %q, network = "egress",
+          egress = { allow = { "allowed.test" } }, policy = { dns = { upstream = { %q } } } })
+        local pids = { sb:info().initPid, sb.egress.resolver.pid }
+        for _, pid in pairs(require("moonbox.network.gateway").pids(sb.egress.gateway)) do pids[#pids + 1] = pid end
+        local f = io.open(%q, "w")
+        f:write(table.concat(pids, " "), "\n")
+        f:close()
+        require("moonbox").sleep(60000)
+      ]]):format(core.getpid(), root .. "/sb", internet.dns, root .. "/pids"))
+      f:close()
+      os.execute(("sh -c 'echo $$ > %s/pid; exec %s %s' > %s/out 2>&1 &"):format(root, bin, script, root))
+      run_task(function()
+      local pids
+      helper.eventually(function()
+        local text = helper.sh("cat " .. root .. "/pids 2>/dev/null || true")
+        pids = {}
+        for pid in text:gmatch("%d+") do pids[#pids + 1] = tonumber(pid) end
+        return #pids == 4
+      end, 20000)
+      assert.equal(4, #alive(pids), helper.sh("cat " .. root .. "/out"))
+      os.execute("kill -9 " .. helper.sh("cat " .. root .. "/pid"))
+      helper.eventually(function() return #alive(pids) == 0 end, 5000)
+      assert.same({}, alive(pids))
+      end)
+    end)
+    return
+  end
+
   it("leaves no link, table, resolver or lock after destroy", function()
     run_task(function()
       local sb = egress_sandbox({ allow = { "allowed.test" } })
@@ -339,7 +431,7 @@ describe("egress", function()
   end)
 
   it("the next runtime removes what a killed runtime left", function()
-    local bin = (os.getenv("MOONBOX_BUILD_DIR") or "build") .. "/moonbox"
+    local bin = os.getenv("MOONBOX_BIN") or ((os.getenv("MOONBOX_BUILD_DIR") or "build") .. "/moonbox")
     local root = helper.mkdtemp()
     local script = helper.mkdtemp() .. "/crash.lua"
     local f = assert(io.open(script, "w"))

@@ -580,7 +580,7 @@ describe("descendants that outlive their process", function()
   -- process of the machine (50-100 ms with a few thousand), is excused from
   -- the loop-lag watchdog: the runtime's stalls are what it measures.
   local function scan_sandbox_pids(sb)
-    local known = sb._known_pids()
+    local known = require("moonbox.sandbox.registry").known_pids()
     if sb.init then known[sb.init:pid()] = true end
     local found = {}
     for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(sb.id, ""), true)) do found[pid] = true end

@@ -272,6 +272,31 @@ end
     assert.are.equal("", sh("ls -A " .. q(tmp)))
     sh("rm -rf " .. q(tmp))
   end)
+
+  it("a getSandbox failed past its root takes back its cgroup and the root's lock: the root is taken again", function()
+    local tmp = helper.mkdtemp()
+    local tree = require "moonbox.process.tree"
+    local function own_cgroups()
+      local out = {}
+      for _, name in ipairs(tree.mode() == "cgroup" and core.readdir(tree.base()) or {}) do
+        if name:match("^sb%-undo") then out[#out + 1] = name end
+      end
+      return out
+    end
+    run_task(function()
+      -- the init's mounts fail: after the root, its lock, the cgroup and the limits were made
+      local ok, err = pcall(moonbox.getSandbox, "undo", { root = tmp .. "/root", isolation = "namespaces",
+        policy = { mounts = { { type = "bind", src = tmp .. "/missing", dst = "/x" } } } })
+      assert.is_false(ok)
+      assert.are.equal("ISOLATION_UNAVAILABLE", err.code, tostring(err))
+      assert.same({}, own_cgroups())
+      assert.is_false(exists(tmp .. "/root"))
+      local sb = moonbox.getSandbox("undo", { root = tmp .. "/root", isolation = "namespaces" })
+      assert.are.equal("hi\n", sb:exec("echo hi").stdout)
+      sb:destroy()
+    end)
+    sh("rm -rf " .. q(tmp))
+  end)
 end)
 
 describe("fail closed: destroy", function()

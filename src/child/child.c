@@ -135,7 +135,12 @@ static int step_chdir(const mb_child_plan *p) {
  * shares with the runtime (its threads are not ours to signal or wait on). */
 static int step_ids(const mb_child_plan *p) {
   if (!p->set_ids) return 0;
-  if (syscall(SYS_setgroups, 0, NULL) < 0 && errno != EPERM) return MB_STAGE_SETGID;
+  if (p->ngroups > 0) {
+    /* asked for: they are set or the process does not start */
+    if (syscall(SYS_setgroups, (size_t)p->ngroups, p->groups) < 0) return MB_STAGE_SETGID;
+  } else if (syscall(SYS_setgroups, 0, NULL) < 0 && errno != EPERM) {
+    return MB_STAGE_SETGID; /* (EPERM: a user namespace with setgroups denied has none to drop) */
+  }
   if (syscall(SYS_setgid, p->gid) < 0) return MB_STAGE_SETGID;
   if (syscall(SYS_setuid, p->uid) < 0) return MB_STAGE_SETUID;
   return 0;
@@ -179,7 +184,9 @@ static int step_close_fds(const mb_child_plan *p) {
 }
 
 /* Inside a user namespace the process is root there: what it may do is the
- * bounding set, which also caps what any later execve can gain. */
+ * bounding set, which also caps what any later execve can gain. Cut before
+ * step_ids: dropping from it needs CAP_SETPCAP, which a setuid to another
+ * user (an image's User) takes away. */
 static int step_caps(const mb_child_plan *p) {
   if (!p->drop_caps) return 0;
   for (int cap = 0; cap < 64; cap++) {
@@ -219,8 +226,8 @@ int mb_child_main(void *arg) {
   /* first: our own fd table, of the runtime's low end only (fd_slots.c) */
   if (mb_unshare_fds_below(p->unshare_below) < 0) fail(p, MB_STAGE_CLOSE_FDS, errno);
   if ((stage = step_session(p)) || (stage = step_pdeathsig(p)) || (stage = step_cgroup(p)) || (stage = step_fds(p)) ||
-      (stage = step_ctty(p)) || (stage = step_rlimits(p)) || (stage = step_chdir(p)) || (stage = step_ids(p)) ||
-      (stage = step_signals()) || (stage = step_close_fds(p)) || (stage = step_caps(p)) || (stage = step_seccomp(p)) ||
+      (stage = step_ctty(p)) || (stage = step_rlimits(p)) || (stage = step_chdir(p)) || (stage = step_caps(p)) ||
+      (stage = step_ids(p)) || (stage = step_signals()) || (stage = step_close_fds(p)) || (stage = step_seccomp(p)) ||
       (stage = step_exec(p)))
     fail(p, stage, errno);
   return 127;

@@ -21,6 +21,7 @@
 #define MB_MAX_RLIMITS 8
 #define MB_MAX_CANDIDATES 32
 #define MB_MAX_EXTRA_CGROUPS 4
+#define MB_MAX_GROUPS 32 /* supplementary groups of a process run as another user */
 
 enum mb_fd_kind { MB_FD_NONE = 0, MB_FD_NULL, MB_FD_SOURCE };
 
@@ -80,6 +81,8 @@ typedef struct {
   int set_ids;
   uid_t uid;
   gid_t gid;
+  int ngroups; /* with set_ids: its supplementary groups (0: none) */
+  gid_t groups[MB_MAX_GROUPS];
   int report_fd;                    /* write end of the close-on-exec error pipe */
   const struct sock_fprog *seccomp; /* installed last, with no_new_privs; NULL: none */
   int no_new_privs;                 /* set no_new_privs even without a filter */

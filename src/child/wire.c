@@ -1,7 +1,8 @@
 /* Plan <-> bytes (see wire.h). Layout: a fixed header, then NUL-terminated
  * strings and the seccomp program, addressed by offsets from the start.
  * String arrays are arrays of 64-bit offsets ending in 0, rewritten in
- * place into char* on unpack (same size on the 64-bit targets we build). */
+ * place into char* on unpack (same size on the 64-bit targets we build).
+ * mb_wire_recv is the one receiving side of the runtime <-> init socket. */
 #include "wire.h"
 
 #include <errno.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define WIRE_MAGIC 0x6d627770u /* "mbwp" */
@@ -30,6 +32,8 @@ typedef struct {
   } rlimits[MB_MAX_RLIMITS];
   int32_t set_ids;
   uint32_t uid, gid;
+  int32_t ngroups;
+  uint32_t groups[MB_MAX_GROUPS];
   int32_t no_new_privs, drop_caps;
   uint64_t cap_keep;
   int32_t seccomp_len, seccomp_off;
@@ -119,6 +123,8 @@ int mb_wire_pack(const mb_child_plan *p, int *fds, int *nfds) {
   h.set_ids = p->set_ids;
   h.uid = p->uid;
   h.gid = p->gid;
+  h.ngroups = p->ngroups;
+  for (int i = 0; i < p->ngroups && i < MB_MAX_GROUPS; i++) h.groups[i] = p->groups[i];
   h.no_new_privs = p->no_new_privs;
   h.drop_caps = p->drop_caps;
   h.cap_keep = p->cap_keep;
@@ -228,6 +234,9 @@ int mb_wire_unpack(void *map, size_t len, const int *fds, int nfds, mb_child_pla
   p->set_ids = h.set_ids;
   p->uid = h.uid;
   p->gid = h.gid;
+  if (h.ngroups < 0 || h.ngroups > MB_MAX_GROUPS) return EINVAL;
+  p->ngroups = h.ngroups;
+  for (int i = 0; i < h.ngroups; i++) p->groups[i] = h.groups[i];
   p->no_new_privs = h.no_new_privs;
   p->drop_caps = h.drop_caps;
   p->cap_keep = h.cap_keep;
@@ -240,4 +249,47 @@ int mb_wire_unpack(void *map, size_t len, const int *fds, int nfds, mb_child_pla
   }
   p->report_fd = -1;
   return 0;
+}
+
+ssize_t mb_wire_recv(int sock, void *buf, size_t len, mb_wire_in *in) {
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  struct iovec iov = {buf, len};
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = u.buf;
+  msg.msg_controllen = sizeof u.buf;
+  in->nfds = 0;
+  in->cred_pid = 0;
+  in->flags = 0;
+  ssize_t n;
+  do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return -1;
+  in->flags = msg.msg_flags;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET) continue;
+    if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len == CMSG_LEN(sizeof(struct ucred))) {
+      struct ucred cred;
+      memcpy(&cred, CMSG_DATA(c), sizeof cred);
+      in->cred_pid = cred.pid;
+    } else if (c->cmsg_type == SCM_RIGHTS) {
+      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; i++) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        if (in->nfds < MB_WIRE_MAX_FDS) {
+          in->fds[in->nfds++] = fd;
+        } else {
+          close(fd); /* more than any message of ours carries */
+          in->flags |= MSG_CTRUNC;
+        }
+      }
+    }
+  }
+  return n;
 }

@@ -11,7 +11,7 @@ import os
 import re
 import ssl
 import urllib.parse
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Union
 
 from .errors import MoonboxError
 from .transport import Recorder, Transport
@@ -63,15 +63,71 @@ class Client:
         self._t = Transport(url, token, timeout, ssl_context, on_response)
 
     # ---- server ---------------------------------------------------------------------
-    def get_sandbox(self, id: str, *, from_backup: Union[str, JSON, None] = None) -> "Sandbox":
+    def get_sandbox(self, id: str, *, from_backup: Union[str, JSON, None] = None,
+                    image: Optional[str] = None, user: Optional[str] = None, network: Optional[str] = None,
+                    egress: Optional[JSON] = None) -> "Sandbox":
         """The sandbox `id` (made by the server on its first write, like the
-        Lua getSandbox). With ``from_backup`` (a backup or its id) a new
-        sandbox is made now whose files are the backup's (POST /v1/sandboxes/{id})."""
+        Lua getSandbox). With ``from_backup`` (a backup or its id) and/or
+        ``image`` (the name or digest of an image in the server's store,
+        docs/images.md) a new sandbox is made now, whose files are the
+        backup's, whose root is the image's (POST /v1/sandboxes/{id}), run
+        as ``user`` (over the image's User) when given;
+        ``network`` ("none", "host", "egress") with ``egress`` ({allow,
+        deny}, docs/network.md) gives it that network."""
         sb = Sandbox(self, id)
+        body: JSON = {}
+        if network is not None:
+            body["network"] = network
+        if egress is not None:
+            body["egress"] = egress
         if from_backup is not None:
-            bid = from_backup["id"] if isinstance(from_backup, dict) else from_backup
-            self._t.json("POST", sb._base, body={"from": bid})
+            body["from"] = from_backup["id"] if isinstance(from_backup, dict) else from_backup
+        if image is not None:
+            body["image"] = image
+        if user is not None:
+            body["user"] = user
+        if body:
+            self._t.json("POST", sb._base, body=body)
         return sb
+
+    # ---- images (docs/images.md)
+    def pull_image_stream(self, ref: str, *, name: Optional[str] = None, username: Optional[str] = None,
+                          password: Optional[str] = None) -> Iterator[Event]:
+        """POST /v1/images/pull: a registry reference pulled into the
+        server's store, as events: layer, progress ({bytes, entries}),
+        layerDone, then complete ({image}) or error ({error}). ``username``
+        and ``password``: the registry's credentials (sent in the body)."""
+        body: JSON = {"ref": ref}
+        if name is not None:
+            body["name"] = name
+        if username is not None or password is not None:
+            body["auth"] = {"username": username, "password": password}
+        return self._t.events("POST", "/v1/images/pull", body=body, stream_timeout=self.stream_timeout)
+
+    def pull_image(self, ref: str, *, on_progress: Optional[Callable[[Event], None]] = None,
+                   **opts: Any) -> JSON:
+        """The pull of pull_image_stream, waited for: the image record
+        {name, digest, layers, size, config, ...}; each event before the
+        end goes to ``on_progress``; an error event raises MoonboxError."""
+        for ev in self.pull_image_stream(ref, **opts):
+            kind = ev.get("type")
+            if kind == "complete":
+                image: JSON = ev["image"]
+                return image
+            if kind == "error":
+                err = ev.get("error") or {}
+                raise MoonboxError.from_body(200, err)
+            if on_progress is not None:
+                on_progress(ev)
+        raise MoonboxError("BAD_RESPONSE", "POST /v1/images/pull: the stream ended without complete or error")
+
+    def list_images(self) -> List[JSON]:
+        """The images in the server's store, by name."""
+        return self._t.array("GET", "/v1/images")
+
+    def remove_image(self, name: str) -> JSON:
+        """{success, name, removedLayers}: the image and the layers no other image uses."""
+        return self._t.obj("DELETE", "/v1/images", query={"name": name})
 
     def list_sandboxes(self) -> List[JSON]:
         """The sandboxes the server holds: [{id, created, lastUsed, sessions, processes, isolation}]."""
@@ -115,6 +171,10 @@ class Client:
 
     getSandbox = get_sandbox
     listSandboxes = list_sandboxes
+    pullImage = pull_image
+    pullImageStream = pull_image_stream
+    listImages = list_images
+    removeImage = remove_image
     listBackups = list_backups
     deleteBackup = delete_backup
 
@@ -438,6 +498,16 @@ class Sandbox(_Calls):
         bid = backup["id"] if isinstance(backup, dict) else backup
         return self._json("POST", "/backups/restore", body=_options({"id": bid, "dir": dir}))
 
+    def set_network(self, *, egress: JSON) -> JSON:
+        """An egress sandbox's rules, changed while it runs ({allow, deny},
+        PATCH /network): its network as info() shows it."""
+        return self._json("PATCH", "/network", body={"egress": egress})
+
+    def commit(self, name: str) -> JSON:
+        """The sandbox's changes over its image as a new image ``name`` in
+        the server's store (a template): its record."""
+        return self._json("POST", "/commit", body={"name": name})
+
     createSession = create_session
     getSession = get_session
     listSessions = list_sessions
@@ -447,6 +517,7 @@ class Sandbox(_Calls):
     getExposedPorts = get_exposed_ports
     createBackup = create_backup
     restoreBackup = restore_backup
+    setNetwork = set_network
 
 
 class Session(_Calls):

@@ -73,7 +73,7 @@ local function start_kernel(ctx)
   if tree.mode() == "cgroup" then
     k.cgroup = tree.create(ctx.sandbox.cgroup_name .. "/c-" .. ctx.id .. "-" .. ctx.generation)
   end
-  local proc, pipes, code = core.spawn(ctx.sandbox:_spawn_spec {
+  local proc, pipes, code = core.spawn(ctx.sandbox:spawn_spec {
     args = argv, env = ctx.env, cwd = ctx.host_cwd, setsid = true, pdeathsig = "SIGKILL", cgroup = k.cgroup,
     stdio = { [0] = "pipe", [1] = "pipe", [2] = "pipe", [3] = "out" },
     on_exit = function(exit_code, signal) k:_exited(exit_code, signal) end,
@@ -211,7 +211,7 @@ end
 local context_options = { language = true, cwd = true, envVars = true, timeout = true, id = true }
 
 function Session:createCodeContext(opts)
-  self:_check_live()
+  self:check_live()
   opts = V.options(opts, context_options, "createCodeContext options")
   local sb = self.sandbox
   local language = opts.language or "python"
@@ -224,7 +224,7 @@ function Session:createCodeContext(opts)
   local host_cwd = self.cwd
   if opts.cwd ~= nil then
     host_cwd = sb:host_path(V.path(opts.cwd, "cwd"), self.cwd)
-    if not sb:_dir_exists(host_cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+    if not sb:dir_exists(host_cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   local id = opts.id
   if id == nil then
@@ -246,14 +246,14 @@ function Session:createCodeContext(opts)
   if not ok then
     if sb.contexts[id] == ctx then sb.contexts[id] = nil end
     -- (a destroy that killed the interpreter is said as such, not as "did not start")
-    self:_check_ended("createCodeContext")
+    self:check_ended("createCodeContext")
     error(err, 0)
   end
   return public(ctx)
 end
 
 function Session:listCodeContexts()
-  self:_check_live()
+  self:check_live()
   local list = {}
   for _, ctx in pairs(self.sandbox.contexts or {}) do list[#list + 1] = public(ctx) end
   table.sort(list, function(a, b) return a.id < b.id end)
@@ -271,7 +271,7 @@ local function find_context(sb, ref)
 end
 
 function Session:deleteCodeContext(ref)
-  self:_check_live()
+  self:check_live()
   local ctx = find_context(self.sandbox, ref)
   drop_context(self.sandbox, ctx)
   return { success = true, contextId = ctx.id }
@@ -304,7 +304,7 @@ local function default_context(session, language)
   local c = starting:wait()
   local ctx = sb.contexts and sb.contexts[c.id]
   if not ctx then -- (deleted while its interpreter started)
-    session:_check_ended("runCode")
+    session:check_ended("runCode")
     errors.raise("CONTEXT_NOT_FOUND", ("context %q was deleted while it started"):format(c.id), { contextId = c.id })
   end
   return ctx
@@ -433,7 +433,7 @@ local function run_in(ctx, code, timeout, limit, emit, budget_ceiling)
 end
 
 local function prepare(session, code, opts)
-  session:_check_live()
+  session:check_live()
   V.type(code, "string", "code")
   opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").runCode, "runCode")
   opts = V.options(opts, run_options, "runCode options")
@@ -482,7 +482,7 @@ function Session:runCode(code, opts)
   end
   local ok, result = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, emit,
     self.sandbox.policy.limits.maxBufferedBytes)
-  self:_check_ended("runCode")
+  self:check_ended("runCode")
   if not ok then error(result, 0) end
   return result
 end
@@ -502,7 +502,7 @@ function Session:runCodeStream(code, opts)
   local task = async.spawn(function()
     local ok, exec = pcall(ctx.queue.run, ctx.queue, run_in, ctx, code, opts.timeout or ctx.timeout, limit, push,
       self.sandbox.policy.limits.maxBufferedBytes)
-    local ended_ok, ended_err = pcall(self._check_ended, self, "runCodeStream")
+    local ended_ok, ended_err = pcall(self.check_ended, self, "runCodeStream")
     if not ended_ok then ok, exec = false, ended_err end
     if ok then
       push { type = "complete", executionCount = exec.executionCount, error = exec.error,

@@ -307,7 +307,7 @@ end
 -- symlink is moved itself, never followed) into a directory next to the
 -- workspace, outside the sandbox's view, and removed on the thread pool
 -- after the unsquashfs, without the restore waiting for it
--- (Sandbox:_remove_later; destroy waits for it). Clearing 100 MB of files in the sandbox (find -exec rm) took longer
+-- (Sandbox:remove_later; destroy waits for it). Clearing 100 MB of files in the sandbox (find -exec rm) took longer
 -- than the unsquashfs itself. Not when the policy mounts something at or
 -- under /workspace: the old way (rm inside the sandbox) then.
 local function move_aside(sb, dir, keep)
@@ -331,7 +331,7 @@ local function move_aside(sb, dir, keep)
     end
   end)
   if not ok then
-    sb:_remove_later(aside)
+    sb:remove_later(aside)
     error(err, 0)
   end
   return aside
@@ -365,7 +365,7 @@ function Sandbox:restoreBackup(backup)
     local keep = dir:gsub("/+$", "") == "/workspace" and name or nil
     local aside = move_aside(self, dir, name)
     local extracted, xerr = pcall(M.extract, s, tmp, dir, keep, aside ~= nil)
-    if aside then self:_remove_later(aside) end
+    if aside then self:remove_later(aside) end
     if not extracted then error(xerr, 0) end
   end)
   pcall(s.deleteFile, s, tmp)

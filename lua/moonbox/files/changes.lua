@@ -46,7 +46,7 @@ end
 -- session:checkChanges(path, {since?, recursive?, include?, exclude?})
 --   -> {success, status = "unchanged"|"changed"|"resync", version, reason?, timestamp}
 function Session:checkChanges(path, opts)
-  self:_check_live()
+  self:check_live()
   V.path(path)
   opts = V.options(opts, { since = true, recursive = true, include = true, exclude = true }, "checkChanges options")
   V.type(opts.since, "string", "since", true)

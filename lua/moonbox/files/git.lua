@@ -92,7 +92,7 @@ end
 local function host_only_repo(sb, url)
   local path = sb.init and local_repo_path(url)
   if not path then return false end
-  return not sb:_dir_exists(path) and util.is_dir(path)
+  return not sb:dir_exists(path) and util.is_dir(path)
 end
 
 -- Host-side clones running now: proc -> {sb, session_id, exited}. A
@@ -142,7 +142,7 @@ end
 -- {success, repoUrl, branch, targetDir, timestamp}: git clone, run by the
 -- session (its env, its cwd) as an argv without a shell.
 function Session:gitCheckout(repo_url, opts)
-  self:_check_live()
+  self:check_live()
   if type(repo_url) ~= "string" then V.fail("repoUrl", "expected a string, got " .. type(repo_url)) end
   if not repo_url:find("%S") then V.fail("repoUrl", "repository URL is empty") end
   opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").gitCheckout, "gitCheckout")
@@ -217,9 +217,9 @@ function Session:gitCheckout(repo_url, opts)
       -- killed by the destroy or deleteSession (kill_host_clones): the
       -- partial clone goes, nothing else is made in a root that may be gone
       fs.remove_tree(sb.root, tmp)
-      self:_check_ended("gitCheckout")
+      self:check_ended("gitCheckout")
     end
-    local creds = sb:_fs_creds()
+    local creds = sb:fs_creds()
     if r.exitCode == 0 and not r.timedOut and creds then
       -- the sandbox's root owns what it gets; the clone lies in a directory
       -- only the runtime reaches, where a plain chown -R cannot be raced

@@ -214,7 +214,7 @@ local write_options = { encoding = true }
 
 -- writeFile(path, content, {encoding}) -> {success, path, timestamp}
 function Session:writeFile(path, content, opts)
-  self:_check_live()
+  self:check_live()
   V.path(path)
   V.type(content, "string", "content")
   opts = V.options(opts, write_options, "writeFile options")
@@ -255,7 +255,7 @@ local read_options = { encoding = true }
 
 -- readFile(path, {encoding}) -> {success, path, content, encoding, isBinary, mimeType, size, timestamp}
 function Session:readFile(path, opts)
-  self:_check_live()
+  self:check_live()
   V.path(path)
   opts = V.options(opts, read_options, "readFile options")
   local encoding = encoding_option(opts.encoding)
@@ -290,7 +290,7 @@ end
 -- by the call (its errors raise there); it is closed at end of file, by
 -- iterator:close(), or when the iterator is garbage collected.
 function Session:readFileStream(path, opts)
-  self:_check_live()
+  self:check_live()
   V.path(path)
   V.options(opts, {}, "readFileStream options")
   local file, view = queued(self, function()
@@ -323,7 +323,7 @@ local mkdir_options = { recursive = true }
 
 -- mkdir(path, {recursive}) -> {success, path, recursive, timestamp}
 function Session:mkdir(path, opts)
-  self:_check_live()
+  self:check_live()
   V.path(path)
   opts = V.options(opts, mkdir_options, "mkdir options")
   local recursive = boolean_option(opts.recursive, "recursive")
@@ -367,7 +367,7 @@ end
 -- deleteFile(path) -> {success, path, timestamp}. A symlink is removed itself;
 -- a directory raises IS_DIRECTORY.
 function Session:deleteFile(path)
-  self:_check_live()
+  self:check_live()
   V.path(path)
   return queued(self, function()
     local timestamp = util.timestamp()
@@ -491,7 +491,7 @@ local function move_across(op, src, dst, root)
 end
 
 local function rename(self, op, from, to, into_directory)
-  self:_check_live()
+  self:check_live()
   V.path(from, op == "moveFile" and "sourcePath" or "oldPath")
   V.path(to, op == "moveFile" and "destinationPath" or "newPath")
   return queued(self, function()
@@ -603,7 +603,7 @@ end
 -- thread pool, and its entries are stat'ed relative to that fd in slices of
 -- LIST_SLICE_MS with the loop running between them.
 function Session:listFiles(path, opts)
-  self:_check_live()
+  self:check_live()
   V.path(path)
   opts = V.options(opts, list_options, "listFiles options")
   local recursive = boolean_option(opts.recursive, "recursive")
@@ -689,7 +689,7 @@ end
 -- exists(path) -> {success, path, exists, timestamp}; a dangling symlink does
 -- not exist; a path leading outside the sandbox raises PATH_OUTSIDE_SANDBOX.
 function Session:exists(path)
-  self:_check_live()
+  self:check_live()
   V.path(path)
   return queued(self, function()
     local timestamp = util.timestamp()

@@ -154,7 +154,7 @@ local function resolve(self, path, follow)
         return { rel = where:sub(2), view = p, host = p }
       end
     end
-    sb:_check_storage(path)
+    sb:check_storage(path)
     errors.raise("PATH_OUTSIDE_SANDBOX", ("%s is outside the sandbox"):format(path), { path = path })
   end
   local host = absolute(sb:host_path(path, self.cwd))
@@ -167,7 +167,7 @@ local function resolve(self, path, follow)
       return { rel = rel, view = view_of(sb, rel), host = host }
     end
   end
-  sb:_check_storage(path)
+  sb:check_storage(path)
   errors.raise("PATH_OUTSIDE_SANDBOX", ("%s is outside the sandbox"):format(path), { path = path })
 end
 
@@ -200,7 +200,7 @@ end
 
 -- Run body() holding the session's queue (after the running command).
 local function queued(self, body)
-  self:_check_live()
+  self:check_live()
   return self.queue:run(function()
     if self.destroyed then
       errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })

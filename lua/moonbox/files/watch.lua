@@ -410,7 +410,7 @@ local watch_options = { recursive = true, include = true, exclude = true }
 -- path itself is deleted (a last "delete" event, then the loop ends), or
 -- until the session is deleted or the sandbox destroyed.
 local function watch_as(self, path, opts, op)
-  self:_check_live()
+  self:check_live()
   V.path(path)
   opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").watch, "watch")
   opts = V.options(opts, watch_options, op .. " options")

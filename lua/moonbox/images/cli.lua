@@ -7,7 +7,8 @@ local images = require "moonbox.images"
 local M = {}
 
 M.usage = [[
-usage: moonbox image pull REF [--name NAME]   (REF: oci:DIR[:TAG] | docker-archive:FILE | REGISTRY/NAME[:TAG])
+usage: moonbox image pull REF [--name NAME] [--username USER --password-stdin]
+         (REF: oci:DIR[:TAG] | docker-archive:FILE | REGISTRY/NAME[:TAG])
        moonbox image ls
        moonbox image rm NAME
 ]]
@@ -27,12 +28,18 @@ local function human(n)
 end
 
 local function pull(argv)
-  local ref, name = nil, nil
+  local ref, name, username, password_stdin = nil, nil, nil, false
   local i = 2
   while argv[i] do
     if argv[i] == "--name" then
       name = argv[i + 1] or usage_error("--name needs a value")
       i = i + 2
+    elseif argv[i] == "--username" then
+      username = argv[i + 1] or usage_error("--username needs a value")
+      i = i + 2
+    elseif argv[i] == "--password-stdin" then
+      password_stdin = true
+      i = i + 1
     elseif ref == nil then
       ref = argv[i]
       i = i + 1
@@ -41,7 +48,14 @@ local function pull(argv)
     end
   end
   if not ref then usage_error("pull needs a reference") end
-  local rec = images.pull(ref, { name = name, onProgress = function(ev)
+  if (username ~= nil) ~= password_stdin then usage_error("--username and --password-stdin go together") end
+  local auth
+  if username then
+    -- the password never on a command line (ps, /proc/*/cmdline): its first line on stdin
+    local password = (io.stdin:read("*l") or ""):gsub("\r$", "")
+    auth = { username = username, password = password }
+  end
+  local rec = images.pull(ref, { name = name, auth = auth, onProgress = function(ev)
     if ev.type == "progress" then
       io.stderr:write(("layer %d/%d: %s, %d entries\n"):format(ev.index, ev.count, human(ev.bytes), ev.entries))
     elseif ev.type == "layerDone" then

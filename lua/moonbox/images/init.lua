@@ -1,6 +1,6 @@
 -- moonbox.images: pull (import) images into the store, list and remove
 -- them, and find the one a sandbox names (docs/images.md).
---   pull(ref, {name?, onProgress?}) -> image record
+--   pull(ref, {name?, onProgress?, auth? = {username, password}}) -> image record
 --   list() -> {records}, remove(ref) -> {success, name, removedLayers}
 --   get(ref) -> record | nil   (a name, or a digest "sha256:...")
 -- REF: oci:DIR[:TAG], docker-archive:FILE or REGISTRY/NAME[:TAG|@DIGEST]
@@ -10,6 +10,7 @@ local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
 local store = require "moonbox.images.store"
 local blob = require "moonbox.images.blob"
+local registry = require "moonbox.sandbox.registry"
 
 local M = {}
 
@@ -120,6 +121,10 @@ end
 function M.pull(ref, opts)
   opts = opts or {}
   local p = parse(ref)
+  local creds = require("moonbox.images.credentials").check(opts.auth)
+  if creds and p.kind ~= "registry" then
+    errors.raise("VALIDATION_FAILED", "auth: credentials are for registry references", { field = "auth" })
+  end
   local name = opts.name or ref
   if type(name) ~= "string" or name == "" or #name > 512 or name:find("[%z\n]") then
     errors.raise("VALIDATION_FAILED", "image name must be a non-empty string without NUL or newline")
@@ -135,7 +140,7 @@ function M.pull(ref, opts)
     elseif p.kind == "docker-archive" then
       read = require("moonbox.images.docker_archive").read(p.file)
     else
-      read = require("moonbox.images.registry").read(ref)
+      read = require("moonbox.images.registry").read(ref, creds)
     end
     local sizes = {}
     for i, l in ipairs(read.layers) do
@@ -159,7 +164,7 @@ function M.pull(ref, opts)
     -- (unless a live sandbox of this runtime stands on it)
     if old and old.digest ~= rec.digest then
       local used = used_blobs(refs)
-      for _, sb in pairs(require("moonbox.sandbox").all()) do
+      for _, sb in pairs(registry.all()) do
         for _, dir in ipairs(not sb.destroyed and sb.image_mounts and sb.image_mounts.lowers or {}) do
           local hex = dir:match("/layers/(%x+)[^/]*$")
           if hex then used[hex] = true end
@@ -225,7 +230,7 @@ function M.remove(ref)
     local used = used_blobs(refs, ref)
     -- a layer a live sandbox of this runtime stands on stays, and so does
     -- the name (other runtimes' sandboxes are not seen: docs/images.md)
-    for id, sb in pairs(require("moonbox.sandbox").all()) do
+    for id, sb in pairs(registry.all()) do
       for _, dir in ipairs(not sb.destroyed and sb.image_mounts and sb.image_mounts.lowers or {}) do
         local hex = dir:match("/layers/(%x+)[^/]*$")
         if hex and not used[hex] then

@@ -3,12 +3,14 @@
 -- manifest list followed to its linux/amd64 entry), the config and the
 -- layers, each checked against its digest as it enters the store. A 401
 -- with `WWW-Authenticate: Bearer realm=...,service=...,scope=...` is
--- answered with an anonymous token from the realm, and the request
--- repeated with it. HTTP goes through the host's curl (TLS, redirects to
+-- answered with a token from the realm (anonymous, or asked for with the
+-- pull's credentials as Basic auth), and the request repeated with it; a
+-- 401 with `Basic` is answered with the credentials themselves
+-- (images/credentials.lua). HTTP goes through the host's curl (TLS, redirects to
 -- blob storage), a process of the runtime, never of a sandbox; https
 -- only, but for a registry on the loopback (localhost, 127.0.0.0/8, [::1]),
--- which may be plain http. The token is handed to curl in a 0600 file,
--- never on its command line.
+-- which may be plain http. Tokens and credentials are handed to curl in a
+-- 0600 file, never on its command line.
 local cjson = require "cjson.safe"
 local core = require "moonbox.core"
 local async = require "moonbox.async"
@@ -130,8 +132,26 @@ end
 local Client = {}
 Client.__index = Client
 
-function M.client(host, scratch)
-  return setmetatable({ host = host, loopback = loopback(host), scratch = scratch, n = 0 }, Client)
+-- creds: {username, password} or nil (anonymous)
+function M.client(host, scratch, creds)
+  return setmetatable({ host = host, loopback = loopback(host), scratch = scratch, n = 0, creds = creds }, Client)
+end
+
+-- A 401 after the credentials (or the lack of them) were tried: said plainly.
+function Client:_refused(url, what)
+  if self.creds then
+    pull_failed(("registry %s: %s refused the credentials of %s (HTTP 401): wrong username or password")
+      :format(self.host, what, self.creds.username), { url = url, status = 401 })
+  end
+  pull_failed(("registry %s: %s needs credentials (HTTP 401): pull with auth = {username, password} or add "
+    .. "them to the auth file"):format(self.host, what), { url = url, status = 401 })
+end
+
+function Client:_basic_file()
+  if not self.basic_file then
+    self.basic_file = require("moonbox.images.credentials").header_file(self.creds, self.scratch)
+  end
+  return self.basic_file
 end
 
 function Client:_token(challenge)
@@ -144,7 +164,8 @@ function Client:_token(challenge)
   if challenge.service then q[#q + 1] = "service=" .. urlencode(challenge.service) end
   if challenge.scope then q[#q + 1] = "scope=" .. urlencode(challenge.scope) end
   local url = realm .. (#q > 0 and ((realm:find("?", 1, true) and "&" or "?") .. table.concat(q, "&")) or "")
-  local body = self:_get(url, { accept = "application/json", max = 65536, no_auth = true, loopback = self.loopback })
+  local body = self:_get(url, { accept = "application/json", max = 65536, no_auth = true, loopback = self.loopback,
+    auth_file = self.creds and self:_basic_file() or nil, what = "its token service" })
   local doc = cjson.decode(util.read_file(body) or "")
   local token = type(doc) == "table" and (doc.token or doc.access_token)
   if type(token) ~= "string" or token == "" or token:find("[%c\r\n]") then
@@ -163,7 +184,7 @@ function Client:_get(url, opts, retried)
   self.n = self.n + 1
   local out, hdr = self.scratch .. "/body-" .. self.n, self.scratch .. "/head-" .. self.n
   local argv = curl(url, out, hdr, { accept = opts.accept, max = opts.max, loopback = self.loopback,
-    auth_file = not opts.no_auth and self.auth_file or nil })
+    auth_file = opts.auth_file or (not opts.no_auth and self.auth_file) or nil })
   local rc, status, stderr = run(argv)
   status = tonumber(status)
   stderr = tostring(stderr or ""):gsub("%s+$", "") -- (curl's line ends in a newline)
@@ -175,7 +196,12 @@ function Client:_get(url, opts, retried)
       self:_token(challenge)
       return self:_get(url, opts, true)
     end
+    if tostring(h["www-authenticate"] or ""):match("^[Bb]asic") and self.creds then
+      self.auth_file = self:_basic_file()
+      return self:_get(url, opts, true)
+    end
   end
+  if status == 401 then self:_refused(url, opts.what or "it") end
   if status == 404 then
     errors.raise("IMAGE_NOT_FOUND", ("GET %s: 404 not found"):format(url), { url = url })
   end
@@ -209,12 +235,15 @@ function Client:blob(name, digest, what)
   return blob.import(path, digest, what), hex
 end
 
--- read(ref) -> as oci.read: {manifest, config, config_hex, layers}
-function M.read(ref)
+-- read(ref[, creds]) -> as oci.read: {manifest, config, config_hex,
+-- layers}. creds: {username, password}; without them the auth file's for
+-- the registry, if any.
+function M.read(ref, creds)
   local r = M.parse(ref)
+  creds = creds or require("moonbox.images.credentials").from_file(r.host)
   local scratch = store.tmp_dir()
   local ok, res = pcall(function()
-    local c = M.client(r.host, scratch)
+    local c = M.client(r.host, scratch, creds)
     local doc, mhex, mpath = c:manifest(r.name, r.reference, r.digest)
     for _ = 1, 2 do
       if not INDEX_TYPES[doc.mediaType] and not (type(doc.manifests) == "table" and doc.layers == nil) then break end

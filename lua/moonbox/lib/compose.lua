@@ -18,7 +18,7 @@
 --   hooks.session_ending   fn(sandbox, session_id | nil): before a session
 --                          (deleteSession) or, with nil, every session
 --                          (destroy) is destroyed: its processes end first
---   hooks.session_end      fn(session): inside Session:_destroy, before its
+--   hooks.session_end      fn(session): inside Session:tear_down, before its
 --                          shell is killed
 --   hooks.sandbox_end      fn(sandbox): at destroy, once every session is gone
 local M = {}

@@ -8,6 +8,14 @@ local M = {}
 M.ENV = { PATH = "/usr/sbin:/usr/bin:/sbin:/bin", LANG = "C" }
 M.MAX_OUTPUT = 4 * 1024 * 1024
 
+-- find(name) -> its path in the system's directories | nil
+function M.find(name)
+  for _, dir in ipairs { "/usr/sbin", "/usr/bin", "/sbin", "/bin" } do
+    local f = io.open(dir .. "/" .. name)
+    if f then f:close() return dir .. "/" .. name end
+  end
+end
+
 -- run(argv, stdin?) -> stdout | nil, message
 function M.run(argv, stdin)
   local result = { out = {}, err = {}, size = 0, open = 2 }

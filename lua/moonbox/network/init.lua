@@ -1,10 +1,14 @@
 -- network = "egress" (docs/network.md): the sandbox keeps its own network
 -- namespace and reaches out through a veth pair to the host, NATed, with
 -- one nftables table of its own deciding what it may reach, and a resolver
--- of its own for domain rules. As root only (veth+nftables); elsewhere
--- getSandbox fails closed.
+-- of its own for domain rules. As root the veth's far end is the host
+-- (veth+nftables); unprivileged it is a gateway namespace of the sandbox's
+-- own, led out by pasta (pasta+nftables, network/gateway.lua), with the
+-- same table and resolver there. Without what either needs getSandbox
+-- fails closed.
 local core = require "moonbox.core"
 local errors = require "moonbox.errors"
+local gateway = require "moonbox.network.gateway"
 local host = require "moonbox.network.host"
 local link = require "moonbox.network.link"
 local nft = require "moonbox.network.nft"
@@ -14,7 +18,8 @@ local slots = require "moonbox.network.slots"
 
 local M = {}
 
-M.MECHANISM = "veth+nftables"
+M.MECHANISM = "veth+nftables"          -- as root
+M.UNPRIVILEGED_MECHANISM = "pasta+nftables"
 M.DNS_TIMEOUT = 300  -- s an answer's addresses stay open (the resolver hands out half of it as TTL)
 M.server_ports = {}  -- moonbox serve's listening ports: refused even to an allow rule naming the host
 -- connections open at once when limits.connections does not say: every one
@@ -29,7 +34,11 @@ end
 -- What egress needs of the host, or why it cannot have it (fail closed).
 function M.refused()
   if core.getuid() ~= 0 then
-    return "needs a runtime that is root (veth+nftables); the unprivileged mechanism (pasta) is not built"
+    local why = gateway.missing()
+    if why then return "an unprivileged runtime needs pasta (pasta+nftables): " .. why end
+    local resolver_bin = host.find(resolver.BINARY)
+    if not resolver_bin then return "dnsmasq is not installed (Debian package dnsmasq-base)" end
+    return nil
   end
   for _, bin in ipairs { "ip", "nft", "nsenter" } do
     local found = false
@@ -91,11 +100,23 @@ function M.prepare(sb, egress, limits, dns)
   local why = M.refused()
   if why then unavailable(why, { network = "egress" }) end
   local rules = rules_mod.parse(egress)
-  if not swept then M.sweep() end
-  local slot, err = slots.claim(("%d %s"):format(core.getpid(), sb.id), remove_leftovers)
-  if not slot then unavailable(err, { network = "egress" }) end
+  local slot, err, gw
+  if core.getuid() ~= 0 then
+    -- every sandbox has a gateway namespace of its own: the first slot's
+    -- addresses, never seen by another sandbox, need no host-wide lock
+    local range, bad = slots.range()
+    if not range then unavailable(bad, { network = "egress" }) end
+    local host_addr, sb_addr = slots.addresses(range, 0)
+    slot = { n = 0, host_addr = host_addr, sb_addr = sb_addr, range = range }
+    gw = {}
+  else
+    if not swept then M.sweep() end
+    slot, err = slots.claim(("%d %s"):format(core.getpid(), sb.id), remove_leftovers)
+    if not slot then unavailable(err, { network = "egress" }) end
+  end
   return {
-    id = sb.id, slot = slot, link = slots.link(slot.n), rules = rules, egress = egress,
+    id = sb.id, slot = slot, gateway = gw, link = gw and gateway.LINK or slots.link(slot.n), rules = rules,
+    egress = egress, mechanism = gw and M.UNPRIVILEGED_MECHANISM or M.MECHANISM,
     connections = limits and limits.connections or M.DEFAULT_CONNECTIONS,
     bytes_per_second = limits and limits.egressBytesPerSecond or nil,
     upstreams = resolver.upstreams(dns),
@@ -113,8 +134,8 @@ local function spec_of(state)
     host_addr = state.slot.host_addr, range = state.slot.range, host_addrs = state.host_addrs,
     rules = state.rules, connections = state.connections, bytes_per_second = state.bytes_per_second,
     dns_timeout = M.DNS_TIMEOUT, server_ports = M.server_ports,
-    upstreams = state.upstreams, allow_list = nft.allow_list_mode(state.rules, { range = state.slot.range,
-      host_addrs = state.host_addrs }),
+    upstreams = state.upstreams, gateway = state.gateway,
+    allow_list = nft.allow_list_mode(state.rules, { range = state.slot.range, host_addrs = state.host_addrs }),
   }
 end
 
@@ -125,16 +146,31 @@ local function start_resolver(state)
   return true
 end
 
+-- run(state, argv, stdin?): where the table lives (the host, or the gateway)
+local function run(state, argv, stdin)
+  if state.gateway then return gateway.run(state.gateway, argv, stdin) end
+  return host.run(argv, stdin)
+end
+
 -- attach(state, pid) -> raises ISOLATION_UNAVAILABLE: the link into the
 -- init's namespace, the table, the resolver
 function M.attach(state, pid)
-  local ok, err = link.enable_forwarding()
-  if ok then
+  local ok, err
+  if state.gateway then
     state.host_addrs = link.host_addresses()
-    link.down(state.link) -- (an earlier init's, on a rebuild)
-    ok, err = link.up(pid, state.link, state.slot.host_addr, state.slot.sb_addr)
+    resolver.stop(state.resolver)
+    state.resolver = nil
+    gateway.down(state.gateway) -- (an earlier init's, on a rebuild)
+    ok, err = gateway.up(state.gateway, pid, state.slot.host_addr, state.slot.sb_addr)
+  else
+    ok, err = link.enable_forwarding()
+    if ok then
+      state.host_addrs = link.host_addresses()
+      link.down(state.link) -- (an earlier init's, on a rebuild)
+      ok, err = link.up(pid, state.link, state.slot.host_addr, state.slot.sb_addr)
+    end
   end
-  if ok then ok, err = host.run({ "nft", "-f", "-" }, nft.script(spec_of(state))) end
+  if ok then ok, err = run(state, { "nft", "-f", "-" }, nft.script(spec_of(state))) end
   if ok then
     resolver.stop(state.resolver)
     ok, err = start_resolver(state)
@@ -152,7 +188,7 @@ function M.update(state, egress)
   local rules = rules_mod.parse(egress, "egress")
   local old_rules, old_egress = state.rules, state.egress
   state.rules, state.egress = rules, egress
-  local ok, err = host.run({ "nft", "-f", "-" }, nft.script(spec_of(state)))
+  local ok, err = run(state, { "nft", "-f", "-" }, nft.script(spec_of(state)))
   if not ok then
     state.rules, state.egress = old_rules, old_egress
     errors.raise("ISOLATION_UNAVAILABLE", "cannot change the sandbox's network rules: " .. tostring(err), {})
@@ -171,6 +207,11 @@ function M.detach(state, keep_slot)
   if not state then return true end
   resolver.stop(state.resolver)
   state.resolver = nil
+  if state.gateway then
+    -- (the table, the link and the namespace go with the gateway's processes)
+    gateway.down(state.gateway)
+    return true
+  end
   host.run { "nft", "delete", "table", "inet", state.table }
   local ok, err = link.down(state.link)
   resolver.kill_leftover(state.slot.n)
@@ -178,9 +219,15 @@ function M.detach(state, keep_slot)
   return ok, err
 end
 
+-- ruleset(state) -> the table as nft lists it (where it lives)
+function M.ruleset(state)
+  return run(state, { "nft", "list", "table", "inet", state.table })
+end
+
 -- counters(state) -> {sentBytes, sentPackets, receivedBytes, receivedPackets, refusedPackets}
 function M.counters(state)
-  local out = host.run { "nft", "list", "counters", "table", "inet", state.table } or ""
+  local out = (state.gateway and not state.gateway.holder) and "" or
+    run(state, { "nft", "list", "counters", "table", "inet", state.table }) or ""
   local c = {}
   for name, packets, bytes in out:gmatch("counter (%w+) {%s*packets (%d+) bytes (%d+)") do
     c[name] = { packets = tonumber(packets), bytes = tonumber(bytes) }
@@ -197,7 +244,7 @@ function M.info(state)
   for i, r in ipairs(state.rules.allow) do allow[i] = r.text end
   for i, r in ipairs(state.rules.deny) do deny[i] = r.text end
   return {
-    mode = "egress", mechanism = M.MECHANISM, address = state.slot.sb_addr, gateway = state.slot.host_addr,
+    mode = "egress", mechanism = state.mechanism, address = state.slot.sb_addr, gateway = state.slot.host_addr,
     resolver = state.slot.host_addr, link = state.link, table = "inet " .. state.table,
     egress = { allow = allow, deny = deny }, ipv6 = "dropped",
     limits = { connections = state.connections, egressBytesPerSecond = state.bytes_per_second },

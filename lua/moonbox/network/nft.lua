@@ -112,6 +112,17 @@ function M.script(spec)
   for _, r in ipairs(rules.deny) do
     if r.cidr then add("%s%s counter name refused reject with icmpx admin-prohibited", e, match(r)) end
   end
+  -- moonbox serve's ports on the host's addresses, whatever the allow
+  -- rules (unprivileged, the host is reached through pasta, so on this
+  -- hook; as root through the input hook, to_host below)
+  local server_ports = {}
+  for _, p in ipairs(spec.server_ports or {}) do server_ports[#server_ports + 1] = tostring(p) end
+  if #server_ports > 0 and spec.host_addrs and #spec.host_addrs > 0 then
+    local addrs = {}
+    for _, a in ipairs(spec.host_addrs) do addrs[#addrs + 1] = rules_mod.parse_cidr(a) end
+    add("%sip daddr %s tcp dport { %s } counter name refused reject with icmpx admin-prohibited", e, cidr_list(addrs),
+      table.concat(server_ports, ", "))
+  end
   -- an allow rule inside a protected range opens just that
   local prot = protected(spec)
   for _, r in ipairs(rules.allow) do
@@ -142,10 +153,9 @@ function M.script(spec)
   local h = "add rule " .. t .. " to_host "
   add("%sct state established,related accept", h)
   add("%sip saddr %s ip daddr %s meta l4proto { tcp, udp } th dport 53 accept", h, spec.sb_addr, spec.host_addr)
-  if spec.server_ports and #spec.server_ports > 0 then
-    local ports = {}
-    for _, p in ipairs(spec.server_ports) do ports[#ports + 1] = tostring(p) end
-    add("%stcp dport { %s } counter name refused reject with icmpx admin-prohibited", h, table.concat(ports, ", "))
+  if #server_ports > 0 then
+    add("%stcp dport { %s } counter name refused reject with icmpx admin-prohibited", h,
+      table.concat(server_ports, ", "))
   end
   for _, r in ipairs(rules.deny) do
     if r.cidr then add("%s%s counter name refused reject with icmpx admin-prohibited", h, match(r)) end

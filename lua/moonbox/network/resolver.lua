@@ -11,6 +11,15 @@ local async = require "moonbox.async"
 local host = require "moonbox.network.host"
 local nft = require "moonbox.network.nft"
 local slots = require "moonbox.network.slots"
+local gateway = require "moonbox.network.gateway"
+local rules_mod = require "moonbox.network.rules"
+
+-- an address as /proc/net/udp shows it (little-endian on x86 and arm64)
+local function ip_le(addr)
+  local n = rules_mod.parse_ipv4(addr)
+  local a, b, c, d = math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256
+  return ((d * 256 + c) * 256 + b) * 256 + a
+end
 
 local M = {}
 
@@ -50,11 +59,28 @@ function M.argv(spec)
   local bin = find_binary()
   if not bin then return nil, "dnsmasq is not installed (Debian package dnsmasq-base)" end
   local ttl = math.max(1, math.floor((spec.dns_timeout or 300) / 2))
-  local a = { bin, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--no-poll",
+  local a = {}
+  if spec.gateway then
+    -- unprivileged (network/gateway.lua): in the gateway's namespaces, where
+    -- the runtime's user is root with every capability; it keeps only the
+    -- two it needs there (its port, the table's sets) and gains none by exec
+    for _, v in ipairs(gateway.enter(spec.gateway.holder.pid)) do a[#a + 1] = v end
+    for _, v in ipairs { "setpriv", "--no-new-privs", "--inh-caps=-all",
+      "--bounding-set=-all,+net_admin,+net_bind_service", "--" } do a[#a + 1] = v end
+  end
+  for _, v in ipairs { bin, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--no-poll",
     "--bind-interfaces", "--listen-address=" .. spec.host_addr, "--except-interface=lo", "--port=53",
-    "--pid-file=" .. slots.pid_path(spec.slot), "--user=nobody", "--group=nogroup",
     "--cache-size=" .. M.CACHE, "--dns-forward-max=" .. M.MAX_FORWARDS,
-    "--max-ttl=" .. ttl, "--max-cache-ttl=" .. ttl, "--filter-AAAA", "--log-facility=/dev/null" }
+    "--max-ttl=" .. ttl, "--max-cache-ttl=" .. ttl, "--filter-AAAA", "--log-facility=/dev/null" } do a[#a + 1] = v end
+  if spec.gateway then
+    -- (no other user is mapped in that namespace, and it may not set its groups:
+    -- it stays as it is; no pid file: ready is its socket, below)
+    for _, v in ipairs { "--user=root", "--group=", "--pid-file=" } do a[#a + 1] = v end
+  else
+    for _, v in ipairs { "--pid-file=" .. slots.pid_path(spec.slot), "--user=nobody", "--group=nogroup" } do
+      a[#a + 1] = v
+    end
+  end
   local table_name = nft.table_name(spec.slot, spec.id)
   if spec.allow_list then
     a[#a + 1] = "--address=/#/" -- every name not allowed: NXDOMAIN
@@ -83,18 +109,29 @@ function M.start(spec)
   -- can never gain more (no_new_privs: no setuid program helps it)
   local proc, pipes, code = core.spawn {
     args = argv, env = host.ENV,
-    cap_keep = M.CAPABILITIES, no_new_privs = true,
+    cap_keep = not spec.gateway and M.CAPABILITIES or nil, no_new_privs = not spec.gateway or nil,
+    pdeathsig = spec.gateway and "SIGKILL" or nil,
     stdio = { [0] = "null", [1] = "null", [2] = "pipe" },
     on_exit = function(status) state.status = status if state.on_exit then state.on_exit(status) end end,
   }
   if not proc then return nil, ("dnsmasq: %s"):format(tostring(pipes or code)) end
   local err = {}
   pipes[2]:read_start(function(_, data) if data and #err < 16 then err[#err + 1] = data end end)
-  local r = { proc = proc, state = state, stderr = pipes[2], err = err, pid = proc:pid(), slot = spec.slot }
-  -- its pid file is written once its sockets are bound
+  local r = { proc = proc, state = state, stderr = pipes[2], err = err, pid = proc:pid(), slot = spec.slot,
+    gateway = spec.gateway ~= nil }
+  -- its pid file is written once its sockets are bound (in a gateway: its
+  -- UDP socket on the address, in its namespace's table)
+  local udp = spec.gateway and (":%04X 00000000:0000"):format(53)
+  local want = spec.gateway and ("%08X"):format(ip_le(spec.host_addr)) .. udp
   for _ = 1, M.START_WAIT_MS / 10 do
     if state.status ~= nil then break end
-    local f = io.open(slots.pid_path(spec.slot))
+    if want then
+      local t = io.open("/proc/" .. r.pid .. "/net/udp")
+      local text = t and t:read("*a") or ""
+      if t then t:close() end
+      if text:find(want, 1, true) then return r end
+    end
+    local f = not want and io.open(slots.pid_path(spec.slot))
     if f then
       local pid = f:read("*l")
       f:close()
@@ -120,7 +157,7 @@ function M.stop(r)
     end
   end
   pcall(r.stderr.close, r.stderr)
-  core.unlink(slots.pid_path(r.slot or -1))
+  if not r.gateway then core.unlink(slots.pid_path(r.slot or -1)) end
 end
 
 -- a crashed runtime's resolver of slot n (its pid file names it; only a

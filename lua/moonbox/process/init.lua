@@ -141,7 +141,7 @@ function Process:_close_pipes()
   end
 end
 
-function Process:_running()
+function Process:is_running()
   return self.status == "running" or self.status == "starting"
 end
 
@@ -151,7 +151,7 @@ end
 -- tree.proc_tree. A tree found empty once stays empty: its cgroup is
 -- removed, and in proc mode its ids are no longer looked for.
 function Process:_alive(proc_table)
-  if self:_running() then return self.pid ~= nil end
+  if self:is_running() then return self.pid ~= nil end
   if not self.pid or self._tree_gone then return false end
   if self._cgroup then
     if not self._cgroup_removed and tree.populated(self._cgroup) then return true end
@@ -175,7 +175,7 @@ function Process:_tree_pids()
     return self._cgroup_removed and {} or tree.cgroup_pids(self._cgroup)
   end
   local pids = {}
-  local set = tree.proc_tree(self.pid, self._marker, self:_running(), nil, tree.adopters_of(self._sandbox))
+  local set = tree.proc_tree(self.pid, self._marker, self:is_running(), nil, tree.adopters_of(self._sandbox))
   for pid in pairs(set) do pids[#pids + 1] = pid end
   return pids
 end
@@ -194,7 +194,7 @@ function Process:_signal_tree(sig, scan)
     tree.signal_pids(tree.cgroup_pids(self._cgroup), sig)
     return
   end
-  local found, maybe = tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, scan,
+  local found, maybe = tree.signal_proc_tree(self.pid, self._marker, self:is_running(), sig, scan,
     tree.adopters_of(self._sandbox))
   if sig ~= core.signum("SIGKILL") or (found == 0 and not maybe) or self._timers.passes then return end
   -- the passes: a task, closed like the timers (_close_timers)
@@ -208,7 +208,7 @@ function Process:_signal_tree(sig, scan)
       if passes.closed then break end
       local table_ = tree.proc_table()
       if passes.closed or not self:_alive(table_) then break end
-      tree.signal_proc_tree(self.pid, self._marker, self:_running(), sig, table_, tree.adopters_of(self._sandbox))
+      tree.signal_proc_tree(self.pid, self._marker, self:is_running(), sig, table_, tree.adopters_of(self._sandbox))
     end
     passes.closed = true
     if self._timers.passes == passes then self._timers.passes = nil end
@@ -252,7 +252,7 @@ function M.await_ended(procs, sb)
   for _, p in ipairs(procs) do
     local left = math.floor(deadline - util.now_ms())
     if left <= 0 then break end
-    if p:_running() then pcall(p.waitForExit, p, left) end
+    if p:is_running() then pcall(p.waitForExit, p, left) end
     p:_wait_tree_gone(deadline)
   end
 end
@@ -260,7 +260,7 @@ end
 -- A proc-mode process that ended but is not yet known to have left nothing
 -- needs a /proc pass to tell: calls that look at many take one, shared.
 local function needs_scan(p)
-  return not p:_running() and p.pid and not p._cgroup and not p._tree_gone
+  return not p:is_running() and p.pid and not p._cgroup and not p._tree_gone
 end
 
 -- A proc-mode process whose tree is not known gone: its kill looks at a pass.
@@ -303,7 +303,7 @@ function Process:_kill(signal, scan)
   if not scan and in_proc_tree(self) then scan = tree.proc_table() end
   if not self:_alive(scan) then return { success = false, processId = self.id, status = self.status } end
   -- (a process that already ended keeps its status; its leftovers die)
-  if self:_running() and not NOT_ENDING[signum] then self._signalled = true end
+  if self:is_running() and not NOT_ENDING[signum] then self._signalled = true end
   self:_signal_tree(signum, scan)
   if signal == nil and not self._timers.kill then
     local grace = self._sandbox.policy.limits.killGraceMs
@@ -338,7 +338,7 @@ end
 -- waitForExit(timeoutMs?) -> {exitCode}; PROCESS_READY_TIMEOUT on timeout.
 function Process:waitForExit(timeout_ms)
   V.timeout(timeout_ms, "timeoutMs")
-  if self:_running() then
+  if self:is_running() then
     local done
     local function forget()
       for i, w in ipairs(self._exit_waiters) do
@@ -489,7 +489,7 @@ function Process:waitForLog(pattern, timeout_ms, opts)
       changed = false
       local found = search()
       if found then return found end
-      if not self:_running() then
+      if not self:is_running() then
         errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q %s before %s"):format(self.id, self:_how_ended(),
           what), { processId = self.id, exitCode = self.exitCode, status = self.status })
       end
@@ -545,7 +545,7 @@ function Process:waitForPort(port, opts)
     owner_pids = function() return self:_tree_pids() end }
   while true do
     if probe[mode](host, port, probe_opts) then return { success = true, port = port, mode = mode } end
-    if not self:_running() then
+    if not self:is_running() then
       errors.raise("PROCESS_EXITED_BEFORE_READY", ("process %q %s before port %d was ready"):format(self.id,
         self:_how_ended(), port), { processId = self.id, exitCode = self.exitCode, status = self.status, port = port })
     end
@@ -565,11 +565,11 @@ local start_options = { processId = true, env = true, cwd = true, timeout = true
   onExit = true, onStart = true, autoCleanup = true, _encoding = true } -- (_encoding: the seed's encoding)
 
 function Session:startProcess(command, opts)
-  self:_check_live()
+  self:check_live()
   local sb = self.sandbox
   -- no command in a sandbox made from an image: the image's Entrypoint
   -- followed by its Cmd, as an argv (docs/images.md)
-  if command == nil and sb.image then command = sb:_image_command() end
+  if command == nil and sb.image then command = sb:image_command() end
   V.command(command)
   local seed_options = require "moonbox.lib.seed_options"
   opts = seed_options.adapt(opts, seed_options.startProcess, "startProcess")
@@ -583,7 +583,7 @@ function Session:startProcess(command, opts)
   local cwd = self.cwd
   if opts.cwd ~= nil then
     cwd = sb:host_path(V.path(opts.cwd, "cwd"), self.cwd)
-    if not sb:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+    if not sb:dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   local changed = policy_mod.call_hook(sb.policy, "onStartProcess", "startProcess", { command = command },
     self, command, opts)
@@ -592,7 +592,7 @@ function Session:startProcess(command, opts)
   if id ~= nil then
     V.id(id, "processId", "process id")
     local existing = sb.processes[id]
-    if existing and existing:_running() then
+    if existing and existing:is_running() then
       errors.raise("PROCESS_ALREADY_EXISTS", ("a process with id %q is already running"):format(id),
         { processId = id })
     end
@@ -603,7 +603,7 @@ function Session:startProcess(command, opts)
     until not sb.processes[id]
   end
   local running = 0
-  for _, p in pairs(sb.processes) do if p:_running() then running = running + 1 end end
+  for _, p in pairs(sb.processes) do if p:is_running() then running = running + 1 end end
   if running >= sb.policy.limits.maxProcesses then
     errors.raise("POLICY_DENIED", ("sandbox %q already runs %d processes (limits.maxProcesses)"):format(sb.id, running),
       { limit = "maxProcesses", maxProcesses = sb.policy.limits.maxProcesses })
@@ -628,7 +628,7 @@ function Session:startProcess(command, opts)
   if tree.mode() == "cgroup" then
     p._cgroup = tree.create(sb.cgroup_name .. "/p-" .. id)
   end
-  local proc, pipes, code = core.spawn(sb:_spawn_spec {
+  local proc, pipes, code = core.spawn(sb:spawn_spec {
     args = args,
     file = type(command) ~= "table" and "/bin/bash" or nil,
     env = full_env,
@@ -780,7 +780,7 @@ end
 -- cleanupCompletedProcesses() -> number of records removed: every process
 -- that ended (completed, failed, killed, error) and left nothing running.
 function Session:cleanupCompletedProcesses()
-  self:_check_live()
+  self:check_live()
   return remove_done(self.sandbox, function() return true end)
 end
 
@@ -796,7 +796,7 @@ local function find(sb, id)
 end
 
 function Session:listProcesses()
-  self:_check_live()
+  self:check_live()
   local list = {}
   for _, p in pairs(self.sandbox.processes) do list[#list + 1] = p end
   table.sort(list, function(a, b) return a.startTime < b.startTime or (a.startTime == b.startTime and a.id < b.id) end)
@@ -804,18 +804,18 @@ function Session:listProcesses()
 end
 
 function Session:getProcess(id)
-  self:_check_live()
+  self:check_live()
   V.type(id, "string", "processId")
   return self.sandbox.processes[id]
 end
 
 function Session:killProcess(id, signal)
-  self:_check_live()
+  self:check_live()
   return find(self.sandbox, id):kill(signal)
 end
 
 function Session:killAllProcesses(signal)
-  self:_check_live()
+  self:check_live()
   check_signal(signal) -- (also when nothing runs to send it to)
   -- a process whose own pid ended counts while its tree lives
   local n, scan, signalled = 0, proc_pass(self.sandbox), {}
@@ -831,7 +831,7 @@ function Session:killAllProcesses(signal)
 end
 
 function Session:getProcessLogs(id)
-  self:_check_live()
+  self:check_live()
   local p = find(self.sandbox, id)
   local logs = p:getLogs()
   logs.processId = id
@@ -843,7 +843,7 @@ end
 -- output follows from the same instant, so nothing is lost or repeated.
 -- iterator:close() stops following (the process runs on).
 function Session:streamProcessLogs(id)
-  self:_check_live()
+  self:check_live()
   local p = find(self.sandbox, id)
   local events, head, tail, waiter = {}, 1, 0, nil
   local limit = self.sandbox.policy.limits.maxLogBytes
@@ -889,7 +889,7 @@ function Session:streamProcessLogs(id)
       queue(kind, data)
     end
   end
-  if p:_running() then
+  if p:is_running() then
     table.insert(p._listeners, listener)
   else
     push { type = "exit", exitCode = p.exitCode, processId = id, timestamp = util.timestamp(), truncated = dropped }
@@ -942,25 +942,25 @@ function M.kill_all(sb, session_id, gone)
   for _, p in pairs(sb.processes) do
     local mine = session_id == nil or p.sessionId == session_id
     if mine and gone then
-      if p:_running() then p._signalled = true end
+      if p:is_running() then p._signalled = true end
       if not p._cgroup then p._tree_gone = true end -- (an empty cgroup is found so and removed below)
       victims[#victims + 1] = p
     elseif mine and p:_alive(scan) then
-      if p:_running() then p._signalled = true end
+      if p:is_running() then p._signalled = true end
       p:_signal_tree(core.signum("SIGKILL"), scan)
       victims[#victims + 1] = p
-    elseif mine and not p:_running() then
+    elseif mine and not p:is_running() then
       p:_close_timers() -- a grace or timeout kept for leftovers that are gone now
     end
   end
   for _, p in ipairs(victims) do
-    if p:_running() then p:waitForExit(5000) end
+    if p:is_running() then p:waitForExit(5000) end
     p:_wait_tree_gone()
     if p._cgroup and not p._cgroup_removed then
       tree.remove_when_empty(p._cgroup, async.sleep)
       p._cgroup_removed = true
     end
-    if not p:_running() then p:_close_timers() end
+    if not p:is_running() then p:_close_timers() end
     p:_close_pipes()
   end
   if session_id == nil then
@@ -976,7 +976,7 @@ end
 -- before kill_all runs, so what runs now is marked killed first.
 function M.mark_killed(sb)
   for _, p in pairs(sb.processes) do
-    if p:_running() then p._signalled = true end
+    if p:is_running() then p._signalled = true end
   end
 end
 

@@ -10,6 +10,7 @@
 --   to another subreaper or is started between scan and kill can survive.
 local core = require "moonbox.core"
 local util = require "moonbox.lib.util"
+local registry = require "moonbox.sandbox.registry"
 
 local M = {}
 
@@ -148,7 +149,7 @@ local pending -- {waiters = {cb...}}: the pass callers of this tick wait for
 -- without namespaces is refused its environment for good.
 local function scan_opts()
   local known = {}
-  for pid in pairs(require("moonbox.sandbox").known_pids()) do
+  for pid in pairs(registry.known_pids()) do
     if #known == 65536 then break end -- core.proc_scan's ceiling (the rest are only waited for)
     known[#known + 1] = pid
   end
@@ -291,7 +292,7 @@ end
 -- (pid 1 of its namespace): where an orphan of any tree goes.
 local function adopters()
   local set = { [core.getpid()] = true }
-  for _, sb in pairs(require("moonbox.sandbox").all()) do
+  for _, sb in pairs(registry.all()) do
     if sb.init and not sb.init_dead then set[sb.init:pid()] = true end
   end
   return set

@@ -20,17 +20,17 @@ local prewarm = require "moonbox.sandbox.prewarm"
 local root_mod = require "moonbox.sandbox.root"
 local userns = require "moonbox.sandbox.userns"
 local spawn_rules = require "moonbox.sandbox.spawn"
-local kernels = require "moonbox.code.kernels"
 local compose = require "moonbox.lib.compose"
+local registry_mod = require "moonbox.sandbox.registry"
+local rules_mod = require "moonbox.sandbox.rules"
 local image_mod = require "moonbox.sandbox.image"
 local network_mod = require "moonbox.network"
 
 local M = {}
 
-local registry = {}   -- id -> sandbox
--- sandboxes being destroyed, out of the registry: their processes are
--- still the runtime's own while the parts collect them (_known_pids)
-local dying = setmetatable({}, { __mode = "k" })
+local registry = registry_mod.live -- id -> sandbox
+local dying = registry_mod.dying -- being destroyed: their processes are still ours
+registry_mod.shell_pids = shell_mod.live
 -- root -> disk state of a sandbox destroyed with keepFiles: its image stays
 -- mounted while this runtime lives (a getSandbox of that root takes it
 -- again), and is unmounted at the runtime's exit (M.shutdown)
@@ -69,7 +69,7 @@ M.mkdir_p = mkdir_p
 local normalize = util.normalize
 
 local get_options = { root = true, isolation = true, network = true, egress = true, env = true, policy = true,
-  limits = true, image = true }
+  limits = true, image = true, user = true }
 
 -- One making or destroying of a sandbox id at a time (a FIFO lock per id,
 -- dropped when nobody holds or waits for it): two first getSandbox calls
@@ -103,8 +103,19 @@ function M.getSandbox(id, opts)
   return with_id_lock(id, function() return make_sandbox(id, opts) end)
 end
 
--- The live sandbox of id (options checked against it), or a new one.
-function make_sandbox(id, opts)
+-- An undo list: each step of making a sandbox pushes what takes back what
+-- it made; a failure runs the list in reverse, each undo on its own (one
+-- that fails keeps none of the others from running).
+local function undo_list()
+  local list = {}
+  return {
+    push = function(fn) list[#list + 1] = fn end,
+    run = function() for i = #list, 1, -1 do pcall(list[i]) end end,
+  }
+end
+
+-- Step 1, the options: checked, the policy resolved. -> plan
+local function check_options(id, opts)
   local isolation = opts.isolation or "auto"
   if isolation ~= "auto" and isolation ~= "none" and isolation ~= "namespaces" then
     V.fail("isolation", "expected \"auto\", \"namespaces\" or \"none\"")
@@ -124,20 +135,17 @@ function make_sandbox(id, opts)
   if opts.image ~= nil and (type(opts.image) ~= "string" or opts.image == "") then
     V.fail("image", "expected an image reference (a string)")
   end
-  local image_ref = opts.image or policy.image
-  local live = registry[id]
-  if live then
-    if opts.root ~= nil and root_mod.canonical(opts.root) ~= live.root_canon then
-      V.fail("root", ("sandbox %q is live with its root at %s, not %s"):format(id, live.root, opts.root))
-    end
-    return live
-  end
-  local home = default_home()
-  local default_root = home .. "/sandboxes/" .. id
-  local root = opts.root and V.path(opts.root, "root") or default_root
-  local workspace = root .. "/workspace"
-  -- fail closed: "auto" runs without namespaces only where the kernel
-  -- refuses user namespaces, never for a failure of the moment
+  image_mod.check_user(opts.user)
+  return { id = id, opts = opts, isolation = isolation, policy = policy, env = env,
+    image_ref = opts.image or policy.image }
+end
+
+-- Step 2, the isolation: "auto" runs without namespaces only where the
+-- kernel refuses user namespaces, never for a failure of the moment (fail
+-- closed), and what only namespaces give is refused without them. Then the
+-- sandbox's rules (sandbox/rules.lua), derived once.
+local function choose_isolation(plan)
+  local isolation, policy, opts = plan.isolation, plan.policy, plan.opts
   local unisolated
   if isolation == "auto" then
     local why, msg, code = userns.refused()
@@ -162,7 +170,7 @@ function make_sandbox(id, opts)
     local no_network = own == "none" or own == "egress"
     local field = (no_network and (opts.network and "network" or "policy.network"))
       or (policy.mounts and next(policy.mounts) and "policy.mounts") or (policy.hostname and "policy.hostname")
-      or (image_ref and "image")
+      or (plan.image_ref and "image")
     if field then
       local what = ("%s needs the sandbox's own namespaces"):format(field:find("network") and
         ('network = "%s"'):format(own) or field)
@@ -173,135 +181,146 @@ function make_sandbox(id, opts)
         :format(field, what, unisolated), { isolation = isolation, field = field })
     end
   end
+  plan.unisolated = unisolated
+  plan.isolated = isolation ~= "none" and not unisolated
+  plan.rules = rules_mod.derive(policy, { network = opts.network or policy.network or "none",
+    hostname = policy.hostname or plan.id, isolated = plan.isolated })
+end
+
+-- Step 3, the root (docs/api.md "Sandbox roots"): checked, made, its disk
+-- image mounted on it, locked; the workspace made and given to root
+-- inside; then an image's layers (prepare_image).
+local function prepare_root(plan, undo)
+  local opts, policy, id = plan.opts, plan.policy, plan.id
+  local home = default_home()
+  local default_root = home .. "/sandboxes/" .. id
+  local root = opts.root and V.path(opts.root, "root") or default_root
+  local workspace = root .. "/workspace"
   -- the image, in the store (imported now when the reference names a
   -- layout or archive not yet there): before anything is made
-  local image_rec = image_ref and image_mod.resolve(image_ref)
-  -- the root: checked, made, locked (docs/api.md "Sandbox roots")
+  local image_rec = plan.image_ref and image_mod.resolve(plan.image_ref)
   local canon = root_mod.check(root, home, default_root)
   if root:sub(1, 1) ~= "/" then -- (relative to our cwd: info() says where)
     root = canon
     workspace = root .. "/workspace"
   end
+  plan.root, plan.workspace, plan.canon = root, workspace, canon
   local created = {}
+  local function remove_created() for i = #created, 1, -1 do core.rmdir(created[i]) end end
+  undo.push(remove_created)
   local ok, err = root_mod.mkdir_p(canon, created)
   if not ok then
     errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(err), { root = root })
   end
   -- the disk quota: the root becomes the mount point of an image of its
   -- own (sandbox/disk.lua) before anything is made in it
-  local disk_state, disk_why, disk_mounted_here
-  ok, err = pcall(function()
-    local before = disk.mounted_at(canon)
-    local made = false
-    for _, dir in ipairs(created) do made = made or dir == canon end
-    disk_state, disk_why = disk.attach(canon, home, policy.limits.diskBytes, made)
-    disk_mounted_here = disk_state and not before
-    if disk_mounted_here then core.rmdir(canon .. "/lost+found") end -- (mkfs's; e2fsck makes it again)
-  end)
-  if not ok then
-    root_mod.undo(nil, created)
-    error(err, 0)
+  local before = disk.mounted_at(canon)
+  local made = false
+  for _, dir in ipairs(created) do made = made or dir == canon end
+  plan.disk_state, plan.disk_why = disk.attach(canon, home, policy.limits.diskBytes, made)
+  if plan.disk_state and not before then
+    core.rmdir(canon .. "/lost+found") -- (mkfs's; e2fsck makes it again)
+    -- a mount made here goes, and the image with it when the image is new
+    -- (the root then had nothing)
+    local state = plan.disk_state
+    undo.push(function()
+      remove_created()
+      disk.detach(state, state.fresh)
+      remove_created()
+    end)
   end
-  -- takes back what getSandbox made: a mount it made goes, and the image
-  -- with it when the image is new (the root then had nothing)
-  local function undo(lock)
-    root_mod.undo(lock, created)
-    if disk_mounted_here then
-      disk.detach(disk_state, disk_state.fresh)
-      for i = #created, 1, -1 do core.rmdir(created[i]) end
-    end
+  if root_mod.canonical(root) ~= canon then -- a ".." after a symlink, say
+    V.fail("root", ("root %q leads elsewhere once made (%s)"):format(root, root_mod.canonical(root)))
   end
-  local lock, identity
-  ok, err = pcall(function()
-    if root_mod.canonical(root) ~= canon then -- a ".." after a symlink, say
-      V.fail("root", ("root %q leads elsewhere once made (%s)"):format(root, root_mod.canonical(root)))
-    end
-    lock = root_mod.lock(id, canon)
-    identity = root_mod.identity(canon) -- destroy removes this directory, never another one at its path
-    if not identity then errors.raise("FILESYSTEM_ERROR", "cannot stat the sandbox root", { root = root }) end
-    local made, msg = root_mod.mkdir_p(canon .. "/workspace", created)
-    if not made then
-      errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(msg), { root = root })
-    end
-  end)
-  if not ok then
-    undo(lock)
-    error(err, 0)
+  local lock = root_mod.lock(id, canon)
+  undo.push(function() root_mod.undo(lock, {}) end)
+  plan.lock = lock
+  plan.identity = root_mod.identity(canon) -- destroy removes this directory, never another one at its path
+  if not plan.identity then errors.raise("FILESYSTEM_ERROR", "cannot stat the sandbox root", { root = root }) end
+  local made_ws, msg = root_mod.mkdir_p(canon .. "/workspace", created)
+  if not made_ws then
+    errors.raise("FILESYSTEM_ERROR", "cannot create the sandbox directory: " .. tostring(msg), { root = root })
   end
   -- who root inside is on the host; the workspace is root inside's
-  local idmap = (isolation ~= "none" and not unisolated) and isolation_mod.idmap(policy)
-    or { uid = core.getuid(), gid = core.getgid(), count = 1 }
+  local idmap = plan.rules.idmap
   if idmap.count > 1 then
-    local code
-    ok, err, code = core.chown(workspace, idmap.uid, idmap.gid)
-    if not ok then
-      undo(lock)
+    local chowned, cerr, code = core.chown(workspace, idmap.uid, idmap.gid)
+    if not chowned then
       if code == "EINVAL" then -- the range does not exist where the runtime runs (a user namespace of its own)
         errors.raise("ISOLATION_UNAVAILABLE", ("cannot create the sandbox's namespaces: its id range %d-%d is " ..
           "not mapped in the runtime's own user namespace (set the policy's idmap)")
-          :format(idmap.uid, idmap.uid + idmap.count - 1), { isolation = isolation, errno = code })
+          :format(idmap.uid, idmap.uid + idmap.count - 1), { isolation = plan.isolation, errno = code })
       end
-      errors.raise("FILESYSTEM_ERROR", "cannot give the workspace to the sandbox's root: " .. tostring(err),
+      errors.raise("FILESYSTEM_ERROR", "cannot give the workspace to the sandbox's root: " .. tostring(cerr),
         { root = root })
     end
   end
-  -- an image's root: its layers for this id range, and the sandbox's
-  -- upper dir under its root (inside its disk image when it has one)
-  local image_mounts, image_info
-  -- (a root made from an image is got again from it, named or not)
-  local made_by = not image_rec and image_mod.made_by(canon)
-  if made_by or image_rec then
-    ok, err = pcall(function()
-      if made_by then
-        if isolation == "none" or unisolated then
-          errors.raise("ISOLATION_UNAVAILABLE", ("the sandbox's root was made from image %s, which needs the "
-            .. "sandbox's own namespaces"):format(made_by), { isolation = isolation })
-        end
-        image_rec = image_mod.resolve(made_by)
-      end
-      image_mounts, image_info = image_mod.prepare(image_rec, canon, idmap)
-    end)
-    if not ok then
-      undo(lock)
-      error(err, 0)
+  plan.image_rec = image_rec
+end
+
+-- An image's root: its layers for the sandbox's id range, and its upper
+-- dir under the root (inside its disk image when it has one). A root made
+-- from an image is got again from it, named or not.
+local function prepare_image(plan)
+  local image_rec = plan.image_rec
+  local made_by = not image_rec and image_mod.made_by(plan.canon)
+  if made_by then
+    if not plan.isolated then
+      errors.raise("ISOLATION_UNAVAILABLE", ("the sandbox's root was made from image %s, which needs the "
+        .. "sandbox's own namespaces"):format(made_by), { isolation = plan.isolation })
     end
-    for name, value in pairs(image_info.env) do
-      if env[name] == nil then env[name] = value end
-    end
+    image_rec = image_mod.resolve(made_by)
   end
-  local self = setmetatable({
-    id = id,
-    image = image_info, image_mounts = image_mounts,
-    root = root,
-    workspace = workspace,
-    fs_root = root,
-    home = workspace,         -- a new session's cwd, as a path the shell understands
+  if plan.opts.user ~= nil and not image_rec then
+    V.fail("user", "applies to a sandbox made from an image (its processes run as root inside otherwise)")
+  end
+  plan.from_image = image_rec ~= nil
+  if not image_rec then return end
+  plan.image_mounts, plan.image_info = image_mod.prepare(image_rec, plan.canon, plan.rules.idmap, plan.opts.user)
+  -- the image's User writes the workspace (docs/images.md)
+  image_mod.give(plan.workspace, plan.image_info, plan.rules.idmap)
+  for name, value in pairs(plan.image_info.env) do
+    if plan.env[name] == nil then plan.env[name] = value end
+  end
+end
+
+local function new_sandbox(plan)
+  return setmetatable({
+    id = plan.id,
+    image = plan.image_info, image_mounts = plan.image_mounts,
+    root = plan.root,
+    workspace = plan.workspace,
+    fs_root = plan.root,
+    home = plan.workspace,    -- a new session's cwd, as a path the shell understands
     isolation = "none",
-    requested_isolation = isolation,
+    requested_isolation = plan.isolation,
     network = "host",
     namespaces = {},
-    policy = policy,
-    env = env,
+    policy = plan.policy,
+    rules = plan.rules,
+    env = plan.env,
     sessions = {},
     session_seq = 0,
     processes = {},
     process_seq = 0,
     shell_seq = 0,
-    cgroup_name = tree.fresh_name("sb-" .. id),
-    idmap = idmap,
-    disk = disk_state, disk_not_enforced = disk_why,
-    root_lock = lock, root_canon = canon, root_identity = identity,
+    cgroup_name = tree.fresh_name("sb-" .. plan.id),
+    idmap = plan.rules.idmap,
+    disk = plan.disk_state, disk_not_enforced = plan.disk_why,
+    root_lock = plan.lock, root_canon = plan.canon, root_identity = plan.identity,
   }, Sandbox)
-  -- a restore's old workspace content (files/backup.lua, beside the
-  -- workspace, outside the sandbox's view) that a runtime stopped before
-  -- removing: removed now, on the thread pool, like the restore would have
-  for _, name in ipairs(core.readdir(canon) or {}) do
-    if name:match("^%.moonbox%-old%-") then self:_remove_later(name) end
-  end
-  -- whatever fails from here takes back what getSandbox made (below)
-  ok, err = pcall(function()
+end
+
+-- Step 4, the limits: the sandbox's cgroup, the runtime's exit guard
+-- without namespaces, cgroup and rlimit limits (sandbox/limits.lua).
+local function set_limits(self, plan, undo)
+  undo.push(function() if self.guarded then tree.unguard() end end)
+  undo.push(function()
+    local dir = rules_mod.cgroup_dir(self.cgroup_name)
+    if dir then tree.remove_cgroup(dir) end
+  end)
   if tree.mode() == "cgroup" then assert(tree.create(self.cgroup_name)) end
-  if isolation == "none" or unisolated then
+  if not plan.isolated then
     local guarded, why, code = tree.guard_base()
     if not guarded then
       -- (fail closed: it is what kills this sandbox's processes should the runtime die)
@@ -310,123 +329,157 @@ function make_sandbox(id, opts)
     end
     self.guarded = true
   end
+  undo.push(function() if self.limits_state then limits.cleanup(self.limits_state, async.sleep) end end)
   self.limits_state = limits.setup(self)
-  if isolation ~= "none" and not unisolated then
-    local network = opts.network or policy.network or "none"
-    local token = {}
-    self.init_token = token
-    local function on_init_exit() self:_init_exited(token) end
-    local init, namespaces, code
-    -- (a pre-built sandbox's processes join v1 limit directories only
-    -- through its own cgroup: without one, it is not used)
-    -- egress: its address is claimed first (its /etc/resolv.conf names its resolver)
-    if network == "egress" then
-      self.egress = network_mod.prepare(self, opts.egress or policy.egress, policy.limits, policy.dns)
-    end
-    -- (an egress sandbox is never pre-built: its resolv.conf is its own; nor
-    -- is an image's: its root is the image)
-    local pre = network ~= "egress" and not image_rec and prewarm.enabled
-      and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs))
-      and prewarm.claim(prewarm.key_of(policy, network), policy.hostname or id,
-      workspace, on_init_exit)
-    if pre then
-      init, namespaces = pre.init, pre.namespaces
-      self.owner_uid = pre.owner_uid
-      self.prebuilt_shell = pre.shell
-      if pre.cgroup_name then
-        -- it brings its cgroup: the limits (never pre-built) are set up
-        -- again on it, and its processes join the v1 limit directories
-        core.rmdir(tree.base() .. "/" .. self.cgroup_name)
-        self.cgroup_name = pre.cgroup_name
-        limits.cleanup(self.limits_state, async.sleep)
-        self.limits_state = limits.setup(self)
-      end
-      local adopted, why = true, nil
-      if pre.cgroup_name then
-        adopted, why = limits.adopt(self.limits_state, tree.base() .. "/" .. self.cgroup_name)
-      elseif next(self.limits_state.v1_dirs) then
-        adopted, why = nil, "a pre-built sandbox without a cgroup of its own cannot join its limit directories"
-      end
-      if not adopted then
-        pcall(pre.init.close, pre.init)
-        if pre.shell then pcall(pre.shell.kill, pre.shell, "SIGKILL") end
-        errors.raise("ISOLATION_UNAVAILABLE", "cannot put the sandbox's limits on: " .. tostring(why),
-          { isolation = isolation })
-      end
-    else
-      -- the host uid its kernel counters are charged to (isolation.lua)
-      self.owner_uid = isolation_mod.owner_uid(idmap)
-      init, namespaces, code = isolation_mod.start(self, {
-        network = network,
-        resolv_conf = self.egress and network_mod.resolv_conf(self.egress),
-        hostname = policy.hostname or id,
-        tmpBytes = policy.limits.tmpBytes,
-        kernels = kernels.dir(),
-        extra = policy.mounts,
-        idmap = idmap,
-        owner_uid = self.owner_uid,
-        userns = policy.userns,
-        image = image_mounts,
-        cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
-        on_exit = on_init_exit,
-      })
-    end
-    if init then
-      self.init, self.isolation, self.namespaces = init, "namespaces", namespaces
-      self.network = opts.network or policy.network or "none"
-      self.init_network = network
-      self.init_generation = 0
-      self.init_pid = init:pid()
-      if self.egress then network_mod.attach(self.egress, self.init_pid) end
-      self.fs_root = "/proc/" .. self.init_pid .. "/root"
-      -- the shells' run directory, reached only through the sandbox's root
-      -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
-      self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
-        self:_fs_creds(), "in_root")
-      self.home = self.image and self.image.workingDir or "/workspace"
-      self.cap_keep = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
-      if self.prebuilt_shell then
-        -- its start-up script can name paths inside only now
-        local sh = self.prebuilt_shell
-        self.prebuilt_shell = nil
-        self.shell_seq = self.shell_seq + 1
-        local inside = isolation_mod.RUN_DIR .. "/sh-" .. self.shell_seq
-        if self.run_conf and sh:begin(self:_rundir(inside)) then self.spare = sh else sh:kill() end
-      end
-    else
-      -- no fallback here: the kernel allows user namespaces (probed), so
-      -- this is a failure of the moment (EMFILE, ENOMEM, ...) or of the policy
-      errors.raise("ISOLATION_UNAVAILABLE", "cannot create the sandbox's namespaces: " ..
-        userns.plain(code, namespaces), { isolation = isolation, errno = code })
-    end
+end
+
+-- A spare (sandbox/prewarm.lua) of these rules, claimed: its init and
+-- shell, and its cgroup (cgroup mode), which becomes the sandbox's. -> init, namespaces | nil
+local function claim_spare(self, plan, on_init_exit)
+  local pre = prewarm.claim(rules_mod.key(plan.rules, plan.policy), plan.rules.hostname, self.workspace,
+    on_init_exit)
+  if not pre then return nil end
+  self.owner_uid = pre.owner_uid
+  self.prebuilt_shell = pre.shell
+  if pre.cgroup_name then
+    -- it brings its cgroup: the limits (never pre-built) are set up
+    -- again on it, and its processes join the v1 limit directories
+    core.rmdir(rules_mod.cgroup_dir(self.cgroup_name))
+    self.cgroup_name = pre.cgroup_name
+    limits.cleanup(self.limits_state, async.sleep)
+    self.limits_state = limits.setup(self)
   end
-  if unisolated then self.isolation_error = unisolated end
-  -- the file API's root: captured now, before any command of the sandbox
-  -- runs, so the mounts it may reach are the ones the runtime made
+  local adopted, why = true, nil
+  if pre.cgroup_name then
+    adopted, why = limits.adopt(self.limits_state, rules_mod.cgroup_dir(self.cgroup_name))
+  elseif next(self.limits_state.v1_dirs) then
+    adopted, why = nil, "a pre-built sandbox without a cgroup of its own cannot join its limit directories"
+  end
+  if not adopted then
+    pcall(pre.init.close, pre.init)
+    if pre.shell then pcall(pre.shell.kill, pre.shell, "SIGKILL") end
+    errors.raise("ISOLATION_UNAVAILABLE", "cannot put the sandbox's limits on: " .. tostring(why),
+      { isolation = plan.isolation })
+  end
+  return pre.init, pre.namespaces
+end
+
+-- Step 5, entering isolation: the sandbox's init (a spare's, or one
+-- started now) with its namespaces, its network linked, its run directory.
+local function enter_isolation(self, plan, undo)
+  if plan.unisolated then self.isolation_error = plan.unisolated end
+  if not plan.isolated then return end
+  local policy, rules = plan.policy, plan.rules
+  local network = rules.network
+  local token = {}
+  self.init_token = token
+  local function on_init_exit() self:_init_exited(token) end
+  local init, namespaces, code
+  -- egress: its address is claimed first (its /etc/resolv.conf names its resolver)
+  if network == "egress" then
+    self.egress = network_mod.prepare(self, plan.opts.egress or policy.egress, policy.limits, policy.dns)
+    undo.push(function() network_mod.detach(self.egress) end)
+  end
+  -- (an egress sandbox is never pre-built: its resolv.conf is its own; nor
+  -- is an image's: its root is the image; a pre-built sandbox's processes
+  -- join v1 limit directories only through its own cgroup: without one,
+  -- it is not used)
+  if network ~= "egress" and not plan.from_image and prewarm.enabled
+    and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs)) then
+    init, namespaces = claim_spare(self, plan, on_init_exit)
+  end
+  if not init then
+    -- the host uid its kernel counters are charged to (isolation.lua)
+    self.owner_uid = isolation_mod.owner_uid(rules.idmap)
+    init, namespaces, code = isolation_mod.start(self, rules_mod.init_options(rules, self.cgroup_name, {
+      resolv_conf = self.egress and network_mod.resolv_conf(self.egress),
+      owner_uid = self.owner_uid,
+      image = plan.image_mounts,
+      on_exit = on_init_exit,
+    }))
+  end
+  if not init then
+    -- no fallback here: the kernel allows user namespaces (probed), so
+    -- this is a failure of the moment (EMFILE, ENOMEM, ...) or of the policy
+    errors.raise("ISOLATION_UNAVAILABLE", "cannot create the sandbox's namespaces: " ..
+      userns.plain(code, namespaces), { isolation = plan.isolation, errno = code })
+  end
+  undo.push(function() init:close() end)
+  self.init, self.isolation, self.namespaces = init, "namespaces", namespaces
+  self.network = network
+  self.init_network = network
+  self.init_generation = 0
+  self.init_pid = init:pid()
+  if self.egress then network_mod.attach(self.egress, self.init_pid) end
+  self.fs_root = "/proc/" .. self.init_pid .. "/root"
+  -- the shells' run directory, reached only through the sandbox's root
+  -- and on its own tmpfs (session/shell.lua, Shell:_open_rundir)
+  image_mod.give(self.fs_root .. isolation_mod.RUN_DIR, self.image, self.idmap)
+  self.run_conf, self.run_conf_error = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) },
+    self:fs_creds(), "in_root")
+  undo.push(function() if self.run_conf then self.run_conf:close() end end)
+  self.home = self.image and self.image.workingDir or "/workspace"
+  self.cap_keep = rules.cap_keep
+  if self.prebuilt_shell then
+    -- its start-up script can name paths inside only now
+    local sh = self.prebuilt_shell
+    self.prebuilt_shell = nil
+    self.shell_seq = self.shell_seq + 1
+    local inside = isolation_mod.RUN_DIR .. "/sh-" .. self.shell_seq
+    if self.run_conf and sh:begin(self:_rundir(inside)) then self.spare = sh else sh:kill() end
+    undo.push(function() if self.spare then self:_drop_spare() end end)
+  end
+end
+
+-- Step 6, file confinement: the file API's root, captured now, before any
+-- command of the sandbox runs, so the mounts it may reach are the ones the
+-- runtime made.
+local function confine_files(self)
   local conf, cmsg = self:_confine(self.run_conf)
   if conf and self.init and not self.run_conf then
     conf:close()
     conf, cmsg = nil, self.run_conf_error
   end
   if not conf then
-    errors.raise("FILESYSTEM_ERROR", "cannot confine the sandbox's file API: " .. tostring(cmsg), { root = root })
+    errors.raise("FILESYSTEM_ERROR", "cannot confine the sandbox's file API: " .. tostring(cmsg), { root = self.root })
   end
   self.fs_conf = conf
+end
+
+-- The live sandbox of id (options checked against it), or a new one.
+function make_sandbox(id, opts)
+  local plan = check_options(id, opts)
+  local live = registry[id]
+  if live then
+    if opts.root ~= nil and root_mod.canonical(opts.root) ~= live.root_canon then
+      V.fail("root", ("sandbox %q is live with its root at %s, not %s"):format(id, live.root, opts.root))
+    end
+    return live
+  end
+  choose_isolation(plan)
+  local undo = undo_list()
+  local ok, result = pcall(function()
+    prepare_root(plan, undo)
+    prepare_image(plan)
+    local self = new_sandbox(plan)
+    -- a restore's old workspace content (files/backup.lua, beside the
+    -- workspace, outside the sandbox's view) that a runtime stopped before
+    -- removing: removed now, on the thread pool, like the restore would have
+    for _, name in ipairs(core.readdir(plan.canon) or {}) do
+      if name:match("^%.moonbox%-old%-") then self:remove_later(name) end
+    end
+    set_limits(self, plan, undo)
+    enter_isolation(self, plan, undo)
+    confine_files(self)
+    return self
   end)
   if not ok then
-    if self.spare then pcall(self._drop_spare, self) end
-    if self.run_conf then self.run_conf:close() end
-    if self.init then pcall(self.init.close, self.init) end
-    if self.egress then pcall(network_mod.detach, self.egress) end
-    if self.limits_state then limits.cleanup(self.limits_state, async.sleep) end
-    if tree.mode() == "cgroup" then tree.remove_cgroup(tree.base() .. "/" .. self.cgroup_name) end
-    if self.guarded then tree.unguard() end
-    undo(lock)
-    error(err, 0)
+    undo.run()
+    error(result, 0)
   end
-  self:_hand_lock()
-  registry[id] = self
-  return self
+  result:_hand_lock()
+  registry[id] = result
+  return result
 end
 
 -- The root's lock costs the runtime no fd while the sandbox has an init
@@ -492,19 +545,21 @@ end
 -- The ids the runtime's file I/O for the sandbox runs with: root inside's
 -- host ids when the runtime is root and they differ (a runtime that is not
 -- root maps only itself: nothing to switch).
-function Sandbox:_fs_creds()
+function Sandbox:fs_creds()
   local idmap = self.idmap
   if not idmap or core.getuid() ~= 0 or (idmap.uid == 0 and idmap.gid == 0) then return nil end
-  return { uid = idmap.uid, gid = idmap.gid }
+  -- an image's User: the file API acts as that user (docs/images.md)
+  local uid, gid = image_mod.host_ids(self.image, idmap)
+  return { uid = uid, gid = gid }
 end
 
 -- root: the run directory's confinement, whose root fd (the same
 -- /proc/<init>/root) this one shares: one fd per sandbox, not two.
 function Sandbox:_confine(root)
-  local creds = self:_fs_creds()
+  local creds = self:fs_creds()
   if not self.init then return fs.confine(self.fs_root, nil, creds, "beneath") end
   local dirs = util.copy(M.OWN_STORAGE)
-  for _, m in ipairs(self.policy.mounts or {}) do
+  for _, m in ipairs(self.rules.mounts or {}) do
     if m.dst and normalize(m.dst) ~= "/" then dirs[#dirs + 1] = normalize(m.dst) end
   end
   local allowed = {}
@@ -519,7 +574,7 @@ end
 -- killed (kill -9 from the host) or crashed, and every process of the
 -- sandbox died with its pid namespace. The sandbox notices here, once: the
 -- generation moves on (a call that was running when it died raises
--- SANDBOX_RESTARTED), and the next call rebuilds the init (_revive) over
+-- SANDBOX_RESTARTED), and the next call rebuilds the init (revive_init) over
 -- the same root: the workspace is a directory of the host and stays; the
 -- private /tmp and /root, every process, and the state of every shell go.
 function Sandbox:_init_exited(token)
@@ -537,7 +592,7 @@ end
 
 -- Whether the init still runs (its exit may not have been reported yet:
 -- a shell killed with its pid namespace can be reported first).
-function Sandbox:_init_alive()
+function Sandbox:init_alive()
   if not self.init or self.init_dead then return false end
   -- (an init that was killed is exiting, PF_EXITING in the flags, before it
   -- is a zombie: it waits there for the rest of its pid namespace to die)
@@ -551,30 +606,21 @@ end
 -- Rebuild a sandbox whose init died (not by destroy): a new init with the
 -- same namespaces, mounts, hostname and cgroup, then sessions restart their
 -- shells on first use with their last known cwd and exported env.
-function Sandbox:_revive()
+function Sandbox:revive_init()
   if not self.init or self.destroyed or self.destroying then return end
-  if not self.init_dead and self:_init_alive() then return end
+  if not self.init_dead and self:init_alive() then return end
   local old = self.init
   pcall(old.close, old)
   local spare = self.spare
   self.spare = nil
   if spare and spare:alive() then spare:kill("SIGKILL") end
-  local policy = self.policy
   local token = {}
-  local init, namespaces, code = isolation_mod.start(self, {
-    network = self.init_network,
+  local init, namespaces, code = isolation_mod.start(self, rules_mod.init_options(self.rules, self.cgroup_name, {
     resolv_conf = self.egress and network_mod.resolv_conf(self.egress),
-    hostname = policy.hostname or self.id,
-    tmpBytes = policy.limits.tmpBytes,
-    kernels = kernels.dir(),
-    extra = policy.mounts,
-    idmap = self.idmap,
     owner_uid = self.owner_uid,
-    userns = policy.userns,
     image = self.image_mounts,
-    cgroups = tree.mode() == "cgroup" and { tree.base() .. "/" .. self.cgroup_name } or nil,
     on_exit = function() self:_init_exited(token) end,
-  })
+  }))
   if not init then
     errors.raise("SANDBOX_RESTARTED", ("sandbox %q lost its init process and cannot rebuild it: %s")
       :format(self.id, tostring(namespaces)), { id = self.id, errno = code })
@@ -597,7 +643,8 @@ function Sandbox:_revive()
   for _, name in ipairs { "fs_conf", "run_conf" } do
     if self[name] then self[name]:close() self[name] = nil end
   end
-  local run_conf, rmsg = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, self:_fs_creds(), "in_root")
+  image_mod.give(self.fs_root .. isolation_mod.RUN_DIR, self.image, self.idmap)
+  local run_conf, rmsg = fs.confine(self.fs_root, { isolation_mod.RUN_DIR:sub(2) }, self:fs_creds(), "in_root")
   local conf, cmsg = self:_confine(run_conf)
   if not run_conf or not conf then
     if run_conf then run_conf:close() end
@@ -619,18 +666,19 @@ function Sandbox:_revive()
 end
 
 -- The one spawn spec (sandbox/spawn.lua): every process of this sandbox is started
--- by core.spawn(sb:_spawn_spec{...}), which adds its namespaces, cgroups,
+-- by core.spawn(sb:spawn_spec{...}), which adds its namespaces, cgroups,
 -- rlimits, seccomp filter, capabilities and pipe ownership.
-function Sandbox:_spawn_spec(spec)
-  if self.init then self:_revive() end
+function Sandbox:spawn_spec(spec)
+  if self.init then self:revive_init() end
   return spawn_rules.apply({
     init = self.init, cap_keep = self.cap_keep, idmap = self.idmap, limits = self.limits_state,
-    cgroup_dir = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil,
+    user = self.image and { uid = self.image.uid, gid = self.image.gid, groups = self.image.groups },
+    cgroup_dir = rules_mod.cgroup_dir(self.cgroup_name),
   }, spec)
 end
 
 -- Whether a directory exists in the sandbox's view (path as host_path gives).
-function Sandbox:_dir_exists(path)
+function Sandbox:dir_exists(path)
   if not self.init then return util.is_dir(path) end
   local rel = path:gsub("^/+", "")
   if rel == "" then return true end
@@ -659,18 +707,18 @@ function Sandbox:view_path(host)
   return host
 end
 
-function Sandbox:_check_live()
+function Sandbox:check_live()
   if self.destroyed then
     errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
   end
-  if self.init_dead then self:_revive() end
+  if self.init_dead then self:revive_init() end
 end
 
 -- A file call that found no way into the sandbox first asks whether the
 -- sandbox's storage is still there: with its root or workspace removed
 -- from the host, every path seems to lead out of it (the workspace inside
 -- is a deleted directory), and PATH_OUTSIDE_SANDBOX would mislead.
-function Sandbox:_check_storage(path)
+function Sandbox:check_storage(path)
   if util.is_dir(self.workspace) then return end
   errors.raise("FILE_NOT_FOUND", ("%s: the sandbox's workspace %s no longer exists (removed from the host)")
     :format(tostring(path), self.workspace), { path = path, root = self.root, storageGone = true })
@@ -693,7 +741,7 @@ end
 
 -- A warm spare shell for the next createSession (see Session:_adopt). It is
 -- started only once a sandbox creates sessions, outside the caller's time.
-function Sandbox:_take_spare(no_refill)
+function Sandbox:take_spare(no_refill)
   local spare = self.spare
   self.spare = nil
   if spare and not spare:usable() then spare = nil end
@@ -710,7 +758,7 @@ function Sandbox:_take_spare(no_refill)
       self.spare_seq = (self.spare_seq or 0) + 1
       local name = self.cgroup_name .. "/spare-" .. self.spare_seq
       local session_cgroup = tree.create(name)
-      self.spare = self:_spawn_shell {
+      self.spare = self:spawn_shell {
         env = env, cwd = self.home, shell = self.policy.shell,
         cgroup = session_cgroup and tree.create(name .. "/cmd0"), session_cgroup = session_cgroup,
       }
@@ -720,15 +768,17 @@ function Sandbox:_take_spare(no_refill)
 end
 
 -- A shell's run directory: its path inside, the same from the runtime, and
--- the ids of root inside (who gets the entries the shell writes).
+-- the host ids its processes run as (root inside, or the image's User:
+-- who gets the entries the shell writes).
 function Sandbox:_rundir(inside)
-  return { host = self.fs_root .. inside, inside = inside, uid = self.idmap.uid, gid = self.idmap.gid,
+  local uid, gid = image_mod.host_ids(self.image, self.idmap)
+  return { host = self.fs_root .. inside, inside = inside, uid = uid, gid = gid,
     conf = self.run_conf }
 end
 
 -- A session shell (session/shell.lua spawn) started in this sandbox; under namespaces
 -- its per-command pipes are FIFOs in a directory of its own under .run.
-function Sandbox:_spawn_shell(opts)
+function Sandbox:spawn_shell(opts)
   -- (a createSession that waited while the sandbox was destroyed)
   if self.destroyed then
     errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
@@ -740,7 +790,7 @@ function Sandbox:_spawn_shell(opts)
     opts.rundir = self:_rundir(isolation_mod.RUN_DIR .. "/" .. name)
   end
   if self.image then opts.no_builtins = true end
-  opts.spawn_spec = function(spec) return self:_spawn_spec(spec) end
+  opts.spawn_spec = function(spec) return self:spawn_spec(spec) end
   return shell_mod.spawn(opts)
 end
 
@@ -753,31 +803,10 @@ function Sandbox:_drop_spare(gone)
   end
 end
 
--- pids spawned by the runtime itself (shells, background processes, code
--- kernels, terminals), which are not orphans though their parent is the
--- runtime or a sandbox's init
-function Sandbox._known_pids()
-  local known = util.copy(shell_mod.live)
-  local function add(sb)
-    for _, p in pairs(sb.processes or {}) do
-      if p.pid and p.status == "running" then known[p.pid] = true end
-    end
-    for _, ctx in pairs(sb.contexts or {}) do
-      if ctx.kernel and not ctx.kernel.dead then known[ctx.kernel.pid] = true end
-    end
-    for t in pairs(sb.terminals or {}) do
-      if t.pid and not t.exited then known[t.pid] = true end
-    end
-  end
-  for _, sb in pairs(registry) do add(sb) end
-  for sb in pairs(dying) do add(sb) end
-  return known
-end
-
 local session_options = { id = true, env = true, cwd = true, commandTimeoutMs = true }
 
 function Sandbox:createSession(opts)
-  self:_check_live()
+  self:check_live()
   local seed_options = require "moonbox.lib.seed_options"
   opts = seed_options.adapt(opts, seed_options.createSession, "createSession")
   opts = V.options(opts, session_options, "createSession options")
@@ -794,7 +823,7 @@ function Sandbox:createSession(opts)
   local cwd = self.home
   if opts.cwd ~= nil then
     cwd = self:host_path(V.path(opts.cwd, "cwd"))
-    if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+    if not self:dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   if self.sessions[id] then
     errors.raise("SESSION_ALREADY_EXISTS", ("session %q already exists"):format(id), { sessionId = id })
@@ -811,7 +840,7 @@ function Sandbox:createSession(opts)
       commandTimeoutMs = V.timeout(changed.commandTimeoutMs, "commandTimeoutMs")
       if changed.cwd ~= cwd and changed.cwd ~= nil then
         cwd = self:host_path(V.path(changed.cwd, "cwd"))
-        if not self:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
+        if not self:dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(changed.cwd)) end
       end
     end)
     if not took then
@@ -824,7 +853,7 @@ function Sandbox:createSession(opts)
   local ok, session = pcall(session_mod.new, self, id, {
     env = self:_session_env(env), cwd = cwd, commandTimeoutMs = commandTimeoutMs })
   if ok and self.destroyed then -- destroyed while it started: it must not outlive the sandbox
-    session:_destroy()
+    session:tear_down()
     ok, session = false, errors.new("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
   end
   self.sessions[id] = ok and session or nil
@@ -850,7 +879,7 @@ function Sandbox:_session_settled(id)
       list[#list + 1] = w
       return function() w.resume = function() end end
     end, "session being made")
-    self:_check_live()
+    self:check_live()
   end
 end
 
@@ -866,7 +895,7 @@ function Sandbox:_check_session_room(why)
 end
 
 function Sandbox:getSession(id)
-  self:_check_live()
+  self:check_live()
   V.type(id, "string", "sessionId")
   if id == "default" then return self:_default() end -- created on first use
   local s = self.sessions[id]
@@ -884,7 +913,7 @@ function Sandbox:listSessions()
 end
 
 function Sandbox:deleteSession(id)
-  self:_check_live()
+  self:check_live()
   V.type(id, "string", "sessionId")
   local s
   if id == "default" then
@@ -904,7 +933,7 @@ function Sandbox:deleteSession(id)
   -- its processes first, so they end as "killed" (ours) before the session's
   -- sweep reaches them
   compose.run(session_mod.hooks, "session_ending", self, id)
-  s:_destroy()
+  s:tear_down()
   return { success = true, sessionId = id, timestamp = util.timestamp() }
 end
 
@@ -918,7 +947,7 @@ function Sandbox:_default_settled()
       table.insert(self.default_waiters, w)
       return function() w.resume = function() end end
     end, "default session")
-    self:_check_live()
+    self:check_live()
   end
   return self.sessions.default or nil
 end
@@ -927,14 +956,14 @@ end
 -- warm spare shell); tasks that ask meanwhile wait for that one instead of
 -- making (and leaking) shells of their own.
 function Sandbox:_default()
-  self:_check_live()
+  self:check_live()
   local existing = self:_default_settled()
   if existing then return existing end
   self:_check_session_room(", so no default session") -- it counts like any other
   self.sessions.default = true -- reserved while it starts
   local ok, s = pcall(session_mod.new, self, "default", { env = self:_session_env(), cwd = self.home })
   if ok and self.destroyed then -- destroyed while it started: it must not outlive the sandbox
-    s:_destroy()
+    s:tear_down()
     ok, s = false, errors.new("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(self.id), { id = self.id })
   end
   self.sessions.default = ok and s or nil
@@ -948,7 +977,7 @@ end
 -- Sandbox level: remembered for sessions created later, applied to the
 -- default session now.
 function Sandbox:setEnvVars(map)
-  self:_check_live()
+  self:check_live()
   local env = V.env(V.type(map, "table", "envVars"), "envVars")
   -- a default session that is starting took its env before this call: wait for it
   local default = self:_default_settled()
@@ -956,7 +985,7 @@ function Sandbox:setEnvVars(map)
   env = session_mod.env_hook(self, default or self, env)
   for k, v in pairs(env) do self.env[k] = v end
   if default then
-    return default:_apply_env(env)
+    return default:apply_env(env)
   end
   return { success = true, timestamp = util.timestamp() }
 end
@@ -966,7 +995,7 @@ end
 -- enforce.
 -- The argv of the image's Entrypoint then Cmd (startProcess without a
 -- command), or nil when the image has neither.
-function Sandbox:_image_command()
+function Sandbox:image_command()
   local argv = {}
   for _, list in ipairs { self.image.entrypoint or {}, self.image.cmd or {} } do
     for _, w in ipairs(list) do argv[#argv + 1] = w end
@@ -986,7 +1015,7 @@ end
 function Sandbox:info()
   -- a sandbox whose init died is rebuilt first, so this says what is in
   -- force now; one that cannot be rebuilt raises SANDBOX_RESTARTED (coded)
-  if not self.destroyed and self.init_dead then self:_revive() end
+  if not self.destroyed and self.init_dead then self:revive_init() end
   local in_force = {}
   for _, k in ipairs { "commandTimeoutMs", "maxOutputBytes", "maxLogBytes", "maxSessions", "maxProcesses",
     "maxCompletedProcesses", "maxCompletedLogBytes",
@@ -1019,8 +1048,7 @@ function Sandbox:info()
     idmap = util.copy(self.idmap),
     -- the bounding (and only) capability set of every process under
     -- namespaces; unisolated processes are the runtime's, with its own
-    capabilities = self.init and isolation_mod.cap_names(self.policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
-      or nil,
+    capabilities = self.init and isolation_mod.cap_names(self.rules.capabilities) or nil,
     -- the image the root is made of (docs/images.md), nil for the host's
     image = self.image and image_mod.info(self.image) or nil,
   }
@@ -1031,7 +1059,7 @@ end
 -- open stay). The mode itself is chosen at getSandbox: naming another one
 -- here is refused. -> info().network
 function Sandbox:setNetwork(opts)
-  self:_check_live()
+  self:check_live()
   opts = V.options(opts, { network = true, egress = true }, "setNetwork options")
   local mode = self.egress and "egress" or self.network
   if opts.network ~= nil and opts.network ~= mode then
@@ -1040,7 +1068,7 @@ function Sandbox:setNetwork(opts)
   if not self.egress then
     V.fail("egress", ('rules apply to network = "egress"; this sandbox\'s network is %q'):format(mode))
   end
-  if self.init_dead then self:_revive() end
+  if self.init_dead then self:revive_init() end
   network_mod.update(self.egress, opts.egress or {})
   return network_mod.info(self.egress)
 end
@@ -1049,7 +1077,7 @@ end
 -- directory (files the sandbox no longer sees: restoreBackup's old
 -- workspace content), not waited for by the caller; destroy waits for every
 -- such removal before the root is removed or released.
-function Sandbox:_remove_later(relpath)
+function Sandbox:remove_later(relpath)
   local job = { done = false, waiters = {} }
   local function finish()
     job.done = true
@@ -1129,7 +1157,7 @@ function Sandbox:_destroy_now(opts)
   local locked, lock_err = true, nil
   if not opts.keepFiles then locked, lock_err = self:_take_lock() end
   if not locked then opts = { keepFiles = true } end
-  local cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. self.cgroup_name) or nil
+  local cgroup = rules_mod.cgroup_dir(self.cgroup_name)
   local init = self.init
   local gone = false
   compose.run(session_mod.hooks, "sandbox_killing", self)
@@ -1179,7 +1207,7 @@ function Sandbox:_destroy_now(opts)
   self:_drop_spare(gone)
   for id, s in pairs(self.sessions) do
     self.sessions[id] = nil
-    if type(s) == "table" then s:_destroy(gone) end
+    if type(s) == "table" then s:tear_down(gone) end
   end
   compose.run(session_mod.hooks, "sandbox_end", self) -- kernels, terminals
   if not cgroup and not gone then
@@ -1232,19 +1260,23 @@ end
 
 -- The sandbox's own methods run in the default session: every public
 -- Session method (its parts' included) the sandbox does not define itself
--- gets a forwarder, made here once both classes are complete.
+-- gets a forwarder, made here once both classes are complete. What the
+-- sandbox asks of a session (Session's interface to it, docs/architecture.md)
+-- is not a call of the sandbox's own.
 local Session = session_mod.Session
+local SESSION_ONLY = { check_ended = true, apply_env = true, tear_down = true }
+M.SESSION_ONLY = SESSION_ONLY
 arity.guard(Session, "Session")
 arity.guard(Sandbox, "Sandbox")
 for name, method in pairs(Session) do
-  if type(name) == "string" and not name:match("^_") and type(method) == "function"
+  if type(name) == "string" and not name:match("^_") and not SESSION_ONLY[name] and type(method) == "function"
     and rawget(Sandbox, name) == nil then
     Sandbox[name] = function(self, ...) return Session[name](self:_default(), ...) end
   end
 end
 
-function M.all() return registry end
-M.known_pids = Sandbox._known_pids
+M.all = registry_mod.all
+M.known_pids = registry_mod.known_pids
 
 -- Runtime exit: every sandbox's processes die with it; files stay.
 M.prewarm = prewarm.enable

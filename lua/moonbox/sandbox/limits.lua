@@ -8,7 +8,7 @@
 --   cpuTime (s), fileSizeBytes, openFiles -> rlimits on every process.
 local core = require "moonbox.core"
 local util = require "moonbox.lib.util"
-local tree = require "moonbox.process.tree"
+local rules_mod = require "moonbox.sandbox.rules"
 
 local M = {}
 
@@ -56,7 +56,7 @@ end
 function M.setup(sb)
   local limits = sb.policy.limits
   local out = { rlimits = {}, extra_cgroups = {}, enforced = {}, not_enforced = {}, v1_dirs = {} }
-  local sandbox_cgroup = tree.mode() == "cgroup" and (tree.base() .. "/" .. sb.cgroup_name) or nil
+  local sandbox_cgroup = rules_mod.cgroup_dir(sb.cgroup_name)
   -- Each sandbox's processes sit in one group per controller, under one
   -- group of the runtime's (moonbox-<pid>/sb-<id>). Under cpu, all
   -- sandboxes together weigh as much as one thread of the runtime, so a
@@ -93,8 +93,7 @@ function M.setup(sb)
     end
   end
   if not next(out.rlimits) then out.rlimits = nil end
-  out.seccomp = require("moonbox.sandbox.seccomp").filter(sb.policy.seccomp)
-  out.seccomp_profile = out.seccomp and (sb.policy.seccomp or "default") or "none"
+  out.seccomp, out.seccomp_profile = sb.rules.seccomp, sb.rules.seccomp_profile
   if #out.extra_cgroups == 0 then out.extra_cgroups = nil end
   table.sort(out.not_enforced)
   return out

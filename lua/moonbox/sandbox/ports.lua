@@ -48,7 +48,7 @@ function M.get(sandbox, port)
 end
 
 function Sandbox:exposePort(port, opts)
-  self:_check_live()
+  self:check_live()
   check_port(port)
   opts = opts or {}
   if type(opts) == "table" and opts.hostname ~= nil then
@@ -73,7 +73,7 @@ function Sandbox:exposePort(port, opts)
 end
 
 function Sandbox:unexposePort(port)
-  self:_check_live()
+  self:check_live()
   check_port(port)
   local ports = self._ports
   if not (ports and ports[port]) then
@@ -85,7 +85,7 @@ function Sandbox:unexposePort(port)
 end
 
 function Sandbox:getExposedPorts()
-  self:_check_live()
+  self:check_live()
   local out = {}
   for _, e in pairs(self._ports or {}) do out[#out + 1] = entry_table(self, e) end
   table.sort(out, function(a, b) return a.port < b.port end)

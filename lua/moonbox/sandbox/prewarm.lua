@@ -10,10 +10,9 @@ local async = require "moonbox.async"
 local policy_mod = require "moonbox.policy"
 local isolation_mod = require "moonbox.sandbox.isolation"
 local shell_mod = require "moonbox.session.shell"
-local kernels = require "moonbox.code.kernels"
-local seccomp = require "moonbox.sandbox.seccomp"
 local spawn_rules = require "moonbox.sandbox.spawn"
 local tree = require "moonbox.process.tree"
+local rules_mod = require "moonbox.sandbox.rules"
 
 local M = { enabled = false }
 
@@ -29,32 +28,12 @@ local seq = 0
 -- the default session finds its shell already in place.
 local SHELL_CGROUP = "s-default"
 
--- What the pre-built root and shell depend on: a sandbox may claim a spare
--- only when all of it matches.
-local function key_of(policy, network)
-  local mounts = {}
-  for i, m in ipairs(policy.mounts or {}) do
-    mounts[i] = table.concat({ m.type, m.src or "", m.dst, tostring(m.size or "") }, "\1")
-  end
-  local caps = policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES
-  local l = policy.limits
-  local idmap = isolation_mod.idmap(policy)
-  local userns = {}
-  for k, v in pairs(policy.userns or {}) do userns[#userns + 1] = k .. "=" .. tostring(v) end
-  table.sort(userns)
-  return table.concat({ network, table.concat(mounts, "\2"), table.concat(caps, ","),
-    tostring(policy.seccomp or "default"), tostring(policy.shell), tostring(l.tmpBytes),
-    tostring(l.cpuTime), tostring(l.fileSizeBytes), tostring(l.openFiles), tostring(l.memoryBytes),
-    tostring(l.pids), ("%d:%d:%d"):format(idmap.uid, idmap.gid, idmap.count), table.concat(userns, ",") }, "\3")
-end
-M.key_of = key_of
-
 local function drop(s)
   if not s then return end
   if s.shell and s.shell:alive() then s.shell:kill("SIGKILL") end
   if s.init then s.init:close() end
   if s.cgroup_name then
-    local dir = tree.base() .. "/" .. s.cgroup_name
+    local dir = rules_mod.cgroup_dir(s.cgroup_name)
     tree.kill_cgroup(dir)
     async.spawn(function() tree.remove_when_empty(dir, async.sleep) end)
   end
@@ -67,8 +46,10 @@ local function make()
   end
   local network = policy.network or "none"
   if network == "egress" then return nil end -- (its resolv.conf and link are its own: never pre-built)
-  local s = { key = key_of(policy, network) }
-  local cgroups, shell_cgroup, session_cgroup
+  -- the rules a sandbox of the default policy gets (its hostname is set at the claim)
+  local rules = rules_mod.derive(policy, { network = network, hostname = "moonbox", isolated = true })
+  local s = { key = rules_mod.key(rules, policy) }
+  local shell_cgroup, session_cgroup
   if tree.mode() == "cgroup" then
     seq = seq + 1
     s.cgroup_name = "pre-" .. seq
@@ -76,28 +57,23 @@ local function make()
     session_cgroup = dir and tree.create(s.cgroup_name .. "/" .. SHELL_CGROUP)
     shell_cgroup = session_cgroup and tree.create(s.cgroup_name .. "/" .. SHELL_CGROUP .. "/cmd0")
     if not shell_cgroup then drop(s) return nil end
-    cgroups = { dir }
   end
-  s.idmap = isolation_mod.idmap(policy)
+  s.idmap = rules.idmap
   s.owner_uid = isolation_mod.owner_uid(s.idmap)
-  local init, namespaces = isolation_mod.start({}, {
-    network = network, hostname = "moonbox", tmpBytes = policy.limits.tmpBytes,
-    idmap = s.idmap, owner_uid = s.owner_uid, userns = policy.userns,
-    kernels = kernels.dir(), extra = policy.mounts, deferred = true,
-    cgroups = cgroups, on_exit = function() if s.owner then s.owner() end end,
-  })
+  local init, namespaces = isolation_mod.start({}, rules_mod.init_options(rules, s.cgroup_name, {
+    owner_uid = s.owner_uid, deferred = true,
+    on_exit = function() if s.owner then s.owner() end end,
+  }))
   if not init then drop(s) return nil end
   s.init, s.namespaces = init, namespaces
-  local caps = isolation_mod.cap_numbers(policy.capabilities or isolation_mod.DEFAULT_CAPABILITIES)
   local env = { PATH = policy.env.PATH or nil, LANG = policy.env.LANG or nil, HOME = "/root" }
   s.shell = shell_mod.spawn {
     env = env, shell = policy.shell, deferred = true,
     cgroup = shell_cgroup, session_cgroup = session_cgroup,
-    -- the sandbox's rules as _spawn_spec gives them (no limits: never pre-built)
+    -- the sandbox's rules as spawn_spec gives them (no limits: never pre-built)
     spawn_spec = function(spec)
-      return spawn_rules.apply({ init = init, cap_keep = caps, idmap = s.idmap,
-        limits = { seccomp = seccomp.filter(policy.seccomp) },
-        cgroup_dir = s.cgroup_name and (tree.base() .. "/" .. s.cgroup_name) or nil }, spec)
+      return spawn_rules.apply({ init = init, cap_keep = rules.cap_keep, idmap = s.idmap,
+        limits = { seccomp = rules.seccomp }, cgroup_dir = rules_mod.cgroup_dir(s.cgroup_name) }, spec)
     end,
   }
   if not s.shell then drop(s) return nil end
@@ -134,7 +110,8 @@ end
 -- Whether a pre-built sandbox is ready now.
 function M.ready() return spare ~= nil end
 
--- claim(key, hostname, workspace, on_exit) -> {init, shell, namespaces,
+-- claim(key, hostname, workspace, on_exit) (key: sandbox/rules.lua's key
+-- of the claiming sandbox's rules) -> {init, shell, namespaces,
 -- cgroup_name, idmap} | nil. cgroup_name (cgroup mode): the spare's cgroup, which
 -- becomes the sandbox's (cgroup v2 cannot rename one).
 function M.claim(key, hostname, workspace, on_exit)

@@ -19,12 +19,14 @@
 -- and core.spawn never passes on the runtime's own (no env = an empty one).
 --
 -- rules: {init (isolation init or nil), cap_keep, idmap = {count, uid, gid},
+--   user = {uid, gid, groups?} (ids inside: an image's User, sandbox/image_user.lua;
+--   nil: root inside),
 --   cgroup_dir (the sandbox's cgroup v2 directory, cgroup mode), limits =
 --   {extra_cgroups, rlimits, seccomp} (a sandbox/limits.lua setup result)}
 local M = {}
 
 local RESERVED = { "sandbox", "no_new_privs", "cap_keep", "pipe_uid", "pipe_gid", "extra_cgroups", "rlimits",
-  "seccomp", "uid", "gid" }
+  "seccomp", "uid", "gid", "groups" }
 
 function M.apply(rules, spec)
   for _, k in ipairs(RESERVED) do
@@ -47,7 +49,17 @@ function M.apply(rules, spec)
     spec.sandbox = rules.init
     spec.no_new_privs = true
     spec.cap_keep = rules.cap_keep
-    if rules.idmap and rules.idmap.count > 1 then spec.pipe_uid, spec.pipe_gid = rules.idmap.uid, rules.idmap.gid end
+    local user = rules.user
+    if user and (user.uid ~= 0 or user.gid ~= 0) then
+      -- set inside the sandbox's user namespace, after the bounding set is cut
+      spec.uid, spec.gid = user.uid, user.gid
+      if user.groups and #user.groups > 0 then spec.groups = user.groups end
+    end
+    if rules.idmap and rules.idmap.count > 1 then
+      -- who the process is on the host owns its pipes
+      spec.pipe_uid, spec.pipe_gid = rules.idmap.uid + (user and user.uid or 0),
+        rules.idmap.gid + (user and user.gid or 0)
+    end
   end
   return spec
 end

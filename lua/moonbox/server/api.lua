@@ -296,7 +296,7 @@ function H.list_sandboxes(ctx)
     end
     local running = 0
     for _, p in pairs(sb.processes) do
-      if p:_running() then running = running + 1 end
+      if p:is_running() then running = running + 1 end
     end
     list[#list + 1] = { id = id, created = t.created, lastUsed = t.lastUsed, sessions = #sb:listSessions(),
       processes = running, isolation = sb.isolation }
@@ -658,9 +658,9 @@ end
 for op in pairs(file_ops) do router:add("POST", "/v1/sandboxes/{id}/files/" .. op, file_handler(op)) end
 router:add("GET", "/v1/sandboxes", H.list_sandboxes)
 -- the seed's container protocol, /v1/sandboxes/{id}/api/... (docs/compat.md)
-require("moonbox.server.compat").install(router)
+require("moonbox.server.compat").install(router, require("moonbox.server.compat_sse"))
 -- ports, backups, checkChanges (issue #16 part 2)
-require("moonbox.server.api_more").install(router)
+require("moonbox.server.api_more").install(router, M)
 M.router = router
 
 -- The sandbox id in the path: getSandbox's rule, checked before anything runs.

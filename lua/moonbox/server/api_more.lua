@@ -10,7 +10,7 @@
 --   DELETE /v1/backups/{backupId}              -> deleteBackup
 --   POST   /v1/sandboxes/{id}/commit           {name} -> sandbox:commit{name}
 --   GET    /v1/images                          -> images.list
---   POST   /v1/images/pull                     {ref, name?} -> images.pull, progress as SSE (registries only)
+--   POST   /v1/images/pull                     {ref, name?, auth?} -> images.pull, progress as SSE (registries only)
 --   DELETE /v1/images?name=                    -> images.remove
 --   POST   /v1/sandboxes/{id}/files/changes    {path, since?, recursive?, include?, exclude?, sessionId?}
 --   POST   /v1/sandboxes/{id}                  {from?, network?, egress?, image?} -> getSandbox(id, {from = backup,
@@ -23,6 +23,10 @@ local json = require "moonbox.server.api_json"
 local router_mod = require "moonbox.server.api_router"
 
 local M = {}
+
+-- api.lua's module (its config and on_reject, read per request), handed in
+-- by install: a route module does not require api.lua, which installs it
+local api
 
 local function no_query(ctx, allowed)
   for k in pairs(ctx.query) do
@@ -96,14 +100,14 @@ function H.remove_image(ctx)
   return 200, moonbox.images.remove(name)
 end
 
--- POST /v1/images/pull {ref, name?}: the pull's progress events
+-- POST /v1/images/pull {ref, name?, auth?}: the pull's progress events
 -- ({type = "layer"|"progress"|"layerDone"}) then {type = "complete",
 -- image} or {type = "error", error}, as SSE; a client that goes away
 -- cancels the pull. A registry reference only: a client never makes the
 -- server read a layout or an archive of the host's paths.
 function H.pull_image(ctx)
   no_query(ctx)
-  local f = ctx:take { ref = "string", name = "string?" }
+  local f = ctx:take { ref = "string", name = "string?", auth = "table?" }
   ctx:no_more()
   if f.ref:match("^oci:") or f.ref:match("^docker%-archive:") then
     require("moonbox.errors").raise("POLICY_DENIED", ("image %s: over HTTP only registry references are pulled "
@@ -122,7 +126,7 @@ function H.pull_image(ctx)
     wake()
   end
   local task = moonbox.spawn(function()
-    local ok, rec = pcall(moonbox.images.pull, f.ref, { name = f.name, onProgress = push })
+    local ok, rec = pcall(moonbox.images.pull, f.ref, { name = f.name, auth = f.auth, onProgress = push })
     if ok then
       json.array(rec.layers)
       push { type = "complete", image = rec }
@@ -152,7 +156,7 @@ function H.commit(ctx)
   return 200, ctx:sandbox():commit { name = f.name }
 end
 
--- POST /v1/sandboxes/{id} {from?, network?, egress?, image?}: made as
+-- POST /v1/sandboxes/{id} {from?, network?, egress?, image?, user?}: made as
 -- api.lua's Ctx:sandbox() makes sandboxes (the server's home, policy,
 -- limits and maxSandboxes), from a backup, with a network of its own and/or
 -- from an image. An image must be in the store already (a name or digest,
@@ -160,7 +164,8 @@ end
 -- an archive of the host's paths.
 function H.create_from(ctx)
   no_query(ctx)
-  local f = ctx:take { from = "string?", network = "string?", egress = "table?", image = "string?" }
+  local f = ctx:take { from = "string?", network = "string?", egress = "table?", image = "string?",
+    user = "string?" }
   ctx:no_more()
   if f.from == nil and f.network == nil and f.image == nil then
     V.fail("from", "missing (or give network or image)")
@@ -175,7 +180,6 @@ function H.create_from(ctx)
         { image = f.image })
     end
   end
-  local api = require "moonbox.server.api"
   local id = ctx.params.id
   local live, n = require("moonbox.sandbox").all(), 0
   for _ in pairs(live) do n = n + 1 end
@@ -184,7 +188,8 @@ function H.create_from(ctx)
     require("moonbox.errors").raise("POLICY_DENIED",
       ("the server already holds %d sandboxes (maxSandboxes)"):format(n), { maxSandboxes = api.config.maxSandboxes })
   end
-  local opts = { from = f.from, network = f.network, egress = f.egress, image = f.image, policy = api.config.policy,
+  local opts = { from = f.from, network = f.network, egress = f.egress, image = f.image, user = f.user,
+    policy = api.config.policy,
     limits = api.config.limits }
   if api.config.home then opts.root = api.config.home .. "/sandboxes/" .. id end
   local sb = moonbox.getSandbox(id, opts)
@@ -201,7 +206,9 @@ function H.set_network(ctx)
   return 200, json.network(ctx:sandbox():setNetwork(ctx:body()))
 end
 
-function M.install(router)
+-- install(router, api_module): add the routes to /v1's router.
+function M.install(router, api_module)
+  api = api_module
   for _, r in ipairs {
     { "POST", "/ports", H.expose }, { "GET", "/ports", H.list_ports },
     { "DELETE", "/ports/{port}", H.unexpose },

@@ -366,11 +366,11 @@ end
 
 -- ---- routes ------------------------------------------------------------------------
 
--- install(router, api): add the routes to /v1's router (kill-all before
--- {processId}). Handlers get api's request context; what they return or
--- raise is answered in the seed's shapes.
-function M.install(router)
-  local streams = require "moonbox.server.compat_sse"
+-- install(router, streams): add the routes to /v1's router (kill-all
+-- before {processId}); streams is compat_sse.lua's module (it requires this
+-- one: api.lua hands it in). Handlers get api's request context; what they
+-- return or raise is answered in the seed's shapes.
+function M.install(router, streams)
   local function wrap(fn)
     return function(ctx)
       -- writes make the sandbox on first use; reads and DELETEs never do

@@ -637,4 +637,30 @@ function Server:connections()
   return self.closed and 0 or self._core:connections()
 end
 
+-- Response bytes queued for clients now (the metrics' gauge).
+function Server:queued_bytes()
+  local buffered = 0
+  for id, res in pairs(self._live) do
+    local q = not self.closed and self._core:queued(id)
+    if q and not res.closed then buffered = buffered + q end
+  end
+  return buffered
+end
+
+-- At shutdown: every WebSocket closes with 1001; every streamed response
+-- still open ends, an SSE one after final_sse (the bytes of a last event).
+function Server:end_streams(final_sse)
+  for _, res in pairs(self._live) do
+    if res._ws then
+      res._ws:close(1001, "server shutting down")
+    elseif res._streaming and not res._finished and not res.closed then
+      if tostring(res.contentType or ""):match("^text/event%-stream") then
+        self._core:write(res._id, final_sse)
+        res.bytes = (res.bytes or 0) + #final_sse
+      end
+      res:finish()
+    end
+  end
+end
+
 return M

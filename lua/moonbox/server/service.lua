@@ -9,6 +9,7 @@ local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
+local token = require "moonbox.server.token"
 local cjson = require "cjson.safe"
 
 local M = {}
@@ -43,7 +44,7 @@ function M.new(opts)
     stopping = {},          -- sandbox id -> list of waiters while it is being stopped
     idleStopped = 0,
     nextId = 0,
-    prefix = require("moonbox.server.cli").new_token():sub(1, 8), -- request ids: <prefix>-<n>
+    prefix = token.new():sub(1, 8), -- request ids: <prefix>-<n>
   }
   for i = 1, #M.BUCKETS do self.exec.buckets[i] = 0 end
   local log = self.opts.accessLog
@@ -164,7 +165,7 @@ function M:metrics(server)
     nsb = nsb + 1
     for _ in pairs(sb.sessions or {}) do nsess = nsess + 1 end
     for _, p in pairs(sb.processes or {}) do
-      if p._running and p:_running() then nproc = nproc + 1 end
+      if p.is_running and p:is_running() then nproc = nproc + 1 end
     end
     for t in pairs(sb.terminals or {}) do if live_terminal(t) then nterm = nterm + 1 end end
     for _ in pairs(sb.contexts or {}) do nctx = nctx + 1 end
@@ -206,11 +207,7 @@ function M:metrics(server)
   metric("moonbox_exec_duration_seconds", "histogram",
     "Time from an exec request (plain or streamed, answered 2xx) to the end of its response.", hist)
   metric("moonbox_exec_total", "counter", "Exec requests answered 2xx (the command ran).", { { nil, e.count } })
-  local buffered = 0
-  for id, res in pairs(server._live or {}) do
-    local q = not server.closed and server._core:queued(id)
-    if q and not res.closed then buffered = buffered + q end
-  end
+  local buffered = server:queued_bytes()
   metric("moonbox_http_buffered_bytes", "gauge", "Response bytes queued for clients.", { { nil, buffered } })
   local budget = require "moonbox.session.budget"
   metric("moonbox_buffered_bytes", "gauge", "Output kept in memory now, runtime-wide (exec, streams, process " ..
@@ -256,7 +253,7 @@ end
 local function busy(self, id, sb)
   if self.active[id] then return true end
   for _, p in pairs(sb.processes or {}) do
-    if p._running and p:_running() then return true end
+    if p.is_running and p:is_running() then return true end
   end
   for t in pairs(sb.terminals or {}) do if terminal_busy(t) then return true end end
   return false
@@ -312,17 +309,7 @@ function M:stop(server)
   while server:inflight() > 0 and core.now() < deadline do async.sleep(50) end
   local final = "data: " .. cjson.encode({ type = "error", error = { code = "SHUTTING_DOWN", httpStatus = 503,
     message = "the server is stopping", context = {} } }) .. "\n\n"
-  for _, res in pairs(server._live) do
-    if res._ws then
-      res._ws:close(1001, "server shutting down")
-    elseif res._streaming and not res._finished and not res.closed then
-      if tostring(res.contentType or ""):match("^text/event%-stream") then
-        server._core:write(res._id, final)
-        res.bytes = (res.bytes or 0) + #final
-      end
-      res:finish()
-    end
-  end
+  server:end_streams(final)
   -- let the last bytes out (bounded: a client that does not read is dropped by close)
   local until_ms = core.now() + 2000
   while server:inflight() > 0 and core.now() < until_ms do async.sleep(20) end

@@ -5,7 +5,9 @@
 --   token.page_cookie(token)         -> value of moonbox_token
 --   token.port_cookie(token, id, n)  -> name, value
 --   token.hmac_sha256(key, msg)      -> 64 hex digits
+--   token.new()                      -> a new token
 local bit = require "bit"
+local util = require "moonbox.lib.util"
 
 local M = {}
 
@@ -106,5 +108,8 @@ end
 function M.port_cookie(token, id, port)
   return M.PORT_COOKIE_PREFIX .. id .. "_" .. port, derive(token, ("port\0%s\0%d"):format(id, port))
 end
+
+-- A new token: 32 hex digits from the kernel's random source.
+function M.new() return util.random_hex(16) end
 
 return M

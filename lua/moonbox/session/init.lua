@@ -40,7 +40,7 @@ function M.new(sandbox, id, opts)
   -- spares serve createSession: a sandbox driven through its default
   -- session alone never starts one (it would compete with the first
   -- command), but adopts the shell a pre-built sandbox came with
-  local spare = async.in_task() and (id ~= "default" or sandbox.spare) and sandbox:_take_spare(id == "default")
+  local spare = async.in_task() and (id ~= "default" or sandbox.spare) and sandbox:take_spare(id == "default")
   local function own_cgroup()
     if tree.mode() == "cgroup" then
       self.cgroup = assert(tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
@@ -85,9 +85,9 @@ function Session:_start_shell()
   local env = self:current_env()
   -- proc mode: processes that leave the tree stay attributable (process/tree.lua)
   env.MOONBOX_OWNER = tree.owner(self.sandbox.id, self.id)
-  local sh, err, code = self.sandbox:_spawn_shell {
+  local sh, err, code = self.sandbox:spawn_shell {
     env = env,
-    cwd = self.sandbox:_dir_exists(self.cwd) and self.cwd or self.sandbox.home,
+    cwd = self.sandbox:dir_exists(self.cwd) and self.cwd or self.sandbox.home,
     -- born where its commands run (kill.cmd_cgroup): no migration for the first
     cgroup = self.cgroup and kill.new_cmd_cgroup(self),
     shell = self.sandbox.policy.shell,
@@ -105,18 +105,18 @@ function Session:_start_shell()
   self.shell = sh
 end
 
-function Session:_check_live()
+function Session:check_live()
   if self.destroyed then
     errors.raise("SESSION_NOT_FOUND", ("session %q does not exist (deleted)"):format(self.id),
       { sessionId = self.id })
   end
-  if self.sandbox.init_dead then self.sandbox:_revive() end
+  if self.sandbox.init_dead then self.sandbox:revive_init() end
 end
 
 -- A call whose sandbox was destroyed, or whose session was deleted, while
 -- it ran says so (SANDBOX_DESTROYED, SESSION_DESTROYED), whatever its own
 -- end looked like from here; what: "the command", "runCode", ...
-function Session:_check_ended(what)
+function Session:check_ended(what)
   local sb = self.sandbox
   if sb.destroyed then
     errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed while %s ran"):format(sb.id, what),
@@ -298,11 +298,11 @@ function Session:_finish_run(sh, record, w, held, cmd_cg, info)
   local sb = self.sandbox
   -- (first: a destroy also ends every session, and its init died because
   -- destroy killed it: no rebuild follows)
-  self:_check_ended("the command")
-  if info and sb.init and (sb.init_generation ~= info.generation or (record.died and not sb:_init_alive())) then
+  self:check_ended("the command")
+  if info and sb.init and (sb.init_generation ~= info.generation or (record.died and not sb:init_alive())) then
     -- the sandbox's init died under the command (and every process with
     -- it): said once, to the calls that were running; the next call
-    -- rebuilds the sandbox (Sandbox:_revive)
+    -- rebuilds the sandbox (Sandbox:revive_init)
     errors.raise("SANDBOX_RESTARTED", ("sandbox %q lost its init process while the command ran; it is rebuilt " ..
       "over the same workspace on the next call"):format(sb.id), { id = sb.id, sessionId = self.id })
   end
@@ -378,7 +378,7 @@ local function collector(limit, on_output, budget_ceiling)
 end
 
 function Session:_prepare(command, opts, what)
-  self:_check_live()
+  self:check_live()
   V.command(command)
   opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").exec, what)
   opts = V.options(opts, exec_options, what .. " options")
@@ -393,7 +393,7 @@ function Session:_prepare(command, opts, what)
   if opts.cwd ~= nil then
     V.path(opts.cwd, "cwd")
     cwd = self.sandbox:host_path(opts.cwd, self.cwd)
-    if not self.sandbox:_dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
+    if not self.sandbox:dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
   local o = { timeout = opts.timeout, env = env, cwd = cwd, stdin = opts.stdin,
     onOutput = opts.onOutput, maxOutputBytes = opts.maxOutputBytes }
@@ -502,9 +502,9 @@ end
 -- setEnvVars(map): export (or, for false, unset) in this session's shell.
 function Session:setEnvVars(map)
   async.check_task("setEnvVars")
-  self:_check_live()
+  self:check_live()
   local env = V.env(V.type(map, "table", "envVars"), "envVars")
-  return self:_apply_env(M.env_hook(self.sandbox, self, env))
+  return self:apply_env(M.env_hook(self.sandbox, self, env))
 end
 
 -- The policy's onEnv hook: the map to apply, or POLICY_DENIED.
@@ -515,8 +515,8 @@ function M.env_hook(sandbox, caller, env)
 end
 
 -- Export / unset an already validated (and hooked) map in the shell.
-function Session:_apply_env(env)
-  self:_check_live()
+function Session:apply_env(env)
+  self:check_live()
   if next(env) == nil then return { success = true, sessionId = self.id, timestamp = util.timestamp() } end
   local body = env_prelude(env)
   local r = self.queue:run(self._run, self, body, {}, function() end)
@@ -531,7 +531,7 @@ end
 -- already saw every process of the sandbox dead (its cgroup empty, or its
 -- init, and so its pid namespace, reaped): nothing is left to kill or look
 -- for, only the shell's exit report and the cgroup's removal.
-function Session:_destroy(gone)
+function Session:tear_down(gone)
   if self.destroyed then return end
   self.destroyed = true
   compose.run(M.hooks, "session_end", self)
@@ -561,7 +561,7 @@ function Session:_destroy(gone)
 end
 
 -- Session's parts (lib/compose.lua), installed here and nowhere else: each
--- adds its methods and registers its hooks, which Session:_destroy and the
+-- adds its methods and registers its hooks, which Session:tear_down and the
 -- sandbox (deleteSession, destroy) run.
 M.hooks = compose.hooks()
 for _, part in ipairs {

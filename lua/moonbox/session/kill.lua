@@ -6,6 +6,7 @@
 -- and "After a timeout".
 local core = require "moonbox.core"
 local async = require "moonbox.async"
+local registry = require "moonbox.sandbox.registry"
 local tree = require "moonbox.process.tree"
 local util = require "moonbox.lib.util"
 
@@ -51,7 +52,7 @@ local function marked_orphans(session, scan)
     mine[pid] = true
   end
   local out = {}
-  for _, pid in ipairs(tree.adopted(session.sandbox._known_pids(), scan)) do
+  for _, pid in ipairs(tree.adopted(registry.known_pids(), scan)) do
     if mine[pid] then out[#out + 1] = pid end
   end
   return out

@@ -29,7 +29,7 @@ end
 local terminal_options = { cols = true, rows = true, shell = true, env = true }
 
 function Session:terminal(opts)
-  self:_check_live()
+  self:check_live()
   opts = V.options(opts, terminal_options, "terminal options")
   -- the policy's say (a table replaces the options, checked the same way)
   local changed = require("moonbox.policy").call_hook(self.sandbox.policy, "onTerminal", "terminal", nil, self,
@@ -57,7 +57,8 @@ function Session:terminal(opts)
   -- devpts gives the pty to whoever opened ptmx (us): root inside reopens it
   -- by name (tty, ssh, script), so it is root inside's
   if sb.init and sb.idmap.count > 1 then
-    local ok, msg = core.chown(slave, sb.idmap.uid, sb.idmap.gid)
+    -- (its owner: who the shell runs as, root inside or the image's User)
+    local ok, msg = core.chown(slave, require("moonbox.sandbox.image").host_ids(sb.image, sb.idmap))
     if not ok then
       core.close_fd(master)
       core.close_fd(slave)
@@ -74,7 +75,7 @@ function Session:terminal(opts)
     args = { shell, "--noprofile", "--norc", "-i" }
     env.PS1 = env.PS1 or "\\w\\$ "
   end
-  local proc, err, code = core.spawn(sb:_spawn_spec {
+  local proc, err, code = core.spawn(sb:spawn_spec {
     args = args, env = env, cwd = self.cwd, setsid = true, ctty = 0, pdeathsig = "SIGKILL",
     cgroup = t._cgroup,
     stdio = { [0] = slave, [1] = slave, [2] = slave },
