@@ -287,6 +287,21 @@ describe("command framing", function()
     end)
   end)
 
+  it("gives every command without stdin a read-only /dev/null, whatever an earlier one did to fd 0", function()
+    with_sandbox(function(sb)
+      assert.equal("hi\n", sb:exec("echo hi > f; exec 0<f; cat").stdout)
+      assert.equal("", sb:exec("cat").stdout)
+      assert.equal("", sb:exec("/bin/cat").stdout)
+      sb:exec("exec 0<&-")
+      assert.equal("/dev/null\n", sb:exec("readlink /proc/self/fd/0").stdout)
+      sb:exec("exec 0<>/dev/null")
+      -- (read-only again: a write to fd 0 fails)
+      assert.equal("1\n", sb:exec("{ echo x >&0; } 2>/dev/null; echo $?").stdout)
+      assert.equal("in", sb:exec("cat", { stdin = "in" }).stdout)
+      assert.equal("", sb:exec("cat").stdout)
+    end)
+  end)
+
   it("reports 128 + signal for a command killed by a signal", function()
     with_sandbox(function(sb)
       assert.equal(137, sb:exec("sh -c 'kill -KILL $$'").exitCode)
@@ -420,7 +435,11 @@ describe("concurrency", function()
     end)
   end)
 
-  it("holds one fd of the runtime per idle namespaced session, and returns a command's after it", function()
+  it("holds one fd of the runtime per idle namespaced session past the hot set, and returns a command's after it",
+    function()
+    local shell_mod = require "moonbox.session.shell"
+    local hot_was = shell_mod.hot_size(0)
+    finally(function() shell_mod.hot_size(hot_was) end)
     with_sandbox(function(sb)
       -- (after a first created session: the spare shell that replaces it
       -- is counted in before)
@@ -443,6 +462,15 @@ describe("concurrency", function()
       end
       for _, s in ipairs(sessions) do s:exec("echo x; echo y >&2", { stdin = "in" }) end
       assert.equal(with_sessions, helper.steady(fds))
+      if sb:info().isolation == "namespaces" then
+        -- the hot set (issue #32): the 4 shells that ran last keep their run
+        -- directory, control FIFO writer and body file open, no more
+        shell_mod.hot_size(4)
+        for _, s in ipairs(sessions) do assert.equal("x\n", s:exec("echo x").stdout) end
+        assert.equal(with_sessions + 4 * 3, helper.steady(fds))
+        shell_mod.hot_size(0)
+        assert.equal(with_sessions, helper.steady(fds))
+      end
       for i = 1, 20 do sb:deleteSession("fd-" .. i) end
       assert.equal(before, helper.steady(fds))
     end)

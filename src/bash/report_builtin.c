@@ -3,6 +3,8 @@
  *
  *   __mb_rep ID STATUS KIND ENVFILE
  *   __mb_rep -h          (once, from the start-up script: the hello)
+ *   __mb_rep -b          (once, after it: the control FIFO read in blocks,
+ *                         control_input.c)
  *
  * writes the status record
  * "\n<ID> <STATUS> <KIND> <e|-> <NONCE> <NEXT>\0<PWD>\0" on the status pipe
@@ -55,6 +57,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mb_builtins.h"
@@ -188,6 +191,34 @@ static void drop_pending(int fd) {
   if (!(flags & O_NONBLOCK)) fcntl(fd, F_SETFL, flags);
 }
 
+/* The shell's stdin is /dev/null (read-only) between commands: the command
+ * shapes without a stdin no longer redirect `</dev/null` around the body
+ * (bash's save, open, dup2 and restore: 10 system calls a command, issue
+ * #32), so what a body did to fd 0 (`exec 0<file`, `exec 0<&-`) is undone
+ * here, before the next command runs, as the redirection undid it. */
+static dev_t null_rdev; /* /dev/null's device number, looked up once */
+static int null_known;
+
+static void restore_null_stdin(void) {
+  struct stat st;
+  if (!null_known && stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode)) {
+    null_rdev = st.st_rdev;
+    null_known = 1;
+  }
+  int flags = fcntl(0, F_GETFL);
+  if (null_known && flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && fstat(0, &st) == 0 && S_ISCHR(st.st_mode) &&
+      st.st_rdev == null_rdev)
+    return;
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (fd != 0) {
+    dup2(fd, 0);
+    close(fd);
+  } else {
+    fcntl(0, F_SETFD, 0);
+  }
+}
+
 /* A report refused (or that failed) is status REFUSED, not 1: 1 is what
  * `builtin __mb_rep` gives when the builtin was disabled, and the report
  * then goes through `__mb_run -r` instead. */
@@ -221,6 +252,10 @@ static void keep_protocol_names(void) {
  * __mb_rep (`builtin enable -d`) must not cost the session its reports. */
 int mb_rep_builtin(WORD_LIST *list) {
   if (list && !list->next && strcmp(list->word->word, "-h") == 0) return hello();
+  if (list && !list->next && strcmp(list->word->word, "-b") == 0) {
+    mb_buffer_control_input();
+    return EXECUTION_SUCCESS;
+  }
   char *args[4];
   for (int i = 0; i < 4; i++) {
     if (!list) {
@@ -246,6 +281,7 @@ int mb_rep_builtin(WORD_LIST *list) {
   int pending = 0;
   if (!exiting && default_buffered_input >= 0 && ioctl(default_buffered_input, FIONREAD, &pending) == 0 && pending > 0)
     drop_pending(default_buffered_input);
+  if (!exiting) restore_null_stdin();
   char next[NONCE_HEX + 1];
   if (new_nonce(next) < 0) return REFUSED;
   keep_protocol_names();
@@ -323,5 +359,5 @@ static char *mb_rep_doc[] = {
 };
 
 struct builtin __mb_rep_struct = {
-  "__mb_rep", mb_rep_builtin, BUILTIN_ENABLED, mb_rep_doc, "__mb_rep ID STATUS KIND ENVFILE | -h", 0,
+  "__mb_rep", mb_rep_builtin, BUILTIN_ENABLED, mb_rep_doc, "__mb_rep ID STATUS KIND ENVFILE | -h | -b", 0,
 };

@@ -128,7 +128,12 @@ end
 function M.oom_kills(state)
   local dir = state.v1_dirs.memory
   if not dir then return 0 end
-  local text = util.read_file(dir .. "/memory.oom_control") or ""
+  -- (read before every exec: one pread, not a stdio FILE's open, fstat and
+  -- two reads, issue #32)
+  local fd = core.open_fd(dir .. "/memory.oom_control", "r")
+  if not fd then return 0 end
+  local text = core.pread_all(fd, 4096) or ""
+  core.close_fd(fd)
   return tonumber(text:match("oom_kill (%d+)")) or 0
 end
 

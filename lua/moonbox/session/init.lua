@@ -8,10 +8,11 @@ local errors = require "moonbox.errors"
 local shell_mod = require "moonbox.session.shell"
 local simple_command = require "moonbox.session.simple_command"
 local tree = require "moonbox.process.tree"
-local registry = require "moonbox.sandbox.registry"
 local queue_mod = require "moonbox.session.queue"
 local util = require "moonbox.lib.util"
 local budget = require "moonbox.session.budget"
+local kill = require "moonbox.session.kill"
+local stream_events = require "moonbox.session.stream"
 local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
 local policy_mod = require "moonbox.policy"
@@ -22,12 +23,6 @@ local M = {}
 local Session = {}
 Session.__index = Session
 M.Session = Session
-
-local function after(ms, fn)
-  local t = core.timer()
-  t:start(ms, 0, function() t:close() fn() end)
-  return t
-end
 
 -- new(sandbox, id, {env, cwd (host path), commandTimeoutMs}) -> session.
 -- The shell starts at once, so a bad setup fails here, not on first use.
@@ -94,8 +89,8 @@ function Session:_start_shell()
   local sh, err, code = self.sandbox:spawn_shell {
     env = env,
     cwd = self.sandbox:dir_exists(self.cwd) and self.cwd or self.sandbox.home,
-    -- born where its commands run (_cmd_cgroup): no migration for the first
-    cgroup = self.cgroup and self:_new_cmd_cgroup(),
+    -- born where its commands run (kill.cmd_cgroup): no migration for the first
+    cgroup = self.cgroup and kill.new_cmd_cgroup(self),
     shell = self.sandbox.policy.shell,
   }
   if not sh then
@@ -143,120 +138,6 @@ function Session:current_env()
   return self.env
 end
 
--- ---- killing a command's tree -------------------------------------------
-
--- The cgroup a command that may be killed runs in, with the shell in it:
--- every process the command starts is born there. The shell stays there
--- after the command (moving it costs a migration, milliseconds after a
--- quiet spell), so the next such command reuses it unless something else
--- lives on in it (background jobs): then the shell moves to a new one.
-function Session:_cmd_cgroup(sh)
-  if not self.cgroup then return nil end
-  local cg = self.cmd_cgroup
-  if cg and sh:in_cgroup(cg) then
-    local alone = true
-    for _, pid in ipairs(tree.cgroup_pids(cg)) do
-      if pid ~= sh.pid then alone = false break end
-    end
-    if alone then return cg end
-  end
-  cg = self:_new_cmd_cgroup()
-  sh:move_to(cg)
-  return cg
-end
-
-function Session:_new_cmd_cgroup()
-  self.cmd_seq = self.cmd_seq + 1
-  self.cmd_cgroup = errors.check("ISOLATION_UNAVAILABLE",
-    tree.create(self.cgroup:sub(#tree.base() + 2) .. "/cmd" .. self.cmd_seq))
-  return self.cmd_cgroup
-end
-
--- proc mode: orphans the runtime adopted that came from this session;
--- scan: a tree.scan() to use.
-function Session:_marked_orphans(scan)
-  local mine = {}
-  for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), false, scan)) do
-    mine[pid] = true
-  end
-  local out = {}
-  for _, pid in ipairs(tree.adopted(registry.known_pids(), scan)) do
-    if mine[pid] then out[#out + 1] = pid end
-  end
-  return out
-end
-
--- proc mode: the processes of the running command, found as the shell's
--- descendants and the session's marked orphans, less those that were there
--- before it started (background jobs of earlier commands); scan: a
--- tree.scan() to use (else one is awaited).
-function Session:_proc_command_pids(sh, scan)
-  scan = scan or tree.scan()
-  local before = self.pids_before_cmd or {}
-  local pids = {}
-  for _, pid in ipairs(tree.descendants(sh.pid, scan)) do
-    if not before[pid] then pids[#pids + 1] = pid end
-  end
-  for _, pid in ipairs(self:_marked_orphans(scan)) do
-    if not before[pid] then pids[#pids + 1] = pid end
-  end
-  return pids
-end
-
--- Signal every process of the running command, but not the shell itself;
--- `seen` (optional) skips pids signalled by an earlier pass. The shell stays
--- in the command's cgroup until it reports, so a command it forks late (the
--- timeout fired first) is still born there and caught by the next pass.
--- Called from timers: in proc mode the /proc pass runs on the thread pool
--- and the signal follows when it is done, if the command is still the one
--- it was for (pids_before_cmd is made anew for every command).
-function Session:_signal_command(sig, seen)
-  if self.cmd_cgroup then
-    local pids = {}
-    for _, pid in ipairs(tree.cgroup_pids(self.cmd_cgroup)) do
-      if pid ~= self.shell.pid and not (seen and seen[pid]) then
-        pids[#pids + 1] = pid
-        if seen then seen[pid] = true end
-      end
-    end
-    tree.signal_pids(pids, sig)
-  else
-    local sh, cmd = self.shell, self.pids_before_cmd
-    tree.scan_then(function(scan)
-      if not scan or self.shell ~= sh or sh.dead or self.pids_before_cmd ~= cmd then return end
-      local pids = {}
-      for _, pid in ipairs(self:_proc_command_pids(sh, scan)) do
-        if not (seen and seen[pid]) then
-          pids[#pids + 1] = pid
-          if seen then seen[pid] = true end
-        end
-      end
-      tree.signal_pids(pids, sig)
-    end)
-  end
-end
-
--- After a timeout: wait out the grace for processes still handling SIGTERM,
--- then SIGKILL whatever is left and wait until it is gone.
-function Session:_finish_kill(sh, deadline)
-  local cg = self.cmd_cgroup
-  if cg then
-    while tree.populated(cg) and util.now_ms() < deadline do async.sleep(10) end
-    tree.kill_cgroup(cg)
-    tree.remove_when_empty(cg, async.sleep)
-    self.cmd_cgroup = nil
-  elseif sh:alive() then
-    local function leftovers() return self:_proc_command_pids(sh) end
-    while #leftovers() > 0 and util.now_ms() < deadline do async.sleep(10) end
-    for _ = 1, 50 do
-      local pids = leftovers()
-      if #pids == 0 then break end
-      tree.signal_pids(pids, "SIGKILL")
-      async.sleep(10)
-    end
-  end
-end
-
 -- ---- exec ---------------------------------------------------------------
 
 local exec_options = { timeout = true, env = true, cwd = true, stdin = true, onOutput = true,
@@ -272,47 +153,9 @@ local function env_prelude(env)
   return table.concat(lines, "\n")
 end
 
-local HELD_STDERR_MAX = 64 * 1024 -- stderr held back after a timeout (bash's job note is filtered)
-
--- Runs one command holding the queue. Returns the ExecResult table.
-function Session:_run(command, opts, sink)
-  local sb = self.sandbox
-  local started, timestamp = util.now_ms(), util.timestamp()
-  local generation = sb.init_generation -- moves on when the sandbox's init dies
-  -- a call that waited in the queue while its sandbox was being destroyed
-  -- never starts (nor a new shell for it: destroy is killing everything)
-  if sb.destroyed then
-    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(sb.id), { id = sb.id, sessionId = self.id })
-  end
-  if self.destroyed then
-    errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
-  end
-  if not self.shell or not self.shell:usable() then
-    if self.shell then self.shell:wait_exit(2000) end -- it reported its own exit
-    self:_start_shell()
-  end
-  local sh = self.shell
-  local timed_out = false
-  local held_stderr = {}
-  -- After a timeout, bash reports the job it lost ("Terminated", "Killed");
-  -- that note is ours, not the command's: it is held back and filtered.
-  -- At most HELD_STDERR_MAX bytes are held: past that, what is held is the
-  -- command's (bash's note is one short line at the end) and goes on.
-  local held_bytes = 0
-  local req = { on_chunk = function(stream, data)
-    if timed_out and stream == "stderr" then
-      held_stderr[#held_stderr + 1] = data
-      held_bytes = held_bytes + #data
-      if held_bytes > HELD_STDERR_MAX then
-        local text = table.concat(held_stderr)
-        for i = #held_stderr, 1, -1 do held_stderr[i] = nil end
-        held_bytes = 0
-        sink(stream, text)
-      end
-      return
-    end
-    sink(stream, data)
-  end }
+-- What the shell is sent for a command (Shell:start's request).
+local function request(command, opts, on_chunk)
+  local req = { on_chunk = on_chunk }
   if type(command) == "table" then
     local words = {}
     for i, w in ipairs(command) do words[i] = util.shell_quote(w) end
@@ -330,137 +173,127 @@ function Session:_run(command, opts, sink)
     if opts.env then parts[#parts + 1] = env_prelude(opts.env) end
     req.prelude = table.concat(parts, "\n") .. "\n"
   end
+  return req
+end
 
+-- The shell a command runs in: a new one when the last exited (or said
+-- it would). A call that waited in the queue while its sandbox was being
+-- destroyed never starts (nor a new shell for it: destroy is killing
+-- everything).
+function Session:_ready_shell()
+  local sb = self.sandbox
+  if sb.destroyed then
+    errors.raise("SANDBOX_DESTROYED", ("sandbox %q was destroyed"):format(sb.id), { id = sb.id, sessionId = self.id })
+  end
+  if self.destroyed then
+    errors.raise("SESSION_DESTROYED", ("session %q was deleted"):format(self.id), { sessionId = self.id })
+  end
+  if not self.shell or not self.shell:usable() then
+    if self.shell then self.shell:wait_exit(2000) end -- it reported its own exit
+    self:_start_shell()
+  end
+  return self.shell
+end
+
+-- Only a command that can be killed (timeout, cancel) needs a cgroup of
+-- its own (kill.cmd_cgroup); deleteSession kills the session's whole
+-- cgroup. In proc mode what lives already is not this command's to kill.
+function Session:_killable(sh)
+  local cmd_cg = kill.cmd_cgroup(self, sh)
+  self.pids_before_cmd = nil
+  if not cmd_cg then
+    local before = {}
+    for _, pid in ipairs(kill.proc_command_pids(self, sh)) do before[pid] = true end
+    self.pids_before_cmd = before
+  end
+  return cmd_cg
+end
+
+-- The caller's task was cancelled (moonbox.timeout, task:cancel) while the
+-- command ran: the command is killed, and a task of our own waits for its
+-- record holding the queue, so the next command finds the shell back at
+-- its prompt.
+function Session:_abandon(sh, job, w, held, cmd_cg, killable)
+  if killable then
+    -- set up to be killed: as a timeout, the shell keeps its state
+    w:expire()
+  else
+    -- nothing tells this command's processes from earlier background
+    -- jobs without a per-command cost: the shell and all it runs go,
+    -- and the next command gets a fresh shell (last cwd, exported env)
+    kill.shell(self, sh)
+  end
+  self.queue:hand_off()
+  async.spawn(function()
+    pcall(function()
+      self:_finish_run(sh, job:wait(), w, held, cmd_cg)
+      if not killable and self.cgroup then
+        -- the killed tree is gone (not just dying) before the next command
+        -- runs: the queue is ours until then, so nothing new is in the cgroup
+        tree.wait_empty(self.cgroup, 2000, async.sleep)
+      elseif not killable then
+        -- proc mode: also what left the shell's tree (it carries our
+        -- marker), before a new shell (which carries it too) starts
+        tree.kill_marked("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
+      end
+    end)
+    self.queue:release()
+  end)
+end
+
+-- Runs one command holding the queue. Returns the ExecResult table.
+function Session:_run(command, opts, sink)
+  local sb = self.sandbox
+  local started, timestamp = util.now_ms(), util.timestamp()
+  local generation = sb.init_generation -- moves on when the sandbox's init dies
+  local sh = self:_ready_shell()
   local timeout = opts.timeout or self.commandTimeoutMs or sb.policy.limits.commandTimeoutMs
   if timeout == 0 then timeout = nil end
   local control = opts.control -- execStream's: cancel() kills this command as a timeout would
   if control and control.cancelled then
     errors.raise("CANCELLED", "the command was cancelled before it started", { sessionId = self.id })
   end
-  -- Only a command that can be killed (timeout, cancel) needs a cgroup of
-  -- its own (_cmd_cgroup); deleteSession kills the session's whole cgroup.
-  local cmd_cg = (timeout or control) and self:_cmd_cgroup(sh)
-  self.pids_before_cmd = nil
-  if (timeout or control) and not cmd_cg then
-    -- proc mode: what lives already is not this command's to kill
-    local before = {}
-    for _, pid in ipairs(self:_proc_command_pids(sh)) do before[pid] = true end
-    self.pids_before_cmd = before
-  end
-  local timers, grace_deadline = {}, nil
+  local killable = (timeout or control) and true or false
+  local cmd_cg = killable and self:_killable(sh)
+  if not killable then self.pids_before_cmd = nil end
+  local w = kill.watch(self, sh, timeout)
+  local on_chunk, held = kill.held_stderr(sink, w)
   local cancelled = false
-  local function expire()
-    if timed_out then return end
-    timed_out = true
-    local grace = sb.policy.limits.timeoutGraceMs
-    grace_deadline = util.now_ms() + grace
-    if not sh:alive() then return end
-    local termed = {}
-    -- the shell first: its trap is pending before the command it waits
-    -- for dies, so it returns from the body instead of going on with the
-    -- next command (TERM first lost that race 30 times in 100 under load)
-    sh:interrupt()
-    self:_signal_command("SIGTERM", termed)
-    -- processes started after this pass get their SIGTERM too, and the
-    -- shell leaves a function of the body it was in
-    local again = core.timer()
-    timers[4] = again
-    again:start(20, 20, function()
-      if sh:alive() then sh:interrupt() self:_signal_command("SIGTERM", termed) end
-    end)
-    timers[2] = after(grace, function()
-      again:stop()
-      if not sh:alive() or not sh:busy() then return end
-      self:_signal_command("SIGKILL")
-      -- a shell busy in a builtin loop never reports: end it too
-      timers[3] = after(grace, function()
-        if sh:alive() and sh:busy() then sh:kill("SIGKILL") end
-      end)
-    end)
-  end
-  if timeout then timers[1] = after(timeout, expire) end
   if control then
     control.abort = function()
-      cancelled = not timed_out
-      expire()
+      cancelled = not w.timed_out
+      w:expire()
     end
   end
   local oom_before = limits.oom_kills(sb.limits_state)
-  local job = sh:start(req)
+  local job = sh:start(request(command, opts, on_chunk))
   local waited, record = pcall(job.wait, job)
+  if control then control.abort = nil end
   if not waited then
-    -- the caller's task was cancelled (moonbox.timeout, task:cancel) while
-    -- the command ran: the command is killed, and a task of our own waits
-    -- for its record holding the queue, so the next command finds the
-    -- shell back at its prompt
-    if control then control.abort = nil end
-    if timeout or control then
-      -- set up to be killed: as a timeout, the shell keeps its state
-      cancelled = not timed_out
-      expire()
-    else
-      -- nothing tells this command's processes from earlier background
-      -- jobs without a per-command cost: the shell and all it runs go,
-      -- and the next command gets a fresh shell (last cwd, exported env)
-      self:_kill_shell(sh)
-    end
-    local reset = not (timeout or control)
-    self.queue:hand_off()
-    async.spawn(function()
-      pcall(function()
-        self:_finish_run(sh, job:wait(), timers, held_stderr, sink, cmd_cg, timed_out and grace_deadline)
-        if reset and self.cgroup then
-          -- the killed tree is gone (not just dying) before the next command
-          -- runs: the queue is ours until then, so nothing new is in the cgroup
-          tree.wait_empty(self.cgroup, 2000, async.sleep)
-        elseif reset then
-          -- proc mode: also what left the shell's tree (it carries our
-          -- marker), before a new shell (which carries it too) starts
-          tree.kill_marked("MOONBOX_OWNER", tree.owner(self.sandbox.id, self.id), async.sleep)
-        end
-      end)
-      self.queue:release()
-    end)
+    self:_abandon(sh, job, w, held, cmd_cg, killable)
     error(record, 0)
   end
-  if control then control.abort = nil end
-  return self:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, timed_out and grace_deadline, {
+  return self:_finish_run(sh, record, w, held, cmd_cg, {
     started = started, timestamp = timestamp, cancelled = cancelled, oom_before = oom_before,
     generation = generation })
-end
-
--- Kill the session's shell and everything it started (its cgroup, or its
--- descendants and marked orphans); the next command starts a fresh shell.
--- (Called from a cancelled task, which cannot wait: in proc mode the
--- shell's process group goes with one kill(2), the live shell pinning its
--- id; its jobs stay in it (no job control), and what left it carries the
--- session's marker for the kill_marked that follows.)
-function Session:_kill_shell(sh)
-  if self.cgroup then tree.kill_cgroup(self.cgroup)
-  elseif sh:alive() then core.kill(-sh.pid, "SIGKILL") end
-  sh:kill("SIGKILL")
 end
 
 -- The rest of a command once its record came: what is left of a timed-out
 -- command is killed, the shell's cwd and exports are kept. info is nil
 -- when nobody waits for the result (a cancelled call).
-function Session:_finish_run(sh, record, timers, held_stderr, sink, cmd_cg, grace_deadline, info)
-  for _, t in pairs(timers) do if not t:is_closing() then t:close() end end
-  local timed_out = grace_deadline and true or false
+function Session:_finish_run(sh, record, w, held, cmd_cg, info)
+  w:close()
+  local timed_out = w.timed_out
 
   if cmd_cg and timed_out and sh:alive() then
     -- the shell leaves, what is left of the command is killed with the cgroup
     sh:move_to(self.cgroup)
   end
-  if #held_stderr > 0 then
-    local text = table.concat(held_stderr):gsub("[^\n]*%d+ ?[%a ]*%f[%a](Terminated)[^\n]*\n", "")
-      :gsub("[^\n]*%d+ ?[%a ]*%f[%a](Killed)[^\n]*\n", ""):gsub("^Terminated\n", ""):gsub("^Killed\n", "")
-    if #text > 0 then sink("stderr", text) end
-  end
+  held.flush()
   if timed_out then
     -- What survived SIGTERM gets the rest of the grace, then SIGKILL; the
     -- call returns only when no process of the command is left.
-    self:_finish_kill(sh, grace_deadline)
+    kill.finish(self, sh, w.grace_deadline)
   end
 
   local sb = self.sandbox
@@ -617,43 +450,8 @@ function Session:execStream(command, opts)
   command, o = self:_prepare(command, opts, "execStream")
   local control = {}
   o.control = control
-  local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
-  local events, head, tail, waiter = {}, 1, 0, nil
-  local queued = { stdout = 0, stderr = 0 }
-  local truncated = false
-  local function push(ev)
-    tail = tail + 1
-    events[tail] = ev
-    if waiter then local w = waiter waiter = nil w() end
-  end
-  local user_output = o.onOutput
-  -- queued chunks count against the runtime-wide budget until the reader
-  -- takes them; a stream the budget cut keeps its prefix (nothing after)
-  local hold, cut = budget.hold(self.sandbox.policy.limits.maxBufferedBytes, true), {}
-  -- (the shell may keep the last command's sink until its next one: once
-  -- the command is done, the sink lets go of the queue and the hold)
-  local sink_hold, sink_push = hold, push
-  local function sink(stream, data)
-    if user_output then async.user_callback("onOutput", user_output, stream, data) end
-    if not sink_hold then return end
-    if cut[stream] then truncated = true return end
-    -- past the bound: the part that fits, then nothing more of this stream
-    -- (a reader gets a prefix, never a stream with holes in it)
-    local room = limit - queued[stream]
-    if #data > room then
-      truncated, cut[stream] = true, true
-      if room <= 0 then return end
-      data = data:sub(1, room)
-    end
-    local granted = sink_hold:take(#data)
-    if granted < #data then
-      truncated, cut[stream] = true, true
-      if granted == 0 then return end
-      data = data:sub(1, granted)
-    end
-    queued[stream] = queued[stream] + #data
-    sink_push { type = stream, data = data, timestamp = util.timestamp(), _size = #data }
-  end
+  local limits_ = self.sandbox.policy.limits
+  local q = stream_events.events(o.maxOutputBytes or limits_.maxOutputBytes, limits_.maxBufferedBytes, o.onOutput)
   local task = async.spawn(function()
     local ok, r = pcall(self.queue.run, self.queue, function(...)
       control.started = true
@@ -661,20 +459,20 @@ function Session:execStream(command, opts)
       -- another of the session's waits for it (and one that will not
       -- start, its session or sandbox gone meanwhile, has none)
       if not (self.destroyed or self.sandbox.destroyed) then
-        push { type = "start", command = type(command) == "table" and util.shell_join(command) or command,
+        q.push { type = "start", command = type(command) == "table" and util.shell_join(command) or command,
           timestamp = util.timestamp(), sessionId = self.id }
       end
       return self._run(...)
-    end, self, command, o, sink)
-    sink_hold, sink_push = nil, nil
+    end, self, command, o, q.sink)
+    q.seal()
     control.finished = true
     if ok then
-      push { type = "complete", exitCode = r.exitCode, timedOut = r.timedOut, truncated = truncated,
+      q.push { type = "complete", exitCode = r.exitCode, timedOut = r.timedOut, truncated = q.truncated(),
         timestamp = util.timestamp(), sessionId = self.id, duration = r.duration, cancelled = r.cancelled }
     else
-      push { type = "error", error = r, timestamp = util.timestamp() }
+      q.push { type = "error", error = r, timestamp = util.timestamp() }
     end
-    push(false)
+    q.push(false)
   end)
   local function cancel()
     if control.finished or control.cancelled then return end
@@ -687,35 +485,18 @@ function Session:execStream(command, opts)
   local iter = setmetatable({ task = task, cancel = cancel }, {
     __call = function()
       if ended then return nil end -- (called again after the end: nil again, never a wait)
-      while head > tail do
-        local ok, err = pcall(async.await, function(resume)
-          waiter = resume
-          return function() waiter = nil end
-        end, "execStream iteration")
-        if not ok then
-          -- the reading task was cancelled (moonbox.timeout, task:cancel):
-          -- the command is ended as iterator.cancel() would end it
-          cancel()
-          error(err, 0)
-        end
+      local ok, ev = pcall(q.take, "execStream iteration")
+      if not ok then
+        -- the reading task was cancelled (moonbox.timeout, task:cancel):
+        -- the command is ended as iterator.cancel() would end it
+        cancel()
+        error(ev, 0)
       end
-      local ev = events[head]
-      events[head] = nil
-      head = head + 1
-      if not ev then
-        ended = true
-        hold:release()
-        return nil
-      end
-      if ev._size then
-        queued[ev.type] = queued[ev.type] - ev._size
-        hold:give(ev._size)
-        ev._size = nil
-      end
+      if not ev then ended = true end
       return ev
     end,
   })
-  iter._hold = hold -- collected undrained: the queued bytes go back to the budget
+  iter._hold = q.hold -- collected undrained: the queued bytes go back to the budget
   return iter
 end
 

@@ -1,68 +1,9 @@
--- One session shell: a bash process that reads its script from its
--- control channel (fd 60, which bash opens again as its script fd) and
--- reports on its own stdout, the status pipe.
---
--- Under namespaces the control channel is a FIFO in a directory private to
--- the runtime (0700, on the host, never in a sandbox's view: bash reaches
--- it only through its inherited fd). The shell keeps its fd 60, read-write,
--- as the writer that spares bash an EOF (the report builtin moves it to a
--- private close-on-exec fd); the runtime opens the FIFO for each line it
--- sends and closes it again, so an idle session costs the runtime one fd,
--- its status pipe (issue #18). A shell without the builtin closes its fd
--- 60: the runtime then keeps its own writer open. An unisolated shell's
--- control channel is a pipe the runtime holds, as before: a FIFO by path
--- would be open to the commands of every unisolated sandbox, which run as
--- the runtime's uid.
---
--- Each shell has five fixed fd slots in the runtime (body, stdin, stdout,
--- stderr, per-call prelude) whose paths /proc/<rt>/fd/<slot> never change;
--- per command the runtime makes fresh pipes and dup3()s them onto the slots,
--- but for the body: a memfd it rewrites (bash reads a sourced file whole
--- before running any of it). The prelude stores the six command shapes in
--- readonly variables, so the
--- line sent per command is tiny (bash reads a pipe one byte per read(2),
--- and every system call is dear on a paravirtualised VM):
---
---   eval "$__mb_c1"
---
--- with __mb_c1 = '__mb_id=$((__mb_id+1)); builtin . <body> </dev/null
--- >|<out> 2>|<err>; __mb_report $__mb_id $? run' (the shell counts its
--- commands as the runtime does; with the builtins loaded, `builtin
--- __mb_run -s` sources the body instead of `builtin .`, and ends a `set -n`
--- with it). The body itself never travels through the
--- control channel: bash sources it from its own file, so heredocs,
--- unbalanced quotes, `exit`, `exec`, `break` and fd games stay inside it.
--- Completion is the status record "\n<id> <exit status> <run|exit>\0<PWD>\0",
--- one write by __mb_report after the body, or by the EXIT trap when the body
--- ends the shell. Just before it, `export -p` (the state a fresh shell is
--- restored to) rewrites the env file, a memfd of the runtime's (a file in
--- the run directory under namespaces): bash writes a line per variable, and
--- on the status pipe each of those writes could wake the runtime. With the
--- builtins loaded, __mb_rep does both: NAME=VALUE entries, written only when
--- they changed (the record then ends its head with `e`, else `-`). The
--- status pipe is the shell's fd 1, which every command has redirected to
--- its own stdout; bash restores it before an EXIT trap runs. With the
--- builtins loaded it moves to a private fd of the builtin's, and each
--- record carries a nonce announced by the one before (the first by the
--- hello): a command, which runs in this shell and can write on its fds,
--- cannot forge one (docs/sessions.md, src/bash/report_builtin.c).
---
--- A body that is a plain external command line (session/simple_command.lua) comes as
--- shape 5 or 6: the shell's __mb_run builtin reads the body's words and
--- posix_spawns the command instead of forking (src/bash/spawn_builtin.c),
--- or, when the shell's own state says the word is no file command, sources
--- the body as shape 1 would. The builtin comes as fd 63, loaded once by the
--- start-up script; a shell that cannot load it runs shapes 5 and 6 as 1 and 2.
---
--- Inside a sandbox's namespaces the runtime's /proc is not visible, so the
--- five paths name entries of a run directory of the shell's own instead
--- (rundir): the body, stdin and prelude files written per command, stdout
--- and stderr fresh FIFOs the runtime holds open read-write (never at EOF,
--- never blocking the shell's open), the env file the shell rewrites. Each
--- but the env file is unlinked after the command, so a background job
--- keeps only its own old copy. The runtime holds the directory's fd only
--- while it works in it (a command, the hello, the shell's end): an idle
--- namespaced session costs the runtime its status pipe alone (issue #18).
+-- One session shell: a bash process that reads one short control line per
+-- command (`eval "$__mb_cN"`) and sources the command's body from a file of
+-- its own, reporting on a nonce-authenticated status pipe. The protocol, its
+-- two transports (fd slots under /proc/<rt>/fd, or a run directory under
+-- namespaces) and the hot set are described in docs/sessions.md, "The
+-- shell's protocol, file by file".
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local fs = require "moonbox.lib.fs"
@@ -73,7 +14,7 @@ local errors = require "moonbox.errors"
 local M = {}
 
 -- pids of the shells that live (not yet reaped): the runtime's own, never
--- taken for orphans (Sandbox._known_pids, a shell of a session being
+-- taken for orphans (registry.known_pids, a shell of a session being
 -- deleted included)
 M.live = {}
 
@@ -88,6 +29,16 @@ local PIPE_CAPACITY = 4096 -- a pipe always holds one page, even past pipe-user-
 local SLOTS = { body = 1, stdin = 2, stdout = 3, stderr = 4, prelude = 5 }
 local SLOT_NAMES = {}
 for name, i in pairs(SLOTS) do SLOT_NAMES[i] = name end
+
+-- all of data to fd (a file, a FIFO that has room), or an error
+local function write_whole(fd, data)
+  local done = 0
+  while done < #data do
+    local n, msg = core.write_fd(fd, done == 0 and data or data:sub(done + 1))
+    if not n then error(msg, 0) end
+    done = done + n
+  end
+end
 
 -- false: every command is sourced (and every external command forked by
 -- bash), as without the builtin
@@ -370,11 +321,97 @@ function Shell:_dir()
   return self.rundir_fd
 end
 
+-- The hot set (issue #32): the HOT_MAX shells that ran a command last keep
+-- their run directory's fd, their control FIFO's writer and their body file
+-- open between commands, so a command costs no opens and closes for them
+-- (about a third of a namespaced exec's system calls). An idle session
+-- outside the set still costs its status pipe alone (issue #18): the set
+-- costs the runtime at most 3 * HOT_MAX fds, whatever the session count.
+local HOT_MAX = 32
+local hot, hot_count, hot_tick = {}, 0, 0
+
+-- Drop a shell from the hot set: what it held goes (its body file when no
+-- command of it runs; a running one drops it when it ends, Shell:start).
+function Shell:_cool()
+  if not hot[self] then return end
+  hot[self] = nil
+  hot_count = hot_count - 1
+  if self.hot_ctl then core.close_fd(self.hot_ctl) self.hot_ctl = nil end
+  if not self.running then
+    self:_drop_body()
+    self:_release_dir()
+  end
+end
+
+function Shell:_drop_body()
+  if not self.hot_body then return end
+  core.close_fd(self.hot_body)
+  self.hot_body = nil
+  if self.rundir_fd then core.unlink("body", self.rundir_fd) end
+end
+
+-- This shell runs a command now: it joins the hot set, in place of the one
+-- that has waited longest (never one whose command runs: its body is in use).
+function Shell:_warm()
+  hot_tick = hot_tick + 1
+  if not hot[self] then
+    if hot_count >= HOT_MAX then
+      local oldest, tick = nil, math.huge
+      for sh, t in pairs(hot) do
+        if t < tick and not sh.running then oldest, tick = sh, t end
+      end
+      if not oldest then return end
+      oldest:_cool()
+    end
+    hot_count = hot_count + 1
+  end
+  hot[self] = hot_tick
+end
+
+-- hot_size([n]) -> the size in force before: how many shells the hot set
+-- keeps (n = 0: none, every command opens and closes what it uses).
+function M.hot_size(n)
+  local was = HOT_MAX
+  if n ~= nil then
+    assert(type(n) == "number" and n >= 0 and n % 1 == 0, "hot_size: expected an integer >= 0")
+    HOT_MAX = n
+    while hot_count > HOT_MAX do
+      local oldest, tick = nil, math.huge
+      for sh, t in pairs(hot) do
+        if t < tick then oldest, tick = sh, t end
+      end
+      oldest:_cool()
+    end
+  end
+  return was
+end
+
 function Shell:_release_dir()
-  if self.rundir_fd and not self.running and not self.starting then
+  if self.rundir_fd and not self.running and not self.starting and not hot[self] then
     core.close_fd(self.rundir_fd)
     self.rundir_fd = nil
   end
+end
+
+-- The body file of a namespaced shell: written whole before each command
+-- (bash reads a sourced file whole before it runs any of it). A hot shell
+-- keeps it open and rewrites it in place; else it is made per command and
+-- unlinked after it (marked in cmd.used, Shell:start).
+function Shell:_write_body(body, cmd)
+  if self.hot_body then
+    local ok, err = core.rewrite_fd(self.hot_body, body)
+    if not ok then error(err, 0) end
+    return
+  end
+  local fd = errors.check("FILESYSTEM_ERROR", self:_make_entry(core.open_fd, "body", "w", self.rundir_fd))
+  local ok, err = pcall(write_whole, fd, body)
+  if ok and hot[self] then
+    self.hot_body = fd
+    return
+  end
+  core.close_fd(fd)
+  cmd.used[#cmd.used + 1] = SLOTS.body -- unlinked after the command
+  if not ok then error(err, 0) end
 end
 
 function Shell:_remove_rundir()
@@ -533,7 +570,10 @@ function Shell:begin(rundir)
   local p = self.prelude_pipe
   self.prelude_pipe = nil
   p:write(prelude(self.slots, self.rundir, self.env_fd), function() p:close() end)
-  local sent, err, code = self:_send(". /dev/fd/62; exec 62<&-\n")
+  -- (`__mb_rep -b` from the top level, outside the sourced script: bash
+  -- reads the control FIFO in blocks from then on, src/bash/control_input.c;
+  -- a shell without the builtin says why on its stderr, /dev/null)
+  local sent, err, code = self:_send(". /dev/fd/62; exec 62<&-; builtin __mb_rep -b 2>/dev/null\n")
   if not sent then return nil, err, code end
   return true
 end
@@ -546,7 +586,7 @@ function Shell:_send(line)
     self.control:write(line)
     return true
   end
-  local fd, opened = self.ctl_fd, false
+  local fd, opened = self.ctl_fd or self.hot_ctl, false
   local err, code
   if not fd then
     if not self.ctl_path then return nil, "the session shell's control FIFO is gone", "EPIPE" end
@@ -556,7 +596,10 @@ function Shell:_send(line)
   end
   local n
   n, err, code = core.write_fd(fd, line)
-  if opened then core.close_fd(fd) end
+  if opened then
+    -- a hot shell keeps the writer for its next line
+    if hot[self] and n == #line and not self.ctl_fd then self.hot_ctl = fd else core.close_fd(fd) end
+  end
   if n ~= #line then return nil, err or "short write on the control FIFO", code end
   return true
 end
@@ -564,6 +607,7 @@ end
 -- The runtime's end of the control FIFO: its writer closed, the FIFO
 -- unlinked (bash keeps what it opened).
 function Shell:_drop_control()
+  self:_cool()
   if self.control then self.control:close() self.control = nil end
   if self.ctl_fd then core.close_fd(self.ctl_fd) self.ctl_fd = nil end
   if self.ctl_path then core.unlink(self.ctl_path) self.ctl_path = nil end
@@ -693,6 +737,8 @@ end
 
 function Shell:_close_slots()
   if not self.slots then return end
+  self:_cool()
+  self:_drop_body()
   for _, fd in ipairs(self.slots) do core.close_fd(fd) end
   self.slots = nil
   if self.env_fd then core.close_fd(self.env_fd) self.env_fd = nil end
@@ -774,68 +820,118 @@ function Shell:run(req)
   return self:start(req):wait()
 end
 
+-- How a command's files reach the shell: one table per transport, each
+--   open(sh)                   before the command's entries are made
+--   body(sh, cmd, text)        the body file holds text
+--   feed(sh, cmd, slot, data)  stdin, prelude: data the shell reads
+--   drain(sh, cmd, slot)       stdout, stderr -> a stream of what it writes
+--   finish(sh, cmd)            after the record: what the command used goes
+-- cmd = {used = {slots}, feeders = {streams}}.
+
+-- mark(cmd, slot) -> the slot's entry name, to be unlinked after the command
+local function mark(cmd, slot)
+  cmd.used[#cmd.used + 1] = slot
+  return SLOT_NAMES[slot]
+end
+
+-- Without namespaces: the runtime's fixed fd slots, which the shell opens
+-- as /proc/<rt>/fd/<slot>; per command fresh pipes are dup3()ed onto them,
+-- and the body memfd is rewritten.
+local fd_slots = {}
+
+local function pipe()
+  local r, w = core.pipe()
+  if not r then error(w, 0) end
+  return r, w
+end
+
+local function place(sh, cmd, slot, fd)
+  core.dup_to(fd, sh.slots[slot])
+  core.close_fd(fd)
+  cmd.used[#cmd.used + 1] = slot
+end
+
+function fd_slots.open() end
+
+function fd_slots.body(sh, _, text)
+  local ok, err = core.rewrite_fd(sh.body_fd, text)
+  if not ok then error(err, 0) end
+end
+
+-- a pipe the shell reads: we write data and close our end
+function fd_slots.feed(sh, cmd, slot, data)
+  local r, w = pipe()
+  place(sh, cmd, slot, r)
+  if #data <= PIPE_CAPACITY then
+    -- an empty pipe takes this much without blocking: no stream needed
+    local n = core.write_fd(w, data)
+    core.close_fd(w)
+    if n ~= #data then error("short write to a fresh pipe", 0) end
+    return
+  end
+  local s = core.stream_open(w)
+  cmd.feeders[#cmd.feeders + 1] = s
+  s:write(data, function() s:close() end)
+end
+
+function fd_slots.drain(sh, cmd, slot)
+  local r, w = pipe()
+  place(sh, cmd, slot, w)
+  return core.stream_open(r)
+end
+
+-- (a slot keeps the last command's pipe end until the next dup3 over it:
+-- our ends are closed, so that pipe is dead either way)
+function fd_slots.finish(sh)
+  if sh.dead then sh:_close_slots() end
+end
+
+-- Under namespaces: entries of the shell's run directory, made as root
+-- inside (Shell:_make_entry); stdin and prelude files, stdout and stderr
+-- fresh FIFOs, unlinked after the command; the body (Shell:_write_body).
+local run_dir = {}
+
+function run_dir.open(sh)
+  sh:_warm()
+  errors.check("FILESYSTEM_ERROR", sh:_dir())
+end
+
+function run_dir.body(sh, cmd, text) sh:_write_body(text, cmd) end
+
+function run_dir.feed(sh, cmd, slot, data)
+  local fd = errors.check("FILESYSTEM_ERROR", sh:_make_entry(core.open_fd, mark(cmd, slot), "w", sh.rundir_fd))
+  local ok, err = pcall(write_whole, fd, data)
+  core.close_fd(fd)
+  if not ok then error(err, 0) end
+end
+
+function run_dir.drain(sh, cmd, slot)
+  local fifo = mark(cmd, slot)
+  errors.check("FILESYSTEM_ERROR", sh:_make_entry(core.mkfifo, fifo, 384, sh.rundir_fd))
+  return core.stream_open(errors.check("FILESYSTEM_ERROR", core.open_fd(fifo, "fifo", sh.rundir_fd)))
+end
+
+function run_dir.finish(sh, cmd)
+  if sh.rundir_fd then
+    for _, slot in ipairs(cmd.used) do core.unlink(SLOT_NAMES[slot], sh.rundir_fd) end
+  end
+  if sh.dead then sh:_close_slots()
+  elseif not hot[sh] then
+    sh:_drop_body() -- (cooled while the command ran)
+    sh:_release_dir()
+  end
+end
+
 -- start(req) -> Job: the command is sent; Job:wait() waits for its end.
 function Shell:start(req)
   self.seq = self.seq + 1
   local id = self.seq
-  local slots, used = self.slots, {}
-  local feeders, readers = {}, {}
+  local transport = self.rundir and run_dir or fd_slots
+  local cmd = { used = {}, feeders = {} }
+  local readers = {}
   self.running = true
-  local function pipe()
-    local r, w = core.pipe()
-    if not r then error(w, 0) end
-    return r, w
-  end
-  local function place(slot, fd)
-    core.dup_to(fd, slots[slot])
-    core.close_fd(fd)
-    used[#used + 1] = slot
-  end
-  local function entry(slot)
-    used[#used + 1] = slot
-    return SLOT_NAMES[slot]
-  end
-  -- a pipe the shell reads: we write data and close our end
-  local function feed(slot, data)
-    if self.rundir then
-      local fd = errors.check("FILESYSTEM_ERROR", self:_make_entry(core.open_fd, entry(slot), "w", self.rundir_fd))
-      local ok, err = pcall(function()
-        local done = 0
-        while done < #data do
-          local n, msg = core.write_fd(fd, done == 0 and data or data:sub(done + 1))
-          if not n then error(msg, 0) end
-          done = done + n
-        end
-      end)
-      core.close_fd(fd)
-      if not ok then error(err, 0) end
-      return
-    end
-    local r, w = pipe()
-    place(slot, r)
-    if #data <= PIPE_CAPACITY then
-      -- an empty pipe takes this much without blocking: no stream needed
-      local n = core.write_fd(w, data)
-      core.close_fd(w)
-      if n ~= #data then error("short write to a fresh pipe", 0) end
-      return
-    end
-    local s = core.stream_open(w)
-    feeders[#feeders + 1] = s
-    s:write(data, function() s:close() end)
-  end
-  -- a pipe the shell writes: we read it
   local function drain(slot, name)
-    local s
-    if self.rundir then
-      local fifo = entry(slot)
-      errors.check("FILESYSTEM_ERROR", self:_make_entry(core.mkfifo, fifo, 384, self.rundir_fd))
-      s = core.stream_open(errors.check("FILESYSTEM_ERROR", core.open_fd(fifo, "fifo", self.rundir_fd)))
-    else
-      local r, w = pipe()
-      place(slot, w)
-      s = core.stream_open(r)
-    end
+    local s = transport.drain(self, cmd, slot)
     readers[name] = s
     s:read_start(function(_, data)
       if data then req.on_chunk(name, data) end
@@ -851,35 +947,21 @@ function Shell:start(req)
         s:close()
       end
     end
-    for _, s in ipairs(feeders) do s:close() end
+    for _, s in ipairs(cmd.feeders) do s:close() end
     self.running = false
-    if self.rundir then
-      if self.rundir_fd then
-        for _, slot in ipairs(used) do core.unlink(SLOT_NAMES[slot], self.rundir_fd) end
-      end
-      if self.dead then self:_close_slots() else self:_release_dir() end
-    elseif self.dead then
-      self:_close_slots()
-    end
-    -- (a slot keeps the last command's pipe end until the next dup3 over it:
-    -- our ends are closed, so that pipe is dead either way)
+    transport.finish(self, cmd)
   end
   local ok, err = pcall(function()
-    if self.rundir then errors.check("FILESYSTEM_ERROR", self:_dir()) end
+    transport.open(self)
     -- the command's entries, made without a yield (as root inside: one switch)
     local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
     errors.check("FILESYSTEM_ERROR", self:_as_root_inside(function()
-      if self.rundir then
-        feed(SLOTS.body, req.body)
-      else
-        local ok_body, err_body = core.rewrite_fd(self.body_fd, req.body)
-        if not ok_body then error(err_body, 0) end
-      end
-      if req.stdin then feed(SLOTS.stdin, req.stdin) end
+      transport.body(self, cmd, req.body)
+      if req.stdin then transport.feed(self, cmd, SLOTS.stdin, req.stdin) end
       drain(SLOTS.stdout, "stdout")
       drain(SLOTS.stderr, "stderr")
       if req.prelude then
-        feed(SLOTS.prelude, req.prelude)
+        transport.feed(self, cmd, SLOTS.prelude, req.prelude)
       elseif req.words and M.spawn_builtin then
         shape = shape + 4
       end
