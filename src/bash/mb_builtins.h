@@ -10,10 +10,6 @@
 /* report_builtin.c: __mb_rep, reached as `__mb_run -r ARGS` too (spawn_builtin.c) */
 int mb_rep_builtin(WORD_LIST *list);
 
-/* control_input.c: the control FIFO read in blocks (`__mb_rep -b`, once,
- * from the top level) */
-void mb_buffer_control_input(void);
-
 /* bash internals (defined in bash itself) */
 extern char *search_for_command(const char *, int);
 extern int find_reserved_word(char *);

@@ -3,8 +3,6 @@
  *
  *   __mb_rep ID STATUS KIND ENVFILE
  *   __mb_rep -h          (once, from the start-up script: the hello)
- *   __mb_rep -b          (once, after it: the control FIFO read in blocks,
- *                         control_input.c)
  *
  * writes the status record
  * "\n<ID> <STATUS> <KIND> <e|-> <NONCE> <NEXT>\0<PWD>\0" on the status pipe
@@ -252,10 +250,6 @@ static void keep_protocol_names(void) {
  * __mb_rep (`builtin enable -d`) must not cost the session its reports. */
 int mb_rep_builtin(WORD_LIST *list) {
   if (list && !list->next && strcmp(list->word->word, "-h") == 0) return hello();
-  if (list && !list->next && strcmp(list->word->word, "-b") == 0) {
-    mb_buffer_control_input();
-    return EXECUTION_SUCCESS;
-  }
   char *args[4];
   for (int i = 0; i < 4; i++) {
     if (!list) {
@@ -359,5 +353,5 @@ static char *mb_rep_doc[] = {
 };
 
 struct builtin __mb_rep_struct = {
-  "__mb_rep", mb_rep_builtin, BUILTIN_ENABLED, mb_rep_doc, "__mb_rep ID STATUS KIND ENVFILE | -h | -b", 0,
+  "__mb_rep", mb_rep_builtin, BUILTIN_ENABLED, mb_rep_doc, "__mb_rep ID STATUS KIND ENVFILE | -h", 0,
 };

@@ -570,10 +570,7 @@ function Shell:begin(rundir)
   local p = self.prelude_pipe
   self.prelude_pipe = nil
   p:write(prelude(self.slots, self.rundir, self.env_fd), function() p:close() end)
-  -- (`__mb_rep -b` from the top level, outside the sourced script: bash
-  -- reads the control FIFO in blocks from then on, src/bash/control_input.c;
-  -- a shell without the builtin says why on its stderr, /dev/null)
-  local sent, err, code = self:_send(". /dev/fd/62; exec 62<&-; builtin __mb_rep -b 2>/dev/null\n")
+  local sent, err, code = self:_send(". /dev/fd/62; exec 62<&-\n")
   if not sent then return nil, err, code end
   return true
 end
