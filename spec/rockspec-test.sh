@@ -17,7 +17,9 @@ version=$(sed -n 's/^project(moonbox VERSION \([0-9.]*\) .*/\1/p' "$src/CMakeLis
 rockspec=$src/moonbox-$version-1.rockspec
 [ -f "$rockspec" ] || { echo "rockspec-test: no $rockspec" >&2; exit 1; }
 tree=$work/tree
-rm -rf "$tree"
+# a fresh tree and build each time: an incremental build of an earlier
+# checkout's configuration failed to link once its source lists changed
+rm -rf "$tree" "$work/build"
 # prints the -D arguments of luarocks' cmake back-end
 args=$(luajit - "$rockspec" "$version-1" "$tree" <<'LUA'
 local path, want_version, tree = arg[1], arg[2], arg[3]
