@@ -121,8 +121,14 @@ describe("default bounds (finding 9)", function()
       assert.is_false(util.is_file(image), "the image outlived destroy")
       assert.is_true(detached(image), "the image's loop device stayed attached")
       assert.is_false(disk.mounted_at(root))
-      -- its loop device is free, or (specs run side by side) another image's
-      local backing = util.read_file("/sys/block/" .. device:match("loop%d+") .. "/loop/backing_file") or ""
+      -- its loop device is free, or (specs run side by side) another image's;
+      -- once the image is unlinked losetup -j no longer finds it, so the
+      -- autoclear detach (a moment after the unmount) is awaited here too
+      local backing
+      helper.eventually(function()
+        backing = util.read_file("/sys/block/" .. device:match("loop%d+") .. "/loop/backing_file") or ""
+        return not backing:find(image, 1, true)
+      end, 5000)
       assert.is_nil(backing:find(image, 1, true), "loop device left attached: " .. backing)
     end)
   end)
