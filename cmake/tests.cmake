@@ -85,7 +85,7 @@ if(SPEC_FILES AND RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZ
           spec/security/file_race_spec.lua spec/server/security_spec.lua spec/hostile/session_spec.lua
           spec/security/seccomp_spec.lua spec/security/spawn_spec_spec.lua spec/security/disk_quota_spec.lua
           spec/images/store_spec.lua spec/images/sandbox_spec.lua
-          spec/images/user_spec.lua)
+          spec/images/user_spec.lua spec/images/code_spec.lua)
     string(REGEX REPLACE "^spec/|_spec\\.lua$" "" name ${spec})
     string(REPLACE "/" "." name ${name})
     add_test(NAME unprivileged.${name}

@@ -75,6 +75,38 @@ function M.bash_entries()
   return entries
 end
 
+-- luajit and lua-cjson from the host, for a Lua code context (its kernel):
+-- the binary at bin (default bin/luajit), its libraries where ldd says.
+function M.luajit_entries(entries, bin)
+  local have = {}
+  for _, e in ipairs(entries) do have[e.path] = true end
+  local function add(path)
+    local acc = ""
+    for part in path:gmatch("([^/]+)/") do
+      acc = acc .. part
+      if not have[acc] then
+        have[acc] = true
+        entries[#entries + 1] = { path = acc, type = "dir" }
+      end
+      acc = acc .. "/"
+    end
+    if not have[path] then
+      have[path] = true
+      entries[#entries + 1] = { path = path, type = "file",
+        hostfile = helper.sh("realpath '" .. (path == bin and "/usr/bin/luajit" or "/" .. path) .. "'"), mode = 493 }
+    end
+  end
+  bin = bin or "bin/luajit"
+  add(bin)
+  for _, host in ipairs { "/usr/bin/luajit", "/usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so" } do
+    for line in helper.sh("ldd " .. host):gmatch("[^\n]+") do
+      local path = line:match("=> (/%S+)") or line:match("^%s*(/%S+)")
+      if path then add(path:sub(2)) end
+    end
+  end
+  add("usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so")
+end
+
 -- busybox with bash: a rootfs sessions can use
 function M.shell_entries()
   local e = M.busybox_entries()

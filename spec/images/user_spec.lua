@@ -16,40 +16,10 @@ local PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/s
   "svc:x:1001:1002:service:/var/svc:/bin/sh\n"
 local GROUP = "root:x:0:\napp:x:1000:\nsvcgrp:x:1002:\nextra:x:1003:svc,app\nmore:x:1004: app \n"
 
--- luajit and lua-cjson from the host, for a Lua code context (its kernel)
-local function luajit_entries(entries)
-  local have = {}
-  for _, e in ipairs(entries) do have[e.path] = true end
-  local function add(path)
-    local acc = ""
-    for part in path:gmatch("([^/]+)/") do
-      acc = acc .. part
-      if not have[acc] then
-        have[acc] = true
-        entries[#entries + 1] = { path = acc, type = "dir" }
-      end
-      acc = acc .. "/"
-    end
-    if not have[path] then
-      have[path] = true
-      entries[#entries + 1] = { path = path, type = "file", hostfile = helper.sh("realpath '/" .. path .. "'"),
-        mode = 493 }
-    end
-  end
-  add("bin/luajit")
-  for _, bin in ipairs { "/usr/bin/luajit", "/usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so" } do
-    for line in helper.sh("ldd " .. bin):gmatch("[^\n]+") do
-      local path = line:match("=> (/%S+)") or line:match("^%s*(/%S+)")
-      if path then add(path:sub(2)) end
-    end
-  end
-  add("usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so")
-end
-
 -- oci:DIR of an image whose config says User = user
 local function image(tag, user, extra_env, with_luajit)
   local entries = fx.shell_entries()
-  if with_luajit then luajit_entries(entries) end
+  if with_luajit then fx.luajit_entries(entries) end
   for _, e in ipairs {
     { path = "etc/passwd", type = "file", content = PASSWD },
     { path = "etc/group", type = "file", content = GROUP },

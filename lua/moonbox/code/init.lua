@@ -13,6 +13,7 @@ local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
 local compose = require "moonbox.lib.compose"
 local kernels_mod = require "moonbox.code.kernels"
+local lookup = require "moonbox.code.lookup"
 
 local Session = {} -- this part's methods, installed by session/init.lua (M.install)
 
@@ -23,16 +24,6 @@ local LANGUAGES = { python = true, javascript = true, typescript = true, lua = t
 
 M.kernel_dir = kernels_mod.dir
 
-local function find_in_path(name, env)
-  if name:find("/", 1, true) then return name end
-  for dir in ((env and env.PATH) or "/usr/local/bin:/usr/bin:/bin"):gmatch("[^:]+") do
-    local candidate = dir .. "/" .. name
-    local f = io.open(candidate)
-    if f then f:close() return candidate end
-  end
-  return nil
-end
-
 -- argv of the interpreter for a language, or raise INTERPRETER_NOT_AVAILABLE
 local function interpreter(language, env, sb)
   local spec = ({
@@ -42,11 +33,14 @@ local function interpreter(language, env, sb)
     typescript = { "node", "node_kernel.js", {}, { "--typescript" } },
     lua = { "luajit", "lua_kernel.lua", {} },
   })[language]
-  local path = find_in_path(spec[1], env)
-  if language == "python" and not path and util.is_file("/usr/bin/python3") then path = "/usr/bin/python3" end
+  -- looked up in the sandbox's view: an image sandbox runs the image's own
+  local path = lookup.find(sb, spec[1], env and env.PATH)
+  if language == "python" and not path and lookup.executable(sb, "/usr/bin/python3") then path = "/usr/bin/python3" end
   if not path then
-    errors.raise("INTERPRETER_NOT_AVAILABLE", ("%s interpreter %q not found in PATH (%s)"):format(
-      language, spec[1], tostring(env and env.PATH)), { language = language, path = spec[1] })
+    local image = sb and sb.image and (sb.image.name or sb.image.digest)
+    errors.raise("INTERPRETER_NOT_AVAILABLE", ("%s interpreter %q not found in PATH (%s)%s"):format(
+      language, spec[1], tostring(env and env.PATH), image and (" of image " .. image) or ""),
+      { language = language, path = spec[1], image = image })
   end
   local argv = { path }
   for _, a in ipairs(spec[3]) do argv[#argv + 1] = a end
