@@ -23,8 +23,9 @@ require("moonbox._runtime").at_exit(sandbox.shutdown)
 -- With {from = backup} it starts a new sandbox from a backup (files/backup.lua).
 moonbox.getSandbox = backup.getSandbox
 
--- prewarm(true | false) (beyond): keep one sandbox with namespaces built
--- ahead, claimed by the next getSandbox with the default policy.
+-- prewarm(n | true | false) (beyond): keep a pool of up to n (at most 16;
+-- true: 1) sandboxes with namespaces built ahead, each claimed by a
+-- getSandbox with the default policy; false or 0 drops them.
 moonbox.prewarm = sandbox.prewarm
 
 -- shellBuiltins{spawn = bool, load = bool} (beyond): whether session shells

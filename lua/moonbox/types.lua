@@ -86,9 +86,10 @@ function moonbox.listBackups() end
 ---@return {success: boolean, id: string}
 function moonbox.deleteBackup(id) end
 
----Keep one namespaced sandbox built ahead for the next getSandbox (off by default).
----@param on boolean
-function moonbox.prewarm(on) end
+---Keep a pool of up to n (0-16; true: 1) namespaced sandboxes built ahead for the next getSandbox calls
+---(off by default; false or 0 drops them).
+---@param n boolean|integer
+function moonbox.prewarm(n) end
 
 ---Whether session shells run plain commands through their spawn builtin (`spawn`) and load their
 ---builtins at all (`load`); both on by default. Returns the settings in force (docs/sessions.md).

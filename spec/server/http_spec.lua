@@ -645,13 +645,17 @@ end)
 describe("moonbox serve", function()
   local TOKEN = "s3cret-token-0123456789"
 
-  it("parses its flags, --prewarm on|off among them, and names a bad one", function()
+  it("parses its flags, --prewarm on|off|N among them, and names a bad one", function()
     local opts = cli.parse { "--listen", "127.0.0.1:0", "--prewarm", "on", "--max-body=2048" }
     assert.same({ listen = "127.0.0.1:0", prewarm = "on", maxBody = 2048 }, opts)
-    local ok, err = pcall(cli.parse, { "--prewarm", "maybe" })
-    assert.is_false(ok)
-    assert.equal("VALIDATION_FAILED", err.code)
-    assert.matches("%-%-prewarm needs on or off", err.message)
+    assert.equal(4, cli.parse({ "--prewarm", "4" }).prewarm)
+    assert.equal(0, cli.parse({ "--prewarm", "0" }).prewarm)
+    for _, bad in ipairs { "maybe", "17", "-1", "1.5", "" } do
+      local ok, err = pcall(cli.parse, { "--prewarm", bad })
+      assert.is_false(ok)
+      assert.equal("VALIDATION_FAILED", err.code)
+      assert.matches("%-%-prewarm needs on, off or a pool size 0%-16", err.message)
+    end
   end)
 
   it("requires the bearer token on every path when one is configured (compared in constant time)", function()

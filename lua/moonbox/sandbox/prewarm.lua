@@ -1,10 +1,12 @@
--- Pre-built sandboxes (opt-in: moonbox.prewarm(true)): a sandbox init with
+-- Pre-built sandboxes (opt-in: moonbox.prewarm(n), a pool of up to n
+-- spares, MAX_SPARES at most; true is 1): each a sandbox init with
 -- its namespaces and root filesystem made ahead, entering it deferred, and a
 -- session shell already started inside it. The next getSandbox whose policy
 -- builds the same root claims it: the init binds that sandbox's workspace,
 -- takes its hostname and enters the root (init:finish); the shell becomes
 -- the sandbox's warm spare, adopted by its first session. A claim is
--- replaced a moment later, outside the caller's time.
+-- replaced a moment later, outside the caller's time, one spare at a time
+-- (a burst of builds would compete with the caller for the CPU).
 local core = require "moonbox.core"
 local async = require "moonbox.async"
 local policy_mod = require "moonbox.policy"
@@ -13,11 +15,14 @@ local shell_mod = require "moonbox.session.shell"
 local spawn_rules = require "moonbox.sandbox.spawn"
 local tree = require "moonbox.process.tree"
 local rules_mod = require "moonbox.sandbox.rules"
+local errors = require "moonbox.errors"
 
-local M = { enabled = false }
+local M = { enabled = false, size = 0 }
 
+M.MAX_SPARES = 16 -- each holds an init, a shell, a root and a cgroup
 local REFILL_DELAY_MS = 10
-local spare        -- {init, shell, key, namespaces, owner, cgroup_name}
+local spares = {}  -- {init, shell, key, namespaces, owner, cgroup_name}, oldest first
+local building = false -- a make() under way (it waits on the file system)
 local refill_timer
 local seq = 0
 
@@ -80,45 +85,82 @@ local function make()
   return s
 end
 
+local function wanted() return M.enabled and #spares < M.size end
+
 local function schedule_refill()
-  if not M.enabled or spare or refill_timer then return end
+  if not wanted() or building or refill_timer then return end
   refill_timer = core.timer()
   refill_timer:start(REFILL_DELAY_MS, 0, function()
     refill_timer:close()
     refill_timer = nil
+    if not wanted() or building then return end
+    building = true
     -- a task: finding the kernels' directory waits on the file system
     async.spawn(function()
-      local s = M.enabled and not spare and make() or nil
-      if s and M.enabled and not spare then spare = s else drop(s) end
+      local ok, s = pcall(make)
+      building = false
+      if ok and s and wanted() then
+        spares[#spares + 1] = s
+        schedule_refill()
+      elseif ok then
+        drop(s) -- disabled or shrunk meanwhile, or nothing to build (no refill: it would fail again)
+      else
+        io.stderr:write("moonbox: building a spare sandbox failed: " .. tostring(s) .. "\n")
+      end
     end)
   end)
 end
 
--- enable(true | false): keep one pre-built sandbox ready, or drop it.
-function M.enable(on)
-  M.enabled = on and true or false
-  if M.enabled then
-    schedule_refill()
-  else
-    if refill_timer then refill_timer:close() refill_timer = nil end
-    local s = spare
-    spare = nil
-    drop(s)
-  end
+local function drop_all()
+  if refill_timer then refill_timer:close() refill_timer = nil end
+  local all = spares
+  spares = {}
+  for _, s in ipairs(all) do drop(s) end
 end
 
--- Whether a pre-built sandbox is ready now.
-function M.ready() return spare ~= nil end
+-- enable(n | true | false): keep up to n pre-built sandboxes ready (true:
+-- 1; false or 0: none, every spare dropped). A smaller n drops the newest
+-- spares beyond it.
+function M.enable(n)
+  if n == true then n = 1 elseif n == false or n == nil then n = 0 end
+  if type(n) ~= "number" or n ~= math.floor(n) or n < 0 or n > M.MAX_SPARES then
+    errors.raise("VALIDATION_FAILED", ("prewarm takes true, false or a whole number 0-%d, got %s")
+      :format(M.MAX_SPARES, tostring(n)), { field = "prewarm" })
+  end
+  M.size = n
+  M.enabled = n > 0
+  if not M.enabled then
+    drop_all()
+    return
+  end
+  while #spares > n do drop(table.remove(spares)) end
+  schedule_refill()
+end
+
+-- Whether a pre-built sandbox is ready now; count(): how many.
+function M.ready() return #spares > 0 end
+function M.count() return #spares end
 
 -- claim(key, hostname, workspace, on_exit) (key: sandbox/rules.lua's key
 -- of the claiming sandbox's rules) -> {init, shell, namespaces,
--- cgroup_name, idmap} | nil. cgroup_name (cgroup mode): the spare's cgroup, which
--- becomes the sandbox's (cgroup v2 cannot rename one).
+-- cgroup_name, idmap} | nil: the oldest live spare of that key. cgroup_name
+-- (cgroup mode): the spare's cgroup, which becomes the sandbox's (cgroup v2
+-- cannot rename one).
 function M.claim(key, hostname, workspace, on_exit)
-  local s = spare
-  if not s or s.key ~= key or not s.shell:alive() then return nil end
-  spare = nil
+  local s
+  for i = 1, #spares do
+    local c = spares[i]
+    if c.key == key and c.shell:alive() then
+      s = table.remove(spares, i)
+      break
+    end
+  end
+  -- spares whose shell died are of no use: dropped, and replaced
+  for i = #spares, 1, -1 do
+    if not spares[i].shell:alive() then drop(table.remove(spares, i)) end
+  end
   schedule_refill()
+  if not s then return nil end
   local ok = s.init:finish(hostname, workspace, "/workspace")
   if not ok then drop(s) return nil end
   s.owner = on_exit

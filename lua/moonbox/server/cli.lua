@@ -21,7 +21,7 @@ M.usage = [[
 usage: moonbox serve [--listen 127.0.0.1:8080 | --listen unix:/path.sock]
                      [--policy file.lua] [--handler app.lua] [--token-file F | --no-token]
                      [--max-body BYTES] [--max-connections N] [--idle-timeout-ms MS]
-                     [--prewarm on|off]   (keep a sandbox built ahead; docs/isolation.md)
+                     [--prewarm on|off|N] (keep N sandboxes built ahead, on: 1; docs/isolation.md)
                      [--max-sandboxes N] [--idle-timeout-s S] [--shutdown-grace-s S]
                      [--access-log FILE | --access-log off]   (default: stderr)
                      [--max-buffered-bytes N] (output kept in memory at once, runtime-wide,
@@ -71,7 +71,12 @@ function M.parse(argv)
         usage_error(flag .. (zero_ok[key] and " needs a whole number of seconds" or " needs a positive integer"))
       end
     end
-    if key == "prewarm" and value ~= "on" and value ~= "off" then usage_error("--prewarm needs on or off") end
+    if key == "prewarm" and value ~= "on" and value ~= "off" then
+      -- a pool size (sandbox/prewarm.lua bounds it)
+      local size, max = value:match("^%d+$") and tonumber(value), require("moonbox.sandbox.prewarm").MAX_SPARES
+      if not size or size > max then usage_error("--prewarm needs on, off or a pool size 0-" .. max) end
+      value = size
+    end
     opts[key] = value
     i = i + 2
   end
@@ -404,7 +409,11 @@ function M.start(opts)
   -- the kernel refused them, unless asked (a policy with isolation = "none"
   -- asks for itself)
   require("moonbox.sandbox").allow_unisolated = opts.allowUnisolated == true
-  if opts.prewarm == "on" then require("moonbox").prewarm(true) end
+  if opts.prewarm == "on" then
+    require("moonbox").prewarm(true)
+  elseif type(opts.prewarm) == "number" then
+    require("moonbox").prewarm(opts.prewarm)
+  end
   local page, vendor = M.find_page()
   local service = require("moonbox.server.service").new {
     accessLog = opts.accessLog, idleTimeoutS = opts.idleTimeoutS, shutdownGraceS = opts.shutdownGraceS,
