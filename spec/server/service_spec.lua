@@ -90,8 +90,18 @@ local function kept_file(s, id, path)
   f:write(("io.write(require('moonbox').getSandbox(%q, { root = %q }):readFile(%q).content)")
     :format(id, s.home .. "/sandboxes/" .. id, path))
   f:close()
-  -- (stderr apart: the sanitizers' build writes its warnings there)
-  return helper.sh(("MOONBOX_HOME='%s' HOME='%s' '%s' '%s' 2>/dev/null"):format(s.home, s.home, bin, script))
+  -- (stderr apart: the sanitizers' build writes its warnings there). The
+  -- runtime that kept it has exited, but its sandbox's init dies of that a
+  -- moment later (parent-death signal) and holds the root's lock until then:
+  -- a read that finds it still locked is tried again, for up to 5 s.
+  local cmd = ("MOONBOX_HOME='%s' HOME='%s' '%s' '%s'"):format(s.home, s.home, bin, script)
+  local out
+  helper.eventually(function()
+    out = helper.sh(cmd .. " 2>/dev/null || true")
+    return out ~= ""
+  end, 5000)
+  if out == "" then return helper.sh(cmd .. " 2>&1 || true") end
+  return out
 end
 
 local function sample(text, name)
