@@ -61,6 +61,7 @@ moonbox.run(function()
   -- the mounts and superblocks charged to nobody), each with its session
   -- shell up after one small write.
   local tree = require "moonbox.process.tree"
+  local cgroup = require "moonbox.process.cgroup"
   local function mem_available()
     return tonumber(sh("awk '/^MemAvailable:/ {print $2}' /proc/meminfo")) * 1024
   end
@@ -80,7 +81,7 @@ moonbox.run(function()
     local cg, n = 0, 0
     for _, sb in ipairs(sbs) do
       -- cgroup v2's memory.current, else the v1 memory controller's usage
-      local files = { tree.mode() == "cgroup" and (tree.base() .. "/" .. sb.cgroup_name .. "/memory.current") or nil }
+      local files = { tree.mode() == "cgroup" and (cgroup.base() .. "/" .. sb.cgroup_name .. "/memory.current") or nil }
       for _, dir in ipairs(sb.limits_state and sb.limits_state.extra_cgroups or {}) do
         if dir:find("/memory/", 1, true) then files[#files + 1] = dir .. "/memory.usage_in_bytes" end
       end

@@ -14,6 +14,7 @@
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local util = require "moonbox.lib.util"
 
 local args = { sessions = 1000, sandboxes = 300, destroy = 100, isolation = "auto" }
@@ -50,7 +51,7 @@ end
 local function total_rss_kb()
   local total = rss_kb()
   local pids
-  if tree.mode() == "cgroup" then pids = tree.cgroup_pids(tree.base())
+  if tree.mode() == "cgroup" then pids = cgroup.cgroup_pids(cgroup.base())
   else pids = tree.descendants(core.getpid()) end
   for _, pid in ipairs(pids) do total = total + rss_kb(pid) end
   return total, #pids
@@ -67,14 +68,14 @@ local mounts0 = mount_count()
 -- what is left of destroyed items: processes, cgroups, mounts (beyond those
 -- at the start), directories under the bench's root
 local function leftovers(root)
-  -- a destroyed sandbox's cgroups go on the thread pool (tree.remove_later):
+  -- a destroyed sandbox's cgroups go on the thread pool (cgroup.remove_later):
   -- what is still being removed is not left over, what is never removed is
-  local removals_done = tree.await_removals(moonbox.sleep, 60000)
+  local removals_done = cgroup.await_removals(moonbox.sleep, 60000)
   local procs, cgroups = #tree.descendants(core.getpid()), 0
   if tree.mode() == "cgroup" then
-    procs = math.max(procs, #tree.cgroup_pids(tree.base()))
-    for _, name in ipairs(core.readdir(tree.base()) or {}) do
-      if util.is_dir(tree.base() .. "/" .. name) then cgroups = cgroups + 1 end
+    procs = math.max(procs, #cgroup.cgroup_pids(cgroup.base()))
+    for _, name in ipairs(core.readdir(cgroup.base()) or {}) do
+      if util.is_dir(cgroup.base() .. "/" .. name) then cgroups = cgroups + 1 end
     end
   end
   local roots = 0
@@ -124,7 +125,7 @@ end
 local function work_cpu_ms()
   local cg = 0
   if tree.mode() == "cgroup" then
-    cg = (tonumber((util.read_file(tree.base() .. "/cpu.stat") or ""):match("usage_usec (%d+)")) or 0) / 1000
+    cg = (tonumber((util.read_file(cgroup.base() .. "/cpu.stat") or ""):match("usage_usec (%d+)")) or 0) / 1000
   end
   return stat_cpu_ms("self") + cg
 end

@@ -205,8 +205,9 @@ describe("core.rmdir_tree", function()
 
   it("removes a cgroup tree (cgroup mode) and refuses a relative path", function()
     local tree = require "moonbox.process.tree"
+    local cgroup = require "moonbox.process.cgroup"
     if tree.mode() == "cgroup" then
-      local dir = tree.base() .. "/rmdir-tree-spec"
+      local dir = cgroup.base() .. "/rmdir-tree-spec"
       assert(core.mkdir(dir))
       assert(core.mkdir(dir .. "/child"))
       assert(core.mkdir(dir .. "/child/grandchild"))

@@ -278,9 +278,10 @@ describe("core.spawn", function()
 
   it("starts the child in the cgroup given, its children too", function()
     local tree = require "moonbox.process.tree"
+    local cgroup = require "moonbox.process.cgroup"
     if tree.mode() ~= "cgroup" then pending("no writable cgroup v2 here (unprivileged)") end
     run_task(function()
-      local dir = assert(tree.create("spawn-spec"))
+      local dir = assert(cgroup.create("spawn-spec"))
       local ok, err = pcall(function()
         local out = run { args = { "sh", "-c", "grep ^0:: /proc/self/cgroup; sh -c 'grep ^0:: /proc/self/cgroup'" },
           cgroup = dir }

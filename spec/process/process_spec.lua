@@ -3,6 +3,7 @@
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 
 local with_sandbox = helper.with_sandbox
 
@@ -585,9 +586,9 @@ describe("descendants that outlive their process", function()
     local found = {}
     for _, pid in ipairs(tree.pids_with_env("MOONBOX_OWNER", tree.owner(sb.id, ""), true)) do found[pid] = true end
     if tree.mode() == "cgroup" then
-      for _, pid in ipairs(tree.cgroup_pids(tree.base() .. "/" .. sb.cgroup_name)) do found[pid] = true end
+      for _, pid in ipairs(cgroup.cgroup_pids(cgroup.base() .. "/" .. sb.cgroup_name)) do found[pid] = true end
       local v1 = sb.limits_state.v1_dirs.pids
-      if v1 then for _, pid in ipairs(tree.cgroup_pids(v1)) do found[pid] = true end end
+      if v1 then for _, pid in ipairs(cgroup.cgroup_pids(v1)) do found[pid] = true end end
     end
     local out = {}
     for pid in pairs(found) do

@@ -6,6 +6,7 @@ local moonbox = require "moonbox"
 local core = require "moonbox.core"
 local prewarm = require "moonbox.sandbox.prewarm"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 
 local POOL = 3
 
@@ -48,7 +49,7 @@ local function namespace_count() return select(2, foreign_namespaces()) end
 local function pre_cgroups()
   if tree.mode() ~= "cgroup" then return {} end
   local found = {}
-  for _, name in ipairs(core.readdir(tree.base()) or {}) do
+  for _, name in ipairs(core.readdir(cgroup.base()) or {}) do
     if name:match("^pre%-%d+$") then found[#found + 1] = name end
   end
   return found

@@ -276,9 +276,10 @@ end
   it("a getSandbox failed past its root takes back its cgroup and the root's lock: the root is taken again", function()
     local tmp = helper.mkdtemp()
     local tree = require "moonbox.process.tree"
+    local cgroup = require "moonbox.process.cgroup"
     local function own_cgroups()
       local out = {}
-      for _, name in ipairs(tree.mode() == "cgroup" and core.readdir(tree.base()) or {}) do
+      for _, name in ipairs(tree.mode() == "cgroup" and core.readdir(cgroup.base()) or {}) do
         if name:match("^sb%-undo") then out[#out + 1] = name end
       end
       return out

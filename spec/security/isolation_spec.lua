@@ -384,7 +384,8 @@ describe("isolation: pre-built sandboxes (moonbox.prewarm)", function()
         local p = sb:startProcess("exec sleep 100")
         local init = sb:info().initPid
         local tree = require "moonbox.process.tree"
-        local cgroup_dir = tree.mode() == "cgroup" and tree.base() .. "/" .. sb.cgroup_name
+        local cgroup = require "moonbox.process.cgroup"
+        local cgroup_dir = tree.mode() == "cgroup" and cgroup.base() .. "/" .. sb.cgroup_name
         if cgroup_dir then
           -- the sandbox kept the spare's cgroup: the init and the default
           -- session's shell were born where they belong

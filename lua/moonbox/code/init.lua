@@ -9,6 +9,7 @@ local budget = require "moonbox.session.budget"
 local errors = require "moonbox.errors"
 local queue_mod = require "moonbox.session.queue"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
 local compose = require "moonbox.lib.compose"
@@ -65,7 +66,7 @@ local function start_kernel(ctx)
     ready = false }, Kernel)
   local argv = interpreter(ctx.language, ctx.env, ctx.sandbox)
   if tree.mode() == "cgroup" then
-    k.cgroup = tree.create(ctx.sandbox.cgroup_name .. "/c-" .. ctx.id .. "-" .. ctx.generation)
+    k.cgroup = cgroup.create(ctx.sandbox.cgroup_name .. "/c-" .. ctx.id .. "-" .. ctx.generation)
   end
   local proc, pipes, code = core.spawn(ctx.sandbox:spawn_spec {
     args = argv, env = ctx.env, cwd = ctx.host_cwd, setsid = true, pdeathsig = "SIGKILL", cgroup = k.cgroup,
@@ -73,7 +74,7 @@ local function start_kernel(ctx)
     on_exit = function(exit_code, signal) k:_exited(exit_code, signal) end,
   })
   if not proc then
-    if k.cgroup then tree.remove_cgroup(k.cgroup) end
+    if k.cgroup then cgroup.remove_cgroup(k.cgroup) end
     errors.raise("INTERPRETER_NOT_AVAILABLE", ("cannot start %s: %s"):format(argv[1], tostring(pipes)),
       { language = ctx.language, path = argv[1], errno = code })
   end
@@ -122,7 +123,7 @@ function Kernel:_message_data(data)
     self.buf, self.buffered = {}, 0
     self.protocol_error = ("a protocol message longer than %d bytes (code wrote to the kernel's message fd?)")
       :format(self.max_line)
-    if self.cgroup then tree.kill_cgroup(self.cgroup) end
+    if self.cgroup then cgroup.kill_cgroup(self.cgroup) end
     core.kill(self.pid, "SIGKILL")
   end
 end
@@ -135,7 +136,7 @@ function Kernel:_exited(code, signal)
   for _, s in pairs { self.requests, self.messages, self.out.stdout, self.out.stderr } do
     if not s:is_closing() then s:close() end
   end
-  if self.cgroup and not tree.populated(self.cgroup) then tree.remove_cgroup(self.cgroup) self.cgroup = nil end
+  if self.cgroup and not cgroup.populated(self.cgroup) then cgroup.remove_cgroup(self.cgroup) self.cgroup = nil end
   if self.on_ready then local f = self.on_ready self.on_ready = nil f(false) end
   if self.on_death then self.on_death(code, signal) end
 end
@@ -162,14 +163,14 @@ end
 -- Kill the interpreter and everything it started; wait until it is gone.
 function Kernel:kill()
   if self.dead then return end
-  if self.cgroup then tree.kill_cgroup(self.cgroup) end
+  if self.cgroup then cgroup.kill_cgroup(self.cgroup) end
   core.kill(self.pid, "SIGKILL")
   async.await(function(resume)
     if self.dead then return resume() end
     local prev = self.on_death
     self.on_death = function(...) if prev then prev(...) end resume() end
   end, "code context stop")
-  if self.cgroup then tree.remove_when_empty(self.cgroup, async.sleep) self.cgroup = nil end
+  if self.cgroup then cgroup.remove_when_empty(self.cgroup, async.sleep) self.cgroup = nil end
 end
 
 -- ---- contexts ------------------------------------------------------------

@@ -93,6 +93,13 @@ function M.is_file(path)
   return false
 end
 
+-- pid_alive(pid) -> a process with that pid runs (not a zombie)
+function M.pid_alive(pid)
+  local stat = M.read_file("/proc/" .. pid .. "/stat")
+  -- (the state follows the last ")": a command name may hold ") Z ")
+  return stat ~= nil and stat:match("^.*%) (%a)") ~= "Z"
+end
+
 function M.is_dir(path)
   local f = io.open(path .. "/.")
   if f then f:close() return true end

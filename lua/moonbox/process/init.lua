@@ -8,6 +8,7 @@ local errors = require "moonbox.errors"
 local policy_mod = require "moonbox.policy"
 local logbuf = require "moonbox.process.logbuf"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local util = require "moonbox.lib.util"
 local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
@@ -155,8 +156,8 @@ function Process:_alive(proc_table)
   if self:is_running() then return self.pid ~= nil end
   if not self.pid or self._tree_gone then return false end
   if self._cgroup then
-    if not self._cgroup_removed and tree.populated(self._cgroup) then return true end
-    if not self._cgroup_removed then tree.remove_cgroup(self._cgroup) end
+    if not self._cgroup_removed and cgroup.populated(self._cgroup) then return true end
+    if not self._cgroup_removed then cgroup.remove_cgroup(self._cgroup) end
     self._cgroup_removed = true
   else
     -- (maybe: a process that may be the tree's was caught in execve, its
@@ -173,7 +174,7 @@ end
 function Process:_tree_pids()
   if not self.pid or self._tree_gone then return {} end
   if self._cgroup then
-    return self._cgroup_removed and {} or tree.cgroup_pids(self._cgroup)
+    return self._cgroup_removed and {} or cgroup.cgroup_pids(self._cgroup)
   end
   local pids = {}
   local set = tree.proc_tree(self.pid, self._marker, self:is_running(), nil, tree.adopters_of(self._sandbox))
@@ -191,8 +192,8 @@ function Process:_signal_tree(sig, scan)
   if not self.pid or self._tree_gone then return end
   if self._cgroup then
     if self._cgroup_removed then return end
-    if sig == core.signum("SIGKILL") then tree.kill_cgroup(self._cgroup) return end
-    tree.signal_pids(tree.cgroup_pids(self._cgroup), sig)
+    if sig == core.signum("SIGKILL") then cgroup.kill_cgroup(self._cgroup) return end
+    tree.signal_pids(cgroup.cgroup_pids(self._cgroup), sig)
     return
   end
   local found, maybe = tree.signal_proc_tree(self.pid, self._marker, self:is_running(), sig, scan,
@@ -226,7 +227,7 @@ function Process:_wait_tree_gone(deadline)
     local left = math.floor(deadline - util.now_ms())
     if left <= 0 then return false end
     if self._cgroup and not self._cgroup_removed then
-      if not pcall(tree.wait_empty, self._cgroup, left, async.sleep) then return false end
+      if not pcall(cgroup.wait_empty, self._cgroup, left, async.sleep) then return false end
     else
       async.sleep(math.min(left, KILL_PASS_MS))
     end
@@ -502,7 +503,7 @@ end
 local function spawn_failed(p, message, code)
   p.status, p.error, p.errorCode = "error", message, code
   p.endTime = util.timestamp()
-  if p._cgroup then tree.remove_cgroup(p._cgroup) p._cgroup = nil end
+  if p._cgroup then cgroup.remove_cgroup(p._cgroup) p._cgroup = nil end
   notify(p._exit_waiters)
   p._exit_waiters = {}
   M.completed(p)
@@ -565,7 +566,7 @@ function Session:startProcess(command, opts)
   local args = type(command) == "table" and command or { "bash", "-c", command }
   for i, a in ipairs(args) do args[i] = tostring(a) end
   if tree.mode() == "cgroup" then
-    p._cgroup = tree.create(sb.cgroup_name .. "/p-" .. id)
+    p._cgroup = cgroup.create(sb.cgroup_name .. "/p-" .. id)
   end
   local proc, pipes, code = core.spawn(sb:spawn_spec {
     args = args,
@@ -862,7 +863,7 @@ function M.kill_all(sb, session_id, gone)
     if p:is_running() then p:waitForExit(5000) end
     p:_wait_tree_gone()
     if p._cgroup and not p._cgroup_removed then
-      tree.remove_when_empty(p._cgroup, async.sleep)
+      cgroup.remove_when_empty(p._cgroup, async.sleep)
       p._cgroup_removed = true
     end
     if not p:is_running() then p:_close_timers() end

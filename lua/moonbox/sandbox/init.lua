@@ -9,6 +9,7 @@ local policy_mod = require "moonbox.policy"
 local session_mod = require "moonbox.session"
 local shell_mod = require "moonbox.session.shell"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local util = require "moonbox.lib.util"
 local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
@@ -304,7 +305,7 @@ local function new_sandbox(plan)
     processes = {},
     process_seq = 0,
     shell_seq = 0,
-    cgroup_name = tree.fresh_name("sb-" .. plan.id),
+    cgroup_name = cgroup.fresh_name("sb-" .. plan.id),
     idmap = plan.rules.idmap,
     disk = plan.disk_state, disk_not_enforced = plan.disk_why,
     root_lock = plan.lock, root_canon = plan.canon, root_identity = plan.identity,
@@ -314,14 +315,14 @@ end
 -- Step 4, the limits: the sandbox's cgroup, the runtime's exit guard
 -- without namespaces, cgroup and rlimit limits (sandbox/limits.lua).
 local function set_limits(self, plan, undo)
-  undo.push(function() if self.guarded then tree.unguard() end end)
+  undo.push(function() if self.guarded then cgroup.unguard() end end)
   undo.push(function()
     local dir = rules_mod.cgroup_dir(self.cgroup_name)
-    if dir then tree.remove_cgroup(dir) end
+    if dir then cgroup.remove_cgroup(dir) end
   end)
-  if tree.mode() == "cgroup" then errors.check("ISOLATION_UNAVAILABLE", tree.create(self.cgroup_name)) end
+  if tree.mode() == "cgroup" then errors.check("ISOLATION_UNAVAILABLE", cgroup.create(self.cgroup_name)) end
   if not plan.isolated then
-    local guarded, why, code = tree.guard_base()
+    local guarded, why, code = cgroup.guard_base()
     if not guarded then
       -- (fail closed: it is what kills this sandbox's processes should the runtime die)
       errors.raise("ISOLATION_UNAVAILABLE", "cannot start the runtime's exit guard: " .. tostring(why),
@@ -757,10 +758,10 @@ function Sandbox:take_spare(no_refill)
       -- keeps: a migration after a quiet spell costs milliseconds
       self.spare_seq = (self.spare_seq or 0) + 1
       local name = self.cgroup_name .. "/spare-" .. self.spare_seq
-      local session_cgroup = tree.create(name)
+      local session_cgroup = cgroup.create(name)
       self.spare = self:spawn_shell {
         env = env, cwd = self.home, shell = self.policy.shell,
-        cgroup = session_cgroup and tree.create(name .. "/cmd0"), session_cgroup = session_cgroup,
+        cgroup = session_cgroup and cgroup.create(name .. "/cmd0"), session_cgroup = session_cgroup,
       }
     end)
   end
@@ -1027,7 +1028,7 @@ function Sandbox:info()
   -- the hierarchy the sandbox's processes are tracked and killed by (the
   -- contract's "v2"|"v1"|"none"); a v1 controller a limit also uses is in
   -- enforcement ("cgroup v1 memory")
-  local cgroup = tree.mode() == "cgroup" and "v2" or "none"
+  local hierarchy = tree.mode() == "cgroup" and "v2" or "none"
   local soft, hard, open = util.fd_limits()
   return {
     -- the runtime's own fd limit (raised to the hard one by the moonbox
@@ -1036,7 +1037,7 @@ function Sandbox:info()
     id = self.id, root = self.root, isolation = self.isolation, requestedIsolation = self.requested_isolation,
     -- (egress: a table, the mode with its mechanism, address, rules, limits and counters)
     network = self.egress and network_mod.info(self.egress) or self.network,
-    namespaces = util.copy(self.namespaces), cgroup = cgroup,
+    namespaces = util.copy(self.namespaces), cgroup = hierarchy,
     isolationError = self.isolation_error, initPid = self.init and not self.init_dead and self.init_pid or nil,
     restarts = self.restarts or 0,
     killMode = tree.mode(), limits = in_force,
@@ -1157,7 +1158,7 @@ function Sandbox:_destroy_now(opts)
   local locked, lock_err = true, nil
   if not opts.keepFiles then locked, lock_err = self:_take_lock() end
   if not locked then opts = { keepFiles = true } end
-  local cgroup = rules_mod.cgroup_dir(self.cgroup_name)
+  local cg_dir = rules_mod.cgroup_dir(self.cgroup_name)
   local init = self.init
   local gone = false
   compose.run(session_mod.hooks, "sandbox_killing", self)
@@ -1179,21 +1180,21 @@ function Sandbox:_destroy_now(opts)
     end, "sandbox init exit")
     -- (nothing of the sandbox runs outside its pid namespace; were it
     -- otherwise, the cgroup's kill below would reach it)
-    if gone and cgroup and tree.populated(cgroup) then gone = false end
+    if gone and cg_dir and cgroup.populated(cg_dir) then gone = false end
     if mnt then core.fs_close(mnt, function() end) end
   end
-  if cgroup and not gone then
-    gone = tree.kill_cgroup(cgroup) and tree.wait_empty(cgroup, 2000, async.sleep)
+  if cg_dir and not gone then
+    gone = cgroup.kill_cgroup(cg_dir) and cgroup.wait_empty(cg_dir, 2000, async.sleep)
     if not gone then -- (a process started into it after the kill, by a call still under way)
-      tree.kill_cgroup(cgroup)
+      cgroup.kill_cgroup(cg_dir)
       -- (the wait ends when the cgroup empties: a slow machine gets long
       -- enough; only processes that cannot die take all of it)
-      gone = tree.wait_empty(cgroup, 8000, async.sleep)
+      gone = cgroup.wait_empty(cg_dir, 8000, async.sleep)
     end
     -- never silently: the parts below kill again, each its own, but what
     -- outlived two cgroup kills is named here
     if not gone then
-      local pids = tree.cgroup_pids(cgroup)
+      local pids = cgroup.cgroup_pids(cg_dir)
       if #pids > 0 then
         io.stderr:write(("moonbox: destroy of sandbox %s: its processes (pid %s) still run 10 s after SIGKILL\n")
           :format(self.id, table.concat(pids, ", ")))
@@ -1202,7 +1203,7 @@ function Sandbox:_destroy_now(opts)
   end
   -- nothing runs in the cgroups any more: the whole tree goes on the
   -- thread pool, and the parts' own cgroup removals below are its
-  if gone and cgroup then tree.remove_later(cgroup) end
+  if gone and cg_dir then cgroup.remove_later(cg_dir) end
   compose.run(session_mod.hooks, "session_ending", self, nil, gone) -- every session's processes
   self:_drop_spare(gone)
   for id, s in pairs(self.sessions) do
@@ -1210,7 +1211,7 @@ function Sandbox:_destroy_now(opts)
     if type(s) == "table" then s:tear_down(gone) end
   end
   compose.run(session_mod.hooks, "sandbox_end", self) -- kernels, terminals
-  if not cgroup and not gone then
+  if not cg_dir and not gone then
     tree.kill_marked("MOONBOX_OWNER", tree.owner(self.id, ""), async.sleep, true) -- prefix: every session
   end
   dying[self] = nil
@@ -1221,7 +1222,7 @@ function Sandbox:_destroy_now(opts)
   if self.fs_conf then self.fs_conf:close() end
   if self.run_conf then self.run_conf:close() end
   self:_await_removals()
-  local function remove_cgroups() if cgroup then tree.remove_cgroup(cgroup) end end
+  local function remove_cgroups() if cg_dir then cgroup.remove_cgroup(cg_dir) end end
   -- the whole tree, at any depth, on the thread pool (the cgroups go
   -- meanwhile); then the root is free
   local removed, msg, code = true, nil, nil
@@ -1233,7 +1234,7 @@ function Sandbox:_destroy_now(opts)
     remove_cgroups()
   end
   limits.cleanup(self.limits_state, async.sleep)
-  if self.guarded then tree.unguard() end
+  if self.guarded then cgroup.unguard() end
   root_mod.unlock(self.root_lock)
   -- kept files stay where they were: the image stays mounted at the root
   -- (a getSandbox of that root takes it again, sandbox/disk.lua) until the
@@ -1319,7 +1320,7 @@ function M.shutdown()
     if not ok then io.stderr:write("moonbox: shutdown: cannot unmount the disk image at ", root, ": ", msg, "\n") end
   end
   shell_mod.cleanup()
-  tree.cleanup(async.sleep)
+  cgroup.cleanup(async.sleep)
   limits.shutdown()
 end
 

@@ -14,6 +14,7 @@ local isolation_mod = require "moonbox.sandbox.isolation"
 local shell_mod = require "moonbox.session.shell"
 local spawn_rules = require "moonbox.sandbox.spawn"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local rules_mod = require "moonbox.sandbox.rules"
 local errors = require "moonbox.errors"
 
@@ -39,8 +40,8 @@ local function drop(s)
   if s.init then s.init:close() end
   if s.cgroup_name then
     local dir = rules_mod.cgroup_dir(s.cgroup_name)
-    tree.kill_cgroup(dir)
-    async.spawn(function() tree.remove_when_empty(dir, async.sleep) end)
+    cgroup.kill_cgroup(dir)
+    async.spawn(function() cgroup.remove_when_empty(dir, async.sleep) end)
   end
 end
 
@@ -58,9 +59,9 @@ local function make()
   if tree.mode() == "cgroup" then
     seq = seq + 1
     s.cgroup_name = "pre-" .. seq
-    local dir = tree.create(s.cgroup_name)
-    session_cgroup = dir and tree.create(s.cgroup_name .. "/" .. SHELL_CGROUP)
-    shell_cgroup = session_cgroup and tree.create(s.cgroup_name .. "/" .. SHELL_CGROUP .. "/cmd0")
+    local dir = cgroup.create(s.cgroup_name)
+    session_cgroup = dir and cgroup.create(s.cgroup_name .. "/" .. SHELL_CGROUP)
+    shell_cgroup = session_cgroup and cgroup.create(s.cgroup_name .. "/" .. SHELL_CGROUP .. "/cmd0")
     if not shell_cgroup then drop(s) return nil end
   end
   s.idmap = rules.idmap

@@ -8,6 +8,7 @@ local core = require "moonbox.core"
 local isolation_mod = require "moonbox.sandbox.isolation"
 local seccomp = require "moonbox.sandbox.seccomp"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local kernels = require "moonbox.code.kernels"
 
 local M = {}
@@ -16,7 +17,7 @@ local M = {}
 -- nil when trees are not killed through cgroups.
 function M.cgroup_dir(name)
   if not name or tree.mode() ~= "cgroup" then return nil end
-  return tree.base() .. "/" .. name
+  return cgroup.base() .. "/" .. name
 end
 
 -- derive(policy, choice) -> rules. choice: {network, hostname, isolated}:

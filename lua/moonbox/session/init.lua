@@ -8,6 +8,7 @@ local errors = require "moonbox.errors"
 local shell_mod = require "moonbox.session.shell"
 local simple_command = require "moonbox.session.simple_command"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local queue_mod = require "moonbox.session.queue"
 local util = require "moonbox.lib.util"
 local budget = require "moonbox.session.budget"
@@ -44,7 +45,7 @@ function M.new(sandbox, id, opts)
   local function own_cgroup()
     if tree.mode() == "cgroup" then
       self.cgroup = errors.check("ISOLATION_UNAVAILABLE",
-        tree.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
+        cgroup.create(sandbox.cgroup_name .. "/s-" .. (id:gsub("[^%w_-]", "_"))))
     end
   end
   -- an adopted spare brings the cgroups it was born in: no migration
@@ -230,7 +231,7 @@ function Session:_abandon(sh, job, w, held, cmd_cg, killable)
       if not killable and self.cgroup then
         -- the killed tree is gone (not just dying) before the next command
         -- runs: the queue is ours until then, so nothing new is in the cgroup
-        tree.wait_empty(self.cgroup, 2000, async.sleep)
+        cgroup.wait_empty(self.cgroup, 2000, async.sleep)
       elseif not killable then
         -- proc mode: also what left the shell's tree (it carries our
         -- marker), before a new shell (which carries it too) starts
@@ -538,7 +539,7 @@ function Session:tear_down(gone)
   compose.run(M.hooks, "session_end", self)
   local sh = self.shell
   if self.cgroup and not gone then
-    tree.kill_cgroup(self.cgroup)
+    cgroup.kill_cgroup(self.cgroup)
   elseif not gone then
     if sh and sh:alive() then
       -- the shell's process group first: its background jobs stay in it
@@ -554,7 +555,7 @@ function Session:tear_down(gone)
     if not gone then sh:kill("SIGKILL") end
     sh:wait_exit()
   end
-  if self.cgroup then tree.remove_when_empty(self.cgroup, async.sleep) end
+  if self.cgroup then cgroup.remove_when_empty(self.cgroup, async.sleep) end
   -- queued callers see the destroyed flag
   local waiters = self.queue.waiters
   self.queue.waiters = {}

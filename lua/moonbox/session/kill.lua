@@ -9,6 +9,7 @@ local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local registry = require "moonbox.sandbox.registry"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local util = require "moonbox.lib.util"
 
 local M = {}
@@ -22,7 +23,7 @@ end
 function M.new_cmd_cgroup(session)
   session.cmd_seq = session.cmd_seq + 1
   session.cmd_cgroup = errors.check("ISOLATION_UNAVAILABLE",
-    tree.create(session.cgroup:sub(#tree.base() + 2) .. "/cmd" .. session.cmd_seq))
+    cgroup.create(session.cgroup:sub(#cgroup.base() + 2) .. "/cmd" .. session.cmd_seq))
   return session.cmd_cgroup
 end
 
@@ -36,7 +37,7 @@ function M.cmd_cgroup(session, sh)
   local cg = session.cmd_cgroup
   if cg and sh:in_cgroup(cg) then
     local alone = true
-    for _, pid in ipairs(tree.cgroup_pids(cg)) do
+    for _, pid in ipairs(cgroup.cgroup_pids(cg)) do
       if pid ~= sh.pid then alone = false break end
     end
     if alone then return cg end
@@ -87,7 +88,7 @@ end
 function M.signal_command(session, sig, seen)
   if session.cmd_cgroup then
     local pids = {}
-    for _, pid in ipairs(tree.cgroup_pids(session.cmd_cgroup)) do
+    for _, pid in ipairs(cgroup.cgroup_pids(session.cmd_cgroup)) do
       if pid ~= session.shell.pid and not (seen and seen[pid]) then
         pids[#pids + 1] = pid
         if seen then seen[pid] = true end
@@ -115,9 +116,9 @@ end
 function M.finish(session, sh, deadline)
   local cg = session.cmd_cgroup
   if cg then
-    while tree.populated(cg) and util.now_ms() < deadline do async.sleep(10) end
-    tree.kill_cgroup(cg)
-    tree.remove_when_empty(cg, async.sleep)
+    while cgroup.populated(cg) and util.now_ms() < deadline do async.sleep(10) end
+    cgroup.kill_cgroup(cg)
+    cgroup.remove_when_empty(cg, async.sleep)
     session.cmd_cgroup = nil
   elseif sh:alive() then
     local function leftovers() return M.proc_command_pids(session, sh) end
@@ -138,7 +139,7 @@ end
 -- id; its jobs stay in it (no job control), and what left it carries the
 -- session's marker for the kill_marked that follows.)
 function M.shell(session, sh)
-  if session.cgroup then tree.kill_cgroup(session.cgroup)
+  if session.cgroup then cgroup.kill_cgroup(session.cgroup)
   elseif sh:alive() then core.kill(-sh.pid, "SIGKILL") end
   sh:kill("SIGKILL")
 end

@@ -9,6 +9,7 @@ local async = require "moonbox.async"
 local fs = require "moonbox.lib.fs"
 local util = require "moonbox.lib.util"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local errors = require "moonbox.errors"
 
 local M = {}
@@ -767,9 +768,9 @@ function Shell:busy() return self.waiting ~= nil end
 -- in_cgroup(cg) -> whether the shell is (as far as we moved it) in cg.
 function Shell:in_cgroup(cg) return self.cgroup == cg end
 -- move_to(cg): the shell process moves into cgroup cg (a path under
--- tree.base()); what it starts from now on is born there.
+-- cgroup.base()); what it starts from now on is born there.
 function Shell:move_to(cg)
-  tree.move(cg, self.pid)
+  cgroup.move(cg, self.pid)
   self.cgroup = cg
 end
 -- spawn_env_of(k) -> the value of k in the environment the shell started with.

@@ -5,6 +5,7 @@ local core = require "moonbox.core"
 local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local tree = require "moonbox.process.tree"
+local cgroup = require "moonbox.process.cgroup"
 local util = require "moonbox.lib.util"
 local V = require "moonbox.lib.validate"
 local compose = require "moonbox.lib.compose"
@@ -68,7 +69,7 @@ function Session:terminal(opts)
   sb.terminal_seq = (sb.terminal_seq or 0) + 1
   local t = setmetatable({ cols = cols, rows = rows, chunks = {}, buffered = 0, listeners = {}, exited = false,
     sessionId = self.id, _sandbox = sb, _exit_waiters = {} }, Terminal)
-  if tree.mode() == "cgroup" then t._cgroup = tree.create(sb.cgroup_name .. "/t-" .. sb.terminal_seq) end
+  if tree.mode() == "cgroup" then t._cgroup = cgroup.create(sb.cgroup_name .. "/t-" .. sb.terminal_seq) end
   -- the user's host rc files are not the sandbox's business: a predictable shell
   local args = { shell, "-i" }
   if shell:match("bash$") then
@@ -84,7 +85,7 @@ function Session:terminal(opts)
   core.close_fd(slave)
   if not proc then
     core.close_fd(master)
-    if t._cgroup then tree.remove_cgroup(t._cgroup) end
+    if t._cgroup then cgroup.remove_cgroup(t._cgroup) end
     errors.raise("VALIDATION_FAILED", ("cannot start shell %q: %s"):format(shell, tostring(err)), { errno = code })
   end
   t.pid, t._proc = proc:pid(), proc
@@ -149,8 +150,8 @@ function Terminal:_maybe_done()
   if self.eof and self._stream and not self._stream:is_closing() then self._stream:close() end
   -- and its cgroup, once nothing of it runs (a background job it left
   -- keeps it, and dies with close() or the sandbox)
-  if self._cgroup and not tree.populated(self._cgroup) then
-    tree.remove_later(self._cgroup)
+  if self._cgroup and not cgroup.populated(self._cgroup) then
+    cgroup.remove_later(self._cgroup)
     self._cgroup = nil
   end
 end
@@ -213,7 +214,7 @@ function Terminal:close()
   self.closed = true
   if not self.exited then
     if self._cgroup then
-      tree.kill_cgroup(self._cgroup)
+      cgroup.kill_cgroup(self._cgroup)
     else
       -- job control puts background jobs in their own process groups
       tree.signal_pids(tree.descendants(self.pid), "SIGKILL")
@@ -223,7 +224,7 @@ function Terminal:close()
     self:wait()
   end
   if self._stream and not self._stream:is_closing() then self._stream:close() end
-  if self._cgroup then tree.remove_when_empty(self._cgroup, async.sleep) self._cgroup = nil end
+  if self._cgroup then cgroup.remove_when_empty(self._cgroup, async.sleep) self._cgroup = nil end
   self._sandbox.terminals[self] = nil
 end
 
