@@ -48,8 +48,9 @@ curl jq nginx-light bubblewrap squashfs-tools node-typescript shellcheck clang-f
   # (setcap), and the archives and layouts skopeo writes
   PACKAGES="$PACKAGES busybox-static libcap2-bin skopeo"
   # a real registry for the pull specs (spec/images/docker_registry_spec.lua):
-  # docker-registry (distribution) on the loopback, htpasswd for its bcrypt users
-  PACKAGES="$PACKAGES docker-registry apache2-utils"
+  # docker-registry (distribution) on the loopback, htpasswd for its bcrypt users,
+  # openssl for the key and certificate its token service signs with
+  PACKAGES="$PACKAGES docker-registry apache2-utils openssl"
   # node and npm (the page's browser test, the compat client): Debian's unless present
   command -v npm >/dev/null 2>&1 || PACKAGES="$PACKAGES nodejs npm"
 fi
