@@ -47,6 +47,10 @@ curl jq nginx-light bubblewrap squashfs-tools node-typescript shellcheck clang-f
   # the image specs (spec/images/): a busybox rootfs, file capabilities
   # (setcap), and the archives and layouts skopeo writes
   PACKAGES="$PACKAGES busybox-static libcap2-bin skopeo"
+  # a real registry for the pull specs (spec/images/docker_registry_spec.lua):
+  # docker-registry (distribution) on the loopback, htpasswd for its bcrypt users,
+  # openssl for the key and certificate its token service signs with
+  PACKAGES="$PACKAGES docker-registry apache2-utils openssl"
   # node and npm (the page's browser test, the compat client): Debian's unless present
   command -v npm >/dev/null 2>&1 || PACKAGES="$PACKAGES nodejs npm"
 fi
@@ -63,6 +67,11 @@ if [ -n "$missing" ]; then
   $SUDO apt-get -o Acquire::Retries=5 update -qq
   # shellcheck disable=SC2086
   $SUDO apt-get -o Acquire::Retries=5 install -y -qq --no-install-recommends $missing >/dev/null
+  # docker-registry's package starts its own service on :5000 (every address,
+  # no auth) under systemd; the specs start theirs on the loopback, so it goes
+  case " $missing " in
+    *" docker-registry "*) [ ! -d /run/systemd/system ] || $SUDO systemctl disable --now docker-registry.service ;;
+  esac
 fi
 [ "$mode" = test ] || exit 0
 
