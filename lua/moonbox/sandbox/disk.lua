@@ -151,6 +151,36 @@ local function fail(msg, root)
     { root = root, limit = "diskBytes" })
 end
 
+-- The loop device an image file is attached to, "/dev/loopN", or nil.
+local function attached_to(image)
+  for _, name in ipairs(core.readdir("/sys/block") or {}) do
+    if name:match("^loop%d+$") then
+      local file = (util.read_file("/sys/block/" .. name .. "/loop/backing_file") or ""):gsub("\n$", "")
+      if file == image then return "/dev/" .. name end
+    end
+  end
+  return nil
+end
+
+-- An image still attached elsewhere (a runtime that just exited: its
+-- sandbox's init, dying of the parent-death signal, holds the mount in its
+-- namespace a moment longer; or another runtime's sandbox) must never be
+-- mounted a second time through another loop device: two ext4 mounts of one
+-- image corrupt it. Waited for up to 5 s (the autoclear detach follows the
+-- last user), then refused.
+local function await_detached(image, canon)
+  local dev = attached_to(image)
+  for _ = 1, 250 do
+    if not dev or not async.in_task() then break end
+    async.sleep(20)
+    dev = attached_to(image)
+  end
+  if dev then
+    fail(("the root's disk image %s is still attached to %s (in use by another runtime's sandbox?)")
+      :format(image, dev), canon)
+  end
+end
+
 -- The template image of this size, made once.
 local function template(dir, bytes)
   local path = ("%s/template-%d-z.ext4"):format(dir, bytes) -- (z: inode tables zeroed)
@@ -260,6 +290,7 @@ function M.attach(canon, home, bytes, made)
     end
     state.fresh = true
   end
+  if not state.fresh then await_detached(image, canon) end
   local ok, msg = mount_image(image, canon)
   if not ok then
     if state.fresh then
