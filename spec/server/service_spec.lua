@@ -436,8 +436,8 @@ describe("moonbox serve as a service", function()
     end)
   end)
 
-  it("past --max-buffered-bytes, starts no command (503 BUFFERS_FULL, Retry-After) and tells what ran when " ..
-    "only the result does not fit", function()
+  it("past --max-buffered-bytes, a big body is refused (503 BUFFERS_FULL, Retry-After), an /exec keeps 64 KiB " ..
+    "of output", function()
     run_task(function()
       local MB = 1024 * 1024
       -- (16 MiB: more than the kernel's socket buffers take off the server)
@@ -460,35 +460,68 @@ describe("moonbox serve as a service", function()
           used = sample(t, "moonbox_client_buffered_bytes")
           return (used or 0) >= 16 * MB + 4096
         end, 20000), "the unread result does not fill the budget: " .. tostring(used))
-        -- nothing runs now: the command's file is never made
+        -- the budget spent: a command still runs and its small result is
+        -- whole; of a big one only the first 64 KiB are kept
+        local code, text = s.call("POST", "/v1/sandboxes/bf/exec", '{"command":"touch /workspace/ran; echo ok"}')
+        assert.equal(200, code)
+        assert.same({ "ok\n", false }, { cjson.decode(text).stdout, cjson.decode(text).truncated })
+        code, text = s.call("POST", "/v1/sandboxes/bf/exec",
+          cjson.encode { command = "head -c 1048576 /dev/zero | tr '\\0' d" })
+        assert.equal(200, code)
+        local e = cjson.decode(text)
+        assert.same({ 64 * 1024, true }, { #e.stdout, e.truncated })
+        -- a response body the budget cannot take is refused
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/bf/files/write",
+          cjson.encode { path = "/workspace/big.txt", content = ("c"):rep(80 * 1024) })))
         local head = curl("-D", "-", "-o", "/dev/null", "-H", s.auth, "-H", "Content-Type: application/json",
-          "-d", '{"command":"touch /workspace/ran"}', s.url .. "/v1/sandboxes/bf/exec")
+          "-d", '{"path":"/workspace/big.txt"}', s.url .. "/v1/sandboxes/bf/files/read")
         assert.matches("^HTTP/1.1 503", head)
         assert.matches("\n[Rr]etry%-[Aa]fter: 1\r", head)
-        local code, text = s.call("POST", "/v1/sandboxes/bf/exec", '{"command":"touch /workspace/ran"}')
-        assert.equal(503, code)
-        local e = cjson.decode(text)
-        assert.same({ "BUFFERS_FULL", 503 }, { e.code, e.httpStatus })
-        assert.matches("nothing was run", e.message)
         hold:close()
         hold = nil
         assert.is_true(helper.eventually(function()
           local _, t = s.call("GET", "/metrics")
           return sample(t, "moonbox_client_buffered_bytes") == 0
         end, 20000), "the closed client's bytes were not given back")
-        code, text = s.call("POST", "/v1/sandboxes/bf/exec", '{"command":"test -e /workspace/ran; echo $?"}')
-        assert.equal(200, code)
-        assert.equal("1\n", cjson.decode(text).stdout)
-        -- a result bigger than the whole budget: the command ran, and the
-        -- 503 says how it ended
-        code, text = s.call("POST", "/v1/sandboxes/bf/exec",
-          cjson.encode { command = "head -c 16777216 /dev/zero | tr '\\0' b; head -c 8192 /dev/zero >&2; exit 3" })
-        assert.equal(503, code)
-        e = cjson.decode(text)
-        assert.equal("BUFFERS_FULL", e.code)
-        assert.same({ 3, false }, { e.context.result.exitCode, e.context.result.success })
-        assert.is_nil(e.context.result.stdout)
-        assert.matches("the request ran", e.message)
+      end)
+      if hold then hold:close() end
+      s.stop()
+      assert(ok, err)
+    end)
+  end)
+
+  it("keeps an /exec's output only while it fits the bytes held for clients: past them it is truncated, " ..
+    "never collected only to be refused", function()
+    run_task(function()
+      local MB = 1024 * 1024
+      local LIMIT = 20 * MB
+      local s = serve { "--max-buffered-bytes", tostring(LIMIT) }
+      local hold
+      local ok, err = pcall(function()
+        assert.equal(200, (s.call("POST", "/v1/sandboxes/bk/exec", '{"command":"true"}')))
+        -- a client that reads none of a 16 MiB result holds its bytes
+        local fd = require("moonbox.async").await(function(resume)
+          assert(core.tcp_connect("127.0.0.1", s.port, function(e, f) resume(f, e) end))
+        end)
+        hold = assert(core.stream_open(fd))
+        local body = cjson.encode { command = "head -c 16777216 /dev/zero | tr '\\0' a" }
+        hold:write(("POST /v1/sandboxes/bk/exec HTTP/1.1\r\nHost: x\r\n%s\r\nContent-Type: application/json\r\n" ..
+          "Content-Length: %d\r\n\r\n%s"):format(s.auth, #body, body))
+        local used
+        assert.is_true(helper.eventually(function()
+          local _, t = s.call("GET", "/metrics")
+          used = sample(t, "moonbox_client_buffered_bytes")
+          return (used or 0) >= 16 * MB
+        end, 20000), "the unread result is not held: " .. tostring(used))
+        -- 8 MiB more would pass the limit: what fits is kept, the rest
+        -- dropped, and the answer is the result (it ran once), not a 503
+        local code, text = s.call("POST", "/v1/sandboxes/bk/exec",
+          cjson.encode { command = "head -c 8388608 /dev/zero | tr '\\0' b; exit 4" })
+        assert.equal(200, code, text)
+        local r = cjson.decode(text)
+        assert.same({ 4, true }, { r.exitCode, r.truncated })
+        assert.is_true(#r.stdout > 0 and #r.stdout <= LIMIT - 16 * MB + 64 * 1024, "kept " .. #r.stdout)
+        assert.equal(("b"):rep(#r.stdout), r.stdout)
       end)
       if hold then hold:close() end
       s.stop()

@@ -564,14 +564,17 @@ describe("execStream", function()
   it("a reader cancelled while it waits (moonbox.timeout) ends the command, setsid'd children too", function()
     with_sandbox(function(sb)
       sb:exec("export KEEP=k")
+      -- (a mark of this run's own: without namespaces pgrep sees the host,
+      -- where the namespaced run of this spec may run at the same time)
+      local mark = tostring(core.getpid() % 100000)
       local ok, err = pcall(moonbox.timeout, 300, function()
-        for _ in sb:execStream("echo x; setsid sleep 9042 & sleep 9044") do end
+        for _ in sb:execStream(("echo x; setsid sleep 9042.%s & sleep 9044.%s"):format(mark, mark)) do end
       end)
       assert.is_false(ok)
       assert.equal("TIMEOUT", err.code)
       -- the session is not held by the command nobody reads any more
       local r = moonbox.timeout(10000, function()
-        return sb:exec("pgrep -f 'sleep 904[24]' || echo none; echo $KEEP")
+        return sb:exec(("pgrep -f 'sleep 904[24][.]%s$' || echo none; echo $KEEP"):format(mark))
       end)
       assert.equal("none\nk\n", r.stdout)
     end)

@@ -359,17 +359,6 @@ end
 
 -- A script may raise maxOutputBytes for its own calls; a client of the
 -- server may not go past the policy's limit (the server's memory).
--- A command whose output may be big is not started while the server's
--- send budget is spent (its result could not be held for the client):
--- 503 BUFFERS_FULL before anything runs (docs/http-api.md).
-local function admit(ctx)
-  if not send_budget.full() then return end
-  ctx.res:reject("buffers_full")
-  errors.raise("BUFFERS_FULL", ("the server holds %d bytes for its clients, its limit (--max-buffered-bytes) " ..
-    "is %d; nothing was run; retry later"):format(send_budget.used, send_budget.limit),
-    { limit = send_budget.limit, used = send_budget.used })
-end
-
 local function check_output_limit(ctx, s)
   local v, limit = ctx:body().maxOutputBytes, s.sandbox.policy.limits.maxOutputBytes
   if type(v) == "number" and v > limit then
@@ -383,16 +372,26 @@ function H.exec(ctx)
   local f = ctx:take { command = "any" }
   check_output_limit(ctx, s)
   local opts = ctx:rest()
-  admit(ctx)
   -- a client that hangs up cancels it: no stuck session behind a result
   -- nobody reads (docs/server.md). The output stays in C buffers until
   -- sent (json_bytes.lua).
-  local r = sse.while_connected(ctx.res, function() return s:exec_bytes(f.command, opts) end)
-  local ok, err = pcall(function()
-    json_bytes.field(r, "stdout", "stdoutEncoding")
-    json_bytes.field(r, "stderr", "stderrEncoding")
-  end)
-  if not ok then json_bytes.release(r, "stdout", "stderr") error(err, 0) end
+  -- Its output counts in the send budget while it is collected: past the
+  -- budget the rest is dropped (truncated = true), never kept only to be
+  -- refused at the end. The response takes the hold over (http.lua).
+  local hold = send_budget.hold()
+  ctx.res.reserved = hold
+  local ok, r = pcall(sse.while_connected, ctx.res, function() return s:exec_bytes(f.command, opts, hold) end)
+  local err
+  if ok then
+    ok, err = pcall(function()
+      json_bytes.field(r, "stdout", "stdoutEncoding")
+      json_bytes.field(r, "stderr", "stderrEncoding")
+    end)
+    if not ok then json_bytes.release(r, "stdout", "stderr") end
+  else
+    err = r
+  end
+  if not ok then hold:release() ctx.res.reserved = nil error(err, 0) end
   return 200, r
 end
 

@@ -133,9 +133,21 @@ function account(self, queued)
   self._counted = queued
 end
 
+-- res.reserved: a send_budget.hold() its handler filled while it made the
+-- body (an /exec's output); given back as the response is sent (the body
+-- then counts what it holds) or its client goes
+local function end_reservation(self)
+  local reserved = self.reserved
+  self.reserved = nil
+  if not reserved then return false end
+  reserved:release()
+  return true
+end
+
 -- The response is done or its client gone: nothing of it is held any more.
 local function release(self)
   account(self, 0)
+  end_reservation(self)
   if self._held then send_budget.add(-self._held) self._held = nil end
 end
 
@@ -178,6 +190,7 @@ function Response:_send(status, headers, body)
   if not sliced then V.type(body, "string", "body") end
   if self._started then errors.raise("VALIDATION_FAILED", "response already started") end
   self._started = true
+  self._reserved = end_reservation(self)
   self.status, self.bytes = status, sliced and 0 or #body -- (a sliced body's, once measured)
   local h, ctype = split_headers(headers)
   ctype = ctype or "text/plain; charset=utf-8"
@@ -216,7 +229,10 @@ end
 function Response:_send_sliced(status, h, ctype, body)
   local srv = self._server._core
   local pieces, held = body.pieces, body.held
-  if not send_budget.fits(held) then
+  -- (a body its handler reserved while it made it was admitted then)
+  local reserved = self._reserved
+  self._reserved = nil
+  if not reserved and not send_budget.fits(held) then
     self:reject("buffers_full")
     local ok = srv:respond(self._id, 503, "application/json", { ["retry-after"] = "1" }, nil,
       M.buffers_full_body(body.summary))

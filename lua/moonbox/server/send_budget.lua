@@ -32,4 +32,38 @@ function M.add(n)
   if M.used < 0 then M.used = 0 end
 end
 
+-- hold() -> h: bytes one call reserves while it collects what it will send
+-- (an /exec's kept output: moonbox.session's exec_bytes), so the output
+-- kept for clients stays within the limit however many commands run at
+-- once (issue #29, finding 5). Its first FREE bytes are not counted: like
+-- a small reply (at most a slice per connection), they never wait for the
+-- budget, so a client that fills it cannot empty everyone else's results.
+--   h:take(n) -> granted (0..n)   h:release() gives back all (h.granted:
+--   how many were counted)
+M.FREE = 64 * 1024
+
+local Hold = {}
+Hold.__index = Hold
+
+function M.hold()
+  return setmetatable({ held = 0, free = M.FREE }, Hold)
+end
+
+function Hold:take(n)
+  if n <= 0 then return 0 end
+  local free = n < self.free and n or self.free
+  self.free = self.free - free
+  n = n - free
+  local room = M.limit - M.used
+  local granted = (room <= 0 and 0) or (n < room and n) or room
+  M.used = M.used + granted
+  self.held = self.held + granted
+  return free + granted
+end
+
+function Hold:release()
+  M.add(-self.held)
+  self.granted, self.held = self.held, 0
+end
+
 return M

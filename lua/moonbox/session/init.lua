@@ -337,7 +337,10 @@ end
 -- once) and count against the runtime-wide budget (lua/moonbox/session/budget.lua,
 -- limits.maxBufferedBytes) until c.text() hands them over or c.release().
 -- A stream the budget cut keeps its prefix: nothing after the cut is kept.
-local function collector(limit, on_output, budget_ceiling)
+-- extra_hold: a second holder the kept bytes must also fit (the HTTP
+-- server's send budget, for /exec: what it keeps must be sendable), or
+-- nil; its owner releases it
+local function collector(limit, on_output, budget_ceiling, extra_hold)
   local c = { bufs = {}, size = { stdout = 0, stderr = 0 }, truncated = false,
     dropped = { stdout = 0, stderr = 0 }, hold = budget.hold(budget_ceiling), cut = {} }
   function c.release()
@@ -362,6 +365,11 @@ local function collector(limit, on_output, budget_ceiling)
   function c.sink(stream, data)
     local room = c.cut[stream] and 0 or math.min(limit - c.size[stream], #data)
     if room > 0 then room = c.hold:take(room) end
+    if room > 0 and extra_hold then
+      local fits = extra_hold:take(room)
+      if fits < room then c.hold:give(room - fits) end
+      room = fits
+    end
     if room < #data then
       c.truncated = true
       c.cut[stream] = true
@@ -405,13 +413,13 @@ function Session:_prepare(command, opts, what)
 end
 
 -- Runs command as exec does; output(collector, stream) turns each stream's
--- kept bytes into the result's field.
-local function run_collected(self, command, opts, output)
+-- kept bytes into the result's field; extra_hold as for collector.
+local function run_collected(self, command, opts, output, extra_hold)
   async.check_task("exec") -- before anything is queued or sent
   local o
   command, o = self:_prepare(command, opts, "exec")
   local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
-  local out = collector(limit, o.onOutput, self.sandbox.policy.limits.maxBufferedBytes)
+  local out = collector(limit, o.onOutput, self.sandbox.policy.limits.maxBufferedBytes, extra_hold)
   local ok, r = pcall(self.queue.run, self.queue, self._run, self, command, o, out.sink)
   if not ok then out.release() error(r, 0) end
   r.stdout = output(out, "stdout")
@@ -430,12 +438,15 @@ function Session:exec(command, opts)
   return run_collected(self, command, opts, function(out, stream) return out.text(stream) end)
 end
 
--- exec_bytes(command, opts) -> ExecResult whose stdout and stderr are
--- core.bytes buffers (the caller frees them), for the HTTP server: a 16 MiB
--- output made into one Lua string costs the loop ~90 ms of page faults on
--- a fresh allocation, which every other client waits for (issue #29).
-function Session:exec_bytes(command, opts)
-  return run_collected(self, command, opts, function(out, stream) return out.take(stream) end)
+-- exec_bytes(command, opts[, hold]) -> ExecResult whose stdout and stderr
+-- are core.bytes buffers (the caller frees them), for the HTTP server: a
+-- 16 MiB output made into one Lua string costs the loop ~90 ms of page
+-- faults on a fresh allocation, which every other client waits for (issue
+-- #29). hold (the server's send budget, send_budget.hold()): the output is
+-- kept only while it also fits there, else truncated as past the runtime's
+-- budget; the caller releases it.
+function Session:exec_bytes(command, opts, hold)
+  return run_collected(self, command, opts, function(out, stream) return out.take(stream) end, hold)
 end
 
 -- execStream(command, opts) -> iterator of events (a callable table with
