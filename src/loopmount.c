@@ -12,9 +12,15 @@
  *       cb(nil, "/dev/loopN") | cb(message, nil, CODE)
  *   core.umount(target, lazy, cb)  umount2, MNT_DETACH when lazy;
  *       -> true | nil, msg, code; cb(nil) | cb(message, nil, CODE)
+ *   core.mount_detach_copy(path) -> fd | nil, msg, code: open_tree's
+ *       OPEN_TREE_CLONE of the mount at path, a detached mount only the
+ *       (close-on-exec) fd holds; the kernel unmounts it at its last close
+ *   core.mount_attach(fd, target) -> true | nil, msg, code: move_mount of
+ *       that detached mount onto target (the fd stays the caller's)
  *
  * Mechanism only: which image, where, and when is the Lua side's. */
 #include "private.h"
+#include "child/mount_api.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +30,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define OPT_MAX 256
@@ -235,7 +242,30 @@ static int do_umount(lua_State *L) {
   return submit(L, r, 3);
 }
 
+/* Two system calls that never wait on I/O: on the loop, not the pool. */
+static int mount_detach_copy(lua_State *L) {
+  const char *path = check_path(L, 1, PATH_MAX);
+  int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | O_CLOEXEC);
+  if (fd < 0) return mb_push_errno(L, errno, "open_tree");
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+static int mount_attach(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1);
+  const char *target = check_path(L, 2, PATH_MAX);
+  if (fd < 0) return luaL_argerror(L, 1, "fd must be >= 0");
+  if (syscall(SYS_move_mount, fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    return mb_push_errno(L, errno, "move_mount");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 void mb_open_loopmount(lua_State *L) {
-  static const luaL_Reg funcs[] = {{"loop_mount", loop_mount}, {"umount", do_umount}, {NULL, NULL}};
+  static const luaL_Reg funcs[] = {{"loop_mount", loop_mount},
+                                   {"umount", do_umount},
+                                   {"mount_detach_copy", mount_detach_copy},
+                                   {"mount_attach", mount_attach},
+                                   {NULL, NULL}};
   luaL_register(L, NULL, funcs);
 }
