@@ -290,6 +290,45 @@ describe("moonbox.prewarm(n): a spare is ready to run", function()
       assert(ok, err)
     end)
 
+  it("a spare's disk that cannot be put at the root is dropped, and the root gets a disk made at once", function()
+    if not host_root() then pending("needs the host's root (loop devices, mount): no disk image here") end
+    local mount_fd = require "moonbox.sandbox.mount_fd"
+    local attach = mount_fd.attach
+    policy_mod.set_default { limits = { diskBytes = 32 * MiB } }
+    local ok, err = pcall(with_pool, 1, function()
+      assert.is_true(helper.eventually(function() return prewarm.count() == 1 end, 10000), "no spare")
+      local spare_image = disks_dir() .. "/" .. spare_files(core.getpid())[1]
+      local spare_device = helper.sh("losetup -j '" .. spare_image .. "' | cut -d: -f1")
+      assert.matches("^/dev/loop%d+$", spare_device)
+      local tried = 0
+      mount_fd.attach = function()
+        tried = tried + 1
+        return nil, "move_mount: refused by the spec", 1
+      end
+      local sb = helper.new_sandbox()
+      mount_fd.attach = attach
+      assert.equal(1, tried) -- (the spare's disk was offered to the root)
+      local done, failure = pcall(function()
+        -- a disk of its own, of the size asked, on another loop device
+        local device = mounted_at(sb.root)
+        assert.matches("^/dev/loop%d+$", device)
+        assert.are_not.equal(spare_device, device)
+        assert.equal(sb.root .. "\n", util.read_file(backing_file(device) .. ".root"))
+        local r = sb:exec("dd if=/dev/zero of=big bs=1M count=64 status=none")
+        assert.equal("dd: error writing 'big': No space left on device\n", r.stderr)
+      end)
+      sb:destroy()
+      assert(done, failure)
+      -- the spare's disk is gone: its file, and its loop device with its mount
+      assert.is_true(helper.eventually(function() return not util.is_file(spare_image) end, 5000), spare_image)
+      assert.is_true(helper.eventually(function() return not backing_file(spare_device):find(spare_image, 1, true) end,
+        5000), "the spare's loop device stayed attached")
+    end)
+    mount_fd.attach = attach
+    policy_mod.set_default(nil)
+    assert(ok, err)
+  end)
+
   it("disabling the pool and the runtime's exit leave no spare disk, loop device, mount or process", function()
     if not host_root() then pending("needs the host's root (loop devices, mount): no disk image here") end
     with_pool(2, function()
