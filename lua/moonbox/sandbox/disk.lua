@@ -32,6 +32,7 @@ local async = require "moonbox.async"
 local errors = require "moonbox.errors"
 local util = require "moonbox.lib.util"
 local fs = require "moonbox.lib.fs"
+local mount_fd = require "moonbox.sandbox.mount_fd"
 
 local M = {}
 
@@ -202,6 +203,41 @@ local function template(dir, bytes)
   return path
 end
 
+-- A runtime's spare disks are named spare-<pid>.<start time>-<n>: the
+-- start time tells a live runtime from a dead one whose pid came back.
+local function start_time(pid)
+  local stat = util.read_file("/proc/" .. pid .. "/stat")
+  return stat and stat:match("^.*%) %a" .. (" %S+"):rep(18) .. " (%d+)")
+end
+local my_tag
+local function runtime_tag()
+  my_tag = my_tag or ("%d.%s"):format(core.getpid(), start_time(core.getpid()) or "0")
+  return my_tag
+end
+local function tag_alive(tag)
+  local pid, start = tag:match("^(%d+)%.(%d+)$")
+  return pid ~= nil and start_time(pid) == start
+end
+
+-- What a runtime that died left of its spare disks: the image files (their
+-- mounts were only fds, gone with it; see spare()), and a mount point a
+-- spare was being built on, unmounted (the loop device, autoclear, goes
+-- with it).
+local function sweep_spares(dir, names)
+  for _, name in ipairs(names) do
+    local tag = name:match("^spare%-([%d.]+)%-%d+%.")
+    if tag and not tag_alive(tag) then
+      local path = dir .. "/" .. name
+      if name:match("%.mnt$") then
+        if mounted_at(path) then unmount(path, true) end
+        core.rmdir(path)
+      else
+        pcall(fs.unlink, path)
+      end
+    end
+  end
+end
+
 -- Images whose root directory is gone (removed by hand, a kept sandbox's
 -- root deleted after a reboot): removed, once per runtime and home. A root
 -- being made exists before its image does (attach needs it).
@@ -209,7 +245,9 @@ local swept = {}
 local function sweep(dir)
   if swept[dir] then return end
   swept[dir] = true
-  for _, name in ipairs(core.readdir(dir) or {}) do
+  local names = core.readdir(dir) or {}
+  if async.in_task() then sweep_spares(dir, names) else swept[dir] = nil end
+  for _, name in ipairs(names) do
     if name:match("%.ext4%.root$") then
       local owner_file = dir .. "/" .. name
       local root = (util.read_file(owner_file) or ""):gsub("\n$", "")
@@ -231,12 +269,30 @@ local function check_size(image, bytes, canon)
   end
 end
 
--- attach(canon, home, bytes, made) -> state | nil, why (not enforced)
+-- A spare's disk (see M.spare) taken as the root's new image: its mount
+-- attached at canon, its file renamed to the root's. -> true | nil, message
+local function adopt(spare, bytes, image, owner_file, canon)
+  if spare.bytes ~= bytes or not spare.fd then return nil, "not a disk of this size" end
+  if not util.write_file(owner_file, canon .. "\n") then return nil, "cannot write " .. owner_file end
+  local ok, msg = os.rename(spare.image, image)
+  if ok then ok, msg = mount_fd.attach(spare.fd, canon) end
+  if not ok then
+    os.rename(image, spare.image)
+    os.remove(owner_file)
+    return nil, msg
+  end
+  spare.image = nil -- (the root's now: M.drop_spare leaves it)
+  return true
+end
+
+-- attach(canon, home, bytes, made, spare) -> state | nil, why (not enforced)
 -- Before anything is made in the root (canon must exist as a directory;
 -- made: getSandbox made it just now, so an image left for it is stale).
+-- spare: a spare disk (M.spare) to use where a new image would be made;
+-- the caller drops it after (M.drop_spare: nothing once used).
 -- Raises ISOLATION_UNAVAILABLE when the quota should hold and cannot be set
 -- up (fail closed: a sandbox never runs without the quota it was given).
-function M.attach(canon, home, bytes, made)
+function M.attach(canon, home, bytes, made, spare)
   if not bytes or bytes == 0 then return nil end
   if not host_root() then
     return nil, "needs a runtime that is the host's root (loop devices, mount)"
@@ -275,6 +331,15 @@ function M.attach(canon, home, bytes, made)
     local names = core.readdir(canon) or {}
     if #names > 0 then
       return nil, "the sandbox's root holds files from before it had a disk image"
+    end
+    -- a spare's disk, made ahead with this size: attached in one system
+    -- call (a new image costs a copy, a loop device and a mount); one that
+    -- cannot be is left to the caller to drop, and the image made here
+    if spare and spare.image then
+      if adopt(spare, bytes, image, owner_file, canon) then
+        state.fresh, state.mounted = true, true
+        return state
+      end
     end
     local tpl, msg = template(dir, bytes)
     if not tpl then fail(tostring(msg), canon) end
@@ -322,6 +387,63 @@ function M.detach(state, remove)
     pcall(fs.unlink, state.owner_file)
   end
   return true
+end
+
+-- Spare disks (sandbox/prewarm.lua): a sandbox's new image made ahead,
+-- off the caller's time: copied from the template, attached to a loop
+-- device and mounted like a cold one (same size, options and checks), then
+-- held only as a detached mount (sandbox/mount_fd.lua) while its mount
+-- point goes. Claimed, attach() puts it at the root with move_mount and
+-- renames the file: the root's image, as a cold attach would have made it.
+-- Its file is <home>/disks/spare-<runtime>-<n>.ext4 until then: a runtime
+-- that dies leaves only that file (its fd went with it), removed by the
+-- next runtime's sweep.
+local spare_seq = 0
+
+-- spare(home, bytes) -> spare | nil, why: nil alone without a quota to
+-- enforce (bytes 0, not the host's root), or where a disk cannot wait
+-- detached (the claim then makes it cold, as without a pool). In a task.
+function M.spare(home, bytes)
+  if not home or not bytes or bytes == 0 or not host_root() or not mount_fd.available then return nil end
+  local dir = home .. "/disks"
+  if not mkdir_p(dir, 448) then return nil, "cannot create " .. dir end
+  sweep(dir)
+  local tpl, msg = template(dir, bytes)
+  if not tpl then return nil, msg end
+  spare_seq = spare_seq + 1
+  local base = ("%s/spare-%s-%d"):format(dir, runtime_tag(), spare_seq)
+  local d = { image = base .. ".ext4", bytes = bytes }
+  local mnt = base .. ".mnt"
+  local ok
+  ok, msg = run { "cp", "--sparse=always", tpl, d.image }
+  if ok then ok, msg = core.mkdir(mnt, 448) end
+  if ok then ok, msg = mount_image(d.image, mnt) end
+  if ok then
+    core.rmdir(mnt .. "/lost+found") -- (mkfs's, as for a cold root)
+    d.fd, msg = mount_fd.clone(mnt)
+    ok = d.fd ~= nil
+    unmount(mnt, true) -- (the detached copy keeps the file system, and its loop device)
+  end
+  core.rmdir(mnt)
+  if not ok then
+    M.drop_spare(d)
+    return nil, msg
+  end
+  return d
+end
+
+-- drop_spare(d): its mount closed (unmounted with it, the loop device
+-- cleared) and its file removed, unless a root took it. Waited for in a
+-- task, else done in one.
+function M.drop_spare(d)
+  if not d then return end
+  local fd, image = d.fd, d.image
+  d.fd, d.image = nil, nil
+  local function go()
+    if fd then async.await(function(resume) core.fs_close(fd, function() resume() end) end, "close") end
+    if image then pcall(fs.unlink, image) end
+  end
+  if async.in_task() then go() else async.spawn(go) end
 end
 
 return M

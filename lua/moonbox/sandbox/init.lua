@@ -218,7 +218,16 @@ local function prepare_root(plan, undo)
   local before = disk.mounted_at(canon)
   local made = false
   for _, dir in ipairs(created) do made = made or dir == canon end
-  plan.disk_state, plan.disk_why = disk.attach(canon, home, policy.limits.diskBytes, made)
+  -- a spare (sandbox/prewarm.lua) is taken now: its disk, made ahead, is
+  -- the root's when a new one is (an egress sandbox's and an image's are
+  -- never pre-built; what of it is not used goes: prewarm.finish, drop)
+  if plan.isolated and prewarm.enabled and plan.rules.network ~= "egress" and not plan.image_ref then
+    local spare = prewarm.take(prewarm.key(plan.rules, policy))
+    plan.spare = spare
+    if spare then undo.push(function() prewarm.drop(spare) end) end
+  end
+  plan.disk_state, plan.disk_why = disk.attach(canon, home, policy.limits.diskBytes, made,
+    plan.spare and plan.spare.disk)
   if plan.disk_state and not before then
     core.rmdir(canon .. "/lost+found") -- (mkfs's; e2fsck makes it again)
     -- a mount made here goes, and the image with it when the image is new
@@ -337,8 +346,7 @@ end
 -- A spare (sandbox/prewarm.lua) of these rules, claimed: its init and
 -- shell, and its cgroup (cgroup mode), which becomes the sandbox's. -> init, namespaces | nil
 local function claim_spare(self, plan, on_init_exit)
-  local pre = prewarm.claim(rules_mod.key(plan.rules, plan.policy), plan.rules.hostname, self.workspace,
-    on_init_exit)
+  local pre = prewarm.finish(plan.spare, plan.rules.hostname, self.workspace, on_init_exit)
   if not pre then return nil end
   self.owner_uid = pre.owner_uid
   self.prebuilt_shell = pre.shell
@@ -385,10 +393,10 @@ local function enter_isolation(self, plan, undo)
   -- is an image's: its root is the image; a pre-built sandbox's processes
   -- join v1 limit directories only through its own cgroup: without one,
   -- it is not used)
-  if network ~= "egress" and not plan.from_image and prewarm.enabled
-    and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs)) then
+  if plan.spare and not plan.from_image and (tree.mode() == "cgroup" or not next(self.limits_state.v1_dirs)) then
     init, namespaces = claim_spare(self, plan, on_init_exit)
   end
+  prewarm.drop(plan.spare) -- (not used; once finished, the sandbox's: left alone)
   if not init then
     -- the host uid its kernel counters are charged to (isolation.lua)
     self.owner_uid = isolation_mod.owner_uid(rules.idmap)
@@ -1279,8 +1287,10 @@ end
 M.all = registry_mod.all
 M.known_pids = registry_mod.known_pids
 
--- Runtime exit: every sandbox's processes die with it; files stay.
 M.prewarm = prewarm.enable
+prewarm.home = default_home -- (where spares' disks are made)
+
+-- Runtime exit: every sandbox's processes die with it; files stay.
 
 -- A destroy another task started (an idle stop, a DELETE still under way
 -- at a SIGTERM) is waited for too (it was no longer in the registry: the
