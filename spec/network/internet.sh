@@ -64,7 +64,8 @@ start() { # name, then the command; its pid in STATE/name.pid
 start http ip netns exec "$NS" $py -m http.server 80 --bind 0.0.0.0 --directory "$state/www"
 start dns ip netns exec "$NS" $py "$here/dns_server.py" 198.51.100.10 \
   allowed.test=203.0.113.10 other.test=203.0.113.20 internal.test=10.77.0.1 \
-  rebind.test=203.0.113.10/10.77.0.1 sub.allowed.test=203.0.113.10
+  rebind.test=203.0.113.10/10.77.0.1 sub.allowed.test=203.0.113.10 \
+  short.test=203.0.113.10@2 long.test=203.0.113.20@300 silent.test=silent
 start sink ip netns exec "$NS" $py -c '
 import socketserver
 class Sink(socketserver.BaseRequestHandler):
