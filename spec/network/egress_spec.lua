@@ -315,6 +315,37 @@ describe("egress", function()
     end)
   end)
 
+  it("drops queries beyond DNS_RATE a second in the kernel, before the runtime parses them", function()
+    with_egress(function(sb)
+      local r = sb.egress.resolver
+      local client = dns_client(sb)
+      local to = sb:info().network.resolver
+      local q = dns.query(1, { qraw = { "denied", "test" }, qtype = 1, qclass = 1 }) -- (NXDOMAIN: no upstream)
+      -- 50 at a time (the resolver's socket buffer holds a few hundred: it
+      -- is not what drops them here), about 5000 a second
+      local sent, t0 = 0, core.hrtime()
+      for i = 1, 3 * nft.DNS_BURST do
+        if client:send(q, to, 53) then sent = sent + 1 end
+        if i % 50 == 0 then moonbox.sleep(10) end
+      end
+      local elapsed = (core.hrtime() - t0) / 1e9
+      moonbox.sleep(500)
+      client:close()
+      assert.truthy(sent > 2 * nft.DNS_BURST, "sent " .. sent)
+      -- what got through: the burst, and the rate for the time the flood took
+      assert.truthy(r.queries <= nft.DNS_BURST + nft.DNS_RATE * elapsed + 10, ("%d of %d in %.3f s"):format(
+        r.queries, sent, elapsed))
+      assert.truthy(r.queries >= nft.DNS_BURST / 2, r.queries)
+      -- and it answers again at once
+      local c2, got = dns_client(sb)
+      moonbox.sleep(1100)
+      c2:send(q, to, 53)
+      helper.eventually(function() return #got == 1 end, 2000)
+      c2:close()
+      assert.equal(dns.RCODE.NXDOMAIN, dns.header(got[1]).rcode)
+    end, { allow = { "allowed.test" } })
+  end)
+
   it("setNetwork changes the rules at once", function()
     with_egress(function(sb)
       assert.equal(BODY, curl(sb, "http://203.0.113.10/").body)
