@@ -219,6 +219,14 @@ describe("egress", function()
     end, { allow = { "rebind.test" } })
   end)
 
+  it("asks an upstream on the host's loopback (a systemd-resolved's 127.0.0.53, say)", function()
+    with_egress(function(sb)
+      assert.equal("203.0.113.20", lookup(sb, "loop.test"))
+      assert.equal(BODY, curl(sb, "http://loop.test/").body)
+      refused(sb, "http://203.0.113.10/")
+    end, { allow = { "loop.test" } }, { policy = { dns = { upstream = { "127.0.0.77" } } } })
+  end)
+
   it("opens an answer's addresses for its TTL (at least MIN_TTL), then closes them without a new lookup", function()
     with_egress(function(sb)
       -- looked up once each, then reached by address only
