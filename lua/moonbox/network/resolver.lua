@@ -140,8 +140,10 @@ end
 
 local function ask(r, p)
   local upstream = r.upstreams[p.try]
-  p.id = random_id()
-  local ok = p.sock:send(dns.query(p.id, p.q), upstream, M.PORT)
+  -- (no random id, say with no fd left for /dev/urandom: that query fails, never a guessable id)
+  local got_id, id = pcall(random_id)
+  local ok = got_id and p.sock:send(dns.query(id, p.q), upstream, M.PORT)
+  p.id = got_id and id or -1
   p.upstream = upstream
   p.timer:start(M.UPSTREAM_TIMEOUT_MS, 0, function()
     if p.done then return end
