@@ -81,7 +81,7 @@ if(SPEC_FILES AND RUNUSER_BIN AND BUILD_UID STREQUAL "0" AND NOT MOONBOX_SANITIZ
   foreach(spec spec/session/session_spec.lua spec/process/process_spec.lua spec/terminal/terminal_spec.lua
           spec/security/containment_spec.lua spec/security/isolation_spec.lua spec/session/spawn_builtin_spec.lua
           spec/security/root_identity_spec.lua spec/security/fail_closed_spec.lua spec/core/fs_tree_spec.lua
-          spec/core/procscan_spec.lua spec/core/sys_spec.lua
+          spec/core/procscan_spec.lua spec/core/sys_spec.lua spec/core/udp_spec.lua
           spec/security/file_race_spec.lua spec/server/security_spec.lua spec/hostile/session_spec.lua
           spec/security/seccomp_spec.lua spec/security/spawn_spec_spec.lua spec/security/disk_quota_spec.lua
           spec/images/store_spec.lua spec/images/sandbox_spec.lua

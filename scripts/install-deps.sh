@@ -20,9 +20,9 @@ libwslay-dev bash-builtins"
 # python3 for the code interpreter's default language, git for gitCheckout
 PACKAGES="$PACKAGES e2fsprogs util-linux mount procps python3 git"
 # run: network = "egress" (lua/moonbox/network/): veth pairs (ip), one
-# nftables table per sandbox (nft), a dnsmasq resolver per sandbox (nftset);
+# nftables table per sandbox (nft; the resolver is the runtime's own);
 # nsenter is util-linux's; an unprivileged runtime's way out is pasta (passt)
-PACKAGES="$PACKAGES iproute2 nftables dnsmasq-base passt"
+PACKAGES="$PACKAGES iproute2 nftables passt"
 # build and run: images (src/image_unpack.c, lua/moonbox/images/): libarchive
 # reads layers, nettle hashes blobs, curl fetches from registries
 PACKAGES="$PACKAGES libarchive-dev nettle-dev curl"

@@ -46,6 +46,7 @@ typedef struct mb_handle {
     uv_pipe_t pipe;
     uv_poll_t poll;
     uv_fs_event_t fs_event;
+    uv_udp_t udp;
   } uv;
   mb_core *core;
   const char *type_name; /* metatable name, for error messages */
@@ -140,6 +141,7 @@ void mb_open_image_pack(lua_State *L); /* image_pack.c: an upper dir as a layer 
 void mb_open_fsevent(lua_State *L);    /* fsevent.c */
 void mb_open_loopmount(lua_State *L);  /* loopmount.c: loop_mount, umount (the disk quota) */
 void mb_open_tcp(lua_State *L);        /* tcp.c */
+void mb_open_udp(lua_State *L);        /* udp.c */
 void mb_open_seccomp(lua_State *L);    /* seccomp.c */
 void mb_open_nsinit(lua_State *L);     /* nsinit_host.c */
 void mb_open_http(lua_State *L);       /* http/lua.c */

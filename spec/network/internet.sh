@@ -7,7 +7,9 @@
 #   203.0.113.10, 203.0.113.20  more public-looking addresses (same HTTP server)
 #   10.77.0.1      a "private" address (an internal service, same HTTP server)
 # and on the host: an HTTP server on 127.0.0.1:LOOP_PORT (a loopback-only
-# service) and one on 0.0.0.0:HOST_PORT (a service on the host's addresses).
+# service), one on 0.0.0.0:HOST_PORT (a service on the host's addresses),
+# and a DNS server on 127.0.0.77 (an upstream on the host's loopback, as
+# systemd-resolved's 127.0.0.53 is) answering loop.test.
 #   internet.sh up STATE_DIR TAG LOOP_PORT HOST_PORT   (prints nothing; fails loudly)
 #   internet.sh down STATE_DIR                          (idempotent; everything goes)
 set -eu
@@ -64,7 +66,8 @@ start() { # name, then the command; its pid in STATE/name.pid
 start http ip netns exec "$NS" $py -m http.server 80 --bind 0.0.0.0 --directory "$state/www"
 start dns ip netns exec "$NS" $py "$here/dns_server.py" 198.51.100.10 \
   allowed.test=203.0.113.10 other.test=203.0.113.20 internal.test=10.77.0.1 \
-  rebind.test=203.0.113.10/10.77.0.1 sub.allowed.test=203.0.113.10
+  rebind.test=203.0.113.10/10.77.0.1 sub.allowed.test=203.0.113.10 \
+  short.test=203.0.113.10@2 long.test=203.0.113.20@300 silent.test=silent
 start sink ip netns exec "$NS" $py -c '
 import socketserver
 class Sink(socketserver.BaseRequestHandler):
@@ -73,6 +76,7 @@ class Sink(socketserver.BaseRequestHandler):
             pass
 socketserver.ThreadingTCPServer.allow_reuse_address = True
 socketserver.ThreadingTCPServer(("0.0.0.0", 9), Sink).serve_forever()'
+start loopdns $py "$here/dns_server.py" 127.0.0.77 loop.test=203.0.113.20
 start loop $py -m http.server "$loop_port" --bind 127.0.0.1 --directory "$state/host-www"
 start hostwide $py -m http.server "$host_port" --bind 0.0.0.0 --directory "$state/host-www"
 
@@ -80,7 +84,8 @@ start hostwide $py -m http.server "$host_port" --bind 0.0.0.0 --directory "$stat
 for _ in $(seq 1 100); do
   if curl -sf -m 1 http://203.0.113.10/ >/dev/null && curl -sf -m 1 http://10.77.0.1/ >/dev/null &&
      curl -sf -m 1 "http://127.0.0.1:$loop_port/" >/dev/null &&
-     curl -sf -m 1 "http://127.0.0.1:$host_port/" >/dev/null && grep -q ready "$state/dns.log"; then
+     curl -sf -m 1 "http://127.0.0.1:$host_port/" >/dev/null && grep -q ready "$state/dns.log" &&
+     grep -q ready "$state/loopdns.log"; then
     exit 0
   fi
   sleep 0.1

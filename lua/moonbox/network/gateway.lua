@@ -11,7 +11,8 @@
 -- no capability anywhere, so they can neither see nor change it. The
 -- runtime acts in the gateway as the owner of the sandbox's user namespace
 -- (nsenter --user --net), which gives it CAP_NET_ADMIN there and nowhere
--- else. Every process here (the namespace's holder, pasta, the resolver)
+-- else. The resolver is the runtime's own socket, made in the gateway's
+-- namespace (network/resolver.lua). Every process here (the holder, pasta)
 -- is the runtime's child with a parent-death signal: a runtime that dies
 -- takes them with it, and the namespaces go with their last process.
 local core = require "moonbox.core"
@@ -29,7 +30,7 @@ M.MTU = 65520 -- pasta's (its default: the largest 802.3 frame less its header)
 
 -- the commands the gateway needs; nil when all are there
 function M.missing()
-  for _, bin in ipairs { "pasta", "nft", "nsenter", "unshare", "ip", "setpriv", "sleep" } do
+  for _, bin in ipairs { "pasta", "nft", "nsenter", "unshare", "ip", "sleep" } do
     if not host.find(bin) then
       return ("%s is not installed (Debian packages passt, nftables, iproute2, util-linux)"):format(bin)
     end
@@ -149,8 +150,8 @@ function M.up(gw, pid, host_addr, sb_addr)
   return true
 end
 
--- down(gw): pasta and the holder killed; the gateway namespace, its veth,
--- table and resolver go with them
+-- down(gw): pasta and the holder killed; the gateway namespace, its veth
+-- and table go with them (the resolver's socket is the runtime's to close)
 function M.down(gw)
   if not gw then return end
   M.stop(gw.pasta)

@@ -20,7 +20,9 @@ local M = {}
 
 M.MECHANISM = "veth+nftables"          -- as root
 M.UNPRIVILEGED_MECHANISM = "pasta+nftables"
-M.DNS_TIMEOUT = 300  -- s an answer's addresses stay open (the resolver hands out half of it as TTL)
+-- the name sets' default timeout: the resolver gives each address its own
+-- (the answer's TTL, network/resolver.lua), this is only what nft declares
+M.DNS_TIMEOUT = 300
 M.server_ports = {}  -- moonbox serve's listening ports: refused even to an allow rule naming the host
 -- connections open at once when limits.connections does not say: every one
 -- is an entry in the host's one conntrack table (nf_conntrack_max, shared
@@ -36,8 +38,6 @@ function M.refused()
   if core.getuid() ~= 0 then
     local why = gateway.missing()
     if why then return "an unprivileged runtime needs pasta (pasta+nftables): " .. why end
-    local resolver_bin = host.find(resolver.BINARY)
-    if not resolver_bin then return "dnsmasq is not installed (Debian package dnsmasq-base)" end
     return nil
   end
   for _, bin in ipairs { "ip", "nft", "nsenter" } do
@@ -50,10 +50,10 @@ function M.refused()
   end
 end
 
--- Remove what slot n left behind (its link, its tables, its resolver):
--- only called with the slot's lock held, so its owner is gone.
+-- Remove what slot n left behind (its link, its tables; its resolver was
+-- a socket of the runtime, gone with it): only called with the slot's lock
+-- held, so its owner is gone.
 local function remove_leftovers(n)
-  resolver.kill_leftover(n)
   link.down(slots.link(n))
   local out = host.run { "nft", "list", "tables" } or ""
   for name in out:gmatch("table inet (" .. nft.PREFIX .. "%d+_[%w_]+)") do
@@ -64,8 +64,8 @@ local function remove_leftovers(n)
 end
 
 local swept = false
--- sweep(): a crashed runtime's leftovers (links mbx<n>, tables mbx_<n>_*,
--- resolvers) whose slot lock no runtime holds are removed. Run once per
+-- sweep(): a crashed runtime's leftovers (links mbx<n>, tables mbx_<n>_*)
+-- whose slot lock no runtime holds are removed. Run once per
 -- runtime, before its first egress sandbox, and by moonbox serve at start.
 function M.sweep()
   swept = true
@@ -139,17 +139,24 @@ local function spec_of(state)
   }
 end
 
-local function start_resolver(state)
-  local r, why = resolver.start(spec_of(state))
-  if not r then return nil, why end
-  state.resolver = r
-  return true
-end
-
 -- run(state, argv, stdin?): where the table lives (the host, or the gateway)
 local function run(state, argv, stdin)
   if state.gateway then return gateway.run(state.gateway, argv, stdin) end
   return host.run(argv, stdin)
+end
+
+local function resolver_spec(state)
+  local spec = spec_of(state)
+  spec.run_nft = function(argv, stdin) return run(state, argv, stdin) end
+  spec.netns_pid = state.gateway and state.gateway.holder and state.gateway.holder.pid or nil
+  return spec
+end
+
+local function start_resolver(state)
+  local r, why = resolver.start(resolver_spec(state))
+  if not r then return nil, why end
+  state.resolver = r
+  return true
 end
 
 -- attach(state, pid) -> raises ISOLATION_UNAVAILABLE: the link into the
@@ -182,8 +189,9 @@ function M.attach(state, pid)
   state.pid = pid
 end
 
--- update(state, egress): the rules changed in one nft transaction (and the
--- resolver restarted with the new names); the old rules stay on failure
+-- update(state, egress): the rules changed in one nft transaction, and
+-- the resolver's names with them (for the next query); the old rules stay
+-- on failure
 function M.update(state, egress)
   local rules = rules_mod.parse(egress, "egress")
   local old_rules, old_egress = state.rules, state.egress
@@ -193,13 +201,7 @@ function M.update(state, egress)
     state.rules, state.egress = old_rules, old_egress
     errors.raise("ISOLATION_UNAVAILABLE", "cannot change the sandbox's network rules: " .. tostring(err), {})
   end
-  resolver.stop(state.resolver)
-  state.resolver = nil
-  ok, err = start_resolver(state)
-  if not ok then
-    -- (the new rules are in force; without a resolver no name resolves: closed, not open)
-    errors.raise("ISOLATION_UNAVAILABLE", "cannot restart the sandbox's resolver: " .. tostring(err), {})
-  end
+  if state.resolver then state.resolver.spec = resolver_spec(state) end
 end
 
 -- detach(state): resolver, table, link, slot; each tried whatever failed before
@@ -214,7 +216,6 @@ function M.detach(state, keep_slot)
   end
   host.run { "nft", "delete", "table", "inet", state.table }
   local ok, err = link.down(state.link)
-  resolver.kill_leftover(state.slot.n)
   if not keep_slot then slots.release(state.slot) end
   return ok, err
 end

@@ -9,6 +9,10 @@ local M = {}
 
 M.PREFIX = "mbx_" -- every table of ours: mbx_<slot>_<id>
 M.PRIORITY = -5   -- before the filter hooks of a host's other tables
+-- queries a sandbox may send its resolver (the runtime's own loop parses
+-- each): per second, and at once; the rest is dropped in the kernel
+M.DNS_RATE = 1000
+M.DNS_BURST = 1000
 
 function M.table_name(slot, id) return ("%s%d_%s"):format(M.PREFIX, slot, (id:gsub("[^%w]", "_"))) end
 
@@ -151,6 +155,9 @@ function M.script(spec)
   -- the resolver answers its sandbox only (never the host's LAN: no open resolver)
   add("add rule %s input ip daddr %s iifname != %s counter name refused drop", t, spec.host_addr, link)
   local h = "add rule " .. t .. " to_host "
+  -- (before the established flows: a flood from one socket is one flow)
+  add("%sip saddr %s ip daddr %s meta l4proto { tcp, udp } th dport 53 limit rate over %d/second burst %d packets " ..
+    "counter name refused drop", h, spec.sb_addr, spec.host_addr, M.DNS_RATE, M.DNS_BURST)
   add("%sct state established,related accept", h)
   add("%sip saddr %s ip daddr %s meta l4proto { tcp, udp } th dport 53 accept", h, spec.sb_addr, spec.host_addr)
   if #server_ports > 0 then

@@ -24,7 +24,6 @@ end
 
 function M.link(n) return M.LINK_PREFIX .. n end
 function M.lock_path(n) return ("%s/slot-%d.lock"):format(M.DIR, n) end
-function M.pid_path(n) return ("%s/slot-%d.resolver.pid"):format(M.DIR, n) end
 
 local function mkdirs()
   local path = ""
