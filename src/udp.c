@@ -16,6 +16,7 @@
  *   udp:send(data, host, port) -> true | nil, msg, code
  *   udp:sockname() -> host, port */
 #include "private.h"
+#include "child/wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -138,19 +139,12 @@ static int bind_in_netns(int pid, const struct sockaddr_storage *addr) {
   close(sv[1]);
   sv[1] = -1;
   int err = 0, fd = -1;
-  struct iovec iov = {.iov_base = &err, .iov_len = sizeof err};
-  union {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } u;
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-  ssize_t n;
-  do n = recvmsg(sv[0], &msg, MSG_CMSG_CLOEXEC);
-  while (n < 0 && errno == EINTR);
+  mb_wire_in in;
+  ssize_t n = mb_wire_recv(sv[0], &err, sizeof err, &in);
   int recv_err = errno;
-  for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
-      memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  for (int i = 0; n > 0 && i < in.nfds; i++) {
+    if (fd < 0) fd = in.fds[i];
+    else close(in.fds[i]);
   }
   while (waitpid(child, NULL, __WALL) < 0 && errno == EINTR) {}
   if (n < 0) result = -recv_err;
