@@ -66,9 +66,12 @@ __mb_top=${#BASH_SOURCE[@]}; readonly __mb_top
 builtin trap 'if [ -n "${__mb_in-}" ] && [ "${FUNCNAME[0]-}" != __mb_report ]; then [ "${#BASH_SOURCE[@]}" -le "$__mb_top" ] || builtin trap '\''if [ "${BASH_COMMAND%% *}" = __mb_report ]; then builtin trap - DEBUG; else return 124; fi'\'' DEBUG; return 124; fi' RTMIN+3
 # the session's own two traps as `trap -p` prints them: left out of a
 # user's listing (the trap function below)
-# (and the KILL the builtin ignores, src/bash/spawn_builtin.c)
-__mb_trap_exit=$(builtin trap -p EXIT) __mb_trap_int=$(builtin trap -p RTMIN+3) __mb_trap_kill=$(builtin trap -p KILL)
-readonly __mb_trap_exit __mb_trap_int __mb_trap_kill
+# (and the KILL the builtin ignores, src/bash/spawn_builtin.c); read at
+# the first listing, not here: each is a subshell, a fork, and three of
+# them were most of a new shell's first command (issue #32)
+__mb_trap_texts() { [ -n "${__mb_trap_read-}" ] && return
+  __mb_trap_exit=$(builtin trap -p EXIT) __mb_trap_int=$(builtin trap -p RTMIN+3) __mb_trap_kill=$(builtin trap -p KILL)
+  __mb_trap_read=1; }
 # `trap` and `trap -p [SIG...]` list the user's traps: the kept EXIT action
 # in the place bash prints it, the session's own two left out. The
 # interrupt's signal is refused, as `enable` refuses the builtins.
@@ -76,6 +79,7 @@ __mb_is_exit() { case "$1" in [Ee][Xx][Ii][Tt]|[Ss][Ii][Gg][Ee][Xx][Ii][Tt]|0) r
 __mb_trap_list() { local __mb_l __mb_s __mb_x=0
   [ "$#" -eq 0 ] && __mb_x=1
   for __mb_s in "$@"; do __mb_is_exit "$__mb_s" && __mb_x=1; done
+  __mb_trap_texts
   __mb_l="$(builtin trap -p "$@")"$'\n'
   __mb_l=${__mb_l/"$__mb_trap_exit"$'\n'/}
   __mb_l=${__mb_l/"$__mb_trap_int"$'\n'/}
