@@ -152,18 +152,22 @@ end
 -- cgroup mode the tree is everything in its cgroup; in proc mode see
 -- tree.proc_tree. A tree found empty once stays empty: its cgroup is
 -- removed, and in proc mode its ids are no longer looked for.
+-- -> alive, known: known is false when the only sign of life is a process
+-- that may be the tree's (proc mode: caught in execve, its marker not
+-- readable yet: as likely a process just started by another record)
 function Process:_alive(proc_table)
-  if self:is_running() then return self.pid ~= nil end
+  if self:is_running() then return self.pid ~= nil, true end
   if not self.pid or self._tree_gone then return false end
   if self._cgroup then
-    if not self._cgroup_removed and cgroup.populated(self._cgroup) then return true end
+    if not self._cgroup_removed and cgroup.populated(self._cgroup) then return true, true end
     if not self._cgroup_removed then cgroup.remove_cgroup(self._cgroup) end
     self._cgroup_removed = true
   else
     -- (maybe: a process that may be the tree's was caught in execve, its
     -- marker not readable yet; the tree is not known gone)
     local set, _, maybe = tree.proc_tree(self.pid, self._marker, false, proc_table, tree.adopters_of(self._sandbox))
-    if next(set) or maybe then return true end
+    if next(set) then return true, true end
+    if maybe then return true, false end
   end
   self._tree_gone = true
   return false
@@ -723,12 +727,15 @@ end
 function Session:killAllProcesses(signal)
   self:check_live()
   check_signal(signal) -- (also when nothing runs to send it to)
-  -- a process whose own pid ended counts while its tree lives
+  -- a process whose own pid ended counts while its tree lives (known to:
+  -- one only maybe its own is signalled, not counted: under load a process
+  -- another record just started looked like an ended one's, counted twice)
   local n, scan, signalled = 0, proc_pass(self.sandbox), {}
   for _, p in pairs(self.sandbox.processes) do
-    if p:_alive(scan) then
+    local alive, known = p:_alive(scan)
+    if alive then
       p:_kill(signal, scan)
-      n = n + 1
+      if known then n = n + 1 end
       signalled[#signalled + 1] = p
     end
   end
