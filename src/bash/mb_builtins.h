@@ -10,6 +10,9 @@
 /* report_builtin.c: __mb_rep, reached as `__mb_run -r ARGS` too (spawn_builtin.c) */
 int mb_rep_builtin(WORD_LIST *list);
 
+/* line_builtin.c: `_`, the control line, enabled again after each report */
+void mb_keep_line_enabled(void);
+
 /* bash internals (defined in bash itself) */
 extern char *search_for_command(const char *, int);
 extern int find_reserved_word(char *);
