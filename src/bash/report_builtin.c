@@ -277,7 +277,10 @@ int mb_rep_builtin(WORD_LIST *list) {
   int pending = 0;
   if (!exiting && default_buffered_input >= 0 && ioctl(default_buffered_input, FIONREAD, &pending) == 0 && pending > 0)
     drop_pending(default_buffered_input);
-  if (!exiting) restore_null_stdin();
+  if (!exiting) {
+    restore_null_stdin();
+    mb_outputs_settle();
+  }
   char next[NONCE_HEX + 1];
   if (new_nonce(next) < 0) return REFUSED;
   keep_protocol_names();
