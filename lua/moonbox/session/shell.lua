@@ -1,5 +1,5 @@
 -- One session shell: a bash process that reads one short control line per
--- command (`eval "$__mb_cN"`) and sources the command's body from a file of
+-- command (`_ N`, or `eval "$__mb_cN"` without the builtins) and sources the command's body from a file of
 -- its own, reporting on a nonce-authenticated status pipe. The protocol, its
 -- two transports (fd slots under /proc/<rt>/fd, or a run directory under
 -- namespaces) and the hot set are described in docs/sessions.md, "The
