@@ -233,13 +233,25 @@ describe("contract: the names the session shell's protocol calls", function()
   it("an alias or function named eval, builtin or __mb_run does not take later commands' place", function()
     with_sandbox(function(sb)
       for _, def in ipairs { "alias eval='echo ev'", "eval() { :; }", "alias builtin='echo nope'", "builtin() { :; }",
-        "__mb_run() { :; }", "alias __mb_report=true" } do
+        "__mb_run() { :; }", "alias __mb_report=true", "alias _='echo nope'", "_() { :; }", "builtin enable -n _" } do
         local s = sb:createSession {}
         local r = s:exec(def, { timeout = 10000 })
         assert.same({ 0, false }, { r.exitCode, r.timedOut }, def)
         r = s:exec("echo alive; type -t eval builtin", { timeout = 10000 })
         assert.same({ 0, "alive\nbuiltin\nbuiltin\n" }, { r.exitCode, r.stdout }, def)
       end
+    end)
+  end)
+
+  it("the control line's builtin `_` runs only as the control line: a command calling it gets 3", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      local r = s:exec("_ 1; echo $?; f() { _ 2; }; f; echo $?; X=$(_ 1; echo $?); echo $X", { timeout = 10000 })
+      assert.same({ 0, "3\n3\n3\n", false }, { r.exitCode, r.stdout, r.timedOut })
+      -- the shapes still run in the shell itself: declare makes a global, local is refused
+      r = s:exec("declare KEPT=1; local L=2", { timeout = 10000 })
+      assert.same({ 1, "bash: line 1: local: can only be used in a function\n" }, { r.exitCode, r.stderr })
+      assert.equal("1\n", s:exec("echo $KEPT").stdout)
     end)
   end)
 end)

@@ -20,9 +20,10 @@
 #           function defined below, and that function passes its words on.
 # shellcheck shell=bash disable=SC2016,SC1090,SC1091,SC2034,SC2317
 shopt -s expand_aliases
-# the builtins (src/bash/): __mb_run for shapes 5 and 6 (below), and
-# __mb_rep, the report in one write, the env file only when it changed
-if builtin enable -f /proc/self/fd/63 __mb_run __mb_rep 2>/dev/null; then __mb_b=1; else __mb_b=; fi; exec 63<&-
+# the builtins (src/bash/): __mb_run for shapes 5 and 6 (below),
+# __mb_rep, the report in one write, the env file only when it changed, and
+# `_`, the short control line (`_ N` runs shape N, as `eval "$__mb_cN"`)
+if builtin enable -f /proc/self/fd/63 __mb_run __mb_rep _ 2>/dev/null; then __mb_b=1; else __mb_b=; fi; exec 63<&-
 # the shell's own stdout is the status pipe (a command's is redirected)
 # (export -p also if __mb_rep fails: one disabled by `enable -d` must not
 # cost the session its reports; the shell's stderr, where bash would
@@ -112,9 +113,10 @@ trap() { local __mb_a=("$@") __mb_rest=() __mb_sigs __mb_sig __mb_set=0
   if [ "$__mb_set" = 1 ]; then [ "${__mb_a[0]}" = - ] && __mb_user_exit= || __mb_user_exit=${__mb_a[0]}; fi
   [ "${#__mb_rest[@]}" -eq 0 ] || builtin trap -- "${__mb_a[0]}" "${__mb_rest[@]}"
 }
-# every command goes through __mb_run, the report through __mb_rep:
-# `enable` leaves them alone (`builtin enable` does not)
-enable() { local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in __mb_run|__mb_rep)
+# every command goes through `_` and __mb_run, the report through __mb_rep:
+# `enable` leaves them alone (`builtin enable` does not; the report enables
+# a disabled `_` again)
+enable() { local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in _|__mb_run|__mb_rep)
   builtin echo "enable: $__mb_w: used by the session shell itself" >&2; return 1 ;; esac; done
   builtin enable "$@"; }
 # every command's redirections need descriptors above 9 (bash keeps its
@@ -131,7 +133,8 @@ ulimit() { if [ "$BASHPID" = "$$" ]; then case "$*" in *n*) local __mb_l __mb_w
 # bash reads this script through its own fd (it opened /dev/fd/60): the
 # inherited fd 60 is closed once here, not redirected away per command
 exec 60<&-
-# The command shapes; the control line per command is `eval "$__mb_cN"`.
+# The command shapes; the control line per command is `_ N` (the builtin
+# evaluates $__mb_cN), or `eval "$__mb_cN"` in a shell without the builtins.
 # 1, 2: the body sourced by the shell itself, stdin /dev/null or the stdin
 #       slot (__mb_in marks it, see Shell:interrupt); the shell counts its
 #       commands as the runtime does, the control line carries only the shape
@@ -142,7 +145,9 @@ exec 60<&-
 # `set -n` with the body (else the shell would never report again); without
 # it shapes 5 and 6 are 1 and 2. With it, shapes 1 and 5 take the shell's own
 # stdin, /dev/null, which the report puts back if a body changed it
-# (report_builtin.c, restore_null_stdin), instead of a `</dev/null` per command.
+# (report_builtin.c, restore_null_stdin), instead of a `</dev/null` per command,
+# and __mb_run opens the command's stdout and stderr on fds 1 and 2 itself
+# (src/bash/outputs.c), instead of bash's `>|` with its save and restore.
 readonly __mb_c3='__mb_id=$((__mb_id+1)); ( builtin . @PRELUDE@ && builtin . @BODY@ ) </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'
 readonly __mb_c4='__mb_id=$((__mb_id+1)); ( builtin . @PRELUDE@ && builtin . @BODY@ ) <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'
-if [ -n "$__mb_b" ]; then readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c5='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c6='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'; else readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'; readonly __mb_c5="$__mb_c1" __mb_c6="$__mb_c2"; fi; unset __mb_b
+if [ -n "$__mb_b" ]; then readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @STDOUT@ @STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @STDOUT@ @STDERR@ <@STDIN@; __mb_report $__mb_id $? run' __mb_c5='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ @STDOUT@ @STDERR@; __mb_report $__mb_id $? run' __mb_c6='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ @STDOUT@ @STDERR@ <@STDIN@; __mb_report $__mb_id $? run'; else readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'; readonly __mb_c5="$__mb_c1" __mb_c6="$__mb_c2"; fi; unset __mb_b

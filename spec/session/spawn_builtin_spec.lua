@@ -136,6 +136,33 @@ describe("the spawn builtin", function()
       assert.equal("ok\n", s:exec("/bin/echo ok").stdout)
     end)
   end)
+
+  -- (it opens a command's stdout and stderr on fds 1 and 2 itself, without
+  -- bash's redirection: src/bash/outputs.c)
+  it("gives each command its own stdout and stderr: what a command did to 1 and 2 ends with it", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      local function run(command)
+        local r = s:exec(command, { timeout = 10000 })
+        return { r.exitCode, r.stdout, r.stderr }
+      end
+      assert.same({ 0, "", "e\n" }, run("exec >/tmp/kept; echo a; echo e >&2"))
+      assert.same({ 0, "b\na\n", "" }, run("echo b; cat /tmp/kept"))
+      assert.same({ 0, "x\n", "" }, run("exec 2>&-; exec 2>/dev/null; exec 2>&1; echo x >&2"))
+      assert.same({ 0, "o\n", "y\n" }, run("echo o; echo y >&2"))
+      assert.same({ 1, "", "bash: line 1: echo: write error: Bad file descriptor\n" }, run("exec 1>&-; echo c"))
+      assert.same({ 0, "spawned\n", "" }, run("/bin/echo spawned"))
+      assert.same({ 0, "", "" }, run("exec >&- 2>&-"))
+      assert.same({ 2, "", "ls: cannot access '/none': No such file or directory\n" }, run("ls /none"))
+      local r = s:exec("exec >/dev/null; cat", { stdin = "in\n" })
+      assert.same({ 0, "" }, { r.exitCode, r.stdout })
+      assert.same({ 0, "next\n", "" }, run("echo next"))
+      -- a program the command runs holds nothing of the shell's but 0-2
+      -- (3: ls's own directory)
+      assert.same({ 0, "0\n1\n2\n3\n", "" }, run("ls /proc/self/fd"))
+      assert.same({ 0, "0\n1\n2\n3\n", "" }, run("exec 2>&1; ls /proc/self/fd"))
+    end)
+  end)
 end)
 
 describe("shell error messages", function()

@@ -10,6 +10,16 @@
 /* report_builtin.c: __mb_rep, reached as `__mb_run -r ARGS` too (spawn_builtin.c) */
 int mb_rep_builtin(WORD_LIST *list);
 
+/* line_builtin.c: `_`, the control line, enabled again after each report */
+void mb_keep_line_enabled(void);
+
+/* outputs.c: a command's stdout and stderr on fds 1 and 2 (-1 and errno if
+ * one cannot be opened: /dev/null is back on both), /dev/null back after
+ * the body; settle is the report's check for a body that skipped that */
+int mb_outputs_open(const char *out, const char *err);
+void mb_outputs_restore(void);
+void mb_outputs_settle(void);
+
 /* bash internals (defined in bash itself) */
 extern char *search_for_command(const char *, int);
 extern int find_reserved_word(char *);

@@ -6,8 +6,11 @@
  * 0.15 ms of the 0.8 ms an exec("/bin/true") takes. posix_spawn (vfork and
  * exec) shares the address space until exec and copies nothing.
  *
- *   __mb_run BODY
- *   __mb_run -s BODY    (only source it, as below)
+ *   __mb_run BODY [OUT ERR]
+ *   __mb_run -s BODY [OUT ERR]   (only source it, as below)
+ *
+ * With OUT and ERR the body's stdout and stderr are those files, opened
+ * here instead of by bash's redirection (outputs.c).
  *
  * The runtime sends this shape only for a body it has checked is one line
  * of plain words (no quoting, expansion, redirection or operator), so its
@@ -202,16 +205,7 @@ static int source_body(char *body) {
   return rc;
 }
 
-static int mb_run_builtin(WORD_LIST *list) {
-  if (list && strcmp(list->word->word, "-r") == 0) return mb_rep_builtin(list->next);
-  int source_only = list && list->next && strcmp(list->word->word, "-s") == 0;
-  if (source_only) list = list->next;
-  if (!list || list->next) {
-    builtin_usage();
-    return EX_USAGE;
-  }
-  char *body = list->word->word;
-  if (source_only) return source_body(body);
+static int run_body(char *body) {
   char buf[MAX_BODY_BYTES + 1];
   char *argv[MAX_WORDS + 1];
   int argc = read_words(body, buf, argv);
@@ -226,6 +220,27 @@ static int mb_run_builtin(WORD_LIST *list) {
     bind_variable("__mb_in", "1", 0);
   }
   return source_body(body);
+}
+
+static int mb_run_builtin(WORD_LIST *list) {
+  if (list && strcmp(list->word->word, "-r") == 0) return mb_rep_builtin(list->next);
+  int source_only = list && strcmp(list->word->word, "-s") == 0;
+  if (source_only) list = list->next;
+  int words = 0;
+  for (WORD_LIST *w = list; w; w = w->next) words++;
+  if (words != 1 && words != 3) {
+    builtin_usage();
+    return EX_USAGE;
+  }
+  char *body = list->word->word;
+  /* BODY OUT ERR: the command's outputs on 1 and 2 for the body (outputs.c) */
+  if (words == 3 && mb_outputs_open(list->next->word->word, list->next->next->word->word) < 0) {
+    builtin_error("cannot open the command's output: %s", strerror(errno));
+    return EXECUTION_FAILURE;
+  }
+  int rc = source_only ? source_body(body) : run_body(body);
+  if (words == 3) mb_outputs_restore();
+  return rc;
 }
 
 /* Error messages name the shell, never the runtime's files. bash names
@@ -293,11 +308,13 @@ static char *mb_run_doc[] = {
   "",
   "Splits BODY, a plain command line, at blanks; runs the words with",
   "posix_spawn when the first names an external command, else sources BODY.",
-  "With -s, only sources BODY. A set -n in BODY ends with it.",
+  "With -s, only sources BODY. A set -n in BODY ends with it. With OUT",
+  "and ERR, BODY's stdout and stderr are those files.",
   "With -r, reports as __mb_rep does.",
   NULL,
 };
 
 struct builtin __mb_run_struct = {
-  "__mb_run", mb_run_builtin, BUILTIN_ENABLED, mb_run_doc, "__mb_run [-s] BODY | -r ID STATUS KIND ENVFILE", 0,
+  "__mb_run", mb_run_builtin, BUILTIN_ENABLED, mb_run_doc, "__mb_run [-s] BODY [OUT ERR] | -r ID STATUS KIND ENVFILE",
+  0,
 };
