@@ -233,7 +233,7 @@ describe("contract: the names the session shell's protocol calls", function()
   it("an alias or function named eval, builtin or __mb_run does not take later commands' place", function()
     with_sandbox(function(sb)
       for _, def in ipairs { "alias eval='echo ev'", "eval() { :; }", "alias builtin='echo nope'", "builtin() { :; }",
-        "__mb_run() { :; }", "alias __mb_report=true", "alias _='echo nope'", "_() { :; }", "builtin enable -n _" } do
+        "__mb_run() { :; }", "alias __mb_report=true", "alias @='echo nope'", "@() { :; }", "builtin enable -n @" } do
         local s = sb:createSession {}
         local r = s:exec(def, { timeout = 10000 })
         assert.same({ 0, false }, { r.exitCode, r.timedOut }, def)
@@ -243,10 +243,10 @@ describe("contract: the names the session shell's protocol calls", function()
     end)
   end)
 
-  it("the control line's builtin `_` runs only as the control line: a command calling it gets 3", function()
+  it("the control line's builtin `@` runs only as the control line: a command calling it gets 3", function()
     with_sandbox(function(sb)
       local s = sb:createSession {}
-      local r = s:exec("_ 1; echo $?; f() { _ 2; }; f; echo $?; X=$(_ 1; echo $?); echo $X", { timeout = 10000 })
+      local r = s:exec("@ 1; echo $?; f() { @ 2; }; f; echo $?; X=$(@ 1; echo $?); echo $X", { timeout = 10000 })
       assert.same({ 0, "3\n3\n3\n", false }, { r.exitCode, r.stdout, r.timedOut })
       -- the shapes still run in the shell itself: declare makes a global, local is refused
       r = s:exec("declare KEPT=1; local L=2", { timeout = 10000 })

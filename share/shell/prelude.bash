@@ -22,7 +22,7 @@
 shopt -s expand_aliases
 # the builtins (src/bash/): __mb_run for shapes 5 and 6 (below),
 # __mb_rep, the report in one write, the env file only when it changed, and
-# `_`, the short control line (`_ N` runs shape N, as `eval "$__mb_cN"`)
+# `@`, the short control line (`@ N` runs shape N, as `eval "$__mb_cN"`)
 if builtin enable -f /proc/self/fd/63 __mb_run __mb_rep _ 2>/dev/null; then __mb_b=1; else __mb_b=; fi; exec 63<&-
 # the shell's own stdout is the status pipe (a command's is redirected)
 # (export -p also if __mb_rep fails: one disabled by `enable -d` must not
@@ -113,10 +113,10 @@ trap() { local __mb_a=("$@") __mb_rest=() __mb_sigs __mb_sig __mb_set=0
   if [ "$__mb_set" = 1 ]; then [ "${__mb_a[0]}" = - ] && __mb_user_exit= || __mb_user_exit=${__mb_a[0]}; fi
   [ "${#__mb_rest[@]}" -eq 0 ] || builtin trap -- "${__mb_a[0]}" "${__mb_rest[@]}"
 }
-# every command goes through `_` and __mb_run, the report through __mb_rep:
+# every command goes through `@` and __mb_run, the report through __mb_rep:
 # `enable` leaves them alone (`builtin enable` does not; the report enables
-# a disabled `_` again)
-enable() { local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in _|__mb_run|__mb_rep)
+# a disabled `@` again)
+enable() { local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in @|__mb_run|__mb_rep)
   builtin echo "enable: $__mb_w: used by the session shell itself" >&2; return 1 ;; esac; done
   builtin enable "$@"; }
 # every command's redirections need descriptors above 9 (bash keeps its
@@ -133,7 +133,7 @@ ulimit() { if [ "$BASHPID" = "$$" ]; then case "$*" in *n*) local __mb_l __mb_w
 # bash reads this script through its own fd (it opened /dev/fd/60): the
 # inherited fd 60 is closed once here, not redirected away per command
 exec 60<&-
-# The command shapes; the control line per command is `_ N` (the builtin
+# The command shapes; the control line per command is `@ N` (the builtin
 # evaluates $__mb_cN), or `eval "$__mb_cN"` in a shell without the builtins.
 # 1, 2: the body sourced by the shell itself, stdin /dev/null or the stdin
 #       slot (__mb_in marks it, see Shell:interrupt); the shell counts its

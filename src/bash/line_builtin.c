@@ -1,11 +1,11 @@
-/* _: the session shell's control line (`_ N`), a bash loadable builtin
+/* @: the session shell's control line (`@ N`), a bash loadable builtin
  * loaded with __mb_run and __mb_rep.
  *
- *   _ N      (N = 1..6: run the command shape __mb_cN, as `eval "$__mb_cN"`)
+ *   @ N      (N = 1..6: run the command shape __mb_cN, as `eval "$__mb_cN"`)
  *
  * bash reads its script from the control FIFO one byte per read(2), so each
  * byte of the line the runtime sends per command is a system call of the
- * shell's: `eval "$__mb_c1"` was 16, `_ 1` is 4 (issue #32). The shape
+ * shell's: `eval "$__mb_c1"` was 16, `@ 1` is 4 (issue #32). The shape
  * itself is still the readonly variable the start-up script defined; this
  * only evaluates it, as eval would (bash's evalstring, at the top level).
  * Not a shell function: a function's body runs in a scope of its own, so
@@ -13,10 +13,13 @@
  * it, and a command's `return` could leave the shape before its report.
  *
  * Only at the top level, where the runtime's line runs: a body (sourced), a
- * function or a trap calling `_ 1` gets status 3 and nothing runs (a body
+ * function or a trap calling `@ 1` gets status 3 and nothing runs (a body
  * running its own shape would source itself again, without end). The name
  * is kept usable by the report (report_builtin.c, keep_protocol_names):
- * an alias or function `_` goes, a disabled `_` is enabled again.
+ * an alias or function `@` goes, a disabled `@` is enabled again.
+ * Named `@`, not a word: no script names a function or alias so, where
+ * `_` (a common helper name) would have been taken from the user at each
+ * report.
  */
 #include <loadables.h>
 
@@ -42,7 +45,7 @@ static int line_builtin(WORD_LIST *list) {
   return evalstring(savestring(value_cell(shape)), "eval", SEVAL_NOHIST);
 }
 
-/* Enable `_` again if a command disabled it (`builtin enable -n _`): every
+/* Enable `@` again if a command disabled it (`builtin enable -n @`): every
  * later control line calls it. (One deleted, `enable -d`, is gone: the
  * session then waits for its timeout, as with the report disabled.) */
 void mb_keep_line_enabled(void) {
@@ -68,5 +71,5 @@ static char *line_doc[] = {
 };
 
 struct builtin __struct = {
-  "_", line_builtin, BUILTIN_ENABLED, line_doc, "_ N", 0,
+  "@", line_builtin, BUILTIN_ENABLED, line_doc, "@ N", 0,
 };

@@ -232,14 +232,14 @@ static int hello(void) {
   return write_all(status_fd, record, (size_t)n) < 0 ? REFUSED : EXECUTION_SUCCESS;
 }
 
-/* The names the runtime's control line and command shapes call (`_ N`,
+/* The names the runtime's control line and command shapes call (`@ N`,
  * line_builtin.c, or `eval "$__mb_cN"`; `builtin __mb_run`, `__mb_report`):
  * a function or an alias a command gave one of them would take every later
  * command's place (the session would hang, or run the alias instead), so
  * they go after the command that made them, as each report is written; a
- * `_` the command disabled is enabled again. */
+ * `@` the command disabled is enabled again. */
 static void keep_protocol_names(void) {
-  static char *const names[] = {"_", "eval", "builtin", "__mb_run", "__mb_rep", "__mb_report", NULL};
+  static char *const names[] = {"@", "eval", "builtin", "__mb_run", "__mb_rep", "__mb_report", NULL};
   mb_keep_line_enabled();
   for (int i = 0; names[i]; i++) {
     if (find_alias(names[i])) remove_alias(names[i]);

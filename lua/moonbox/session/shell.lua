@@ -1,5 +1,5 @@
 -- One session shell: a bash process that reads one short control line per
--- command (`_ N`, or `eval "$__mb_cN"` without the builtins) and sources the command's body from a file of
+-- command (`@ N`, or `eval "$__mb_cN"` without the builtins) and sources the command's body from a file of
 -- its own, reporting on a nonce-authenticated status pipe. The protocol, its
 -- two transports (fd slots under /proc/<rt>/fd, or a run directory under
 -- namespaces) and the hot set are described in docs/sessions.md, "The
@@ -920,13 +920,13 @@ function run_dir.finish(sh, cmd)
   end
 end
 
--- The control line per command shape: `_ N` where the shell has loaded the
+-- The control line per command shape: `@ N` where the shell has loaded the
 -- builtins (it said hello with a nonce: src/bash/line_builtin.c), else
 -- `eval "$__mb_cN"`. bash reads it one byte per read(2), so its length is
 -- the shell's system calls: 4 instead of 16 (issue #32).
 local SHORT_LINES, EVAL_LINES = {}, {}
 for shape = 1, 6 do
-  SHORT_LINES[shape] = ("_ %d\n"):format(shape)
+  SHORT_LINES[shape] = ("@ %d\n"):format(shape)
   EVAL_LINES[shape] = ("eval \"$__mb_c%d\"\n"):format(shape)
 end
 
