@@ -277,7 +277,13 @@ moonbox.run(function()
     end
     say("destroy: %d sandboxes (one session each, files kept) one at a time: p50 %.2f ms p99 %.2f ms",
       #lat, q(lat, 0.5), q(lat, 0.99))
-    for i = 1, args.destroy do util.remove_tree(base .. "/d-" .. i) end
+    -- (kept files are a kept disk, still mounted: taken again and removed,
+    -- else each left its image in the home and its root in /tmp)
+    for i = 1, args.destroy do
+      moonbox.getSandbox("scale-d-" .. i, { root = base .. "/d-" .. i, isolation = args.isolation })
+        :destroy({ keepFiles = false })
+      util.remove_tree(base .. "/d-" .. i)
+    end
   end
 
   say("memory (PSS) of the runtime and its processes at the end %.1f MB (%.1f at start)",
