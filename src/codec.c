@@ -19,6 +19,11 @@
  *     bytes:utf8_valid()                   -> true | false, position
  *     bytes:text_info([cb])                -> as core.text_info (with cb: on the thread pool,
  *                                          cb(nil, results...))
+ *     bytes:json_length([cb])              -> n: the length of the bytes as the server's
+ *                                          JSON escapes them (server/api_json.lua: `"` `\`
+ *                                          \b \f \n \r \t two bytes, other controls and
+ *                                          DEL six, the rest one; quotes not counted; with
+ *                                          cb: on the thread pool, cb(nil, n))
  *     bytes:read(fd, max, offset, cb)      appends up to max bytes read from fd at
  *                                          offset (nil: current position): cb(nil, nread)
  *     bytes:write(fd, from, offset, cb)    writes the bytes after the first `from`:
@@ -297,7 +302,29 @@ static int bytes_tostring(lua_State *L) {
  * (nil, results...), or (message, nil, CODE); the call returns true once
  * queued. A 100 MB file then costs the loop one copy into a Lua string
  * instead of a scan and an encode on top. */
-enum { WORK_BASE64, WORK_TEXT_INFO };
+enum { WORK_BASE64, WORK_TEXT_INFO, WORK_JSON_LENGTH };
+
+static const char *work_name(int op) {
+  return op == WORK_BASE64 ? "base64_encode" : op == WORK_TEXT_INFO ? "text_info" : "json_length";
+}
+
+/* The escaped length of s (api_json.lua's ESC_LEN, byte for byte); the
+ * table is filled when the module opens, before any thread reads it. */
+static unsigned char json_len_of[256];
+
+static void json_len_init(void) {
+  for (int b = 0; b < 256; b++) {
+    if (b == '"' || b == '\\' || b == '\b' || b == '\f' || b == '\n' || b == '\r' || b == '\t') json_len_of[b] = 2;
+    else if (b < 0x20 || b == 0x7f) json_len_of[b] = 6;
+    else json_len_of[b] = 1;
+  }
+}
+
+static size_t json_escaped_length(const unsigned char *s, size_t n) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += json_len_of[s[i]];
+  return total;
+}
 
 typedef struct {
   uv_work_t work;
@@ -315,6 +342,10 @@ static void bytes_work_run(uv_work_t *w) {
   size_t len = bw->b->len;
   if (bw->op == WORK_TEXT_INFO) {
     mb_text_info_scan(in, len, &bw->nul, &bw->control, &bw->bad);
+    return;
+  }
+  if (bw->op == WORK_JSON_LENGTH) {
+    bw->out_len = json_escaped_length(in, len);
     return;
   }
   bw->out_len = mb_b64_encoded_len(len);
@@ -343,14 +374,17 @@ static void bytes_work_done(uv_work_t *w, int status) {
   int nargs;
   if (status < 0 || bw->failed) {
     int err = status < 0 ? status : UV_ENOMEM;
-    lua_pushfstring(cbL, "%s: %s (%s)", uv_err_name(err), uv_strerror(err),
-                    bw->op == WORK_BASE64 ? "base64_encode" : "text_info");
+    lua_pushfstring(cbL, "%s: %s (%s)", uv_err_name(err), uv_strerror(err), work_name(bw->op));
     lua_pushnil(cbL);
     lua_pushstring(cbL, uv_err_name(err));
     nargs = 3;
   } else if (bw->op == WORK_BASE64) {
     lua_pushnil(cbL);
     lua_pushlstring(cbL, bw->out.data, bw->out_len);
+    nargs = 2;
+  } else if (bw->op == WORK_JSON_LENGTH) {
+    lua_pushnil(cbL);
+    lua_pushnumber(cbL, (lua_Number)bw->out_len);
     nargs = 2;
   } else {
     lua_pushnil(cbL);
@@ -379,7 +413,7 @@ static int bytes_work_submit(lua_State *L, mb_bytes *b, int op) {
     luaL_unref(L, LUA_REGISTRYINDEX, bw->cb_ref);
     luaL_unref(L, LUA_REGISTRYINDEX, bw->self_ref);
     free(bw);
-    return mb_push_error(L, rc, op == WORK_BASE64 ? "base64_encode" : "text_info");
+    return mb_push_error(L, rc, work_name(op));
   }
   b->busy = 1;
   lua_pushboolean(L, 1);
@@ -424,6 +458,13 @@ static int bytes_text_info(lua_State *L) {
   mb_bytes *b = bytes_check_idle(L, 1);
   if (!lua_isnoneornil(L, 2)) return bytes_work_submit(L, b, WORK_TEXT_INFO);
   return push_text_info(L, (const unsigned char *)b->mem.data, b->len);
+}
+
+static int bytes_json_length(lua_State *L) {
+  mb_bytes *b = bytes_check_idle(L, 1);
+  if (!lua_isnoneornil(L, 2)) return bytes_work_submit(L, b, WORK_JSON_LENGTH);
+  lua_pushnumber(L, (lua_Number)json_escaped_length((const unsigned char *)b->mem.data, b->len));
+  return 1;
 }
 
 /* ---- bytes: reads and writes on the thread pool ---------------------------- */
@@ -545,6 +586,7 @@ static const luaL_Reg bytes_methods[] = {{"size", bytes_size},
                                          {"base64_decode", bytes_base64_decode},
                                          {"utf8_valid", bytes_utf8_valid},
                                          {"text_info", bytes_text_info},
+                                         {"json_length", bytes_json_length},
                                          {"read", bytes_read},
                                          {"write", bytes_write},
                                          {"free", bytes_free},
@@ -559,6 +601,7 @@ static const luaL_Reg codec_funcs[] = {{"base64_encode", base64_encode},
                                        {NULL, NULL}};
 
 void mb_open_codec(lua_State *L) {
+  json_len_init();
   luaL_newmetatable(L, BYTES);
   lua_newtable(L);
   luaL_register(L, NULL, bytes_methods);

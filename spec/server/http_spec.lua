@@ -177,6 +177,28 @@ describe("moonbox.server.http", function()
     end)
   end)
 
+  it("answers 500 and closes when a body in pieces fails before its head, never leaving the client waiting", function()
+    with_server({}, function(req)
+      if req.path == "/fine" then return { status = 200, body = "ok" } end
+      -- (a body in pieces whose length cannot be counted: docs/server.md)
+      return { status = 200, body = { held = 100000, measure = function() error("no length") end,
+        pieces = function() return nil end, text = function() return "" end } }
+    end, function(server)
+      local conn = client.connect(port_of(server))
+      conn:send("GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")
+      local status, _, body = conn:response()
+      assert.equal(500, status)
+      assert.equal("INTERNAL_ERROR", cjson.decode(body).code)
+      assert.is_true(conn:wait_eof())
+      conn:close()
+      -- and the server goes on
+      local again = client.connect(port_of(server))
+      again:send("GET /fine HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert.equal(200, (again:response()))
+      again:close()
+    end)
+  end)
+
   it("gives the handler the path as sent (req.rawPath): %2F and dot segments kept, also when kept alive", function()
     local seen = {}
     with_server({}, function(req)

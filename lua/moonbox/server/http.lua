@@ -176,6 +176,11 @@ local function split_headers(headers)
   return h, ctype, length
 end
 
+local function json_error(code, message)
+  return cjson.encode(api_errors.envelope(code, message, {}, 500))
+    or cjson.encode(api_errors.envelope(code, "(a message JSON cannot hold)", {}, 500))
+end
+
 -- Send a complete response (also used for a WebSocket request refused).
 function Response:_send(status, headers, body)
   V.type(status, "number", "status")
@@ -210,7 +215,23 @@ function Response:_send(status, headers, body)
   if sliced then
     local ok, err = pcall(self._send_sliced, self, status, h, ctype, sliced)
     if sliced.release then sliced.release() end
-    if not ok then error(err, 0) end
+    if not ok then
+      -- never a silence: before the head, a 500 on a connection that then
+      -- closes; past it (a body cut short of its Content-Length), the close
+      local srv = self._server._core
+      if not self.closed then
+        srv:hangup(self._id)
+        if not self._streaming then
+          self.status = 500
+          if not srv:respond(self._id, 500, "application/json", {}, nil,
+            json_error(api_errors.INTERNAL, "the response body could not be made")) then set_closed(self) end
+        else
+          pcall(self.finish, self)
+        end
+      end
+      io.stderr:write("moonbox: http: ", self.req.method or "?", " ", self.req.path or "?", ": the body failed: ",
+        errors.format(err), "\n")
+    end
     return
   end
   if #body > M.SLICE and async.in_task() then
@@ -448,11 +469,6 @@ function WebSocket:close(code, reason)
 end
 
 -- ---- the server -----------------------------------------------------------------------
-
-local function json_error(code, message)
-  return cjson.encode(api_errors.envelope(code, message, {}, 500))
-    or cjson.encode(api_errors.envelope(code, "(a message JSON cannot hold)", {}, 500))
-end
 
 local function run_handler(self, req, res)
   local ok, result = xpcall(self.handler, function(e)
