@@ -111,6 +111,26 @@ local function sample(text, name)
   end
 end
 
+-- A client of s that asks sandbox id's /exec for 16 MiB of output and reads
+-- none of it, once the server holds at least min_used bytes for clients
+-- (/metrics): its stream, for the caller to close.
+local function hold_unread_result(s, id, min_used)
+  local fd = require("moonbox.async").await(function(resume)
+    assert(core.tcp_connect("127.0.0.1", s.port, function(e, f) resume(f, e) end))
+  end)
+  local stream = assert(core.stream_open(fd))
+  local body = cjson.encode { command = "head -c 16777216 /dev/zero | tr '\\0' a" }
+  stream:write(("POST /v1/sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\n%s\r\nContent-Type: application/json\r\n" ..
+    "Content-Length: %d\r\n\r\n%s"):format(id, s.auth, #body, body))
+  local used
+  assert.is_true(helper.eventually(function()
+    local _, t = s.call("GET", "/metrics")
+    used = sample(t, "moonbox_client_buffered_bytes")
+    return (used or 0) >= min_used
+  end, 20000), "the unread result is not held: " .. tostring(used))
+  return stream
+end
+
 -- The processes running cmd (pgrep -f ^cmd$), with what ps says of each: ""
 -- when none. (The specs name their commands after their server's port:
 -- another run of this spec beside this one, as in CI, runs its own.)
@@ -447,19 +467,7 @@ describe("moonbox serve as a service", function()
         assert.equal(200, (s.call("POST", "/v1/sandboxes/bf/exec", '{"command":"true"}')))
         -- a client that asks for 16 MiB of output and reads none of it: the
         -- server holds the result (and a queue) for it, past the limit
-        local fd = require("moonbox.async").await(function(resume)
-          assert(core.tcp_connect("127.0.0.1", s.port, function(e, f) resume(f, e) end))
-        end)
-        hold = assert(core.stream_open(fd))
-        local body = cjson.encode { command = "head -c 16777216 /dev/zero | tr '\\0' a" }
-        hold:write(("POST /v1/sandboxes/bf/exec HTTP/1.1\r\nHost: x\r\n%s\r\nContent-Type: application/json\r\n" ..
-          "Content-Length: %d\r\n\r\n%s"):format(s.auth, #body, body))
-        local used
-        assert.is_true(helper.eventually(function()
-          local _, t = s.call("GET", "/metrics")
-          used = sample(t, "moonbox_client_buffered_bytes")
-          return (used or 0) >= 16 * MB + 4096
-        end, 20000), "the unread result does not fill the budget: " .. tostring(used))
+        hold = hold_unread_result(s, "bf", 16 * MB + 4096)
         -- the budget spent: a command still runs and its small result is
         -- whole; of a big one only the first 64 KiB are kept
         local code, text = s.call("POST", "/v1/sandboxes/bf/exec", '{"command":"touch /workspace/ran; echo ok"}')
@@ -500,19 +508,7 @@ describe("moonbox serve as a service", function()
       local ok, err = pcall(function()
         assert.equal(200, (s.call("POST", "/v1/sandboxes/bk/exec", '{"command":"true"}')))
         -- a client that reads none of a 16 MiB result holds its bytes
-        local fd = require("moonbox.async").await(function(resume)
-          assert(core.tcp_connect("127.0.0.1", s.port, function(e, f) resume(f, e) end))
-        end)
-        hold = assert(core.stream_open(fd))
-        local body = cjson.encode { command = "head -c 16777216 /dev/zero | tr '\\0' a" }
-        hold:write(("POST /v1/sandboxes/bk/exec HTTP/1.1\r\nHost: x\r\n%s\r\nContent-Type: application/json\r\n" ..
-          "Content-Length: %d\r\n\r\n%s"):format(s.auth, #body, body))
-        local used
-        assert.is_true(helper.eventually(function()
-          local _, t = s.call("GET", "/metrics")
-          used = sample(t, "moonbox_client_buffered_bytes")
-          return (used or 0) >= 16 * MB
-        end, 20000), "the unread result is not held: " .. tostring(used))
+        hold = hold_unread_result(s, "bk", 16 * MB)
         -- 8 MiB more would pass the limit: what fits is kept, the rest
         -- dropped, and the answer is the result (it ran once), not a 503
         local code, text = s.call("POST", "/v1/sandboxes/bk/exec",
