@@ -427,29 +427,7 @@ static int early_report(int rep_fd, mb_nsinit_report *r) {
 
 /* One message of len bytes, with nfds fds (SCM_RIGHTS), on the init's socket. */
 static int send_msg(int sock_fd, void *buf, size_t len, const int *fds, int nfds) {
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  struct iovec iov = {buf, len};
-  struct msghdr msg;
-  memset(&msg, 0, sizeof msg);
-  memset(&u, 0, sizeof u);
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (nfds > 0) {
-    msg.msg_control = u.buf;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-  }
-  ssize_t n;
-  do n = sendmsg(sock_fd, &msg, MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
-  return n < 0 ? errno : 0;
+  return mb_wire_send(sock_fd, buf, len, fds, nfds, 0) < 0 ? errno : 0;
 }
 
 static int tree_send(int sock_fd, int index, int fd) {

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define PROCESS "moonbox.process"
@@ -265,6 +266,7 @@ static void plan_rlimits(lua_State *L, mb_child_plan *p, int idx) {
 }
 
 /* stdio entry: "pipe" (child reads on fd 0, writes otherwise), "in", "out",
+ * "socket" (a unix stream socketpair: both ways, and fds can travel on it),
  * "null", "inherit", or an integer fd of ours to place there. Returns an
  * error code (negative uv error), 0, or 1 for misuse with the message pushed
  * (the caller releases what the job holds, then raises). */
@@ -313,6 +315,13 @@ static int plan_fd(lua_State *L, spawn_job *job, int target, int vidx) {
     job->pipe_parent_end[slot] = child_reads ? fds[1] : fds[0];
     f->kind = MB_FD_SOURCE;
     f->source = job->pipe_child_end[slot];
+  } else if (strcmp(v, "socket") == 0) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) return uv_translate_sys_error(errno);
+    job->pipe_child_end[slot] = sv[1];
+    job->pipe_parent_end[slot] = sv[0];
+    f->kind = MB_FD_SOURCE;
+    f->source = sv[1];
   } else {
     lua_pushfstring(L, "stdio[%d]: unknown kind '%s'", target, v);
     return 1;

@@ -1,6 +1,7 @@
 /* Streams over pipes and pty masters: read start/stop, write with completion
  * and backpressure, a non-blocking drain, shutdown, close. */
 #include "private.h"
+#include "child/wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -74,10 +75,27 @@ static int stream_open(lua_State *L) {
   return mb_stream_push_fd(L, fd, lua_toboolean(L, 2));
 }
 
-/* core.pipe() -> read_fd, write_fd (both close-on-exec) */
+/* core.pipe([nonblocking_read[, uid, gid]]) -> read_fd, write_fd (both
+ * close-on-exec; the read end non-blocking when asked, the write end always
+ * blocking). uid and gid own the pipe: a process of those ids inside a user
+ * namespace can then open it again by name (/dev/stdout), as the ones our
+ * own ids map to can. */
 static int make_pipe(lua_State *L) {
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) < 0) return mb_push_errno(L, errno, "pipe2");
+  int nonblocking_read = lua_toboolean(L, 1);
+  int chown_to = !lua_isnoneornil(L, 2);
+  uid_t uid = chown_to ? (uid_t)luaL_checkinteger(L, 2) : 0;
+  gid_t gid = chown_to ? (gid_t)luaL_checkinteger(L, 3) : 0;
+  if (pipe2(fds, O_CLOEXEC | (nonblocking_read ? O_NONBLOCK : 0)) < 0) return mb_push_errno(L, errno, "pipe2");
+  const char *failed = NULL;
+  if (nonblocking_read && fcntl(fds[1], F_SETFL, 0) < 0) failed = "fcntl";
+  else if (chown_to && fchown(fds[0], uid, gid) < 0) failed = "fchown";
+  if (failed) {
+    int e = errno;
+    close(fds[0]);
+    close(fds[1]);
+    return mb_push_errno(L, e, failed);
+  }
   lua_pushinteger(L, fds[0]);
   lua_pushinteger(L, fds[1]);
   return 2;
@@ -109,48 +127,72 @@ static int stream_read_stop(lua_State *L) {
   return 0;
 }
 
-/* stream:try_read() -> data ("" when nothing is ready) | nil at EOF.
- * Reads what is already buffered without waiting: used to collect output a
- * process wrote before it signalled completion on another fd. */
-static int stream_try_read(lua_State *L) {
-  mb_handle *h = mb_handle_check(L, 1, STREAM);
-  stream_state *st = (stream_state *)h->extra;
-  lua_Number max = luaL_optnumber(L, 2, 1 << 20);
-  if (!(max >= 0)) return luaL_argerror(L, 2, "limit must be >= 0");
-  size_t limit = max > 1e15 ? (size_t)1e15 : (size_t)max;
-  if (st->eof) {
-    lua_pushnil(L);
-    return 1;
-  }
-  uv_os_fd_t fd;
-  if (uv_fileno(&h->uv.handle, &fd) < 0) return mb_push_error(L, UV_EBADF, NULL);
+/* Up to limit bytes already in fd (non-blocking) onto the stack: data ("" when
+ * nothing is ready) | nil at EOF (*eof set) | nil, msg, code. */
+static int read_ready(lua_State *L, int fd, char *buf, size_t limit, int is_pty, int *eof) {
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   size_t total = 0;
   while (total < limit) {
     size_t want = limit - total < READ_BUF ? limit - total : READ_BUF;
-    ssize_t n = read(fd, st->buf, want);
+    ssize_t n = read(fd, buf, want);
     if (n > 0) {
-      luaL_addlstring(&b, st->buf, (size_t)n);
+      luaL_addlstring(&b, buf, (size_t)n);
       total += (size_t)n;
       continue;
     }
-    if (n == 0 || (n < 0 && st->is_pty && errno == EIO)) {
-      st->eof = 1;
+    if (n == 0 || (n < 0 && is_pty && errno == EIO)) {
+      *eof = 1;
       break;
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN) break;
     int e = errno;
     luaL_pushresult(&b);
+    lua_pop(L, 1);
     return mb_push_errno(L, e, "read");
   }
   luaL_pushresult(&b);
-  if (total == 0 && st->eof) {
+  if (total == 0 && *eof) {
     lua_pop(L, 1);
     lua_pushnil(L);
   }
   return 1;
+}
+
+static size_t read_limit(lua_State *L, int idx) {
+  lua_Number max = luaL_optnumber(L, idx, 1 << 20);
+  if (!(max >= 0)) luaL_argerror(L, idx, "limit must be >= 0");
+  return max > 1e15 ? (size_t)1e15 : (size_t)max;
+}
+
+/* stream:try_read([limit = 1 MiB]) -> data ("" when nothing is ready) | nil
+ * at EOF. Reads what is already buffered without waiting: used to collect
+ * output a process wrote before it signalled completion on another fd. */
+static int stream_try_read(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, STREAM);
+  stream_state *st = (stream_state *)h->extra;
+  size_t limit = read_limit(L, 2);
+  if (st->eof) {
+    lua_pushnil(L);
+    return 1;
+  }
+  uv_os_fd_t fd;
+  if (uv_fileno(&h->uv.handle, &fd) < 0) return mb_push_error(L, UV_EBADF, NULL);
+  return read_ready(L, fd, st->buf, limit, st->is_pty, &st->eof);
+}
+
+/* core.read_ready(fd[, limit = 1 MiB]) -> data ("" when nothing is ready) |
+ * nil at EOF | nil, msg, code: try_read for a non-blocking fd that is no
+ * stream (yet): a short command's output, read once at its end without
+ * the stream's setup and epoll registration (issue #32). */
+static int core_read_ready(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1);
+  size_t limit = read_limit(L, 2);
+  mb_core *core = mb_core_get(L);
+  if (!core->read_buf && !(core->read_buf = (char *)malloc(READ_BUF))) return luaL_error(L, "out of memory");
+  int eof = 0;
+  return read_ready(L, fd, core->read_buf, limit, 0, &eof);
 }
 
 typedef struct {
@@ -282,7 +324,38 @@ static int stream_set_pipe_size(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg stream_methods[] = {{"read_start", stream_read_start},
+/* stream:send_fds(data, {fd, ...}) -> bytes sent | nil, msg, code: data with
+ * the fds attached (SCM_RIGHTS) on a stream over a unix socket, without
+ * waiting: for a peer that takes it at once (a session shell's outputs,
+ * docs/sessions.md). Our fds stay open; the caller closes them. */
+static int stream_send_fds(lua_State *L) {
+  mb_handle *h = mb_handle_check(L, 1, STREAM);
+  size_t len;
+  const char *data = luaL_checklstring(L, 2, &len);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  int fds[MB_WIRE_MAX_FDS];
+  int nfds = (int)lua_objlen(L, 3);
+  if (len == 0) return luaL_argerror(L, 2, "data must not be empty");
+  if (nfds < 1 || nfds > MB_WIRE_MAX_FDS)
+    return luaL_argerror(L, 3, lua_pushfstring(L, "expected 1 to %d fds", MB_WIRE_MAX_FDS));
+  for (int i = 0; i < nfds; i++) {
+    lua_rawgeti(L, 3, i + 1);
+    if (lua_type(L, -1) != LUA_TNUMBER || lua_tointeger(L, -1) < 0)
+      return luaL_argerror(L, 3, "fds must be integers >= 0");
+    fds[i] = (int)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+  }
+  uv_os_fd_t sock;
+  int rc = uv_fileno(&h->uv.handle, &sock);
+  if (rc < 0) return mb_push_error(L, rc, "send_fds");
+  ssize_t n = mb_wire_send(sock, data, len, fds, nfds, MSG_DONTWAIT);
+  if (n < 0) return mb_push_errno(L, errno, "sendmsg");
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+static const luaL_Reg stream_methods[] = {{"send_fds", stream_send_fds},
+                                          {"read_start", stream_read_start},
                                           {"read_stop", stream_read_stop},
                                           {"try_read", stream_try_read},
                                           {"write", stream_write},
@@ -299,4 +372,6 @@ void mb_open_stream(lua_State *L) {
   lua_setfield(L, -2, "pipe");
   lua_pushcfunction(L, close_fd);
   lua_setfield(L, -2, "close_fd");
+  lua_pushcfunction(L, core_read_ready);
+  lua_setfield(L, -2, "read_ready");
 }

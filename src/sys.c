@@ -145,20 +145,25 @@ static int sys_pread_all(lua_State *L) {
   return 1;
 }
 
-/* core.rewrite_fd(fd, data) -> true | nil, msg, code: the file (a memfd,
- * a regular file) holds exactly data from now on; whoever opens it next
- * (by /proc/<pid>/fd path or name) reads that from offset 0 */
+/* core.rewrite_fd(fd, data[, old_size]) -> true | nil, msg, code: the file
+ * (a memfd, a regular file) holds exactly data from now on; whoever opens it
+ * next (by /proc/<pid>/fd path or name) reads that from offset 0. old_size,
+ * when the caller knows it (it wrote the file last), spares the truncation
+ * unless the file shrinks: one system call per command (issue #32). */
 static int sys_rewrite_fd(lua_State *L) {
   int fd = (int)luaL_checkinteger(L, 1);
   size_t len;
   const char *data = luaL_checklstring(L, 2, &len);
-  if (ftruncate(fd, 0) < 0) return mb_push_errno(L, errno, "ftruncate");
+  lua_Number old = luaL_optnumber(L, 3, -1);
+  int shrink_after = old >= 0 && old <= 1e15;
+  if (!shrink_after && ftruncate(fd, 0) < 0) return mb_push_errno(L, errno, "ftruncate");
   for (size_t done = 0; done < len;) {
     ssize_t n = pwrite(fd, data + done, len - done, (off_t)done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return mb_push_errno(L, errno, "pwrite");
     done += (size_t)n;
   }
+  if (shrink_after && (size_t)old > len && ftruncate(fd, (off_t)len) < 0) return mb_push_errno(L, errno, "ftruncate");
   lua_pushboolean(L, 1);
   return 1;
 }

@@ -69,23 +69,7 @@ static int ns_bind_child(void *p) {
   }
   socklen_t len = a->addr.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
   if (!err && bind(s, (struct sockaddr *)&a->addr, len) < 0) err = errno;
-  struct iovec iov = {.iov_base = &err, .iov_len = sizeof err};
-  union {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } u;
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (!err) {
-    memset(&u, 0, sizeof u);
-    msg.msg_control = u.buf;
-    msg.msg_controllen = sizeof u.buf;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &s, sizeof s);
-  }
-  while (sendmsg(a->sk, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {}
+  mb_wire_send(a->sk, &err, sizeof err, &s, err ? 0 : 1, 0);
   _exit(0);
 }
 

@@ -14,7 +14,7 @@
 #   SC2016: trap actions and command shapes are single-quoted on purpose, to
 #           expand when they run, not now.
 #   SC1090/SC1091: the sourced files are the runtime's slots.
-#   SC2034: __mb_c1..__mb_c6 are read by the control line (eval "$__mb_cN").
+#   SC2034: __mb_c1..__mb_c6, __mb_pN are read by the control line (eval "$__mb_cN").
 #   SC2317: trap actions and functions are called indirectly.
 #   SC2218, SC2064 (where marked): `builtin trap` is bash's, not the trap
 #           function defined below, and that function passes its words on.
@@ -48,11 +48,13 @@ readonly -f __mb_report_p
 readonly -f __mb_report
 # a subshell hit by a signal right after fork may still run this trap:
 # only the shell itself reports its exit. A user's own EXIT trap (kept by
-# the trap function below) runs first, its output the command's.
+# the trap function below) runs first, its output the command's (where the
+# outputs are pipes received by __mb_run: the fds 1 and 2 the command left,
+# as in any bash; a pipe cannot be opened again by path inside a sandbox).
 __mb_user_exit=
 __mb_status() { return "$1"; }
 # shellcheck disable=SC2218
-builtin trap '__mb_s=$?; if [ "$BASHPID" = "$$" ]; then if [ -n "$__mb_user_exit" ]; then __mb_o=/dev/null __mb_e=/dev/null; [ -n "${__mb_in-}" ] && __mb_o=@STDOUT@ __mb_e=@STDERR@; { __mb_status $__mb_s; eval "$__mb_user_exit"; } >|"$__mb_o" 2>|"$__mb_e"; fi; __mb_report "${__mb_id:-0}" "$__mb_s" exit; fi' EXIT
+builtin trap '__mb_s=$?; if [ "$BASHPID" = "$$" ]; then if [ -z "$__mb_user_exit" ]; then :; elif [ -n "${__mb_in-}" ] && [ -n "$__mb_fdo" ]; then { __mb_status $__mb_s; eval "$__mb_user_exit"; }; else __mb_o=/dev/null __mb_e=/dev/null; [ -n "${__mb_in-}" ] && __mb_o=@STDOUT@ __mb_e=@STDERR@; { __mb_status $__mb_s; eval "$__mb_user_exit"; } >|"$__mb_o" 2>|"$__mb_e"; fi; __mb_report "${__mb_id:-0}" "$__mb_s" exit; fi' EXIT
 __mb_id=0
 # a timed-out body stops where it is (Shell:interrupt): `return` ends a
 # sourced script. Inside a function (or a nested source) it ends only that,
@@ -148,6 +150,12 @@ exec 60<&-
 # (report_builtin.c, restore_null_stdin), instead of a `</dev/null` per command,
 # and __mb_run opens the command's stdout and stderr on fds 1 and 2 itself
 # (src/bash/outputs.c), instead of bash's `>|` with its save and restore.
+# Where the status channel is a socket (@OUTS@ is `- -`, __mb_fdo is 1) the
+# outputs are no files at all: the runtime sends the command's two pipes on
+# it before the control line, and __mb_run receives them onto 1 and 2.
+# __mb_p1, 2, 5, 6 are those shapes with the output files (FIFOs or fd
+# slots): the runtime's first line to a shell, sent before its hello says
+# whether the builtins loaded (`eval "$__mb_pN"`, which holds either way).
 readonly __mb_c3='__mb_id=$((__mb_id+1)); ( builtin . @PRELUDE@ && builtin . @BODY@ ) </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'
 readonly __mb_c4='__mb_id=$((__mb_id+1)); ( builtin . @PRELUDE@ && builtin . @BODY@ ) <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'
-if [ -n "$__mb_b" ]; then readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @STDOUT@ @STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @STDOUT@ @STDERR@ <@STDIN@; __mb_report $__mb_id $? run' __mb_c5='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ @STDOUT@ @STDERR@; __mb_report $__mb_id $? run' __mb_c6='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ @STDOUT@ @STDERR@ <@STDIN@; __mb_report $__mb_id $? run'; else readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'; readonly __mb_c5="$__mb_c1" __mb_c6="$__mb_c2"; fi; unset __mb_b
+if [ -n "$__mb_b" ]; then readonly __mb_fdo=@FDO@ __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @OUTS@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @OUTS@ <@STDIN@; __mb_report $__mb_id $? run' __mb_c5='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ @OUTS@; __mb_report $__mb_id $? run' __mb_c6='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ @OUTS@ <@STDIN@; __mb_report $__mb_id $? run' __mb_p1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @STDOUT@ @STDERR@; __mb_report $__mb_id $? run' __mb_p2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @STDOUT@ @STDERR@ <@STDIN@; __mb_report $__mb_id $? run'; readonly __mb_p5="$__mb_p1" __mb_p6="$__mb_p2"; else readonly __mb_fdo=; readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'; readonly __mb_c5="$__mb_c1" __mb_c6="$__mb_c2" __mb_p1="$__mb_c1" __mb_p2="$__mb_c2" __mb_p5="$__mb_c1" __mb_p6="$__mb_c2"; fi; unset __mb_b

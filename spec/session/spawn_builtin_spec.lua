@@ -163,6 +163,27 @@ describe("the spawn builtin", function()
       assert.same({ 0, "0\n1\n2\n3\n", "" }, run("exec 2>&1; ls /proc/self/fd"))
     end)
   end)
+
+  it("hands a command its outputs as pipes on the status socket: nothing named, fd 0 closed or not", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:exec("true") -- (the first command goes before the hello, with the output files)
+      local r = s:exec("readlink /proc/self/fd/1 /proc/self/fd/2; ls /run/moonbox/sh-*/ 2>/dev/null | grep -c std; :")
+      assert.equal(0, r.exitCode)
+      local out, err, named = r.stdout:match("^pipe:%[(%d+)%]\npipe:%[(%d+)%]\n(%d+)\n$")
+      assert.truthy(out, r.stdout)
+      assert.are_not.equal(out, err)
+      assert.equal("0", named)
+      -- with fd 0 closed the fds arrive on 0 and 1 and are moved into place
+      r = s:exec("exec 0<&-; echo o; echo e >&2")
+      assert.same({ 0, "o\n", "e\n" }, { r.exitCode, r.stdout, r.stderr })
+      assert.same({ 0, "n\n", "" }, { s:exec("echo n").exitCode, s:exec("echo n").stdout, s:exec("echo n").stderr })
+      -- a user's EXIT trap at `exit` writes where the command's output goes
+      s:exec("trap 'echo bye' EXIT")
+      r = s:exec("echo last; exit 5")
+      assert.same({ 5, "last\nbye\n" }, { r.exitCode, r.stdout })
+    end)
+  end)
 end)
 
 describe("shell error messages", function()

@@ -10,12 +10,16 @@
 /* report_builtin.c: __mb_rep, reached as `__mb_run -r ARGS` too (spawn_builtin.c) */
 int mb_rep_builtin(WORD_LIST *list);
 
+/* report_builtin.c: the status channel (private, closed in forks), -1 before load */
+int mb_status_fd(void);
+
 /* line_builtin.c: `_`, the control line, enabled again after each report */
 void mb_keep_line_enabled(void);
 
 /* outputs.c: a command's stdout and stderr on fds 1 and 2 (-1 and errno if
  * one cannot be opened: /dev/null is back on both), /dev/null back after
- * the body; settle is the report's check for a body that skipped that */
+ * the body; settle is the report's check for a body that skipped that.
+ * out and err "-": the two fds the runtime sent on the status socket. */
 int mb_outputs_open(const char *out, const char *err);
 void mb_outputs_restore(void);
 void mb_outputs_settle(void);

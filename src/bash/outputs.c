@@ -21,7 +21,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "mb_builtins.h"
@@ -74,6 +76,67 @@ static int place(const char *path, int target) {
   return rc < 0 ? -1 : 0;
 }
 
+/* The two fds the runtime sent for this command on the status socket (one
+ * byte with SCM_RIGHTS, sent before the control line), onto 1 and 2. With
+ * 1 and 2 closed first they arrive there (the lowest free fds), so a
+ * command costs three system calls (issue #32); anywhere else (a command
+ * closed fd 0) they are moved. Not close-on-exec: they are the command's. */
+static int receive(void) {
+  int sock = mb_status_fd();
+  if (sock < 0) {
+    errno = EBADF;
+    return -1;
+  }
+  close(1);
+  close(2);
+  char byte;
+  struct iovec iov = {&byte, 1};
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * 2)];
+    struct cmsghdr align;
+  } u;
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = u.buf;
+  msg.msg_controllen = sizeof u.buf;
+  ssize_t n;
+  do n = recvmsg(sock, &msg, MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return -1;
+  int fds[2] = {-1, -1}, got = 0;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      if (got < 2) fds[got++] = fd;
+      else close(fd);
+    }
+  }
+  if (n != 1 || got != 2 || (msg.msg_flags & MSG_CTRUNC)) {
+    for (int i = 0; i < got; i++) close(fds[i]);
+    errno = EPROTO;
+    return -1;
+  }
+  if (fds[0] == 1 && fds[1] == 2) return 0;
+  /* elsewhere (a command closed fd 0: they are on 0 and 1): above 2 first,
+   * so neither is overwritten by the other's move */
+  for (int i = 0; i < 2; i++) {
+    int high = fds[i] > 2 ? fds[i] : fcntl(fds[i], F_DUPFD, 3);
+    if (high < 0) return -1;
+    if (high != fds[i]) close(fds[i]);
+    fds[i] = high;
+  }
+  for (int i = 0; i < 2; i++) {
+    if (dup2(fds[i], i + 1) < 0) return -1;
+    close(fds[i]);
+  }
+  return 0;
+}
+
 void mb_outputs_restore(void) {
   /* (a body may have closed or replaced the private fd: open it again) */
   if ((null_fd < 0 || dup2(null_fd, 1) < 0) && open_null() == 0) dup2(null_fd, 1);
@@ -84,7 +147,8 @@ void mb_outputs_restore(void) {
 int mb_outputs_open(const char *out, const char *err) {
   if (null_fd < 0 && open_null() < 0) return -1;
   placed = 1;
-  if (place(out, 1) < 0 || place(err, 2) < 0) {
+  int received = strcmp(out, "-") == 0 && strcmp(err, "-") == 0;
+  if (received ? receive() < 0 : (place(out, 1) < 0 || place(err, 2) < 0)) {
     int saved = errno;
     mb_outputs_restore();
     errno = saved;

@@ -64,7 +64,10 @@
 
 #define NONCE_HEX 32
 
-static int status_fd = -1;        /* the status pipe, private to this process */
+static int status_fd = -1; /* the status pipe, private to this process */
+
+/* outputs.c receives a command's outputs on it (mb_outputs_open) */
+int mb_status_fd(void) { return status_fd; }
 static int control_fd = -1;       /* the control FIFO's writer (fd 60 at start), held, never used */
 static char nonce[NONCE_HEX + 1]; /* what the next record must carry */
 static int said_hello, exiting_reported;

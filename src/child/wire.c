@@ -293,3 +293,33 @@ ssize_t mb_wire_recv(int sock, void *buf, size_t len, mb_wire_in *in) {
   }
   return n;
 }
+
+ssize_t mb_wire_send(int sock, const void *buf, size_t len, const int *fds, int nfds, int flags) {
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * MB_WIRE_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  if (nfds < 0 || nfds > MB_WIRE_MAX_FDS) {
+    errno = EINVAL;
+    return -1;
+  }
+  struct iovec iov = {(void *)buf, len};
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (nfds > 0) {
+    memset(&u, 0, sizeof u);
+    msg.msg_control = u.buf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+  }
+  ssize_t n;
+  do n = sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
+  while (n < 0 && errno == EINTR);
+  return n;
+}

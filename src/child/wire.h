@@ -38,4 +38,10 @@ typedef struct {
  * (0: EOF) or -1 with errno (EAGAIN on a non-blocking socket). */
 ssize_t mb_wire_recv(int sock, void *buf, size_t len, mb_wire_in *in);
 
+/* len bytes of buf with nfds fds attached (SCM_RIGHTS, nfds <= MB_WIRE_MAX_FDS,
+ * 0 for none) on the unix socket sock, retried on EINTR, never raising
+ * SIGPIPE; flags add to MSG_NOSIGNAL (MSG_DONTWAIT). The fds stay ours.
+ * Returns the byte count or -1 with errno. */
+ssize_t mb_wire_send(int sock, const void *buf, size_t len, const int *fds, int nfds, int flags);
+
 #endif

@@ -128,16 +128,20 @@ end
 function M.oom_kills(state)
   local dir = state.v1_dirs.memory
   if not dir then return 0 end
-  -- (read before every exec: one pread, not a stdio FILE's open, fstat and
-  -- two reads, issue #32)
-  local fd = core.open_fd(dir .. "/memory.oom_control", "r")
-  if not fd then return 0 end
+  -- (read before every exec: one pread of a file held open while the
+  -- sandbox lives, not an open, read and close each time, issue #32)
+  local fd = state.oom_fd
+  if not fd then
+    fd = core.open_fd(dir .. "/memory.oom_control", "r")
+    if not fd then return 0 end
+    state.oom_fd = fd
+  end
   local text = core.pread_all(fd, 4096) or ""
-  core.close_fd(fd)
   return tonumber(text:match("oom_kill (%d+)")) or 0
 end
 
 function M.cleanup(state, sleep)
+  if state.oom_fd then core.close_fd(state.oom_fd) state.oom_fd = nil end
   for _, dir in pairs(state.v1_dirs) do
     for _ = 1, 200 do
       if core.rmdir(dir) or not util.is_dir(dir) then break end

@@ -187,13 +187,17 @@ do
   end
 end
 
-local function prelude(slots, rundir, env_fd)
+local function prelude(slots, rundir, env_fd, outputs_sent)
   local paths = {}
   for name, i in pairs(SLOTS) do
     paths[name:upper()] = rundir and (rundir.inside .. "/" .. name) or fd_path(slots[i])
   end
   paths.ENV = rundir and (rundir.inside .. "/env") or fd_path(env_fd)
+  -- the builtin's outputs: files by path, or `- -` (pipes sent on the status socket)
+  local words = { OUTS = outputs_sent and "- -" or (paths.STDOUT .. " " .. paths.STDERR),
+    FDO = outputs_sent and "1" or "" }
   return (script_text:gsub("@(%u+)@", function(name)
+    if words[name] then return words[name] end
     local path = paths[name]
     -- the paths go into the script unquoted: the runtime's own, never a caller's
     assert(path and path:match("^[%w/._-]+$"), "prelude.bash: bad slot @" .. name .. "@")
@@ -347,7 +351,7 @@ end
 function Shell:_drop_body()
   if not self.hot_body then return end
   core.close_fd(self.hot_body)
-  self.hot_body = nil
+  self.hot_body, self.body_size = nil, nil
   if self.rundir_fd then core.unlink("body", self.rundir_fd) end
 end
 
@@ -400,14 +404,16 @@ end
 -- unlinked after it (marked in cmd.used, Shell:start).
 function Shell:_write_body(body, cmd)
   if self.hot_body then
-    local ok, err = core.rewrite_fd(self.hot_body, body)
+    -- (the size it was written with: truncated only when it shrinks)
+    local ok, err = core.rewrite_fd(self.hot_body, body, self.body_size)
+    self.body_size = ok and #body or nil
     if not ok then error(err, 0) end
     return
   end
   local fd = errors.check("FILESYSTEM_ERROR", self:_make_entry(core.open_fd, "body", "w", self.rundir_fd))
   local ok, err = pcall(write_whole, fd, body)
   if ok and hot[self] then
-    self.hot_body = fd
+    self.hot_body, self.body_size = fd, #body
     return
   end
   core.close_fd(fd)
@@ -503,7 +509,13 @@ function M.spawn(opts)
   local spec_of = assert(opts.spawn_spec, "shell spawn: no spawn_spec")
   local stdio = { [0] = "null", [STATUS_FD] = "out", [2] = "null", [PRELUDE_FD] = "in" }
   -- (not into an image's bash: the builtin is built against the host's)
-  if M.load_builtins and not opts.no_builtins then stdio[BUILTIN_FD] = spawn_builtin_fd() end
+  if M.load_builtins and not opts.no_builtins then
+    stdio[BUILTIN_FD] = spawn_builtin_fd()
+    -- the status channel a socket: each command's output pipes travel on it
+    -- (the builtin receives them), no FIFO or slot per command (issue #32)
+    stdio[STATUS_FD] = "socket"
+    self.outputs_sent = true
+  end
   local spec = spec_of {
     args = { "bash", "--noprofile", "--norc", "/dev/fd/" .. CONTROL_FD },
     file = opts.shell or "/bin/bash",
@@ -570,7 +582,7 @@ function Shell:begin(rundir)
   self.starting = self.rundir ~= nil
   local p = self.prelude_pipe
   self.prelude_pipe = nil
-  p:write(prelude(self.slots, self.rundir, self.env_fd), function() p:close() end)
+  p:write(prelude(self.slots, self.rundir, self.env_fd, self.outputs_sent), function() p:close() end)
   local sent, err, code = self:_send(". /dev/fd/62; exec 62<&-\n")
   if not sent then return nil, err, code end
   return true
@@ -824,7 +836,7 @@ end
 --   feed(sh, cmd, slot, data)  stdin, prelude: data the shell reads
 --   drain(sh, cmd, slot)       stdout, stderr -> a stream of what it writes
 --   finish(sh, cmd)            after the record: what the command used goes
--- cmd = {used = {slots}, feeders = {streams}}.
+-- cmd = {used = {slots}, feeders = {streams}, output_ends = {fds}}.
 
 -- mark(cmd, slot) -> the slot's entry name, to be unlinked after the command
 local function mark(cmd, slot)
@@ -852,7 +864,8 @@ end
 function fd_slots.open() end
 
 function fd_slots.body(sh, _, text)
-  local ok, err = core.rewrite_fd(sh.body_fd, text)
+  local ok, err = core.rewrite_fd(sh.body_fd, text, sh.body_size)
+  sh.body_size = ok and #text or nil
   if not ok then error(err, 0) end
 end
 
@@ -924,10 +937,63 @@ end
 -- builtins (it said hello with a nonce: src/bash/line_builtin.c), else
 -- `eval "$__mb_cN"`. bash reads it one byte per read(2), so its length is
 -- the shell's system calls: 4 instead of 16 (issue #32).
-local SHORT_LINES, EVAL_LINES = {}, {}
+-- Before the hello (self.nonce == nil) a shell that may have loaded them
+-- gets `eval "$__mb_pN"`: shape N with output files, whether or not it did.
+local SHORT_LINES, EVAL_LINES, EARLY_LINES = {}, {}, {}
 for shape = 1, 6 do
   SHORT_LINES[shape] = ("@ %d\n"):format(shape)
   EVAL_LINES[shape] = ("eval \"$__mb_c%d\"\n"):format(shape)
+  EARLY_LINES[shape] = (shape == 3 or shape == 4) and EVAL_LINES[shape] or ("eval \"$__mb_p%d\"\n"):format(shape)
+end
+
+-- A command's stdout and stderr as two fresh pipes whose write ends go to
+-- the shell on its status socket (one byte, SCM_RIGHTS; src/bash/outputs.c
+-- receives them onto fds 1 and 2): no FIFO to make, open and unlink per
+-- command, nothing named in the sandbox (issue #32).
+-- The write ends stay ours too until the command's cleanup
+-- (cmd.output_ends), so the shell's putting /dev/null back is no EOF to wake
+-- up for: the end of a command is its record, as with the FIFOs.
+-- The read ends become streams (read as output comes) only when the command
+-- is still running OUTPUT_STREAM_MS after it was sent; a command that ends
+-- before has its output read once, at its record (core.read_ready): a
+-- pipe holds 64 KiB, so a writer waits at most that long, and a short
+-- command costs no stream setup and no epoll registration.
+local OUTPUT_NAMES = { "stdout", "stderr" }
+local OUTPUT_STREAM_MS = 1
+function Shell:_send_outputs(cmd, readers, on_chunk)
+  local raw = {}
+  cmd.output_raw = raw
+  -- (owned by root inside, as the FIFOs were: `>/dev/stdout` reopens them)
+  local ids = self.rundir_ids
+  for i, name in ipairs(OUTPUT_NAMES) do
+    local r, w = core.pipe(true, ids and ids.uid, ids and ids.gid)
+    if not r then error(w, 0) end
+    raw[name], cmd.output_ends[i] = r, w
+  end
+  local n, send_err = self.status:send_fds("o", cmd.output_ends)
+  if n ~= 1 then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
+  local timer = core.timer()
+  cmd.output_timer = timer
+  timer:start(OUTPUT_STREAM_MS, 0, function()
+    timer:close()
+    cmd.output_timer = nil
+    for _, name in ipairs(OUTPUT_NAMES) do
+      local r = raw[name]
+      raw[name] = nil
+      local s, open_err = core.stream_open(r)
+      if s then
+        readers[name] = s
+        s:read_start(function(_, data)
+          if data then on_chunk(name, data) end
+        end)
+      else
+        -- (no stream: what the command writes past a pipe's worth waits
+        -- for its end, when it is read as a short command's is)
+        raw[name] = r
+        io.stderr:write(("moonbox: %s of a command read at its end only: %s\n"):format(name, tostring(open_err)))
+      end
+    end
+  end)
 end
 
 -- start(req) -> Job: the command is sent; Job:wait() waits for its end.
@@ -935,7 +1001,7 @@ function Shell:start(req)
   self.seq = self.seq + 1
   local id = self.seq
   local transport = self.rundir and run_dir or fd_slots
-  local cmd = { used = {}, feeders = {} }
+  local cmd = { used = {}, feeders = {}, output_ends = {} }
   local readers = {}
   self.running = true
   local function drain(slot, name)
@@ -946,36 +1012,52 @@ function Shell:start(req)
     end)
   end
   local function cleanup()
-    for _, name in ipairs { "stdout", "stderr" } do
-      local s = readers[name]
+    if cmd.output_timer then cmd.output_timer:close() cmd.output_timer = nil end
+    for _, name in ipairs(OUTPUT_NAMES) do
+      -- what the command wrote before it reported is in the pipe already
+      local s, r = readers[name], cmd.output_raw and cmd.output_raw[name]
       if s then
-        -- what the command wrote before it reported is in the pipe already
         local rest = s:try_read()
         if rest and #rest > 0 then req.on_chunk(name, rest) end
         s:close()
+      elseif r then
+        local rest = core.read_ready(r)
+        if rest and #rest > 0 then req.on_chunk(name, rest) end
+        core.close_fd(r)
       end
     end
     for _, s in ipairs(cmd.feeders) do s:close() end
+    for _, w in pairs(cmd.output_ends) do core.close_fd(w) end
     self.running = false
     transport.finish(self, cmd)
   end
-  local ok, err = pcall(function()
-    transport.open(self)
-    -- the command's entries, made without a yield (as root inside: one switch)
-    local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
-    errors.check("FILESYSTEM_ERROR", self:_as_root_inside(function()
-      transport.body(self, cmd, req.body)
-      if req.stdin then transport.feed(self, cmd, SLOTS.stdin, req.stdin) end
+  -- the outputs as pipes sent on the status socket: every shape the builtin
+  -- runs (not a prelude's subshell), in a shell that loaded it
+  local send_outputs = self.outputs_sent and self.nonce and not req.prelude
+  local function entries()
+    transport.body(self, cmd, req.body)
+    if req.stdin then transport.feed(self, cmd, SLOTS.stdin, req.stdin) end
+    if not send_outputs then
       drain(SLOTS.stdout, "stdout")
       drain(SLOTS.stderr, "stderr")
-      if req.prelude then
-        transport.feed(self, cmd, SLOTS.prelude, req.prelude)
-      elseif req.words and M.spawn_builtin then
-        shape = shape + 4
-      end
-      return true
-    end))
-    local sent, send_err = self:_send((self.nonce and SHORT_LINES or EVAL_LINES)[shape])
+    end
+    if req.prelude then transport.feed(self, cmd, SLOTS.prelude, req.prelude) end
+    return true
+  end
+  local ok, err = pcall(function()
+    transport.open(self)
+    local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
+    if req.words and not req.prelude and M.spawn_builtin then shape = shape + 4 end
+    -- the command's entries, made without a yield (as root inside: one
+    -- switch, and none when no entry is made: a hot body, outputs sent)
+    if send_outputs and not req.stdin and (transport == fd_slots or self.hot_body) then
+      entries()
+    else
+      errors.check("FILESYSTEM_ERROR", self:_as_root_inside(entries))
+    end
+    if send_outputs then self:_send_outputs(cmd, readers, req.on_chunk) end
+    local lines = self.nonce and SHORT_LINES or (self.nonce == nil and self.outputs_sent and EARLY_LINES) or EVAL_LINES
+    local sent, send_err = self:_send(lines[shape])
     if not sent then error(send_err, 0) end
   end)
   local job = setmetatable({ id = id, cleanup = cleanup }, Job)
