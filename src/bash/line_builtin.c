@@ -23,6 +23,8 @@
  */
 #include <loadables.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mb_builtins.h"
@@ -30,12 +32,57 @@
 
 #define REFUSED 3
 
+/* A readonly scalar of the start-up script's */
+static int protocol_var(SHELL_VAR *v) {
+  return v && readonly_p(v) && !invisible_p(v) && !array_p(v) && !assoc_p(v) && value_cell(v);
+}
+
+/* Shapes 1 and 5 in a shell whose outputs come on the status socket
+ * (__mb_fdo), without evaluating their text:
+ *   __mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run [-s] BODY - -;
+ *   __mb_report $__mb_id $? run
+ * done in C, so bash parses, expands and calls none of it per command
+ * (issue #32: the shell's user time). The report is the builtin itself,
+ * called directly (never a function a command could shadow). -1: not such
+ * a shell, or an __mb_id a command made something else than a plain
+ * variable: the shape's text then runs as before. A body that leaves by a
+ * longjmp (`exit`) leaves as it does from the text (the EXIT trap reports). */
+static int direct_shape(int shape) {
+  SHELL_VAR *fdo = find_variable("__mb_fdo"), *body = find_variable("__mb_bp"), *env = find_variable("__mb_ep");
+  if (!protocol_var(fdo) || strcmp(value_cell(fdo), "1") != 0 || !protocol_var(body) || !protocol_var(env)) return -1;
+  SHELL_VAR *idv = find_variable_noref("__mb_id");
+  if (!idv || readonly_p(idv) || nameref_p(idv) || array_p(idv) || assoc_p(idv) || invisible_p(idv) || !value_cell(idv))
+    return -1;
+  char id[24], status[16];
+  snprintf(id, sizeof id, "%ld", strtol(value_cell(idv), NULL, 10) + 1);
+  if (!bind_variable("__mb_id", id, 0) || !bind_variable("__mb_in", "1", 0)) return -1;
+  WORD_LIST *run = make_word_list(make_word("-"), NULL);
+  run = make_word_list(make_word("-"), run);
+  run = make_word_list(make_word(value_cell(body)), run);
+  if (shape == 1) run = make_word_list(make_word("-s"), run);
+  int rc = mb_run_builtin(run);
+  dispose_words(run);
+  snprintf(status, sizeof status, "%d", rc);
+  bind_variable("__mb_in", "", 0);
+  WORD_LIST *rep = make_word_list(make_word(value_cell(env)), NULL);
+  rep = make_word_list(make_word("run"), rep);
+  rep = make_word_list(make_word(status), rep);
+  rep = make_word_list(make_word(id), rep);
+  rc = mb_rep_builtin(rep);
+  dispose_words(rep);
+  return rc;
+}
+
 static int line_builtin(WORD_LIST *list) {
   if (!list || list->next || strlen(list->word->word) != 1 || list->word->word[0] < '1' || list->word->word[0] > '6') {
     builtin_usage();
     return EX_USAGE;
   }
   if (sourcelevel != 0 || running_trap != 0 || variable_context != 0 || parse_and_execute_level != 0) return REFUSED;
+  if (list->word->word[0] == '1' || list->word->word[0] == '5') {
+    int rc = direct_shape(list->word->word[0] - '0');
+    if (rc >= 0) return rc;
+  }
   char name[] = "__mb_cN";
   name[6] = list->word->word[0];
   SHELL_VAR *shape = find_variable(name);

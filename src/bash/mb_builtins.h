@@ -7,13 +7,16 @@
 
 #include <loadables.h>
 
+/* spawn_builtin.c: __mb_run [-s] BODY [OUT ERR] (the direct shapes call it) */
+int mb_run_builtin(WORD_LIST *list);
+
 /* report_builtin.c: __mb_rep, reached as `__mb_run -r ARGS` too (spawn_builtin.c) */
 int mb_rep_builtin(WORD_LIST *list);
 
 /* report_builtin.c: the status channel (private, closed in forks), -1 before load */
 int mb_status_fd(void);
 
-/* line_builtin.c: `_`, the control line, enabled again after each report */
+/* line_builtin.c: `@`, the control line, enabled again after each report */
 void mb_keep_line_enabled(void);
 
 /* outputs.c: a command's stdout and stderr on fds 1 and 2 (-1 and errno if

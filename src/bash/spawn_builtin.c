@@ -222,7 +222,7 @@ static int run_body(char *body) {
   return source_body(body);
 }
 
-static int mb_run_builtin(WORD_LIST *list) {
+int mb_run_builtin(WORD_LIST *list) {
   if (list && strcmp(list->word->word, "-r") == 0) return mb_rep_builtin(list->next);
   int source_only = list && strcmp(list->word->word, "-s") == 0;
   if (source_only) list = list->next;
