@@ -12,11 +12,21 @@
 
 #define STREAM "moonbox.stream"
 #define READ_BUF 65536
+/* A stream's reads per turn of the loop. libuv reads a readable stream
+ * again while each read fills the buffer (up to 32 times, 2 MiB here), so a
+ * few streams that always have more (a flood of output) made one turn
+ * last tens of ms while the CPUs were busy, and every other client's next
+ * step waited for the whole turn (issue #29). Past this many bytes the turn
+ * ends for this stream (an empty buffer: libuv says UV_ENOBUFS and goes on
+ * to the next ready handle); the fd is still readable, so the next turn
+ * reads on. */
+#define READ_TURN (2 * READ_BUF)
 
 typedef struct {
   int is_pty; /* a pty master reports EIO when the slave side closes: that is EOF */
   int eof;
-  char *buf; /* the core's shared read buffer: reads are handled one at a time */
+  size_t turn; /* bytes read in this turn's run of full reads */
+  char *buf;   /* the core's shared read buffer: reads are handled one at a time */
 } stream_state;
 
 enum { CB_CLOSE = 0, CB_READ = 1 };
@@ -24,6 +34,10 @@ enum { CB_CLOSE = 0, CB_READ = 1 };
 static void on_alloc(uv_handle_t *uvh, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   stream_state *st = (stream_state *)((mb_handle *)uvh->data)->extra;
+  if (st->turn >= READ_TURN) {
+    *buf = uv_buf_init(NULL, 0); /* this turn's share is read */
+    return;
+  }
   buf->base = st->buf;
   buf->len = READ_BUF;
 }
@@ -32,7 +46,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   (void)buf;
   mb_handle *h = (mb_handle *)s->data;
   stream_state *st = (stream_state *)h->extra;
-  if (nread == 0) return;
+  /* a full read means libuv reads again in this turn; anything else ends it */
+  st->turn = nread == READ_BUF ? st->turn + READ_BUF : 0;
+  if (nread == 0 || nread == UV_ENOBUFS) return;
   if (nread < 0) {
     uv_read_stop(s);
     if (nread == UV_EOF || (st->is_pty && nread == UV_EIO)) st->eof = 1;

@@ -202,6 +202,40 @@ describe("core.stream", function()
     end)
   end)
 
+  -- libuv reads a stream again while each read fills the buffer (up to 2
+  -- MiB in one go): a stream that always has more made one turn of the
+  -- loop last tens of ms under an output flood (issue #29). A turn reads at
+  -- most 128 KiB of one stream; the next turn reads on, nothing is lost.
+  it("reads at most 128 KiB of a stream per turn of the loop, and then the rest, byte-exact", function()
+    run_task(function()
+      local r, w = core.pipe()
+      local rs = core.stream_open(r)
+      assert.equals(1048576, rs:set_pipe_size(1048576))
+      local parts = {}
+      for i = 0, 1023 do parts[#parts + 1] = ("%04d"):format(i):rep(256) end
+      local sent = table.concat(parts)
+      assert.equals(#sent, core.write_fd(w, sent)) -- (fits the pipe: no wait)
+      assert.is_true(core.close_fd(w))
+      local got, at_timer, timer = {}, nil, core.timer()
+      local size = 0
+      async.await(function(resume)
+        assert(rs:read_start(function(err, data)
+          assert.is_nil(err)
+          if not data then resume() return end
+          got[#got + 1] = data
+          size = size + #data
+          if #got == 1 then -- a timer due now runs at the start of the next turn
+            timer:start(0, 0, function() at_timer = size end)
+          end
+        end))
+      end)
+      timer:close()
+      rs:close()
+      assert.equals(131072, at_timer)
+      assert.equals(sent, table.concat(got))
+    end)
+  end)
+
   it("try_read returns what is buffered, '' when nothing is, nil at EOF", function()
     run_task(function()
       local rs, ws = pipe_streams()

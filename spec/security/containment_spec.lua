@@ -87,6 +87,8 @@ describe("containment", function()
       assert.equal(5, count)
       assert.equal(("/moonbox-%d/sb-%s"):format(core.getpid(), sb.id), name)
       assert.equal("512", helper.sh("cat /sys/fs/cgroup/cpu" .. name .. "/cpu.shares"))
+      -- and all sandboxes together a quarter of one runtime thread (issue #29)
+      assert.equal("256", helper.sh(("cat /sys/fs/cgroup/cpu/moonbox-%d/cpu.shares"):format(core.getpid())))
     end)
   end)
 

@@ -22,6 +22,14 @@ local FILES = {
 -- cpu.shares says the same with 1024 as the default.
 local TO_V1 = { cpu = function(weight) return math.max(2, math.floor(weight * 1024 / 100)) end }
 local CONTROLLERS = { memoryBytes = "memory", pids = "pids", cpuWeight = "cpu" }
+-- The weight of the runtime's group that holds every sandbox (cpu.weight
+-- units, a quarter of one runtime thread's 100): under an output flood the
+-- tenant's pipeline, woken by every read the loop made, kept preempting
+-- the loop, and at an equal weight another sandbox's exec waited 20-90 ms
+-- while the flood opened (issue #29, docs/benchmarks.md). Only a share
+-- when both want the CPU: sandboxes still get every cycle the runtime
+-- leaves, and one runtime thread can busy one core at most.
+M.SANDBOXES_WEIGHT = 25
 
 local function mkdir_p(path)
   if util.is_dir(path) then return true end
@@ -59,10 +67,11 @@ function M.setup(sb)
   local sandbox_cgroup = rules_mod.cgroup_dir(sb.cgroup_name)
   -- Each sandbox's processes sit in one group per controller, under one
   -- group of the runtime's (moonbox-<pid>/sb-<id>). Under cpu, all
-  -- sandboxes together weigh as much as one thread of the runtime, so a
-  -- tenant's many busy processes cannot starve the loop that serves
-  -- everyone (issue #29: exec latency under an output flood), and each
-  -- sandbox weighs as its cpuWeight says, however many processes it runs.
+  -- sandboxes together weigh a quarter of one thread of the runtime
+  -- (M.SANDBOXES_WEIGHT), so a tenant's many busy processes cannot starve
+  -- the loop that serves everyone (issue #29: exec latency under an output
+  -- flood), and each sandbox weighs as its cpuWeight says, however many
+  -- processes it runs.
   for name, controller in pairs(CONTROLLERS) do
     local value = limits[name]
     if value and value > 0 then -- (0: off)
@@ -77,6 +86,14 @@ function M.setup(sb)
         out.not_enforced[#out.not_enforced + 1] = name
       end
     end
+  end
+  -- the group of all sandboxes weighs M.SANDBOXES_WEIGHT against the runtime
+  -- (a preference, not a protection: where it cannot be written the
+  -- sandboxes weigh as one runtime thread, the kernel's default)
+  if out.v1_dirs.cpu then
+    util.write_file(out.v1_dirs.cpu:match("^(.*)/[^/]+$") .. "/cpu.shares", tostring(TO_V1.cpu(M.SANDBOXES_WEIGHT)))
+  elseif out.enforced.cpuWeight and sandbox_cgroup then
+    util.write_file(sandbox_cgroup:match("^(.*)/[^/]+$") .. "/cpu.weight", tostring(M.SANDBOXES_WEIGHT))
   end
   -- the disk quota is set up before the root is made (sandbox/disk.lua)
   if (limits.diskBytes or 0) > 0 then
