@@ -112,7 +112,9 @@ describe("core.http_listen", function()
       local closed = {}
       local srv
       srv = assert(core.http_listen({ host = "127.0.0.1", port = 0, idle_timeout_ms = 300 }, function(kind, id)
-        if kind == "request" then assert(srv:write(id, big))
+        -- (one 32 MiB copy into the connection, page faults and all: 130-270
+        -- ms of this VM's CPU on the loop, the spec's own doing: excused)
+        if kind == "request" then assert(helper.excuse(srv.write, srv, id, big))
         elseif kind == "closed" then closed[#closed + 1] = id end
       end))
       local ok, err = pcall(function()
@@ -147,7 +149,7 @@ describe("core.http_listen", function()
       local closed = {} -- ids closed before their response ended
       local srv
       srv = assert(core.http_listen({ host = "127.0.0.1", port = 0, idle_timeout_ms = 300 }, function(kind, id)
-        if kind == "request" then srv:respond(id, 200, "text/plain", nil, nil, big)
+        if kind == "request" then helper.excuse(srv.respond, srv, id, 200, "text/plain", nil, nil, big) -- (as above)
         elseif kind == "closed" then closed[#closed + 1] = id end
       end))
       local function open()
