@@ -68,12 +68,17 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   mb_call(h->core, cbL, 2);
 }
 
+/* The core's one read buffer, made at its first use. */
+static char *shared_read_buf(lua_State *L, mb_core *core) {
+  if (!core->read_buf && !(core->read_buf = (char *)malloc(READ_BUF))) luaL_error(L, "out of memory");
+  return core->read_buf;
+}
+
 int mb_stream_push_fd(lua_State *L, int fd, int is_pty) {
   mb_handle *h = mb_handle_new(L, STREAM, sizeof(stream_state));
   stream_state *st = (stream_state *)h->extra;
   st->is_pty = is_pty;
-  if (!h->core->read_buf && !(h->core->read_buf = (char *)malloc(READ_BUF))) return luaL_error(L, "out of memory");
-  st->buf = h->core->read_buf;
+  st->buf = shared_read_buf(L, h->core);
   int rc = uv_pipe_init(h->core->loop, &h->uv.pipe, 0);
   if (rc == 0) rc = uv_pipe_open(&h->uv.pipe, fd);
   if (rc < 0) {
@@ -205,10 +210,8 @@ static int stream_try_read(lua_State *L) {
 static int core_read_ready(lua_State *L) {
   int fd = (int)luaL_checkinteger(L, 1);
   size_t limit = read_limit(L, 2);
-  mb_core *core = mb_core_get(L);
-  if (!core->read_buf && !(core->read_buf = (char *)malloc(READ_BUF))) return luaL_error(L, "out of memory");
   int eof = 0;
-  return read_ready(L, fd, core->read_buf, limit, 0, &eof);
+  return read_ready(L, fd, shared_read_buf(L, mb_core_get(L)), limit, 0, &eof);
 }
 
 typedef struct {

@@ -30,6 +30,12 @@ local CONTROLLERS = { memoryBytes = "memory", pids = "pids", cpuWeight = "cpu" }
 -- when both want the CPU: sandboxes still get every cycle the runtime
 -- leaves, and one runtime thread can busy one core at most.
 M.SANDBOXES_WEIGHT = 25
+-- the group files that weight was written to: once per runtime, not at every
+-- sandbox's creation (forgotten at shutdown, which removes the groups)
+local weighted = {}
+local function weigh_sandboxes(file, value)
+  if not weighted[file] and util.write_file(file, value) then weighted[file] = true end
+end
 
 local function mkdir_p(path)
   if util.is_dir(path) then return true end
@@ -91,9 +97,9 @@ function M.setup(sb)
   -- (a preference, not a protection: where it cannot be written the
   -- sandboxes weigh as one runtime thread, the kernel's default)
   if out.v1_dirs.cpu then
-    util.write_file(out.v1_dirs.cpu:match("^(.*)/[^/]+$") .. "/cpu.shares", tostring(TO_V1.cpu(M.SANDBOXES_WEIGHT)))
+    weigh_sandboxes(out.v1_dirs.cpu:match("^(.*)/[^/]+$") .. "/cpu.shares", tostring(TO_V1.cpu(M.SANDBOXES_WEIGHT)))
   elseif out.enforced.cpuWeight and sandbox_cgroup then
-    util.write_file(sandbox_cgroup:match("^(.*)/[^/]+$") .. "/cpu.weight", tostring(M.SANDBOXES_WEIGHT))
+    weigh_sandboxes(sandbox_cgroup:match("^(.*)/[^/]+$") .. "/cpu.weight", tostring(M.SANDBOXES_WEIGHT))
   end
   -- the disk quota is set up before the root is made (sandbox/disk.lua)
   if (limits.diskBytes or 0) > 0 then
@@ -170,6 +176,7 @@ end
 -- Runtime exit: remove our per-runtime v1 directories, and those of dead
 -- runtimes (their processes are gone with their v2 cgroups).
 function M.shutdown()
+  weighted = {}
   for _, root in pairs(V1) do
     for _, name in ipairs(core.readdir(root) or {}) do
       local pid = tonumber(name:match("^moonbox%-(%d+)$"))

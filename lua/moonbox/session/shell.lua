@@ -1050,7 +1050,7 @@ function Shell:start(req)
     if req.words and not req.prelude and M.spawn_builtin then shape = shape + 4 end
     -- the command's entries, made without a yield (as root inside: one
     -- switch, and none when no entry is made: a hot body, outputs sent)
-    if send_outputs and not req.stdin and (transport == fd_slots or self.hot_body) then
+    if send_outputs and not req.stdin and self.hot_body then
       entries()
     else
       errors.check("FILESYSTEM_ERROR", self:_as_root_inside(entries))
