@@ -13,9 +13,10 @@
 -- own write, and the ACKs' softirq on the client's CPU), so one TCP flow
 -- arrived reordered: thousands of spurious fast retransmissions per
 -- download, more on the sandbox's path (a second veth, a second reordering).
--- A NIC delivers a flow on one queue, in order: the bench gives the link's
--- receive queues RPS over every CPU (a flow's packets on one CPU, in order),
--- for both paths alike, and prints the server's retransmissions per path.
+-- A NIC delivers a flow on one queue, in order: internet.sh gives the
+-- link's receive queues RPS over every CPU (a flow's packets on one CPU, in
+-- order), for every path alike; the bench prints the server's
+-- retransmissions per path.
 -- Run as root: ./build/moonbox bench/egress.lua [rounds] [connects]
 local moonbox = require "moonbox"
 local core = require "moonbox.core"
@@ -76,9 +77,6 @@ local tag = tostring(core.getpid() % 100000)
 local script = "spec/network/internet.sh"
 assert(os.execute(("sh %s up %s %s %d %d"):format(script, state, tag, 30000 + core.getpid() % 20000,
   30001 + core.getpid() % 20000)) == 0)
--- every CPU this runtime may run on, in rps_cpus' format
-local cpus = sh("awk '/^Cpus_allowed:/ {print $2}' /proc/self/status"):gsub("%s+$", "")
-local rps = ("for q in /sys/class/net/%s/queues/rx-*; do echo %s > $q/rps_cpus; done")
 -- TCP segments the server sent again (its namespace's RetransSegs, since the last call)
 local retrans_seen = 0
 local function server_retransmits()
@@ -96,12 +94,6 @@ local function server_retransmits()
   return new
 end
 local ok, err = pcall(function()
-  assert(cpus:match("^[%x,]+$"), "no Cpus_allowed")
-  local function set_rps(mask)
-    assert(os.execute(rps:format("mbtv" .. tag, mask)) == 0)
-    assert(os.execute(("ip netns exec mbt-inet-%s sh -c '%s'"):format(tag, rps:format("eth0", mask))) == 0)
-  end
-  set_rps(cpus)
   sh(("truncate -s %dM %s/www/big && printf x > %s/www/small && cat %s/www/big > /dev/null")
     :format(SIZE_MB, state, state, state))
   local conf = state .. "/nginx.conf"
@@ -142,10 +134,8 @@ http { access_log off; sendfile on; tcp_nopush on; keepalive_timeout 0;
   print(("connect latency (median of %d): host %.3f ms, sandbox (%s) %.3f ms, ratio %.2fx")
     :format(CONNECTS, host_c, mechanism, sb_c, sb_c / host_c))
   -- unprivileged: the same as nobody (pasta opens /dev/net/tun: udev's
-  -- 0666 for the run, its mode put back after). Without RPS on the link:
-  -- with it Debian 12's pasta stalled within the first download (curl's
-  -- 60 s ran out) in every try; so the host is measured again without it.
-  set_rps("0")
+  -- 0666 for the run, its mode put back after), on the same link; the
+  -- host measured again next to it (the load moves within a run)
   local host_plain = {}
   for i = 1, ROUNDS do host_plain[i] = assert(tonumber(sh(throughput_cmd())), "the host's download failed") end
   local hp = median(host_plain)
@@ -159,7 +149,7 @@ http { access_log off; sendfile on; tcp_nopush on; keepalive_timeout 0;
   if tun_mode ~= "" and tun_mode ~= "666" then os.execute("chmod " .. tun_mode .. " /dev/net/tun") end
   local mech, utp, uc = out:match("(%S+) ([%d.e+]+) ([%d.e+]+)%s*$")
   if mech then
-    print(("unprivileged (link without RPS): throughput host %.0f MB/s, sandbox (%s) %.0f MB/s, ratio %.2fx; " ..
+    print(("unprivileged: throughput host %.0f MB/s, sandbox (%s) %.0f MB/s, ratio %.2fx; " ..
       "connect %.3f ms, ratio %.2fx"):format(hp / 1e6, mech, tonumber(utp) / 1e6, tonumber(utp) / hp, tonumber(uc),
       tonumber(uc) / host_c))
   else

@@ -57,6 +57,16 @@ ip netns exec "$NS" sh -c '
   ip route add default via 198.51.100.1'
 ip route add 203.0.113.0/24 via 198.51.100.10
 ip route add 10.77.0.0/24 via 198.51.100.10
+# the link delivers a flow in order, as a NIC's queue does: a veth queues
+# each packet on the sending CPU, so without RPS one flow's packets arrive
+# reordered and with timings no real link has. In order, Debian 12's pasta
+# sends segments without flags at a flow's start (the gateway's table must
+# drop them: lua/moonbox/network/nft.lua); the specs see what users see.
+cpus=$(awk '/^Cpus_allowed:/ {print $2}' /proc/self/status)
+# (a kernel built without RPS has no rps_cpus: the link stays as it is)
+for q in /sys/class/net/"$LINK"/queues/rx-*/rps_cpus; do if [ -e "$q" ]; then echo "$cpus" > "$q"; fi; done
+ip netns exec "$NS" sh -c 'for q in /sys/class/net/eth0/queues/rx-*/rps_cpus; do
+  if [ -e "$q" ]; then echo "$1" > "$q"; fi; done' sh "$cpus"
 
 start() { # name, then the command; its pid in STATE/name.pid
   name=$1; shift

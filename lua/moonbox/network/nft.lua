@@ -154,6 +154,16 @@ function M.script(spec)
   add("add rule %s input iifname %s jump to_host", t, link)
   -- the resolver answers its sandbox only (never the host's LAN: no open resolver)
   add("add rule %s input ip daddr %s iifname != %s counter name refused drop", t, spec.host_addr, link)
+  if spec.gateway then
+    -- (the gateway namespace only: as root this hook is the host's own)
+    -- a segment from pasta that conntrack cannot place is dropped, as
+    -- the sandbox's TCP stack would drop it. Left alone it is not
+    -- translated back, reaches the gateway's own stack, and that answers
+    -- with a reset in the sandbox's name: pasta then drops the flow and
+    -- the sandbox's connection hangs. Debian 12's pasta sends such
+    -- segments (no flags at all, a window update) at a flow's start.
+    add("add rule %s input iifname != %s ct state invalid drop", t, link)
+  end
   local h = "add rule " .. t .. " to_host "
   -- (before the established flows: a flood from one socket is one flow)
   add("%sip saddr %s ip daddr %s meta l4proto { tcp, udp } th dport 53 limit rate over %d/second burst %d packets " ..
