@@ -202,7 +202,10 @@ if(NODE_BIN AND NPM_BIN AND NOT MOONBOX_SANITIZE)
   add_test(NAME compat.npm_ci
     COMMAND sh -c "mkdir -p \"$0\" && cp \"$1/package.json\" \"$1/package-lock.json\" \"$0/\" && cd \"$0\" && ${NPM_BIN} ci --no-audit --no-fund"
       ${CMAKE_BINARY_DIR}/compat ${CMAKE_SOURCE_DIR}/spec/compat)
-  set_tests_properties(compat.npm_ci PROPERTIES FIXTURES_SETUP compat_modules TIMEOUT 300)
+  # (the fake internet routes 203.0.113.0/24 machine-wide: where a
+  # machine's registry or proxy lives there, npm must not run beside it)
+  set_tests_properties(compat.npm_ci PROPERTIES FIXTURES_SETUP compat_modules TIMEOUT 300
+    RESOURCE_LOCK fake_internet)
   add_test(NAME compat.client
     COMMAND ${NODE_BIN} --import ${CMAKE_SOURCE_DIR}/spec/compat/register.mjs
       --test ${CMAKE_SOURCE_DIR}/spec/compat/client.test.mjs
@@ -219,7 +222,7 @@ if(NODE_BIN AND NPM_BIN AND NOT MOONBOX_SANITIZE)
   add_test(NAME mcp.npm_ci
     COMMAND sh -c "mkdir -p \"$0\" && cp \"$1/package.json\" \"$1/package-lock.json\" \"$0/\" && cd \"$0\" && ${NPM_BIN} ci --no-audit --no-fund"
       ${CMAKE_BINARY_DIR}/mcp ${CMAKE_SOURCE_DIR}/spec/mcp)
-  set_tests_properties(mcp.npm_ci PROPERTIES FIXTURES_SETUP mcp_modules TIMEOUT 300)
+  set_tests_properties(mcp.npm_ci PROPERTIES FIXTURES_SETUP mcp_modules TIMEOUT 300 RESOURCE_LOCK fake_internet)
   add_test(NAME mcp.client
     COMMAND ${NODE_BIN} --test ${CMAKE_SOURCE_DIR}/spec/mcp/client.test.mjs
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})

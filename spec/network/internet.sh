@@ -25,8 +25,9 @@ down() {
   for f in "$state"/*.pid; do
     if [ -f "$f" ]; then kill -9 "$(cat "$f")" 2>/dev/null || true; fi
   done
-  ip route del 203.0.113.0/24 via 198.51.100.10 2>/dev/null || true
-  ip route del 10.77.0.0/24 via 198.51.100.10 2>/dev/null || true
+  # (the routes named by their device: never another internet's)
+  ip route del 203.0.113.0/24 via 198.51.100.10 dev "$LINK" 2>/dev/null || true
+  ip route del 10.77.0.0/24 via 198.51.100.10 dev "$LINK" 2>/dev/null || true
   ip link del "$LINK" 2>/dev/null || true
   ip netns del "$NS" 2>/dev/null || true
   rm -f "$state/names" "$state"/*.pid
@@ -41,6 +42,13 @@ NS="mbt-inet-$tag"
 LINK="mbtv$tag"
 mkdir -p "$state/www"
 printf 'NS=%s\nLINK=%s\n' "$NS" "$LINK" > "$state/names"
+# an up that fails half way takes down what it made
+# shellcheck disable=SC2317 # (called by the trap)
+down_on_failure() {
+  status=$?
+  if [ "$status" -ne 0 ]; then down; fi
+}
+trap down_on_failure EXIT
 printf 'hello from the internet\n' > "$state/www/index.html"
 mkdir -p "$state/host-www"
 printf 'host service\n' > "$state/host-www/index.html"
@@ -65,6 +73,7 @@ ip route add 10.77.0.0/24 via 198.51.100.10
 cpus=$(awk '/^Cpus_allowed:/ {print $2}' /proc/self/status)
 # (a kernel built without RPS has no rps_cpus: the link stays as it is)
 for q in /sys/class/net/"$LINK"/queues/rx-*/rps_cpus; do if [ -e "$q" ]; then echo "$cpus" > "$q"; fi; done
+# shellcheck disable=SC2016
 ip netns exec "$NS" sh -c 'for q in /sys/class/net/eth0/queues/rx-*/rps_cpus; do
   if [ -e "$q" ]; then echo "$1" > "$q"; fi; done' sh "$cpus"
 
