@@ -87,11 +87,13 @@ static void aux_closed(mbh_server *s) {
   if (--s->aux_open == 0 && s->close_requested) mbh_server_closed(s);
 }
 
+static void out_free(mbh_out *o);
+
 static void free_held(mbh_conn *c) {
   while (c->held) {
     mbh_out *o = c->held;
     c->held = o->next;
-    free(o);
+    out_free(o);
   }
   c->held_tail = NULL;
 }
@@ -147,11 +149,19 @@ static void linger(mbh_conn *c) {
 
 static void after_flush(mbh_conn *c);
 
+/* (a Lua string's anchor is let go, unless the state is closing: then
+ * every string goes with it, and Lua must not be called) */
+static void out_free(mbh_out *o) {
+  mb_core *core = o->conn->srv->h->core;
+  if (o->lua_ref != LUA_NOREF && !core->dead) luaL_unref(core->cbL, LUA_REGISTRYINDEX, o->lua_ref);
+  free(o);
+}
+
 static void on_written(uv_write_t *req, int status) {
   mbh_out *o = req->data;
   mbh_conn *c = o->conn;
   c->queued -= o->len;
-  free(o);
+  out_free(o);
   if (c->closing) return;
   if (status < 0) {
     mbh_conn_close(c); /* the client is gone */
@@ -171,19 +181,21 @@ static mbh_out *out_new(mbh_conn *c, size_t len) {
   if (!o) return NULL;
   o->next = NULL;
   o->conn = c;
+  o->bytes = o->data;
+  o->lua_ref = LUA_NOREF;
   o->len = len;
   o->req.data = o;
   return o;
 }
 
 static int out_write(mbh_conn *c, mbh_out *o) {
-  uv_buf_t buf = uv_buf_init(o->data, (unsigned int)o->len);
+  uv_buf_t buf = uv_buf_init((char *)o->bytes, (unsigned int)o->len);
   c->queued += o->len;
   c->out_total += o->len;
   if (uv_write(&o->req, &c->sock.stream, &buf, 1, on_written) < 0) {
     c->queued -= o->len;
     c->out_total -= o->len;
-    free(o);
+    out_free(o);
     mbh_conn_close(c);
     return -1;
   }
@@ -198,6 +210,23 @@ int mbh_send(mbh_conn *c, const void *data, size_t len) {
   mbh_out *o = out_new(c, len);
   if (!o) return -1;
   memcpy(o->data, data, len);
+  return out_write(c, o);
+}
+
+/* Below this a copy costs less than the registry's anchor. */
+#define MBH_COPY_BELOW 16384
+
+int mbh_send_string(mbh_conn *c, lua_State *L, int idx) {
+  size_t len;
+  const char *s = lua_tolstring(L, idx, &len);
+  if (len < MBH_COPY_BELOW) return mbh_send(c, s, len);
+  if (c->closing || c->shut) return -1;
+  mbh_out *o = out_new(c, 0);
+  if (!o) return -1;
+  lua_pushvalue(L, idx);
+  o->lua_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  o->bytes = s; /* (a Lua string never moves) */
+  o->len = len;
   return out_write(c, o);
 }
 
@@ -301,7 +330,7 @@ static void answer_upgrade(mbh_conn *c) {
     if (out_write(c, o) < 0) {
       for (o = next; o; o = next) {
         next = o->next;
-        free(o);
+        out_free(o);
       }
       return;
     }

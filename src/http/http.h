@@ -33,6 +33,8 @@ typedef struct mbh_out {
   struct mbh_out *next; /* while held back (WebSocket frames before the 101) */
   uv_write_t req;
   struct mbh_conn *conn;
+  const char *bytes; /* data, or a Lua string's bytes */
+  int lua_ref;       /* that string's registry anchor until written; LUA_NOREF: data */
   size_t len;
   char data[];
 } mbh_out;
@@ -115,6 +117,9 @@ void mbh_server_start(mbh_server *s);
 void mbh_server_stop(mbh_server *s);
 /* Queue bytes for c's socket; -1 if it cannot take them (c is being closed). */
 int mbh_send(mbh_conn *c, const void *data, size_t len);
+/* The Lua string at idx, queued without a copy (anchored until written):
+ * a large body is not copied on the loop. */
+int mbh_send_string(mbh_conn *c, lua_State *L, int idx);
 /* A WebSocket frame of ours (held back until the handshake is answered). */
 int mbh_send_frame(mbh_conn *c, int opcode, int fin, const void *data, size_t len);
 /* The response's queue is complete: finish the request once it is written. */

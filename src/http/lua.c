@@ -367,7 +367,7 @@ static int server_respond(lua_State *L) {
   free(head);
   if (rc < 0) return push_closed(L);
   if (body) {
-    if (!c->head_only && mbh_send(c, body, blen) < 0) return push_closed(L);
+    if (!c->head_only && mbh_send_string(c, L, 7) < 0) return push_closed(L);
     mbh_finish(c);
   }
   lua_pushboolean(L, 1);
@@ -393,7 +393,7 @@ static int server_write(lua_State *L) {
     c->ws_out_open = more;
   } else {
     if (!c->responding) return luaL_error(L, "write before respond");
-    if (!c->head_only && mbh_send(c, data, len) < 0) return push_closed(L);
+    if (!c->head_only && mbh_send_string(c, L, 3) < 0) return push_closed(L);
   }
   lua_pushnumber(L, (lua_Number)c->queued);
   return 1;
