@@ -42,6 +42,25 @@ static void on_alloc(uv_handle_t *uvh, size_t suggested, uv_buf_t *buf) {
   buf->len = READ_BUF;
 }
 
+static void deliver(mb_handle *h, stream_state *st, ssize_t nread);
+
+/* libuv says EOF on POLLHUP after a short read, without reading again. A pty
+ * master polls HUP as soon as the slave's last fd closes, which can be
+ * before the slave's last writes reached the master's buffer (the kernel
+ * moves them in a work item): the child's last line was lost, a few in a
+ * thousand under load. read() itself waits for that work: read until it
+ * says EIO (bounded; a closed stream stops it). */
+static void drain_pty(uv_stream_t *s, mb_handle *h, stream_state *st) {
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t *)s, &fd) < 0) return;
+  for (int i = 0; i < 64 && !h->closing; i++) {
+    ssize_t n = read(fd, st->buf, READ_BUF);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    deliver(h, st, n);
+  }
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   (void)buf;
   mb_handle *h = (mb_handle *)s->data;
@@ -49,6 +68,16 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   /* a full read means libuv reads again in this turn; anything else ends it */
   st->turn = nread == READ_BUF ? st->turn + READ_BUF : 0;
   if (nread == 0 || nread == UV_ENOBUFS) return;
+  if (nread == UV_EOF && st->is_pty) {
+    drain_pty(s, h, st);
+    if (h->closing) return;
+  }
+  deliver(h, st, nread);
+}
+
+/* nread bytes in st->buf, or an error or EOF, to the read callback */
+static void deliver(mb_handle *h, stream_state *st, ssize_t nread) {
+  uv_stream_t *s = &h->uv.stream;
   if (nread < 0) {
     uv_read_stop(s);
     if (nread == UV_EOF || (st->is_pty && nread == UV_EIO)) st->eof = 1;
