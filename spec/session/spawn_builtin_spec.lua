@@ -184,6 +184,24 @@ describe("the spawn builtin", function()
       assert.same({ 5, "last\nbye\n" }, { r.exitCode, r.stdout })
     end)
   end)
+
+  it("runs nothing for control lines a command writes into the control FIFO, `@` alone included", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:exec("true")
+      -- the body runs in the shell itself and can reach bash's script fd (a
+      -- background job cannot: bash closes it in subshells, and the shell
+      -- is not dumpable); what it writes there is dropped at its report
+      local r = s:exec("n=0; for f in /proc/$$/fd/*; do [ ${f##*/} -gt 2 ] && [ -p \"$f\" ] &&"
+        .. " printf '@\\n@ 1\\n@\\n' >\"$f\" && n=$((n+1)); done; echo $n")
+      assert.equal(0, r.exitCode)
+      assert.truthy(tonumber(r.stdout) >= 1, r.stdout)
+      for i = 1, 3 do
+        r = s:exec("echo n" .. i .. "; echo e" .. i .. " >&2")
+        assert.same({ 0, "n" .. i .. "\n", "e" .. i .. "\n" }, { r.exitCode, r.stdout, r.stderr })
+      end
+    end)
+  end)
 end)
 
 describe("shell error messages", function()

@@ -20,10 +20,13 @@ int mb_status_fd(void);
 void mb_keep_line_enabled(void);
 
 /* outputs.c: a command's stdout and stderr on fds 1 and 2 (-1 and errno if
- * one cannot be opened: /dev/null is back on both), /dev/null back after
- * the body; settle is the report's check for a body that skipped that.
- * out and err "-": the two fds the runtime sent on the status socket. */
+ * one cannot be opened: 1 and 2 are closed again), closed after the body
+ * (they stay closed between commands); settle is the report's check for a
+ * body that skipped that. out and err "-": the two fds the runtime sent on
+ * the status socket (received here, or already by `@`: take). take: those
+ * fds and the byte sent with them (the shape, for `@` without a number). */
 int mb_outputs_open(const char *out, const char *err);
+int mb_outputs_take(int *shape);
 void mb_outputs_restore(void);
 void mb_outputs_settle(void);
 

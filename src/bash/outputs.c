@@ -5,15 +5,20 @@
  * the shell's fd above 9 (F_DUPFD, two F_GETFDs, F_SETFD), dup2 the new one
  * into place and close it, then after the body dup2 the saved one back,
  * check and close it: 20 system calls per command (issue #32). Between
- * commands the shell's fds 1 and 2 are /dev/null (the status pipe lives on
- * a private fd, report_builtin.c), so nothing needs saving: the files are
- * opened straight onto 1 and 2 (close, open: the lowest free fd), and
- * /dev/null is put back after the body from a private fd (two dup2s),
- * which also undoes what the body did to 1 and 2 (`exec >file`,
- * `exec 1>&-`), as the redirection's restore did.
+ * commands the shell's fds 1 and 2 are closed (the status channel lives on
+ * a private fd, report_builtin.c), so nothing needs saving: the runtime's
+ * two pipes arrive straight on 1 and 2 (the lowest free fds) and are
+ * closed after the body, which also undoes what the body did to 1 and 2
+ * (`exec >file`, `exec 2>&1`), as the redirection's restore did.
+ *
+ * Closed, not /dev/null: a command's fds land on 1 and 2 with no close
+ * before, and none of /dev/null's dup2s after (4 system calls a command).
+ * What runs in the shell between commands writes nowhere either way (a
+ * trap's output: EBADF instead of /dev/null); something it opens there
+ * lands on 1 or 2 and is moved aside by the next command's receive.
  *
  * A body that leaves through a longjmp (`exit`, a fatal error) skips the
- * restore: the shell is then ending, or the report puts /dev/null back
+ * restore: the shell is then ending, or the report closes them
  * (mb_outputs_settle) before the next command.
  */
 #include <loadables.h>
@@ -22,45 +27,21 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "mb_builtins.h"
 
-static int null_fd = -1; /* /dev/null, write-only, close-on-exec, above the fds commands use; closed in forks */
-static int placed;       /* 1 and 2 are a command's until mb_outputs_restore */
+static int placed; /* 1 and 2 are a command's until mb_outputs_restore */
+static int taken;  /* they came with the control line (`@`, mb_outputs_take): __mb_run uses them */
 
-/* Above the fds commands use, below a low RLIMIT_NOFILE (as the status fd). */
-static int private_floor(void) {
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 200)
-    return (int)rl.rlim_cur / 2;
-  return 100;
-}
+/* A fork of the shell (a subshell, a background job) owns what it holds. */
+static void forked_child(void) { placed = taken = 0; }
 
-/* A fork of the shell (a subshell, a background job) gets no copy: it holds
- * what bash gives it and nothing of ours (it opens its own if it needs one). */
-static void forked_child(void) {
-  if (null_fd >= 0) close(null_fd);
-  null_fd = -1;
-  placed = 0;
-}
-
-static int open_null(void) {
+static int guard_forks(void) {
   static int guarded;
-  if (!guarded) {
-    if (pthread_atfork(NULL, NULL, forked_child) != 0) return -1;
-    guarded = 1;
-  }
-  int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  int high = fcntl(fd, F_DUPFD_CLOEXEC, private_floor());
-  if (high >= 0) {
-    close(fd);
-    fd = high;
-  }
-  null_fd = fd;
+  if (!guarded && pthread_atfork(NULL, NULL, forked_child) != 0) return -1;
+  guarded = 1;
   return 0;
 }
 
@@ -77,20 +58,19 @@ static int place(const char *path, int target) {
 }
 
 /* The two fds the runtime sent for this command on the status socket (one
- * byte with SCM_RIGHTS, sent before the control line), onto 1 and 2. With
- * 1 and 2 closed first they arrive there (the lowest free fds), so a
- * command costs three system calls (issue #32); anywhere else (a command
- * closed fd 0) they are moved. Not close-on-exec: they are the command's. */
-static int receive(void) {
+ * byte, the command's shape, with SCM_RIGHTS; sent before the control
+ * line), onto 1 and 2. They are closed between commands, so the fds arrive
+ * there (the lowest free ones): one system call (issue #32). Anywhere else
+ * (the first command, where 1 and 2 are still the start's /dev/null; a
+ * command closed fd 0; something a trap opened between commands) they are
+ * moved. Not close-on-exec: they are the command's. *byte: the byte sent. */
+static int receive(char *byte) {
   int sock = mb_status_fd();
   if (sock < 0) {
     errno = EBADF;
     return -1;
   }
-  close(1);
-  close(2);
-  char byte;
-  struct iovec iov = {&byte, 1};
+  struct iovec iov = {byte, 1};
   union {
     char buf[CMSG_SPACE(sizeof(int) * 2)];
     struct cmsghdr align;
@@ -121,9 +101,9 @@ static int receive(void) {
     errno = EPROTO;
     return -1;
   }
+  placed = 1;
   if (fds[0] == 1 && fds[1] == 2) return 0;
-  /* elsewhere (a command closed fd 0: they are on 0 and 1): above 2 first,
-   * so neither is overwritten by the other's move */
+  /* elsewhere: above 2 first, so neither is overwritten by the other's move */
   for (int i = 0; i < 2; i++) {
     int high = fds[i] > 2 ? fds[i] : fcntl(fds[i], F_DUPFD, 3);
     if (high < 0) return -1;
@@ -138,17 +118,35 @@ static int receive(void) {
 }
 
 void mb_outputs_restore(void) {
-  /* (a body may have closed or replaced the private fd: open it again) */
-  if ((null_fd < 0 || dup2(null_fd, 1) < 0) && open_null() == 0) dup2(null_fd, 1);
-  if (null_fd >= 0 && dup2(null_fd, 2) < 0 && open_null() == 0) dup2(null_fd, 2);
+  close(1);
+  close(2);
   placed = 0;
 }
 
+int mb_outputs_take(int *shape) {
+  if (guard_forks() < 0) return -1;
+  char byte;
+  if (receive(&byte) < 0) {
+    int saved = errno;
+    if (placed) mb_outputs_restore();
+    errno = saved;
+    return -1;
+  }
+  taken = 1;
+  *shape = (unsigned char)byte;
+  return 0;
+}
+
 int mb_outputs_open(const char *out, const char *err) {
-  if (null_fd < 0 && open_null() < 0) return -1;
-  placed = 1;
+  if (guard_forks() < 0) return -1;
   int received = strcmp(out, "-") == 0 && strcmp(err, "-") == 0;
-  if (received ? receive() < 0 : (place(out, 1) < 0 || place(err, 2) < 0)) {
+  if (received && taken) {
+    taken = 0;
+    return 0;
+  }
+  char byte;
+  placed = 1;
+  if (received ? receive(&byte) < 0 : (place(out, 1) < 0 || place(err, 2) < 0)) {
     int saved = errno;
     mb_outputs_restore();
     errno = saved;
@@ -159,4 +157,5 @@ int mb_outputs_open(const char *out, const char *err) {
 
 void mb_outputs_settle(void) {
   if (placed) mb_outputs_restore();
+  taken = 0;
 }
