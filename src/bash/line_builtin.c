@@ -81,26 +81,8 @@ static int direct_shape(int shape) {
   return rc;
 }
 
-static int line_builtin(WORD_LIST *list) {
-  if (list && (list->next || strlen(list->word->word) != 1 || list->word->word[0] < '1' || list->word->word[0] > '6')) {
-    builtin_usage();
-    return EX_USAGE;
-  }
-  if (sourcelevel != 0 || running_trap != 0 || variable_context != 0 || parse_and_execute_level != 0) return REFUSED;
-  int shape;
-  if (list) {
-    shape = list->word->word[0] - '0';
-  } else {
-    /* `@` alone: the shape is the byte sent with the command's outputs on
-     * the status socket (issue #32: a 2-byte line, 2 reads). No message
-     * waiting (a line a command wrote into the control FIFO) runs nothing. */
-    if (!outputs_sent() || mb_outputs_take(&shape) < 0) return REFUSED;
-    shape -= '0';
-    if (shape != 1 && shape != 2 && shape != 5 && shape != 6) {
-      mb_outputs_settle();
-      return REFUSED;
-    }
-  }
+/* Run command shape N: 1 and 5 in C where they can be, else its text. */
+static int run_shape(int shape) {
   if (shape == 1 || shape == 5) {
     int rc = direct_shape(shape);
     if (rc >= 0) return rc;
@@ -114,6 +96,54 @@ static int line_builtin(WORD_LIST *list) {
   }
   /* as eval_builtin: evalstring frees its copy */
   return evalstring(savestring(value_cell(var)), "eval", SEVAL_NOHIST);
+}
+
+/* A shape sent with the outputs comes with them; a prelude's (3, 4) alone. */
+static int valid_message(int shape, int with_outputs) {
+  if (shape == 1 || shape == 2 || shape == 5 || shape == 6) return with_outputs;
+  return (shape == 3 || shape == 4) && !with_outputs;
+}
+
+static int line_builtin(WORD_LIST *list) {
+  if (list && (list->next || strlen(list->word->word) != 1 || list->word->word[0] < '1' || list->word->word[0] > '6')) {
+    builtin_usage();
+    return EX_USAGE;
+  }
+  if (sourcelevel != 0 || running_trap != 0 || variable_context != 0 || parse_and_execute_level != 0) return REFUSED;
+  if (list) return run_shape(list->word->word[0] - '0');
+  /* `@` alone: the shape is the byte sent with the command's outputs on
+   * the status socket. No message waiting (a line a command wrote into the
+   * control FIFO) runs nothing. */
+  int shape;
+  if (!outputs_sent() || mb_outputs_take(&shape) < 0) return REFUSED;
+  shape -= '0';
+  if (!valid_message(shape, 1)) {
+    mb_outputs_settle();
+    return REFUSED;
+  }
+  int rc = run_shape(shape);
+  /* Then every later command of the session, without a control line: the
+   * shell waits for the runtime's next message on the status socket here,
+   * at the top level still (each body is sourced and reported as before),
+   * instead of going back to bash's reader for a line (issue #32: the
+   * runtime's write of the line, bash's reads and parse of it). Only the
+   * shell's end leaves (`exit`, a fatal error: a longjmp), or the runtime's
+   * closing the socket. */
+  int with_outputs;
+  for (;;) {
+    /* the traps of signals that came while the command ran, now, between
+     * commands, as bash runs them when a builtin returns (the timeout's
+     * interrupt among them: left pending it would end the next body) */
+    run_pending_traps();
+    if (mb_outputs_next(&shape, &with_outputs) < 0) break;
+    shape -= '0';
+    if (!valid_message(shape, with_outputs)) {
+      mb_outputs_settle();
+      continue;
+    }
+    rc = run_shape(shape);
+  }
+  return rc;
 }
 
 /* Enable `@` again if a command disabled it (`builtin enable -n @`): every

@@ -27,6 +27,10 @@ void mb_keep_line_enabled(void);
  * fds and the byte sent with them (the shape, for `@` without a number). */
 int mb_outputs_open(const char *out, const char *err);
 int mb_outputs_take(int *shape);
+/* outputs.c: wait for the runtime's next message (the `@` loop): its byte
+ * (*shape) and, when it came with two fds, those on 1 and 2 as take puts
+ * them (*with_outputs 1); -1 at EOF (errno 0) or on an error. */
+int mb_outputs_next(int *shape, int *with_outputs);
 void mb_outputs_restore(void);
 void mb_outputs_settle(void);
 
@@ -36,6 +40,7 @@ extern int find_reserved_word(char *);
 extern int source_builtin(WORD_LIST *);
 extern int signal_is_trapped(int);
 extern void ignore_signal(int);
+extern void run_pending_traps(void);
 extern int job_control;
 extern int expand_aliases;
 extern int restricted;

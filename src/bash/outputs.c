@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -57,14 +58,10 @@ static int place(const char *path, int target) {
   return rc < 0 ? -1 : 0;
 }
 
-/* The two fds the runtime sent for this command on the status socket (one
- * byte, the command's shape, with SCM_RIGHTS; sent before the control
- * line), onto 1 and 2. They are closed between commands, so the fds arrive
- * there (the lowest free ones): one system call (issue #32). Anywhere else
- * (the first command, where 1 and 2 are still the start's /dev/null; a
- * command closed fd 0; something a trap opened between commands) they are
- * moved. Not close-on-exec: they are the command's. *byte: the byte sent. */
-static int receive(char *byte) {
+/* One message of the runtime's on the status socket: a byte (the command's
+ * shape) and up to two fds (SCM_RIGHTS). flags: MSG_DONTWAIT or 0 (wait).
+ * 0 and *got fds in fds; -1 at EOF (errno 0) or on an error. */
+static int receive_message(char *byte, int fds[2], int *got, int flags) {
   int sock = mb_status_fd();
   if (sock < 0) {
     errno = EBADF;
@@ -82,28 +79,51 @@ static int receive(char *byte) {
   msg.msg_control = u.buf;
   msg.msg_controllen = sizeof u.buf;
   ssize_t n;
-  do n = recvmsg(sock, &msg, MSG_DONTWAIT);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return -1;
-  int fds[2] = {-1, -1}, got = 0;
+  for (;;) {
+    n = recvmsg(sock, &msg, flags);
+    if (n >= 0) break;
+    if (errno == EINTR) {
+      /* a signal while waiting between commands: its trap runs now, at the
+       * top level, as it would while bash waited for its next line */
+      if (!(flags & MSG_DONTWAIT)) run_pending_traps();
+      continue;
+    }
+    if (errno == EAGAIN && !(flags & MSG_DONTWAIT)) {
+      struct pollfd p = {sock, POLLIN, 0};
+      if (poll(&p, 1, -1) < 0 && errno != EINTR) return -1;
+      continue;
+    }
+    return -1;
+  }
+  *got = 0;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < k; i++) {
       int fd;
       memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      if (got < 2) fds[got++] = fd;
+      if (*got < 2) fds[(*got)++] = fd;
       else close(fd);
     }
   }
-  if (n != 1 || got != 2 || (msg.msg_flags & MSG_CTRUNC)) {
-    for (int i = 0; i < got; i++) close(fds[i]);
-    errno = EPROTO;
+  if (n == 0) errno = 0;
+  if (n != 1 || (msg.msg_flags & MSG_CTRUNC)) {
+    for (int i = 0; i < *got; i++) close(fds[i]);
+    if (n == 1) errno = EPROTO;
     return -1;
   }
+  return 0;
+}
+
+/* fds onto 1 and 2. They are closed between commands, so received fds
+ * arrive there (the lowest free ones) and nothing is done (issue #32);
+ * anywhere else (the first command, where 1 and 2 are still the start's
+ * /dev/null; a command closed fd 0; something a trap opened between
+ * commands) they are moved. Not close-on-exec: they are the command's. */
+static int place_received(int fds[2]) {
   placed = 1;
   if (fds[0] == 1 && fds[1] == 2) return 0;
-  /* elsewhere: above 2 first, so neither is overwritten by the other's move */
+  /* above 2 first, so neither is overwritten by the other's move */
   for (int i = 0; i < 2; i++) {
     int high = fds[i] > 2 ? fds[i] : fcntl(fds[i], F_DUPFD, 3);
     if (high < 0) return -1;
@@ -114,6 +134,34 @@ static int receive(char *byte) {
     if (dup2(fds[i], i + 1) < 0) return -1;
     close(fds[i]);
   }
+  return 0;
+}
+
+/* The two fds the runtime sent for this command (sent before its control
+ * line: none waiting is a failure), onto 1 and 2; *byte: the byte sent. */
+static int receive(char *byte) {
+  int fds[2], got;
+  if (receive_message(byte, fds, &got, MSG_DONTWAIT) < 0) return -1;
+  if (got != 2) {
+    for (int i = 0; i < got; i++) close(fds[i]);
+    errno = EPROTO;
+    return -1;
+  }
+  return place_received(fds);
+}
+
+int mb_outputs_next(int *shape, int *with_outputs) {
+  if (guard_forks() < 0) return -1;
+  char byte;
+  int fds[2], got;
+  if (receive_message(&byte, fds, &got, 0) < 0) return -1;
+  *shape = (unsigned char)byte;
+  *with_outputs = got == 2;
+  if (got == 1) close(fds[0]);
+  /* (a move that fails leaves the command what did land: it still runs
+   * and reports, rather than leave the runtime waiting) */
+  if (got == 2) place_received(fds);
+  taken = got == 2;
   return 0;
 }
 

@@ -607,8 +607,10 @@ function Shell:_send(line)
   local n
   n, err, code = core.write_fd(fd, line)
   if opened then
-    -- a hot shell keeps the writer for its next line
-    if hot[self] and n == #line and not self.ctl_fd then self.hot_ctl = fd else core.close_fd(fd) end
+    -- a hot shell keeps the writer for its next line (one whose `@` now
+    -- waits for messages sends none)
+    if hot[self] and n == #line and not self.ctl_fd and not self.looping then self.hot_ctl = fd
+    else core.close_fd(fd) end
   end
   if n ~= #line then return nil, err or "short write on the control FIFO", code end
   return true
@@ -941,7 +943,10 @@ end
 -- gets `eval "$__mb_pN"`: shape N with output files, whether or not it did.
 local SHORT_LINES, EVAL_LINES, EARLY_LINES, SHAPE_BYTES = {}, {}, {}, {}
 -- With the outputs sent on the status socket the shape travels as the one
--- byte sent with them, and the line is `@` alone: 2 bytes, 2 reads (issue #32).
+-- byte sent with them, and the line is `@` alone: 2 bytes, 2 reads (issue
+-- #32). That `@` then waits in the shell for the runtime's next messages
+-- (self.looping): every later command is its message alone, a prelude's
+-- shape (3, 4) its byte without fds; no line, no FIFO write.
 local SENT_LINE = "@\n"
 for shape = 1, 6 do
   SHAPE_BYTES[shape] = tostring(shape)
@@ -1077,14 +1082,21 @@ function Shell:start(req)
     local line
     if send_outputs then
       self:_send_outputs(cmd, readers, req.on_chunk, shape)
-      line = SENT_LINE
+      -- the first `@` stays in the shell, waiting for the next messages
+      if not self.looping then line, self.looping = SENT_LINE, true end
+    elseif self.looping then
+      -- a prelude's shape: its byte alone on the socket
+      local sent, send_err = self.status:write(SHAPE_BYTES[shape])
+      if not sent then error("cannot send the command to its shell: " .. tostring(send_err), 0) end
     else
       local lines = self.nonce and SHORT_LINES or (self.nonce == nil and self.outputs_sent and EARLY_LINES)
         or EVAL_LINES
       line = lines[shape]
     end
-    local sent, send_err = self:_send(line)
-    if not sent then error(send_err, 0) end
+    if line then
+      local sent, send_err = self:_send(line)
+      if not sent then error(send_err, 0) end
+    end
   end)
   local job = setmetatable({ id = id, cleanup = cleanup }, Job)
   if not ok then
