@@ -131,10 +131,11 @@ static int line_builtin(WORD_LIST *list) {
    * closing the socket. */
   int with_outputs;
   for (;;) {
-    /* the traps of signals that came while the command ran, now, between
-     * commands, as bash runs them when a builtin returns (the timeout's
-     * interrupt among them: left pending it would end the next body) */
-    run_pending_traps();
+    /* a SIGINT or SIGTERM bash caught, and the traps of signals that came
+     * while the command ran, now, between commands, as bash checks them
+     * when a builtin returns (the timeout's interrupt among them: left
+     * pending it would end the next body) */
+    check_signals_and_traps();
     if (mb_outputs_next(&shape, &with_outputs) < 0) break;
     shape -= '0';
     if (!valid_message(shape, with_outputs)) {

@@ -40,7 +40,7 @@ extern int find_reserved_word(char *);
 extern int source_builtin(WORD_LIST *);
 extern int signal_is_trapped(int);
 extern void ignore_signal(int);
-extern void run_pending_traps(void);
+extern void check_signals_and_traps(void); /* QUIT (a SIGINT, SIGTERM), then run_pending_traps */
 extern int job_control;
 extern int expand_aliases;
 extern int restricted;

@@ -85,7 +85,7 @@ static int receive_message(char *byte, int fds[2], int *got, int flags) {
     if (errno == EINTR) {
       /* a signal while waiting between commands: its trap runs now, at the
        * top level, as it would while bash waited for its next line */
-      if (!(flags & MSG_DONTWAIT)) run_pending_traps();
+      if (!(flags & MSG_DONTWAIT)) check_signals_and_traps();
       continue;
     }
     if (errno == EAGAIN && !(flags & MSG_DONTWAIT)) {
