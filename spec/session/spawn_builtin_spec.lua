@@ -213,18 +213,27 @@ describe("the spawn builtin", function()
       assert.equal("last-arg\n", s:exec("echo $_").stdout)
       -- a timed-out command's interrupt (a trap run between commands) ends
       -- nothing after it, a spawned command's or a sourced loop's
+      local r
       for _, cmd in ipairs { "sleep 5", "while :; do :; done" } do
-        local r = s:exec(cmd, { timeout = 300 })
+        r = s:exec(cmd, { timeout = 300 })
         assert.same({ 124, true }, { r.exitCode, r.timedOut }, cmd)
         r = s:exec("echo after")
         assert.same({ 0, "after\n", "" }, { r.exitCode, r.stdout, r.stderr }, cmd)
       end
+      -- an interrupt that comes while the shell waits for the next command
+      -- (the runtime repeats a timeout's until the record) ends nothing
+      for _ = 1, 5 do
+        s.shell:interrupt()
+        moonbox.sleep(5)
+      end
+      r = s:exec("echo after")
+      assert.same({ 0, "after\n", "" }, { r.exitCode, r.stdout, r.stderr })
       -- a user's trap for a signal that comes between commands runs then
       s:exec("trap 'echo trapped >>/tmp/trapped' USR1; (sleep 0.2; kill -USR1 $$) >/dev/null 2>&1 &")
       moonbox.sleep(700)
       assert.same({ 0, "trapped\n" }, { s:exec("cat /tmp/trapped").exitCode, s:exec("cat /tmp/trapped").stdout })
       -- a prelude's shape (cwd, env) goes as its byte alone
-      local r = s:exec("echo $X; pwd", { env = { X = "x" }, cwd = "/tmp" })
+      r = s:exec("echo $X; pwd", { env = { X = "x" }, cwd = "/tmp" })
       assert.same({ 0, "x\n/tmp\n" }, { r.exitCode, r.stdout })
       assert.same({ 0, "in" }, { s:exec("cat", { stdin = "in" }).exitCode, s:exec("cat", { stdin = "in" }).stdout })
     end)

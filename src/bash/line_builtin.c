@@ -137,6 +137,11 @@ static int line_builtin(WORD_LIST *list) {
      * pending it would end the next body) */
     check_signals_and_traps();
     if (mb_outputs_next(&shape, &with_outputs) < 0) break;
+    /* and those of signals the runtime sent before this message (an
+     * interrupt of the last command's timeout, repeated until its record
+     * came: handled before the wait began, it is pending here), before the
+     * body, where the interrupt would end it */
+    check_signals_and_traps();
     shape -= '0';
     if (!valid_message(shape, with_outputs)) {
       mb_outputs_settle();
