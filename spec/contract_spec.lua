@@ -248,6 +248,10 @@ describe("contract: the names the session shell's protocol calls", function()
       local s = sb:createSession {}
       local r = s:exec("@ 1; echo $?; f() { @ 2; }; f; echo $?; X=$(@ 1; echo $?); echo $X", { timeout = 10000 })
       assert.same({ 0, "3\n3\n3\n", false }, { r.exitCode, r.stdout, r.timedOut })
+      -- `@` alone (the shape sent with the outputs) too, and it takes no message meant for the next command
+      r = s:exec("@; echo $?; f() { @; }; f; echo $?", { timeout = 10000 })
+      assert.same({ 0, "3\n3\n", false }, { r.exitCode, r.stdout, r.timedOut })
+      assert.same({ 0, "next\n" }, { s:exec("echo next").exitCode, s:exec("echo next").stdout })
       -- the shapes still run in the shell itself: declare makes a global, local is refused
       r = s:exec("declare KEPT=1; local L=2", { timeout = 10000 })
       assert.same({ 1, "bash: line 1: local: can only be used in a function\n" }, { r.exitCode, r.stderr })

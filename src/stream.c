@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -243,6 +244,59 @@ static int core_read_ready(lua_State *L) {
   return read_ready(L, fd, shared_read_buf(L, mb_core_get(L)), limit, 0, &eof);
 }
 
+/* core.read_pending(fd1[, fd2[, limit = 1 MiB]]) -> data1, data2 ("" when
+ * nothing is there; nil, msg, code on an error): what is already in one or
+ * two pipes, blocking ones included, without waiting. One poll(2) tells
+ * which hold anything, and only those are read, each until a read comes
+ * back short (a pipe's read returns all it holds): a short command's empty
+ * outputs cost one system call, not an EAGAIN read each, and its pipes need
+ * no O_NONBLOCK (issue #32). Only for fds no one else reads. */
+static int core_read_pending(lua_State *L) {
+  struct pollfd p[2];
+  int n = lua_isnoneornil(L, 2) ? 1 : 2;
+  for (int i = 0; i < n; i++) {
+    p[i].fd = (int)luaL_checkinteger(L, i + 1);
+    p[i].events = POLLIN;
+    p[i].revents = 0;
+    if (p[i].fd < 0) return luaL_argerror(L, i + 1, "fd must be >= 0");
+  }
+  size_t limit = read_limit(L, 3);
+  char *buf = shared_read_buf(L, mb_core_get(L));
+  int rc;
+  do rc = poll(p, (nfds_t)n, 0);
+  while (rc < 0 && errno == EINTR);
+  if (rc < 0) return mb_push_errno(L, errno, "poll");
+  for (int i = 0; i < n; i++)
+    if (p[i].revents & POLLNVAL) return mb_push_errno(L, EBADF, "poll");
+  for (int i = 0; i < n; i++) {
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    size_t total = 0;
+    short ready = p[i].revents;
+    while ((ready & POLLIN) && total < limit) {
+      size_t want = limit - total < READ_BUF ? limit - total : READ_BUF;
+      ssize_t got = read(p[i].fd, buf, want);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && errno != EAGAIN) {
+        int e = errno;
+        luaL_pushresult(&b);
+        return mb_push_errno(L, e, "read");
+      }
+      if (got <= 0) break;
+      luaL_addlstring(&b, buf, (size_t)got);
+      total += (size_t)got;
+      if ((size_t)got < want) break;
+      /* a full read: more may wait (never read an empty blocking pipe) */
+      struct pollfd again = {p[i].fd, POLLIN, 0};
+      do rc = poll(&again, 1, 0);
+      while (rc < 0 && errno == EINTR);
+      ready = rc > 0 ? again.revents : 0;
+    }
+    luaL_pushresult(&b);
+  }
+  return n;
+}
+
 typedef struct {
   uv_write_t req;
   mb_core *core;
@@ -422,4 +476,6 @@ void mb_open_stream(lua_State *L) {
   lua_setfield(L, -2, "close_fd");
   lua_pushcfunction(L, core_read_ready);
   lua_setfield(L, -2, "read_ready");
+  lua_pushcfunction(L, core_read_pending);
+  lua_setfield(L, -2, "read_pending");
 }

@@ -364,6 +364,27 @@ describe("core.stream", function()
     assert.equals("12345 23456\n", owner)
   end)
 
+  it("read_pending reads what one or two blocking pipes hold, without waiting", function()
+    local r1, w1 = core.pipe()
+    local r2, w2 = core.pipe()
+    -- blocking and empty: a read would hang here
+    assert.same({ "", "" }, { core.read_pending(r1, r2) })
+    assert.equals(3, core.write_fd(w2, "err"))
+    assert.same({ "", "err" }, { core.read_pending(r1, r2) })
+    -- a full read (64 KiB, the pipe's size) is followed by a check, not a read that blocks
+    assert.equals(65536, core.write_fd(w1, string.rep("x", 65536)))
+    local a, b = core.read_pending(r1, r2)
+    assert.same({ 65536, "" }, { #a, b })
+    assert.equals(3, core.write_fd(w1, "abc"))
+    assert.equals("ab", core.read_pending(r1, nil, 2))
+    assert.same({ "c" }, { core.read_pending(r1) })
+    core.close_fd(w1)
+    assert.same({ "", "" }, { core.read_pending(r1, r2) }) -- EOF: nothing there
+    for _, fd in ipairs { r1, r2, w2 } do core.close_fd(fd) end
+    local ok, msg, code = core.read_pending(r1)
+    assert.same({ nil, "EBADF" }, { ok, code }, msg)
+  end)
+
   it("a child's \"socket\" stdio takes fds sent with send_fds", function()
     run_task(function()
       local r, w = core.pipe(true)

@@ -184,6 +184,61 @@ describe("the spawn builtin", function()
       assert.same({ 5, "last\nbye\n" }, { r.exitCode, r.stdout })
     end)
   end)
+
+  it("runs nothing for control lines a command writes into the control FIFO, `@` alone included", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:exec("true")
+      -- the body runs in the shell itself and can reach bash's script fd (a
+      -- background job cannot: bash closes it in subshells, and the shell
+      -- is not dumpable); what it writes there is dropped at its report
+      local r = s:exec("n=0; for f in /proc/$$/fd/*; do [ ${f##*/} -gt 2 ] && [ -p \"$f\" ] &&"
+        .. " printf '@\\n@ 1\\n@\\n' >\"$f\" && n=$((n+1)); done; echo $n")
+      assert.equal(0, r.exitCode)
+      assert.truthy(tonumber(r.stdout) >= 1, r.stdout)
+      for i = 1, 3 do
+        r = s:exec("echo n" .. i .. "; echo e" .. i .. " >&2")
+        assert.same({ 0, "n" .. i .. "\n", "e" .. i .. "\n" }, { r.exitCode, r.stdout, r.stderr })
+      end
+    end)
+  end)
+
+  it("runs each command at the top level, the shell waiting for the runtime's messages in between", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:exec("true") -- (before the hello)
+      s:exec("true") -- (the one control line, `@`: the shell waits for messages from here on)
+      -- `$_` is the previous command's last argument, as in a script (it was `@`, the line's)
+      s:exec("true last-arg")
+      assert.equal("last-arg\n", s:exec("echo $_").stdout)
+      -- a timed-out command's interrupt (a trap run between commands) ends
+      -- nothing after it, a spawned command's or a sourced loop's
+      local r
+      for _, cmd in ipairs { "sleep 5", "while :; do :; done" } do
+        r = s:exec(cmd, { timeout = 300 })
+        assert.same({ 124, true }, { r.exitCode, r.timedOut }, cmd)
+        r = s:exec("echo after")
+        assert.same({ 0, "after\n", "" }, { r.exitCode, r.stdout, r.stderr }, cmd)
+      end
+      -- an interrupt that comes while the shell waits for the next command
+      -- (the runtime repeats a timeout's until the record) ends nothing
+      for _ = 1, 5 do
+        s.shell:interrupt()
+        moonbox.sleep(5)
+      end
+      r = s:exec("echo after")
+      assert.same({ 0, "after\n", "" }, { r.exitCode, r.stdout, r.stderr })
+      -- a user's trap for a signal that comes between commands runs then
+      -- (a file of the workspace: without namespaces /tmp is the host's)
+      s:exec("rm -f trapped; trap \"echo trapped >>$PWD/trapped\" USR1; (sleep 0.2; kill -USR1 $$) >/dev/null 2>&1 &")
+      moonbox.sleep(700)
+      assert.same({ 0, "trapped\n" }, { s:exec("cat trapped").exitCode, s:exec("cat trapped").stdout })
+      -- a prelude's shape (cwd, env) goes as its byte alone
+      r = s:exec("echo $X; pwd", { env = { X = "x" }, cwd = "/tmp" })
+      assert.same({ 0, "x\n/tmp\n" }, { r.exitCode, r.stdout })
+      assert.same({ 0, "in" }, { s:exec("cat", { stdin = "in" }).exitCode, s:exec("cat", { stdin = "in" }).stdout })
+    end)
+  end)
 end)
 
 describe("shell error messages", function()

@@ -2,6 +2,8 @@
  * loaded with __mb_run and __mb_rep.
  *
  *   @ N      (N = 1..6: run the command shape __mb_cN, as `eval "$__mb_cN"`)
+ *   @        (the shape N is the byte the runtime sent with the command's
+ *             outputs on the status socket: a 2-byte line)
  *
  * bash reads its script from the control FIFO one byte per read(2), so each
  * byte of the line the runtime sends per command is a system call of the
@@ -37,6 +39,12 @@ static int protocol_var(SHELL_VAR *v) {
   return v && readonly_p(v) && !invisible_p(v) && !array_p(v) && !assoc_p(v) && value_cell(v);
 }
 
+/* A shell whose outputs come on the status socket: __mb_fdo is "1". */
+static int outputs_sent(void) {
+  SHELL_VAR *fdo = find_variable("__mb_fdo");
+  return protocol_var(fdo) && strcmp(value_cell(fdo), "1") == 0;
+}
+
 /* Shapes 1 and 5 in a shell whose outputs come on the status socket
  * (__mb_fdo), without evaluating their text:
  *   __mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run [-s] BODY - -;
@@ -48,8 +56,8 @@ static int protocol_var(SHELL_VAR *v) {
  * variable: the shape's text then runs as before. A body that leaves by a
  * longjmp (`exit`) leaves as it does from the text (the EXIT trap reports). */
 static int direct_shape(int shape) {
-  SHELL_VAR *fdo = find_variable("__mb_fdo"), *body = find_variable("__mb_bp"), *env = find_variable("__mb_ep");
-  if (!protocol_var(fdo) || strcmp(value_cell(fdo), "1") != 0 || !protocol_var(body) || !protocol_var(env)) return -1;
+  SHELL_VAR *body = find_variable("__mb_bp"), *env = find_variable("__mb_ep");
+  if (!outputs_sent() || !protocol_var(body) || !protocol_var(env)) return -1;
   SHELL_VAR *idv = find_variable_noref("__mb_id");
   if (!idv || readonly_p(idv) || nameref_p(idv) || array_p(idv) || assoc_p(idv) || invisible_p(idv) || !value_cell(idv))
     return -1;
@@ -73,23 +81,75 @@ static int direct_shape(int shape) {
   return rc;
 }
 
+/* Run command shape N: 1 and 5 in C where they can be, else its text. */
+static int run_shape(int shape) {
+  if (shape == 1 || shape == 5) {
+    int rc = direct_shape(shape);
+    if (rc >= 0) return rc;
+  }
+  char name[] = "__mb_cN";
+  name[6] = (char)('0' + shape);
+  SHELL_VAR *var = find_variable(name);
+  if (!var || !readonly_p(var) || invisible_p(var) || array_p(var) || assoc_p(var) || !value_cell(var)) {
+    mb_outputs_settle();
+    return REFUSED;
+  }
+  /* as eval_builtin: evalstring frees its copy */
+  return evalstring(savestring(value_cell(var)), "eval", SEVAL_NOHIST);
+}
+
+/* A shape sent with the outputs comes with them; a prelude's (3, 4) alone. */
+static int valid_message(int shape, int with_outputs) {
+  if (shape == 1 || shape == 2 || shape == 5 || shape == 6) return with_outputs;
+  return (shape == 3 || shape == 4) && !with_outputs;
+}
+
 static int line_builtin(WORD_LIST *list) {
-  if (!list || list->next || strlen(list->word->word) != 1 || list->word->word[0] < '1' || list->word->word[0] > '6') {
+  if (list && (list->next || strlen(list->word->word) != 1 || list->word->word[0] < '1' || list->word->word[0] > '6')) {
     builtin_usage();
     return EX_USAGE;
   }
   if (sourcelevel != 0 || running_trap != 0 || variable_context != 0 || parse_and_execute_level != 0) return REFUSED;
-  if (list->word->word[0] == '1' || list->word->word[0] == '5') {
-    int rc = direct_shape(list->word->word[0] - '0');
-    if (rc >= 0) return rc;
-  }
-  char name[] = "__mb_cN";
-  name[6] = list->word->word[0];
-  SHELL_VAR *shape = find_variable(name);
-  if (!shape || !readonly_p(shape) || invisible_p(shape) || array_p(shape) || assoc_p(shape) || !value_cell(shape))
+  if (list) return run_shape(list->word->word[0] - '0');
+  /* `@` alone: the shape is the byte sent with the command's outputs on
+   * the status socket. No message waiting (a line a command wrote into the
+   * control FIFO) runs nothing. */
+  int shape;
+  if (!outputs_sent() || mb_outputs_take(&shape) < 0) return REFUSED;
+  shape -= '0';
+  if (!valid_message(shape, 1)) {
+    mb_outputs_settle();
     return REFUSED;
-  /* as eval_builtin: evalstring frees its copy */
-  return evalstring(savestring(value_cell(shape)), "eval", SEVAL_NOHIST);
+  }
+  int rc = run_shape(shape);
+  /* Then every later command of the session, without a control line: the
+   * shell waits for the runtime's next message on the status socket here,
+   * at the top level still (each body is sourced and reported as before),
+   * instead of going back to bash's reader for a line (issue #32: the
+   * runtime's write of the line, bash's reads and parse of it). Only the
+   * shell's end leaves (`exit`, a fatal error: a longjmp), or the runtime's
+   * closing the socket. */
+  int with_outputs;
+  for (;;) {
+    /* a SIGINT or SIGTERM bash caught, and the traps of signals that came
+     * while the command ran, now, between commands, as bash checks them
+     * when a builtin returns (the timeout's interrupt among them: left
+     * pending it would end the next body) */
+    check_signals_and_traps();
+    if (mb_outputs_next(&shape, &with_outputs) < 0) break;
+    /* and those of signals the runtime sent before this message (an
+     * interrupt of the last command's timeout, repeated until its record
+     * came: handled before the wait began, it is pending here), before the
+     * body, where the interrupt would end it */
+    check_signals_and_traps();
+    shape -= '0';
+    if (!valid_message(shape, with_outputs)) {
+      mb_outputs_settle();
+      continue;
+    }
+    rc = run_shape(shape);
+  }
+  return rc;
 }
 
 /* Enable `@` again if a command disabled it (`builtin enable -n @`): every
@@ -111,6 +171,7 @@ int __builtin_load(char *name) {
 
 static char *line_doc[] = {
   "Run the session shell's command shape N (the control line).",
+  "Without N, the shape is the one sent with the command's outputs.",
   "",
   "Evaluates the readonly variable __mb_cN, as eval would; only at the top",
   "level, where the session's control line runs.",
@@ -118,5 +179,5 @@ static char *line_doc[] = {
 };
 
 struct builtin __struct = {
-  "@", line_builtin, BUILTIN_ENABLED, line_doc, "@ N", 0,
+  "@", line_builtin, BUILTIN_ENABLED, line_doc, "@ [N]", 0,
 };

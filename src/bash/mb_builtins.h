@@ -20,10 +20,17 @@ int mb_status_fd(void);
 void mb_keep_line_enabled(void);
 
 /* outputs.c: a command's stdout and stderr on fds 1 and 2 (-1 and errno if
- * one cannot be opened: /dev/null is back on both), /dev/null back after
- * the body; settle is the report's check for a body that skipped that.
- * out and err "-": the two fds the runtime sent on the status socket. */
+ * one cannot be opened: 1 and 2 are closed again), closed after the body
+ * (they stay closed between commands); settle is the report's check for a
+ * body that skipped that. out and err "-": the two fds the runtime sent on
+ * the status socket (received here, or already by `@`: take). take: those
+ * fds and the byte sent with them (the shape, for `@` without a number). */
 int mb_outputs_open(const char *out, const char *err);
+int mb_outputs_take(int *shape);
+/* outputs.c: wait for the runtime's next message (the `@` loop): its byte
+ * (*shape) and, when it came with two fds, those on 1 and 2 as take puts
+ * them (*with_outputs 1); -1 at EOF (errno 0) or on an error. */
+int mb_outputs_next(int *shape, int *with_outputs);
 void mb_outputs_restore(void);
 void mb_outputs_settle(void);
 
@@ -33,6 +40,7 @@ extern int find_reserved_word(char *);
 extern int source_builtin(WORD_LIST *);
 extern int signal_is_trapped(int);
 extern void ignore_signal(int);
+extern void check_signals_and_traps(void); /* QUIT (a SIGINT, SIGTERM), then run_pending_traps */
 extern int job_control;
 extern int expand_aliases;
 extern int restricted;

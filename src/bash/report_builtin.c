@@ -55,7 +55,6 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mb_builtins.h"
@@ -69,6 +68,7 @@ static int status_fd = -1; /* the status pipe, private to this process */
 /* outputs.c receives a command's outputs on it (mb_outputs_open) */
 int mb_status_fd(void) { return status_fd; }
 static int control_fd = -1;       /* the control FIFO's writer (fd 60 at start), held, never used */
+static int null_in = -1;          /* /dev/null, read-only: fd 0 between commands (restore_null_stdin) */
 static char nonce[NONCE_HEX + 1]; /* what the next record must carry */
 static int said_hello, exiting_reported;
 
@@ -111,6 +111,8 @@ static void forked_child(void) {
   memset(nonce, 0, sizeof nonce);
   memset(pool, 0, sizeof pool);
   pool_left = 0;
+  if (null_in >= 0) close(null_in);
+  null_in = -1;
 }
 
 /* the environment last written (in this shell process) */
@@ -195,29 +197,35 @@ static void drop_pending(int fd) {
 /* The shell's stdin is /dev/null (read-only) between commands: the command
  * shapes without a stdin no longer redirect `</dev/null` around the body
  * (bash's save, open, dup2 and restore: 10 system calls a command, issue
- * #32), so what a body did to fd 0 (`exec 0<file`, `exec 0<&-`) is undone
- * here, before the next command runs, as the redirection undid it. */
-static dev_t null_rdev; /* /dev/null's device number, looked up once */
-static int null_known;
+ * #32), so what a body did to fd 0 (`exec 0<file`, `exec 0<&-`,
+ * `exec 0<>/dev/null`) is undone here, before the next command runs, as the
+ * redirection undid it: a private read-only /dev/null is dup2()ed onto fd
+ * 0, one system call (checking what fd 0 is took two, fcntl and fstat).
+ * Private as the status fd is: close-on-exec, above the fds commands use,
+ * closed in forks; a body that closes it gets it opened again, one that
+ * puts a file of its own on that number gives its own session that stdin. */
+static int lowest_private_fd(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 200)
+    return (int)rl.rlim_cur / 2;
+  return 100;
+}
+
+static int open_null_in(void) {
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int high = fcntl(fd, F_DUPFD_CLOEXEC, lowest_private_fd());
+  if (high >= 0) {
+    close(fd);
+    fd = high;
+  }
+  null_in = fd;
+  return 0;
+}
 
 static void restore_null_stdin(void) {
-  struct stat st;
-  if (!null_known && stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode)) {
-    null_rdev = st.st_rdev;
-    null_known = 1;
-  }
-  int flags = fcntl(0, F_GETFL);
-  if (null_known && flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && fstat(0, &st) == 0 && S_ISCHR(st.st_mode) &&
-      st.st_rdev == null_rdev)
-    return;
-  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  if (fd != 0) {
-    dup2(fd, 0);
-    close(fd);
-  } else {
-    fcntl(0, F_SETFD, 0);
-  }
+  if (null_in >= 0 && dup2(null_in, 0) == 0) return;
+  if (open_null_in() == 0) dup2(null_in, 0);
 }
 
 /* A report refused (or that failed) is status REFUSED, not 1: 1 is what
@@ -319,10 +327,7 @@ int __mb_rep_builtin_load(char *name) {
   if (new_nonce(nonce) < 0) return 0;
   /* above the fds commands use, below a low RLIMIT_NOFILE (bash keeps its
    * script's fd at the top) */
-  int lowest = 100;
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 200)
-    lowest = (int)rl.rlim_cur / 2;
+  int lowest = lowest_private_fd();
   int fd = fcntl(1, F_DUPFD_CLOEXEC, lowest);
   if (fd < 0) return 0;
   int null = open("/dev/null", O_WRONLY | O_CLOEXEC);

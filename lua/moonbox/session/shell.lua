@@ -607,8 +607,10 @@ function Shell:_send(line)
   local n
   n, err, code = core.write_fd(fd, line)
   if opened then
-    -- a hot shell keeps the writer for its next line
-    if hot[self] and n == #line and not self.ctl_fd then self.hot_ctl = fd else core.close_fd(fd) end
+    -- a hot shell keeps the writer for its next line (one whose `@` now
+    -- waits for messages sends none)
+    if hot[self] and n == #line and not self.ctl_fd and not self.looping then self.hot_ctl = fd
+    else core.close_fd(fd) end
   end
   if n ~= #line then return nil, err or "short write on the control FIFO", code end
   return true
@@ -939,8 +941,15 @@ end
 -- the shell's system calls: 4 instead of 16 (issue #32).
 -- Before the hello (self.nonce == nil) a shell that may have loaded them
 -- gets `eval "$__mb_pN"`: shape N with output files, whether or not it did.
-local SHORT_LINES, EVAL_LINES, EARLY_LINES = {}, {}, {}
+local SHORT_LINES, EVAL_LINES, EARLY_LINES, SHAPE_BYTES = {}, {}, {}, {}
+-- With the outputs sent on the status socket the shape travels as the one
+-- byte sent with them, and the line is `@` alone: 2 bytes, 2 reads (issue
+-- #32). That `@` then waits in the shell for the runtime's next messages
+-- (self.looping): every later command is its message alone, a prelude's
+-- shape (3, 4) its byte without fds; no line, no FIFO write.
+local SENT_LINE = "@\n"
 for shape = 1, 6 do
+  SHAPE_BYTES[shape] = tostring(shape)
   SHORT_LINES[shape] = ("@ %d\n"):format(shape)
   EVAL_LINES[shape] = ("eval \"$__mb_c%d\"\n"):format(shape)
   EARLY_LINES[shape] = (shape == 3 or shape == 4) and EVAL_LINES[shape] or ("eval \"$__mb_p%d\"\n"):format(shape)
@@ -951,26 +960,28 @@ end
 -- receives them onto fds 1 and 2): no FIFO to make, open and unlink per
 -- command, nothing named in the sandbox (issue #32).
 -- The write ends stay ours too until the command's cleanup
--- (cmd.output_ends), so the shell's putting /dev/null back is no EOF to wake
+-- (cmd.output_ends), so the shell's closing its copies is no EOF to wake
 -- up for: the end of a command is its record, as with the FIFOs.
 -- The read ends become streams (read as output comes) only when the command
 -- is still running OUTPUT_STREAM_MS after it was sent; a command that ends
--- before has its output read once, at its record (core.read_ready): a
--- pipe holds 64 KiB, so a writer waits at most that long, and a short
--- command costs no stream setup and no epoll registration.
+-- before has its output read once, at its record (core.read_pending, one
+-- poll for both): a pipe holds 64 KiB, so a writer waits at most that long,
+-- and a short command costs no stream setup and no epoll registration. The
+-- read ends are made blocking (no fcntl per pipe): read_pending reads only
+-- what poll found, and a stream sets O_NONBLOCK itself.
 local OUTPUT_NAMES = { "stdout", "stderr" }
 local OUTPUT_STREAM_MS = 1
-function Shell:_send_outputs(cmd, readers, on_chunk)
+function Shell:_send_outputs(cmd, readers, on_chunk, shape)
   local raw = {}
   cmd.output_raw = raw
   -- (owned by root inside, as the FIFOs were: `>/dev/stdout` reopens them)
   local ids = self.rundir_ids
   for i, name in ipairs(OUTPUT_NAMES) do
-    local r, w = core.pipe(true, ids and ids.uid, ids and ids.gid)
+    local r, w = core.pipe(false, ids and ids.uid, ids and ids.gid)
     if not r then error(w, 0) end
     raw[name], cmd.output_ends[i] = r, w
   end
-  local n, send_err = self.status:send_fds("o", cmd.output_ends)
+  local n, send_err = self.status:send_fds(SHAPE_BYTES[shape], cmd.output_ends)
   if n ~= 1 then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
   local timer = core.timer()
   cmd.output_timer = timer
@@ -996,6 +1007,21 @@ function Shell:_send_outputs(cmd, readers, on_chunk)
   end)
 end
 
+-- The outputs of a command that ended before they became streams (both,
+-- usually: one poll for the two, core.read_pending), read and closed.
+local function read_raw_outputs(raw, on_chunk)
+  local out, err = raw.stdout, raw.stderr
+  local a, b = core.read_pending(out or err, out and err or nil)
+  if a then
+    local first = out and "stdout" or "stderr"
+    if #a > 0 then on_chunk(first, a) end
+    if out and err and #b > 0 then on_chunk("stderr", b) end
+  end
+  if out then core.close_fd(out) end
+  if err then core.close_fd(err) end
+  raw.stdout, raw.stderr = nil, nil
+end
+
 -- start(req) -> Job: the command is sent; Job:wait() waits for its end.
 function Shell:start(req)
   self.seq = self.seq + 1
@@ -1013,19 +1039,17 @@ function Shell:start(req)
   end
   local function cleanup()
     if cmd.output_timer then cmd.output_timer:close() cmd.output_timer = nil end
+    -- what the command wrote before it reported is in the pipes already
     for _, name in ipairs(OUTPUT_NAMES) do
-      -- what the command wrote before it reported is in the pipe already
-      local s, r = readers[name], cmd.output_raw and cmd.output_raw[name]
+      local s = readers[name]
       if s then
         local rest = s:try_read()
         if rest and #rest > 0 then req.on_chunk(name, rest) end
         s:close()
-      elseif r then
-        local rest = core.read_ready(r)
-        if rest and #rest > 0 then req.on_chunk(name, rest) end
-        core.close_fd(r)
       end
     end
+    local raw = cmd.output_raw
+    if raw and (raw.stdout or raw.stderr) then read_raw_outputs(raw, req.on_chunk) end
     for _, s in ipairs(cmd.feeders) do s:close() end
     for _, w in pairs(cmd.output_ends) do core.close_fd(w) end
     self.running = false
@@ -1055,10 +1079,24 @@ function Shell:start(req)
     else
       errors.check("FILESYSTEM_ERROR", self:_as_root_inside(entries))
     end
-    if send_outputs then self:_send_outputs(cmd, readers, req.on_chunk) end
-    local lines = self.nonce and SHORT_LINES or (self.nonce == nil and self.outputs_sent and EARLY_LINES) or EVAL_LINES
-    local sent, send_err = self:_send(lines[shape])
-    if not sent then error(send_err, 0) end
+    local line
+    if send_outputs then
+      self:_send_outputs(cmd, readers, req.on_chunk, shape)
+      -- the first `@` stays in the shell, waiting for the next messages
+      if not self.looping then line, self.looping = SENT_LINE, true end
+    elseif self.looping then
+      -- a prelude's shape: its byte alone on the socket
+      local sent, send_err = self.status:write(SHAPE_BYTES[shape])
+      if not sent then error("cannot send the command to its shell: " .. tostring(send_err), 0) end
+    else
+      local lines = self.nonce and SHORT_LINES or (self.nonce == nil and self.outputs_sent and EARLY_LINES)
+        or EVAL_LINES
+      line = lines[shape]
+    end
+    if line then
+      local sent, send_err = self:_send(line)
+      if not sent then error(send_err, 0) end
+    end
   end)
   local job = setmetatable({ id = id, cleanup = cleanup }, Job)
   if not ok then
