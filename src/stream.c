@@ -126,26 +126,21 @@ static int stream_open(lua_State *L) {
   return mb_stream_push_fd(L, fd, lua_toboolean(L, 2));
 }
 
-/* core.pipe([nonblocking_read[, uid, gid]]) -> read_fd, write_fd (both
- * close-on-exec; the read end non-blocking when asked, the write end always
+/* core.pipe([uid, gid]) -> read_fd, write_fd (both close-on-exec and
  * blocking). uid and gid own the pipe: a process of those ids inside a user
  * namespace can then open it again by name (/dev/stdout), as the ones our
  * own ids map to can. */
 static int make_pipe(lua_State *L) {
   int fds[2];
-  int nonblocking_read = lua_toboolean(L, 1);
-  int chown_to = !lua_isnoneornil(L, 2);
-  uid_t uid = chown_to ? (uid_t)luaL_checkinteger(L, 2) : 0;
-  gid_t gid = chown_to ? (gid_t)luaL_checkinteger(L, 3) : 0;
-  if (pipe2(fds, O_CLOEXEC | (nonblocking_read ? O_NONBLOCK : 0)) < 0) return mb_push_errno(L, errno, "pipe2");
-  const char *failed = NULL;
-  if (nonblocking_read && fcntl(fds[1], F_SETFL, 0) < 0) failed = "fcntl";
-  else if (chown_to && fchown(fds[0], uid, gid) < 0) failed = "fchown";
-  if (failed) {
+  int chown_to = !lua_isnoneornil(L, 1);
+  uid_t uid = chown_to ? (uid_t)luaL_checkinteger(L, 1) : 0;
+  gid_t gid = chown_to ? (gid_t)luaL_checkinteger(L, 2) : 0;
+  if (pipe2(fds, O_CLOEXEC) < 0) return mb_push_errno(L, errno, "pipe2");
+  if (chown_to && fchown(fds[0], uid, gid) < 0) {
     int e = errno;
     close(fds[0]);
     close(fds[1]);
-    return mb_push_errno(L, e, failed);
+    return mb_push_errno(L, e, "fchown");
   }
   lua_pushinteger(L, fds[0]);
   lua_pushinteger(L, fds[1]);
@@ -231,17 +226,6 @@ static int stream_try_read(lua_State *L) {
   uv_os_fd_t fd;
   if (uv_fileno(&h->uv.handle, &fd) < 0) return mb_push_error(L, UV_EBADF, NULL);
   return read_ready(L, fd, st->buf, limit, st->is_pty, &st->eof);
-}
-
-/* core.read_ready(fd[, limit = 1 MiB]) -> data ("" when nothing is ready) |
- * nil at EOF | nil, msg, code: try_read for a non-blocking fd that is no
- * stream (yet): a short command's output, read once at its end without
- * the stream's setup and epoll registration (issue #32). */
-static int core_read_ready(lua_State *L) {
-  int fd = (int)luaL_checkinteger(L, 1);
-  size_t limit = read_limit(L, 2);
-  int eof = 0;
-  return read_ready(L, fd, shared_read_buf(L, mb_core_get(L)), limit, 0, &eof);
 }
 
 /* core.read_pending(fd1[, fd2[, limit = 1 MiB]]) -> data1, data2 ("" when
@@ -474,8 +458,6 @@ void mb_open_stream(lua_State *L) {
   lua_setfield(L, -2, "pipe");
   lua_pushcfunction(L, close_fd);
   lua_setfield(L, -2, "close_fd");
-  lua_pushcfunction(L, core_read_ready);
-  lua_setfield(L, -2, "read_ready");
   lua_pushcfunction(L, core_read_pending);
   lua_setfield(L, -2, "read_pending");
 }

@@ -329,26 +329,8 @@ describe("core.stream", function()
     end)
   end)
 
-  it("pipe(true) makes the read end non-blocking and the write end blocking; read_ready reads what is there", function()
-    local r, w = core.pipe(true)
-    local O_NONBLOCK = 2048
-    assert.equals(O_NONBLOCK, bit.band(fd_flags(r), O_NONBLOCK))
-    assert.equals(0, bit.band(fd_flags(w), O_NONBLOCK))
-    assert.equals("", core.read_ready(r))
-    assert.equals(3, core.write_fd(w, "abc"))
-    assert.equals("ab", core.read_ready(r, 2))
-    assert.equals("c", core.read_ready(r))
-    assert.is_true(core.close_fd(w))
-    assert.is_nil(core.read_ready(r)) -- EOF
-    assert.is_true(core.close_fd(r))
-    local ok, msg, code = core.read_ready(r)
-    assert.is_nil(ok)
-    assert.matches("EBADF", msg)
-    assert.equals("EBADF", code)
-  end)
-
-  it("pipe(true, uid, gid) gives the pipe to those ids, or fails", function()
-    local r, w, code = core.pipe(true, 12345, 23456)
+  it("pipe(uid, gid) gives the pipe to those ids, or fails", function()
+    local r, w, code = core.pipe(12345, 23456)
     if core.getuid() ~= 0 then
       -- (an unprivileged runtime cannot give a pipe away: no half-made pipe)
       assert.is_nil(r)
@@ -387,7 +369,7 @@ describe("core.stream", function()
 
   it("a child's \"socket\" stdio takes fds sent with send_fds", function()
     run_task(function()
-      local r, w = core.pipe(true)
+      local r, w = core.pipe()
       local exited = {}
       local proc, pipes = assert(core.spawn {
         args = { "python3", "-c", "import os, socket\n" ..
@@ -403,9 +385,10 @@ describe("core.stream", function()
       assert.is_true(core.close_fd(w))
       while not exited[1] do moonbox.sleep(5) end
       assert.equals(0, exited[1])
-      assert.equals("x via 1", core.read_ready(r))
-      assert.is_nil(core.read_ready(r)) -- the child's copy went with it
-      core.close_fd(r)
+      local reader = assert(core.stream_open(r))
+      assert.equals("x via 1", reader:try_read())
+      assert.is_nil(reader:try_read()) -- the child's copy went with it
+      reader:close()
       local ok, err = pcall(pipes[1].send_fds, pipes[1], "x", {})
       assert.is_false(ok)
       assert.matches("expected 1 to", err)

@@ -977,7 +977,7 @@ function Shell:_send_outputs(cmd, readers, on_chunk, shape)
   -- (owned by root inside, as the FIFOs were: `>/dev/stdout` reopens them)
   local ids = self.rundir_ids
   for i, name in ipairs(OUTPUT_NAMES) do
-    local r, w = core.pipe(false, ids and ids.uid, ids and ids.gid)
+    local r, w = core.pipe(ids and ids.uid, ids and ids.gid)
     if not r then error(w, 0) end
     raw[name], cmd.output_ends[i] = r, w
   end
