@@ -68,6 +68,7 @@ struct mb_core {
   int dead;                        /* the Lua state is being closed */
   void *spawn_state;               /* owned by spawn.c */
   char *read_buf;                  /* shared by every stream's reads (stream.c) */
+  void *close_later;               /* close_later.c: fds closed at the end of the loop's turn */
   void (*teardown)(mb_core *core); /* the families' teardown (module.c), before the handles close */
 };
 
@@ -128,6 +129,7 @@ int luaopen_moonbox_core(lua_State *L);
 void mb_open_timer(lua_State *L);      /* timer.c */
 void mb_open_signal(lua_State *L);     /* signal.c */
 void mb_open_stream(lua_State *L);     /* stream.c */
+void mb_open_close_later(lua_State *L); /* close_later.c */
 void mb_open_fs(lua_State *L);         /* fs.c */
 void mb_open_fs_tree(lua_State *L);    /* fs_tree.c: fs_remove_tree, fs_lock */
 void mb_open_userns(lua_State *L);     /* userns.c: userns_probe */
@@ -149,6 +151,7 @@ void mb_open_http(lua_State *L);       /* http/lua.c */
 /* Teardown at core teardown (module.c's list). */
 void mb_spawn_teardown(mb_core *core); /* spawn.c: SIGCHLD watcher, tracked children */
 void mb_http_teardown(mb_core *core);  /* http/lua.c: every HTTP server's sockets */
+void mb_close_later_teardown(mb_core *core); /* close_later.c: the queued fds closed */
 
 /* ---- what one family offers another --------------------------------------- */
 

@@ -367,6 +367,22 @@ describe("core.stream", function()
     assert.same({ nil, "EBADF" }, { ok, code }, msg)
   end)
 
+  it("close_later closes fds at the end of the loop's turn, not before", function()
+    local function is_open(fd) return io.open("/proc/self/fdinfo/" .. fd) ~= nil end
+    run_task(function()
+      local r1, w1 = core.pipe()
+      local r2, w2 = core.pipe()
+      assert.is_true(core.close_later(r1, r2))
+      -- still open in this turn: the numbers are not free for reuse yet
+      assert.is_true(is_open(r1) and is_open(r2))
+      moonbox.sleep(1)
+      assert.is_false(is_open(r1) or is_open(r2))
+      core.close_fd(w1)
+      core.close_fd(w2)
+      assert.has_error(function() core.close_later(-1) end)
+    end)
+  end)
+
   it("a child's \"socket\" stdio takes fds sent with send_fds", function()
     run_task(function()
       local r, w = core.pipe()

@@ -464,11 +464,12 @@ describe("concurrency", function()
       assert.equal(with_sessions, helper.steady(fds))
       if sb:info().isolation == "namespaces" then
         -- the hot set (issue #32): the 4 shells that ran last keep their run
-        -- directory and body file open, no more (and no control FIFO writer:
-        -- their `@` waits for the runtime's messages, no line is sent)
+        -- directory and body file open, and the next command's two output
+        -- pipes (4 fds), no more (and no control FIFO writer: their `@`
+        -- waits for the runtime's messages, no line is sent)
         shell_mod.hot_size(4)
         for _, s in ipairs(sessions) do assert.equal("x\n", s:exec("echo x").stdout) end
-        assert.equal(with_sessions + 4 * 2, helper.steady(fds))
+        assert.equal(with_sessions + 4 * (2 + 4), helper.steady(fds))
         shell_mod.hot_size(0)
         assert.equal(with_sessions, helper.steady(fds))
       end

@@ -342,6 +342,7 @@ function Shell:_cool()
   hot[self] = nil
   hot_count = hot_count - 1
   if self.hot_ctl then core.close_fd(self.hot_ctl) self.hot_ctl = nil end
+  self:_drop_spare_outputs()
   if not self.running then
     self:_drop_body()
     self:_release_dir()
@@ -748,6 +749,7 @@ function Shell:_close_pipes()
 end
 
 function Shell:_close_slots()
+  if self.output_timer then self.output_timer:close() self.output_timer = nil end
   if not self.slots then return end
   self:_cool()
   self:_drop_body()
@@ -838,7 +840,7 @@ end
 --   feed(sh, cmd, slot, data)  stdin, prelude: data the shell reads
 --   drain(sh, cmd, slot)       stdout, stderr -> a stream of what it writes
 --   finish(sh, cmd)            after the record: what the command used goes
--- cmd = {used = {slots}, feeders = {streams}, output_ends = {fds}}.
+-- cmd = {used = {slots}, feeders = {streams}}.
 
 -- mark(cmd, slot) -> the slot's entry name, to be unlinked after the command
 local function mark(cmd, slot)
@@ -959,9 +961,8 @@ end
 -- the shell on its status socket (one byte, SCM_RIGHTS; src/bash/outputs.c
 -- receives them onto fds 1 and 2): no FIFO to make, open and unlink per
 -- command, nothing named in the sandbox (issue #32).
--- The write ends stay ours too until the command's cleanup
--- (cmd.output_ends), so the shell's closing its copies is no EOF to wake
--- up for: the end of a command is its record, as with the FIFOs.
+-- The end of a command is its record, as with the FIFOs, not its outputs'
+-- EOF (a background job may hold them on).
 -- The read ends become streams (read as output comes) only when the command
 -- is still running OUTPUT_STREAM_MS after it was sent; a command that ends
 -- before has its output read once, at its record (core.read_pending, one
@@ -971,44 +972,88 @@ end
 -- what poll found, and a stream sets O_NONBLOCK itself.
 local OUTPUT_NAMES = { "stdout", "stderr" }
 local OUTPUT_STREAM_MS = 1
-function Shell:_send_outputs(cmd, readers, on_chunk, shape)
-  local raw = {}
-  cmd.output_raw = raw
-  -- (owned by root inside, as the FIFOs were: `>/dev/stdout` reopens them)
+
+-- A command's two output pipes (read, write, read, write), owned by root
+-- inside, as the FIFOs were: `>/dev/stdout` reopens them.
+function Shell:_new_outputs()
   local ids = self.rundir_ids
-  for i, name in ipairs(OUTPUT_NAMES) do
-    local r, w = core.pipe(ids and ids.uid, ids and ids.gid)
-    if not r then error(w, 0) end
-    raw[name], cmd.output_ends[i] = r, w
+  local r1, w1 = core.pipe(ids and ids.uid, ids and ids.gid)
+  if not r1 then return nil, w1 end
+  local r2, w2 = core.pipe(ids and ids.uid, ids and ids.gid)
+  if not r2 then
+    core.close_fd(r1) core.close_fd(w1)
+    return nil, w2
   end
-  local n, send_err = self.status:send_fds(SHAPE_BYTES[shape], cmd.output_ends)
-  if n ~= 1 then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
-  local timer = core.timer()
-  cmd.output_timer = timer
-  timer:start(OUTPUT_STREAM_MS, 0, function()
-    timer:close()
-    cmd.output_timer = nil
-    for _, name in ipairs(OUTPUT_NAMES) do
-      local r = raw[name]
-      raw[name] = nil
-      local s, open_err = core.stream_open(r)
-      if s then
-        readers[name] = s
-        s:read_start(function(_, data)
-          if data then on_chunk(name, data) end
-        end)
-      else
-        -- (no stream: what the command writes past a pipe's worth waits
-        -- for its end, when it is read as a short command's is)
-        raw[name] = r
-        io.stderr:write(("moonbox: %s of a command read at its end only: %s\n"):format(name, tostring(open_err)))
-      end
+  return { r1, w1, r2, w2 }
+end
+
+function Shell:_drop_spare_outputs()
+  local spare = self.spare_outputs
+  if not spare then return end
+  self.spare_outputs = nil
+  for i = 1, 4 do core.close_fd(spare[i]) end
+end
+
+-- The outputs made into streams once the command has run OUTPUT_STREAM_MS:
+-- one timer per shell, started per command (none made and closed per
+-- command), for its running command (self.streaming).
+function Shell:_outputs_to_streams()
+  local cmd = self.streaming
+  self.streaming = nil
+  if not cmd then return end
+  local raw, readers, on_chunk = cmd.output_raw, cmd.readers, cmd.on_chunk
+  for _, name in ipairs(OUTPUT_NAMES) do
+    local r = raw[name]
+    raw[name] = nil
+    local s, open_err = core.stream_open(r)
+    if s then
+      readers[name] = s
+      s:read_start(function(_, data)
+        if data then on_chunk(name, data) end
+      end)
+    else
+      -- (no stream: what the command writes past a pipe's worth waits
+      -- for its end, when it is read as a short command's is)
+      raw[name] = r
+      io.stderr:write(("moonbox: %s of a command read at its end only: %s\n"):format(name, tostring(open_err)))
     end
-  end)
+  end
+end
+
+-- Sends the command's outputs. Our copies of the write ends are closed once
+-- sent (the shell's close of its own at the command's end is then EOF for
+-- a stream, which ignores it: the end of a command is its record). What
+-- does not have to come before the send is done after it, while the shell
+-- runs the command on another CPU (issue #32): our write ends closed, the
+-- next command's pipes made (a hot shell keeps one spare set).
+function Shell:_send_outputs(cmd, readers, on_chunk, shape)
+  local pipes = self.spare_outputs
+  self.spare_outputs = nil
+  if not pipes then
+    local err
+    pipes, err = self:_new_outputs()
+    if not pipes then error(err, 0) end
+  end
+  cmd.output_raw = { stdout = pipes[1], stderr = pipes[3] }
+  cmd.readers, cmd.on_chunk = readers, on_chunk
+  local sent_fds = { pipes[2], pipes[4] }
+  local n, send_err = self.status:send_fds(SHAPE_BYTES[shape], sent_fds)
+  core.close_fd(pipes[2])
+  core.close_fd(pipes[4])
+  if n ~= 1 then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
+  if not self.output_timer then
+    self.output_timer = core.timer()
+    self.to_streams = function() self:_outputs_to_streams() end
+  end
+  self.streaming = cmd
+  self.output_timer:start(OUTPUT_STREAM_MS, 0, self.to_streams)
+  if hot[self] then self.spare_outputs = self:_new_outputs() end
 end
 
 -- The outputs of a command that ended before they became streams (both,
--- usually: one poll for the two, core.read_pending), read and closed.
+-- usually: one poll for the two, core.read_pending), read, and closed at
+-- the end of the loop's turn (core.close_later: usually after the next
+-- command was sent, while the shell runs it).
 local function read_raw_outputs(raw, on_chunk)
   local out, err = raw.stdout, raw.stderr
   local a, b = core.read_pending(out or err, out and err or nil)
@@ -1017,8 +1062,8 @@ local function read_raw_outputs(raw, on_chunk)
     if #a > 0 then on_chunk(first, a) end
     if out and err and #b > 0 then on_chunk("stderr", b) end
   end
-  if out then core.close_fd(out) end
-  if err then core.close_fd(err) end
+  if out and err then core.close_later(out, err)
+  else core.close_later(out or err) end
   raw.stdout, raw.stderr = nil, nil
 end
 
@@ -1027,7 +1072,7 @@ function Shell:start(req)
   self.seq = self.seq + 1
   local id = self.seq
   local transport = self.rundir and run_dir or fd_slots
-  local cmd = { used = {}, feeders = {}, output_ends = {} }
+  local cmd = { used = {}, feeders = {} }
   local readers = {}
   self.running = true
   local function drain(slot, name)
@@ -1038,7 +1083,10 @@ function Shell:start(req)
     end)
   end
   local function cleanup()
-    if cmd.output_timer then cmd.output_timer:close() cmd.output_timer = nil end
+    if self.streaming == cmd then
+      self.streaming = nil
+      self.output_timer:stop()
+    end
     -- what the command wrote before it reported is in the pipes already
     for _, name in ipairs(OUTPUT_NAMES) do
       local s = readers[name]
@@ -1051,7 +1099,6 @@ function Shell:start(req)
     local raw = cmd.output_raw
     if raw and (raw.stdout or raw.stderr) then read_raw_outputs(raw, req.on_chunk) end
     for _, s in ipairs(cmd.feeders) do s:close() end
-    for _, w in pairs(cmd.output_ends) do core.close_fd(w) end
     self.running = false
     transport.finish(self, cmd)
   end
