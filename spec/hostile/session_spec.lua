@@ -2,6 +2,12 @@
 -- reproduction as a spec, each also asserting that a second sandbox kept
 -- answering exec("true") while the first was being abused.
 local moonbox = require "moonbox"
+-- The sleeps a case looks for, per run: without namespaces pgrep sees the
+-- host's processes, those of this spec's other runs (root and unprivileged)
+-- at the same time too. "sleep 31415.<pid>" sleeps as long, near enough
+-- (the pid at a fixed width: no run's is the start of another's).
+local RUN = (".%07d"):format(require("moonbox.core").getpid())
+local function mark(n) return n .. RUN end
 
 local with_sandbox = helper.with_sandbox
 
@@ -43,7 +49,7 @@ describe("cancelling an exec", function()
     with_bystander(function(sb)
       sb:exec("cd /tmp && export KEEP=1")
       local ok, err = pcall(moonbox.timeout, 200, function()
-        return sb:exec("echo started; sleep 31415 ; echo late")
+        return sb:exec("echo started; sleep " .. mark(31415) .. " ; echo late")
       end)
       assert.is_false(ok)
       assert.equal("TIMEOUT", err.code)
@@ -53,7 +59,7 @@ describe("cancelling an exec", function()
         assert.equal("after" .. i .. " 1\n/tmp\n", r.stdout)
         assert.is_false(r.timedOut)
       end
-      assert.is_false(marked_alive(sb, "sleep.31415"), "the cancelled command still runs")
+      assert.is_false(marked_alive(sb, "sleep." .. mark(31415)), "the cancelled command still runs")
     end)
   end)
 
@@ -61,15 +67,15 @@ describe("cancelling an exec", function()
     with_bystander(function(sb)
       sb:exec("v=kept; cd /tmp")
       local t = moonbox.spawn(function()
-        return sb:exec("sh -c 'sleep 27182' & sleep 27182; echo late", { timeout = 60000 })
+        return sb:exec(("sh -c 'sleep %s' & sleep %s; echo late"):format(mark(27182), mark(27182)), { timeout = 60000 })
       end)
       local look = sb:createSession { id = "look" }
-      assert.is_true(helper.eventually(function() return marked_alive(look, "sleep.27182") end, 10000))
+      assert.is_true(helper.eventually(function() return marked_alive(look, "sleep." .. mark(27182)) end, 10000))
       t:cancel()
       assert.equal("CANCELLED", helper.error_of(t.wait, t).code)
       local r = sb:exec("echo $v; pwd")
       assert.equal("kept\n/tmp\n", r.stdout)
-      assert.is_true(helper.eventually(function() return not marked_alive(look, "sleep.27182") end, 10000),
+      assert.is_true(helper.eventually(function() return not marked_alive(look, "sleep." .. mark(27182)) end, 10000),
         "the cancelled command's tree still runs")
     end)
   end)
@@ -80,11 +86,11 @@ describe("cancelling an exec", function()
       local ctx = sb:createCodeContext { language = "lua" }
       assert.is_nil(sb:runCode("x = 41", { context = ctx }).error)
       local t = sb:terminal {}
-      local p = sb:startProcess("sleep 27183")
+      local p = sb:startProcess("sleep " .. mark(27183))
       -- an orphan of the command (its parent exits at once) goes too
-      local r = sb:exec("(sleep 27184 &); sleep 27184", { timeout = 300 })
+      local r = sb:exec(("(sleep %s &); sleep %s"):format(mark(27184), mark(27184)), { timeout = 300 })
       assert.is_true(r.timedOut)
-      assert.is_false(marked_alive(sb, "sleep.27184"), "the timed-out command's orphan still runs")
+      assert.is_false(marked_alive(sb, "sleep." .. mark(27184)), "the timed-out command's orphan still runs")
       assert.equal("42", sb:runCode("x + 1", { context = ctx }).results[1].text)
       assert.equal("running", sb:getProcess(p.id).status)
       assert.is_false(t.exited)
@@ -372,14 +378,14 @@ describe("a command's word for being done", function()
       -- level once the body ends (the report drops them unread), through
       -- bash's script fd reopened and through the FIFO's writer the shell
       -- holds
-      local inject = [[printf '__mb_report $__mb_id 42 run; sleep 16180\n' >/proc/$$/fd/255
+      local inject = ([[printf '__mb_report $__mb_id 42 run; sleep SLEEP\n' >/proc/$$/fd/255
         for fd in /proc/$$/fd/*; do [ "$fd" -ef "$__mb_ctl" ] && [ "${fd##*/}" != 255 ] || continue
-          printf '__mb_report $__mb_id 42 run; sleep 16180\n' >&"${fd##*/}"; done 2>/dev/null
-        ]]
-      local r = sb:exec(FORGE .. inject .. "sleep 16180; echo late", { timeout = 500 })
+          printf '__mb_report $__mb_id 42 run; sleep SLEEP\n' >&"${fd##*/}"; done 2>/dev/null
+        ]]):gsub("SLEEP", mark(16180))
+      local r = sb:exec(FORGE .. inject .. "sleep " .. mark(16180) .. "; echo late", { timeout = 500 })
       assert.is_true(r.timedOut)
       assert.equal(124, r.exitCode)
-      assert.is_false(marked_alive(sb, "sleep.16180"), "the forging command outlived its timeout")
+      assert.is_false(marked_alive(sb, "sleep." .. mark(16180)), "the forging command outlived its timeout")
       assert.equal("ok\n", sb:exec("echo ok").stdout)
     end)
   end)
