@@ -34,6 +34,8 @@
 
 #define REFUSED 3
 
+int mb_messages_only;
+
 /* A readonly scalar of the start-up script's */
 static int protocol_var(SHELL_VAR *v) {
   return v && readonly_p(v) && !invisible_p(v) && !array_p(v) && !assoc_p(v) && value_cell(v);
@@ -116,6 +118,7 @@ static int line_builtin(WORD_LIST *list) {
    * control FIFO) runs nothing. */
   int shape;
   if (!outputs_sent() || mb_outputs_take(&shape) < 0) return REFUSED;
+  mb_messages_only = 1;
   shape -= '0';
   if (!valid_message(shape, 1)) {
     mb_outputs_settle();

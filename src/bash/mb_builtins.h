@@ -18,6 +18,10 @@ int mb_status_fd(void);
 
 /* line_builtin.c: `@`, the control line, enabled again after each report */
 void mb_keep_line_enabled(void);
+/* line_builtin.c: 1 once `@` alone ran: the runtime then sends messages on
+ * the status socket only, never a line on the control FIFO again (its
+ * Shell.looping, never unset either) */
+extern int mb_messages_only;
 
 /* outputs.c: a command's stdout and stderr on fds 1 and 2 (-1 and errno if
  * one cannot be opened: 1 and 2 are closed again), closed after the body

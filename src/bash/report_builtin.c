@@ -223,6 +223,13 @@ static int open_null_in(void) {
   return 0;
 }
 
+/* Bytes waiting on bash's script fd, dropped (see mb_rep_builtin). */
+static void drop_script_pending(void) {
+  int pending = 0;
+  if (default_buffered_input >= 0 && ioctl(default_buffered_input, FIONREAD, &pending) == 0 && pending > 0)
+    drop_pending(default_buffered_input);
+}
+
 static void restore_null_stdin(void) {
   if (null_in >= 0 && dup2(null_in, 0) == 0) return;
   if (open_null_in() == 0) dup2(null_in, 0);
@@ -259,6 +266,16 @@ static void keep_protocol_names(void) {
   }
 }
 
+/* What a report leaves as it was before the command: stdin /dev/null,
+ * fds 1 and 2 closed, no bytes waiting on the script fd (those dropped
+ * before the record unless after: see mb_rep_builtin). */
+static void settle(int exiting, int after) {
+  if (exiting) return;
+  if (after) drop_script_pending();
+  restore_null_stdin();
+  mb_outputs_settle();
+}
+
 /* Also `__mb_run -r ...` (spawn_builtin.c): a command that disables
  * __mb_rep (`builtin enable -d`) must not cost the session its reports. */
 int mb_rep_builtin(WORD_LIST *list) {
@@ -285,15 +302,17 @@ int mb_rep_builtin(WORD_LIST *list) {
    * the record is written all the same: the command did end here. (Before,
    * the record was refused too, so a command that wrote on every fd it
    * could reach left exec waiting for its timeout, or for ever.) */
-  int pending = 0;
-  if (!exiting && default_buffered_input >= 0 && ioctl(default_buffered_input, FIONREAD, &pending) == 0 && pending > 0)
-    drop_pending(default_buffered_input);
-  if (!exiting) {
-    restore_null_stdin();
-    mb_outputs_settle();
-  }
+  /* Once the runtime sends no more lines (mb_messages_only) this, stdin's
+   * /dev/null and the outputs' closes come after the record, while the
+   * runtime reads it (issue #32: 4 system calls off the way from one
+   * command to the next); bash reads no line before this builtin returns. */
+  int after = mb_messages_only;
+  if (!exiting && !after) drop_script_pending();
   char next[NONCE_HEX + 1];
-  if (new_nonce(next) < 0) return REFUSED;
+  if (new_nonce(next) < 0) {
+    settle(exiting, after);
+    return REFUSED;
+  }
   keep_protocol_names();
   int changed = report_env(args[3]);
   /* after a failed rewrite the file may hold anything: say it changed, so
@@ -304,13 +323,17 @@ int mb_rep_builtin(WORD_LIST *list) {
   if (!pwd) pwd = "";
   size_t len = strlen(args[0]) + strlen(args[1]) + strlen(args[2]) + strlen(pwd) + 2 * NONCE_HEX + 16;
   char *record = malloc(len);
-  if (!record) return REFUSED;
+  if (!record) {
+    settle(exiting, after);
+    return REFUSED;
+  }
   int n = snprintf(record, len, "\n%s %s %s %c %s %s", args[0], args[1], args[2], flag, nonce, next);
   record[n++] = 0;
   size_t pwd_len = strlen(pwd) + 1;
   memcpy(record + n, pwd, pwd_len);
   int rc = write_all(status_fd, record, (size_t)n + pwd_len);
   free(record);
+  settle(exiting, after);
   /* the runtime now expects next (a record it failed to get leaves the
    * session waiting, as a dead shell would: its timeout ends it) */
   memcpy(nonce, next, sizeof nonce);

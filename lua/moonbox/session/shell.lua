@@ -840,7 +840,7 @@ end
 --   feed(sh, cmd, slot, data)  stdin, prelude: data the shell reads
 --   drain(sh, cmd, slot)       stdout, stderr -> a stream of what it writes
 --   finish(sh, cmd)            after the record: what the command used goes
--- cmd = {used = {slots}, feeders = {streams}}.
+-- cmd = {used = {slots}, feeders = {streams}, output_ends = {fds} or nil}.
 
 -- mark(cmd, slot) -> the slot's entry name, to be unlinked after the command
 local function mark(cmd, slot)
@@ -961,8 +961,10 @@ end
 -- the shell on its status socket (one byte, SCM_RIGHTS; src/bash/outputs.c
 -- receives them onto fds 1 and 2): no FIFO to make, open and unlink per
 -- command, nothing named in the sandbox (issue #32).
--- The end of a command is its record, as with the FIFOs, not its outputs'
--- EOF (a background job may hold them on).
+-- The write ends stay ours too until the command's cleanup
+-- (cmd.output_ends), so the shell's closing its copies is no EOF to wake
+-- up for (the end of a command is its record, as with the FIFOs), and the
+-- last close of a pipe end, which frees it, is ours, not the shell's.
 -- The read ends become streams (read as output comes) only when the command
 -- is still running OUTPUT_STREAM_MS after it was sent; a command that ends
 -- before has its output read once, at its record (core.read_pending, one
@@ -1020,12 +1022,10 @@ function Shell:_outputs_to_streams()
   end
 end
 
--- Sends the command's outputs. Our copies of the write ends are closed once
--- sent (the shell's close of its own at the command's end is then EOF for
--- a stream, which ignores it: the end of a command is its record). What
--- does not have to come before the send is done after it, while the shell
--- runs the command on another CPU (issue #32): our write ends closed, the
--- next command's pipes made (a hot shell keeps one spare set).
+-- Sends the command's outputs. What does not have to come before the send
+-- is done after it, while the shell runs the command on another CPU (issue
+-- #32): the next command's pipes are made then (a hot shell keeps one
+-- spare set).
 function Shell:_send_outputs(cmd, readers, on_chunk, shape)
   local pipes = self.spare_outputs
   self.spare_outputs = nil
@@ -1036,10 +1036,8 @@ function Shell:_send_outputs(cmd, readers, on_chunk, shape)
   end
   cmd.output_raw = { stdout = pipes[1], stderr = pipes[3] }
   cmd.readers, cmd.on_chunk = readers, on_chunk
-  local sent_fds = { pipes[2], pipes[4] }
-  local n, send_err = self.status:send_fds(SHAPE_BYTES[shape], sent_fds)
-  core.close_fd(pipes[2])
-  core.close_fd(pipes[4])
+  cmd.output_ends = { pipes[2], pipes[4] }
+  local n, send_err = self.status:send_fds(SHAPE_BYTES[shape], cmd.output_ends)
   if n ~= 1 then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
   if not self.output_timer then
     self.output_timer = core.timer()
@@ -1099,6 +1097,8 @@ function Shell:start(req)
     local raw = cmd.output_raw
     if raw and (raw.stdout or raw.stderr) then read_raw_outputs(raw, req.on_chunk) end
     for _, s in ipairs(cmd.feeders) do s:close() end
+    local ends = cmd.output_ends
+    if ends then core.close_later(ends[1], ends[2]) end
     self.running = false
     transport.finish(self, cmd)
   end
