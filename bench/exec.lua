@@ -117,6 +117,24 @@ moonbox.run(function()
   end
   local c50, c99 = stats(created)
   row("createSession + first exec(\"true\")", c50, c99)
+  -- the runtime's side of it: 4 sessions at once, commands per second and
+  -- the runtime's CPU per command (/proc/self/stat, utime + stime)
+  local function own_cpu_ms()
+    local f = assert(io.open("/proc/self/stat"))
+    local fields = {}
+    for x in f:read("*a"):match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = x end
+    f:close()
+    return (tonumber(fields[12]) + tonumber(fields[13])) * 10 -- (USER_HZ 100)
+  end
+  local many = {}
+  for i = 1, 4 do many[i] = sb:createSession {} many[i]:exec("true") end
+  local cpu0, wall0 = own_cpu_ms(), ms()
+  local runs = {}
+  for i = 1, 4 do runs[i] = function() for _ = 1, N do many[i]:exec("true") end end end
+  moonbox.all(unpack(runs))
+  local cpu_per, wall_all = (own_cpu_ms() - cpu0) / (4 * N) * 1000, ms() - wall0
+  local concurrent = ("4 sessions at once, %d exec(\"true\") each: %.0f commands/s; the runtime's CPU %.1f us"
+    .. " per command"):format(N, 4 * N / (wall_all / 1000), cpu_per)
   local bytes = 1024 * 1024 * 1024
   local raw_bps = raw_pipe_throughput(bytes)
   local t = ms()
@@ -128,6 +146,7 @@ moonbox.run(function()
   print("| measurement                                  |       p50 |       p99 | note |")
   print("|----------------------------------------------|-----------|-----------|------|")
   for _, r in ipairs(rows) do print(r) end
+  print("\n" .. concurrent)
   print(("\nthroughput, 1 GiB: raw pipe %.0f MB/s; exec with onOutput %.0f MB/s (%.2fx)"):format(
     raw_bps / 1e6, exec_bps / 1e6, exec_bps / raw_bps))
   sb:destroy()

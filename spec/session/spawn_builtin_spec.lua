@@ -239,6 +239,59 @@ describe("the spawn builtin", function()
       assert.same({ 0, "in" }, { s:exec("cat", { stdin = "in" }).exitCode, s:exec("cat", { stdin = "in" }).stdout })
     end)
   end)
+
+  it("sends a command's output pipes again after one that started no process, fresh ones after one that did",
+    function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:exec("true")
+      s:exec("true")
+      -- the shell's word on each record: `k`, the pipes the command came
+      -- with are in no other process (it made none)
+      local Shell = getmetatable(s.shell).__index
+      local record, words = Shell._record, {}
+      Shell._record = function(self, id, status, kind, flag, pwd, keep)
+        words[#words + 1] = keep
+        return record(self, id, status, kind, flag, pwd, keep)
+      end
+      finally(function() Shell._record = record end)
+      local function keep(command)
+        words = {}
+        s:exec(command)
+        return words[1]
+      end
+      assert.equal("k", keep("true"))
+      assert.equal("k", keep("x=1; cd /tmp; echo $x; echo err >&2; exec 7>&1"))
+      for _, made in ipairs { "(sleep 0.3; echo late; echo late >&2) &", "x=$(echo hi)", "/bin/true", "true | true",
+                              "sh -c 'exit 3'", "cat <(true)" } do
+        assert.equal("", keep(made), made)
+      end
+      -- a process made between commands (a trap's) counts for the next one
+      assert.equal("", keep("trap '(exit 0) &' USR1; (sleep 1; kill -USR1 $$) &"))
+      assert.equal("k", keep("true"))
+      moonbox.sleep(2000)
+      assert.equal("", keep("trap - USR1"))
+      assert.equal("k", keep("true"))
+      -- under namespaces a hot shell's pipes go again: fd 7, the copy of
+      -- stdout kept in the shell (a builtin: no process made), is the next
+      -- command's stdout; without namespaces every command has new ones
+      local same = "[ /proc/$$/fd/1 -ef /proc/$$/fd/7 ] && echo same || echo fresh"
+      local reused = sb:info().isolation == "namespaces"
+      s:exec("exec 7>&1")
+      assert.equal(reused and "same\n" or "fresh\n", s:exec(same).stdout)
+      if reused then
+        -- (what the shell writes on its copy is the running command's output)
+        local r = s:exec("echo via 7 >&7")
+        assert.same({ 0, "via 7\n" }, { r.exitCode, r.stdout })
+      end
+      -- after a command that started a process, new pipes; what that
+      -- process writes later lands in no later command's output
+      s:exec("(sleep 0.3; echo late; echo late >&2) &")
+      assert.equal("fresh\n", s:exec(same).stdout)
+      local r = s:exec("sleep 0.6; echo now")
+      assert.same({ 0, "now\n", "" }, { r.exitCode, r.stdout, r.stderr })
+    end)
+  end)
 end)
 
 describe("shell error messages", function()

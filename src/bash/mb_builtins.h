@@ -37,6 +37,12 @@ int mb_outputs_take(int *shape);
 int mb_outputs_next(int *shape, int *with_outputs);
 void mb_outputs_restore(void);
 void mb_outputs_settle(void);
+/* outputs.c: the shell made a process (spawn_builtin.c's posix_spawn; its
+ * forks are counted by themselves); private: 1 if this command's outputs
+ * came on the socket and the shell made no process since the last call
+ * (the report's `k`, asked once per report) */
+void mb_outputs_spawned(void);
+int mb_outputs_private(void);
 
 /* bash internals (defined in bash itself) */
 extern char *search_for_command(const char *, int);

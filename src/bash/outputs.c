@@ -36,14 +36,35 @@
 static int placed; /* 1 and 2 are a command's until mb_outputs_restore */
 static int taken;  /* they came with the control line (`@`, mb_outputs_take): __mb_run uses them */
 
+/* Whether a command's output pipes stayed the shell's alone: the processes
+ * the shell made (forks, spawns) are counted, and a command that came with
+ * its pipes on the socket, when the shell made none since the last report
+ * (between commands too: a trap's fork inherits a copy the shell kept,
+ * `exec 7>&1`), left them in no other process (only in the shell's own
+ * fds; the shell is not dumpable, so no other process opens them through
+ * /proc). The report says so and the runtime sends the same pipes again
+ * (issue #32). */
+static unsigned long made;      /* processes made by the shell so far */
+static unsigned long made_mark; /* ... at the last report */
+static int received;            /* this command's outputs came on the socket */
+
 /* A fork of the shell (a subshell, a background job) owns what it holds. */
-static void forked_child(void) { placed = taken = 0; }
+static void forked_child(void) { placed = taken = received = 0; }
+static void forked_parent(void) { made++; }
 
 static int guard_forks(void) {
   static int guarded;
-  if (!guarded && pthread_atfork(NULL, NULL, forked_child) != 0) return -1;
+  if (!guarded && pthread_atfork(NULL, forked_parent, forked_child) != 0) return -1;
   guarded = 1;
   return 0;
+}
+
+void mb_outputs_spawned(void) { made++; }
+
+int mb_outputs_private(void) {
+  int alone = received && made == made_mark;
+  made_mark = made;
+  return alone;
 }
 
 /* path, opened as bash opens `>|path`, onto fd target */
@@ -122,6 +143,7 @@ static int receive_message(char *byte, int fds[2], int *got, int flags) {
  * commands) they are moved. Not close-on-exec: they are the command's. */
 static int place_received(int fds[2]) {
   placed = 1;
+  received = 1;
   if (fds[0] == 1 && fds[1] == 2) return 0;
   /* above 2 first, so neither is overwritten by the other's move */
   for (int i = 0; i < 2; i++) {
@@ -225,4 +247,5 @@ int mb_outputs_open(const char *out, const char *err) {
 void mb_outputs_settle(void) {
   if (placed) mb_outputs_restore();
   taken = 0;
+  received = 0;
 }

@@ -5,7 +5,7 @@
  *   __mb_rep -h          (once, from the start-up script: the hello)
  *
  * writes the status record
- * "\n<ID> <STATUS> <KIND> <e|-> <NONCE> <NEXT>\0<PWD>\0" on the status pipe
+ * "\n<ID> <STATUS> <KIND> <e|-><k?> <NONCE> <NEXT>\0<PWD>\0" on the status pipe
  * in one write. The runtime takes a command's word for being done only
  * when NONCE is the one it was told last (in the previous record, or in
  * the hello for the first): commands run in this very shell (a sourced
@@ -36,6 +36,9 @@
  * environment differs from the one it last reported, ENVFILE is rewritten
  * with it as NUL-terminated NAME=VALUE entries and the flag is `e`; else the
  * file is left alone and the flag is `-` (the runtime keeps what it has).
+ * `k` after it: the command's output pipes, sent on the socket, are in no
+ * other process (the shell made none since they came, outputs.c): the
+ * runtime may send them again with the next command.
  *
  * The shell function it replaces ran `export -p` into ENVFILE every time:
  * bash sorts and quotes every variable for that, about 10 us a command.
@@ -327,7 +330,10 @@ int mb_rep_builtin(WORD_LIST *list) {
     settle(exiting, after);
     return REFUSED;
   }
-  int n = snprintf(record, len, "\n%s %s %s %c %s %s", args[0], args[1], args[2], flag, nonce, next);
+  /* k: the outputs the command came with were in no other process (it made
+   * none): the runtime may send the same pipes with the next command */
+  const char *keep = !exiting && mb_outputs_private() ? "k" : "";
+  int n = snprintf(record, len, "\n%s %s %s %c%s %s %s", args[0], args[1], args[2], flag, keep, nonce, next);
   record[n++] = 0;
   size_t pwd_len = strlen(pwd) + 1;
   memcpy(record + n, pwd, pwd_len);

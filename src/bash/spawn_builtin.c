@@ -178,6 +178,7 @@ static int spawn_and_wait(const char *body, char *path, char **argv) {
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid;
   int rc = posix_spawn(&pid, path, NULL, &attr, argv, env);
+  mb_outputs_spawned(); /* (posix_spawn runs no fork handlers) */
   posix_spawnattr_destroy(&attr);
   int status = 0;
   if (rc == 0)

@@ -638,15 +638,16 @@ end
 -- record. A shell without the builtin says hello without a nonce
 -- (self.nonce = false): its records are taken as they come.
 local MAX_STATUS_BUF = 64 * 1024
--- "\n<ID> <STATUS> <KIND> <e|-> <NONCE> <NEXT>\0<PWD>\0"
-local RECORD = "\n(%d+) (%d+) (%a+) ([e-]) (%x+) (%x+)%z([^%z]*)%z"
+-- "\n<ID> <STATUS> <KIND> <e|-><k?> <NONCE> <NEXT>\0<PWD>\0" (k: the
+-- command's output pipes are in no process but the shell, which made none)
+local RECORD = "\n(%d+) (%d+) (%a+) ([e-])(k?) (%x+) (%x+)%z([^%z]*)%z"
 local KEEP_STATUS_TAIL = 8192 -- past a record's head and the longest PWD (4096)
 
-function Shell:_record(id, status, kind, flag, pwd)
+function Shell:_record(id, status, kind, flag, pwd, keep)
   if flag ~= "-" or not self.exports then self.exports = self:_read_env() or self.exports or "" end
   self:_release_dir()
   local record = { id = tonumber(id), status = tonumber(status), exiting = kind == "exit",
-    pwd = pwd, exports = self.exports }
+    pwd = pwd, exports = self.exports, outputs_private = keep == "k" }
   if record.exiting then self.exiting = true end
   -- (with nonces the record is this command's whatever id the shell's
   -- counter says: a command can change __mb_id, never the nonce)
@@ -694,13 +695,13 @@ function Shell:_status_data(data)
     -- against 1, issue #32.)
     local at = 1
     repeat
-      local s, e, id, status, kind, flag, nonce, next_nonce, pwd = text:find(RECORD, at)
+      local s, e, id, status, kind, flag, keep, nonce, next_nonce, pwd = text:find(RECORD, at)
       if not s then break end
       if nonce == self.nonce then
         text = e == #text and "" or text:sub(e + 1)
         at = 1
         self.nonce = next_nonce
-        self:_record(id, status, kind, flag, pwd)
+        self:_record(id, status, kind, flag, pwd, keep)
       else
         at = s + 1 -- a record not ours (the command wrote it): looked past
       end
@@ -759,7 +760,6 @@ function Shell:_close_pipes()
 end
 
 function Shell:_close_slots()
-  if self.output_timer then self.output_timer:close() self.output_timer = nil end
   if not self.slots then return end
   self:_cool()
   self:_drop_body()
@@ -830,7 +830,7 @@ function Job:wait()
   end
   if not self.cleaned then
     self.cleaned = true
-    self.cleanup()
+    self.cleanup(self.record)
   end
   return self.record
 end
@@ -1006,13 +1006,9 @@ function Shell:_drop_spare_outputs()
   for i = 1, 4 do core.close_fd(spare[i]) end
 end
 
--- The outputs made into streams once the command has run OUTPUT_STREAM_MS:
--- one timer per shell, started per command (none made and closed per
--- command), for its running command (self.streaming).
-function Shell:_outputs_to_streams()
-  local cmd = self.streaming
-  self.streaming = nil
-  if not cmd then return end
+-- The outputs made into streams once the command has run OUTPUT_STREAM_MS
+-- (its timer's callback).
+local function outputs_to_streams(cmd)
   local raw, readers, on_chunk = cmd.output_raw, cmd.readers, cmd.on_chunk
   for _, name in ipairs(OUTPUT_NAMES) do
     local r = raw[name]
@@ -1035,7 +1031,9 @@ end
 -- Sends the command's outputs. What does not have to come before the send
 -- is done after it, while the shell runs the command on another CPU (issue
 -- #32): the next command's pipes are made then (a hot shell keeps one
--- spare set).
+-- spare set), unless the last command's pipes were in no other process
+-- than the shell (its record's `k`: it made none) and are sent again
+-- (Shell.reusing, cleanup in Shell:start).
 function Shell:_send_outputs(cmd, readers, on_chunk, shape)
   local pipes = self.spare_outputs
   self.spare_outputs = nil
@@ -1049,30 +1047,35 @@ function Shell:_send_outputs(cmd, readers, on_chunk, shape)
   cmd.output_ends = { pipes[2], pipes[4] }
   local n, send_err = self.status:send_fds(SHAPE_BYTES[shape], cmd.output_ends)
   if n ~= 1 then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
-  if not self.output_timer then
-    self.output_timer = core.timer()
-    self.to_streams = function() self:_outputs_to_streams() end
-  end
-  self.streaming = cmd
-  self.output_timer:start(OUTPUT_STREAM_MS, 0, self.to_streams)
-  if hot[self] then self.spare_outputs = self:_new_outputs() end
+  local timer = core.timer()
+  cmd.output_timer = timer
+  timer:start(OUTPUT_STREAM_MS, 0, function()
+    timer:close()
+    cmd.output_timer = nil
+    outputs_to_streams(cmd)
+  end)
+  if hot[self] and not self.reusing then self.spare_outputs = self:_new_outputs() end
 end
 
 -- The outputs of a command that ended before they became streams (both,
 -- usually: one poll for the two, core.read_pending), read, and closed at
 -- the end of the loop's turn (core.close_later: usually after the next
 -- command was sent, while the shell runs it).
-local function read_raw_outputs(raw, on_chunk)
+-- keep: both are to be sent again, and no process but this one can write
+-- them any more: read to their end, they are returned {out, err}, open.
+local function read_raw_outputs(raw, on_chunk, keep)
   local out, err = raw.stdout, raw.stderr
   local a, b = core.read_pending(out or err, out and err or nil)
+  raw.stdout, raw.stderr = nil, nil
   if a then
     local first = out and "stdout" or "stderr"
     if #a > 0 then on_chunk(first, a) end
     if out and err and #b > 0 then on_chunk("stderr", b) end
+    -- (what a pipe holds, at most 64 KiB, comes in one call: it is empty now)
+    if keep and out and err then return { out, err } end
   end
   if out and err then core.close_later(out, err)
   else core.close_later(out or err) end
-  raw.stdout, raw.stderr = nil, nil
 end
 
 -- start(req) -> Job: the command is sent; Job:wait() waits for its end.
@@ -1090,11 +1093,8 @@ function Shell:start(req)
       if data then req.on_chunk(name, data) end
     end)
   end
-  local function cleanup()
-    if self.streaming == cmd then
-      self.streaming = nil
-      self.output_timer:stop()
-    end
+  local function cleanup(record)
+    if cmd.output_timer then cmd.output_timer:close() cmd.output_timer = nil end
     -- what the command wrote before it reported is in the pipes already
     for _, name in ipairs(OUTPUT_NAMES) do
       local s = readers[name]
@@ -1105,10 +1105,22 @@ function Shell:start(req)
       end
     end
     local raw = cmd.output_raw
-    if raw and (raw.stdout or raw.stderr) then read_raw_outputs(raw, req.on_chunk) end
-    for _, s in ipairs(cmd.feeders) do s:close() end
     local ends = cmd.output_ends
-    if ends then core.close_later(ends[1], ends[2]) end
+    -- The pipes again for the next command (a hot shell's): only the shell
+    -- had them (the record's `k`), and both were read at the record, all
+    -- they held (less than a pipe's 64 KiB, no writer left to add more).
+    local keep = ends and raw and raw.stdout and raw.stderr and record and record.outputs_private
+      and not record.exiting and not self.dead and hot[self] and true
+    local again
+    if raw and (raw.stdout or raw.stderr) then again = read_raw_outputs(raw, req.on_chunk, keep) end
+    for _, s in ipairs(cmd.feeders) do s:close() end
+    if again then
+      if self.spare_outputs then self:_drop_spare_outputs() end
+      self.spare_outputs = { again[1], ends[1], again[2], ends[2] }
+    elseif ends then
+      core.close_later(ends[1], ends[2])
+    end
+    self.reusing = again and true or false
     self.running = false
     transport.finish(self, cmd)
   end
