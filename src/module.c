@@ -9,10 +9,10 @@
 
 /* Every family, in the order they fill the module table. */
 static void (*const families[])(lua_State *L) = {
-  mb_open_loop,  mb_open_timer,   mb_open_signal, mb_open_stream, mb_open_fs,    mb_open_fs_tree,    mb_open_userns,
-  mb_open_spawn, mb_open_pty,     mb_open_sys,    mb_open_codec,  mb_open_magic, mb_open_fsevent,    mb_open_tcp,
-  mb_open_udp,   mb_open_seccomp, mb_open_nsinit, mb_open_http,   mb_open_image, mb_open_image_pack, mb_open_loopmount,
-  mb_open_close_later,
+  mb_open_loop,    mb_open_timer,      mb_open_signal,    mb_open_stream,      mb_open_fs,     mb_open_fs_tree,
+  mb_open_userns,  mb_open_spawn,      mb_open_pty,       mb_open_sys,         mb_open_codec,  mb_open_magic,
+  mb_open_fsevent, mb_open_tcp,        mb_open_udp,       mb_open_seccomp,     mb_open_nsinit, mb_open_http,
+  mb_open_image,   mb_open_image_pack, mb_open_loopmount, mb_open_close_later,
 };
 
 /* When the Lua state closes: the families' own teardown, before the core

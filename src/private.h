@@ -126,31 +126,31 @@ int luaopen_moonbox_core(lua_State *L);
 /* ---- the families: registration (called by module.c only) --------------- */
 /* Each adds its functions to the module table on top of the stack. */
 
-void mb_open_timer(lua_State *L);      /* timer.c */
-void mb_open_signal(lua_State *L);     /* signal.c */
-void mb_open_stream(lua_State *L);     /* stream.c */
+void mb_open_timer(lua_State *L);       /* timer.c */
+void mb_open_signal(lua_State *L);      /* signal.c */
+void mb_open_stream(lua_State *L);      /* stream.c */
 void mb_open_close_later(lua_State *L); /* close_later.c */
-void mb_open_fs(lua_State *L);         /* fs.c */
-void mb_open_fs_tree(lua_State *L);    /* fs_tree.c: fs_remove_tree, fs_lock */
-void mb_open_userns(lua_State *L);     /* userns.c: userns_probe */
-void mb_open_spawn(lua_State *L);      /* spawn.c */
-void mb_open_pty(lua_State *L);        /* pty.c */
-void mb_open_sys(lua_State *L);        /* sys.c */
-void mb_open_codec(lua_State *L);      /* codec.c */
-void mb_open_magic(lua_State *L);      /* magic.c */
-void mb_open_image(lua_State *L);      /* image_unpack.c: image layers, blob digests */
-void mb_open_image_pack(lua_State *L); /* image_pack.c: an upper dir as a layer (commit) */
-void mb_open_fsevent(lua_State *L);    /* fsevent.c */
-void mb_open_loopmount(lua_State *L);  /* loopmount.c: loop_mount, umount (the disk quota) */
-void mb_open_tcp(lua_State *L);        /* tcp.c */
-void mb_open_udp(lua_State *L);        /* udp.c */
-void mb_open_seccomp(lua_State *L);    /* seccomp.c */
-void mb_open_nsinit(lua_State *L);     /* nsinit_host.c */
-void mb_open_http(lua_State *L);       /* http/lua.c */
+void mb_open_fs(lua_State *L);          /* fs.c */
+void mb_open_fs_tree(lua_State *L);     /* fs_tree.c: fs_remove_tree, fs_lock */
+void mb_open_userns(lua_State *L);      /* userns.c: userns_probe */
+void mb_open_spawn(lua_State *L);       /* spawn.c */
+void mb_open_pty(lua_State *L);         /* pty.c */
+void mb_open_sys(lua_State *L);         /* sys.c */
+void mb_open_codec(lua_State *L);       /* codec.c */
+void mb_open_magic(lua_State *L);       /* magic.c */
+void mb_open_image(lua_State *L);       /* image_unpack.c: image layers, blob digests */
+void mb_open_image_pack(lua_State *L);  /* image_pack.c: an upper dir as a layer (commit) */
+void mb_open_fsevent(lua_State *L);     /* fsevent.c */
+void mb_open_loopmount(lua_State *L);   /* loopmount.c: loop_mount, umount (the disk quota) */
+void mb_open_tcp(lua_State *L);         /* tcp.c */
+void mb_open_udp(lua_State *L);         /* udp.c */
+void mb_open_seccomp(lua_State *L);     /* seccomp.c */
+void mb_open_nsinit(lua_State *L);      /* nsinit_host.c */
+void mb_open_http(lua_State *L);        /* http/lua.c */
 
 /* Teardown at core teardown (module.c's list). */
-void mb_spawn_teardown(mb_core *core); /* spawn.c: SIGCHLD watcher, tracked children */
-void mb_http_teardown(mb_core *core);  /* http/lua.c: every HTTP server's sockets */
+void mb_spawn_teardown(mb_core *core);       /* spawn.c: SIGCHLD watcher, tracked children */
+void mb_http_teardown(mb_core *core);        /* http/lua.c: every HTTP server's sockets */
 void mb_close_later_teardown(mb_core *core); /* close_later.c: the queued fds closed */
 
 /* ---- what one family offers another --------------------------------------- */
