@@ -10,7 +10,6 @@
  * nothing else may close it. */
 #include "private.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <unistd.h>
 

@@ -99,21 +99,27 @@ static int receive_message(char *byte, int fds[2], int *got, int flags) {
   msg.msg_iovlen = 1;
   msg.msg_control = u.buf;
   msg.msg_controllen = sizeof u.buf;
+  int wait = !(flags & MSG_DONTWAIT);
   ssize_t n;
   for (;;) {
-    n = recvmsg(sock, &msg, flags);
-    if (n >= 0) break;
-    if (errno == EINTR) {
-      /* a signal while waiting between commands: its trap runs now, at the
-       * top level, as it would while bash waited for its next line */
-      if (!(flags & MSG_DONTWAIT)) check_signals_and_traps();
-      continue;
-    }
-    if (errno == EAGAIN && !(flags & MSG_DONTWAIT)) {
+    /* Waiting is in poll(POLLIN), never in recvmsg: the runtime's reading
+     * of the shell's record frees memory charged to this socket, and that
+     * wakes every task sleeping on it whatever it waits for
+     * (unix_write_space); a recvmsg sleeper woke for nothing once per
+     * command, a poll for POLLIN is not woken by that (issue #32). */
+    if (wait) {
       struct pollfd p = {sock, POLLIN, 0};
-      if (poll(&p, 1, -1) < 0 && errno != EINTR) return -1;
-      continue;
+      if (poll(&p, 1, -1) < 0) {
+        if (errno != EINTR) return -1;
+        /* a signal while waiting between commands: its trap runs now, at
+         * the top level, as it would while bash waited for its next line */
+        check_signals_and_traps();
+        continue;
+      }
     }
+    n = recvmsg(sock, &msg, MSG_DONTWAIT);
+    if (n >= 0) break;
+    if (errno == EINTR || (errno == EAGAIN && wait)) continue;
     return -1;
   }
   *got = 0;
@@ -172,30 +178,11 @@ static int receive(char *byte) {
   return place_received(fds);
 }
 
-/* Wait in poll(POLLIN), never in recvmsg: the runtime's reading of the
- * shell's record frees memory charged to this socket, and that wakes every
- * task sleeping on it whatever it waits for (unix_write_space); a recvmsg
- * sleeper would wake for nothing once per command, a poll for POLLIN is
- * not woken by that (issue #32: one context switch less per command). */
-static int wait_message(void) {
-  int sock = mb_status_fd();
-  struct pollfd p = {sock, POLLIN, 0};
-  while (poll(&p, 1, -1) < 0) {
-    if (errno != EINTR) return -1;
-    check_signals_and_traps();
-  }
-  return 0;
-}
-
 int mb_outputs_next(int *shape, int *with_outputs) {
   if (guard_forks() < 0) return -1;
   char byte;
   int fds[2], got;
-  if (mb_status_fd() < 0) {
-    errno = EBADF;
-    return -1;
-  }
-  if (wait_message() < 0 || receive_message(&byte, fds, &got, 0) < 0) return -1;
+  if (receive_message(&byte, fds, &got, 0) < 0) return -1;
   *shape = (unsigned char)byte;
   *with_outputs = got == 2;
   if (got == 1) close(fds[0]);

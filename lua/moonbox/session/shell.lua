@@ -1115,7 +1115,7 @@ function Shell:start(req)
     if raw and (raw.stdout or raw.stderr) then again = read_raw_outputs(raw, req.on_chunk, keep) end
     for _, s in ipairs(cmd.feeders) do s:close() end
     if again then
-      if self.spare_outputs then self:_drop_spare_outputs() end
+      self:_drop_spare_outputs()
       self.spare_outputs = { again[1], ends[1], again[2], ends[2] }
     elseif ends then
       core.close_later(ends[1], ends[2])
