@@ -70,14 +70,19 @@ local function finish(task, ok, results)
   for _, w in ipairs(waiters) do w(task) end
 end
 
+-- (the results packed only when the task has ended: a table per step is
+-- garbage on every wait, issue #32)
+local function stepped(task, prev, ...)
+  current = prev
+  if coroutine.status(task.co) == "dead" then
+    finish(task, (...), pack(...))
+  end
+end
+
 local function step(task, ...)
   local prev = current
   current = task
-  local results = pack(coroutine.resume(task.co, ...))
-  current = prev
-  if coroutine.status(task.co) == "dead" then
-    finish(task, results[1], results)
-  end
+  stepped(task, prev, coroutine.resume(task.co, ...))
 end
 
 -- Start fn(...) as a task; it runs at once until its first wait.
@@ -97,8 +102,18 @@ local function not_in_task(what)
     " waits, so it must run inside a task: wrap the code in moonbox.run(function() ... end)")
 end
 
--- await(register) -> whatever the operation passed to resume.
-function M.await(register, what)
+local function woken(state, ...)
+  if ... == CANCEL then
+    state.done = true
+    errors.raise("CANCELLED", "task was cancelled")
+  end
+  return ...
+end
+
+-- await(register[, what[, arg]]) -> whatever the operation passed to
+-- resume. register(resume, arg); its cleanup(arg). (arg: what register
+-- works on, so a caller on a hot path needs no closure of its own.)
+function M.await(register, what, arg)
   local task = current
   if not task or coroutine.running() ~= task.co then not_in_task(what) end
   if task.cancelled then errors.raise("CANCELLED", "task was cancelled") end
@@ -109,20 +124,15 @@ function M.await(register, what)
     task.cleanup = nil
     if state.waiting then step(task, ...) else state.results = pack(...) end
   end
-  local cleanup = register(resume)
+  local cleanup = register(resume, arg)
   if state.done then return unpack(state.results, 1, state.results.n) end
   -- a cleanup that calls resume (cancellation) must not wake the task too
   task.cleanup = cleanup and function()
     state.done = true
-    return cleanup()
+    return cleanup(arg)
   end
   state.waiting = true
-  local r = pack(coroutine.yield())
-  if r[1] == CANCEL then
-    state.done = true
-    errors.raise("CANCELLED", "task was cancelled")
-  end
-  return unpack(r, 1, r.n)
+  return woken(state, coroutine.yield())
 end
 
 -- check_task(what): raise NOT_IN_TASK unless called in a task (for calls

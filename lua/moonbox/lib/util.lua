@@ -5,11 +5,17 @@ local errors = require "moonbox.errors"
 local M = {}
 
 -- ISO-8601 UTC with milliseconds: 2026-11-29T21:05:03.123Z
+-- (the date and time to the second made once per second: every exec
+-- stamps its result)
+local stamped_secs, stamped_prefix
 function M.timestamp(t)
   t = t or core.time()
   local secs = math.floor(t)
   local ms = math.floor((t - secs) * 1000)
-  return os.date("!%Y-%m-%dT%H:%M:%S", secs) .. (".%03dZ"):format(ms)
+  if secs ~= stamped_secs then
+    stamped_secs, stamped_prefix = secs, os.date("!%Y-%m-%dT%H:%M:%S", secs)
+  end
+  return ("%s.%03dZ"):format(stamped_prefix, ms)
 end
 
 function M.now_ms()

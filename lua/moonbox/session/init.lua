@@ -18,6 +18,7 @@ local limits = require "moonbox.sandbox.limits"
 local V = require "moonbox.lib.validate"
 local policy_mod = require "moonbox.policy"
 local compose = require "moonbox.lib.compose"
+local seed_options = require "moonbox.lib.seed_options"
 
 local M = {}
 
@@ -257,8 +258,15 @@ function Session:_run(command, opts, sink)
   local killable = (timeout or control) and true or false
   local cmd_cg = killable and self:_killable(sh)
   if not killable then self.pids_before_cmd = nil end
-  local w = kill.watch(self, sh, timeout)
-  local on_chunk, held = kill.held_stderr(sink, w)
+  local w, on_chunk, held
+  if killable then
+    w = kill.watch(self, sh, timeout)
+    on_chunk, held = kill.held_stderr(sink, w)
+  else
+    -- nothing can time this command out or cancel it: no timer, and no
+    -- note of bash's about a killed job to hold back
+    w, on_chunk, held = kill.UNWATCHED, sink, kill.NOTHING_HELD
+  end
   local cancelled = false
   if control then
     control.abort = function()
@@ -335,63 +343,89 @@ end
 -- onOutput, in order. Kept bytes live in C buffers (core.bytes: outside the
 -- Lua heap, one growable block per stream; the chunks read are garbage at
 -- once) and count against the runtime-wide budget (lua/moonbox/session/budget.lua,
--- limits.maxBufferedBytes) until c.text() hands them over or c.release().
+-- limits.maxBufferedBytes) until c:text() hands them over or c:release().
 -- A stream the budget cut keeps its prefix: nothing after the cut is kept.
 -- extra_hold: a second holder the kept bytes must also fit (the HTTP
 -- server's send budget, for /exec: what it keeps must be sendable), or
--- nil; its owner releases it
+-- nil; its owner releases it.
+-- (One table and one closure per call, c.sink: the exec path's garbage is
+-- the runtime's collector's work, issue #32.)
+local Collector = {}
+Collector.__index = Collector
+local BUF = { stdout = "stdout_buf", stderr = "stderr_buf" }
+local SIZE = { stdout = "stdout_size", stderr = "stderr_size" }
+local CUT = { stdout = "stdout_cut", stderr = "stderr_cut" }
+
 local function collector(limit, on_output, budget_ceiling, extra_hold)
-  local c = { bufs = {}, size = { stdout = 0, stderr = 0 }, truncated = false,
-    dropped = { stdout = 0, stderr = 0 }, hold = budget.hold(budget_ceiling), cut = {} }
-  function c.release()
-    for stream, b in pairs(c.bufs) do b:free() c.bufs[stream] = nil end
-    c.hold:release()
-  end
-  -- the kept bytes of a stream as one string, made once; its buffer is freed
-  function c.text(stream)
-    local b = c.bufs[stream]
-    if not b then return "" end
-    local s = b:tostring()
-    b:free()
-    c.bufs[stream] = nil
-    return s
-  end
-  -- the kept bytes of a stream as its buffer, handed over (the taker frees it)
-  function c.take(stream)
-    local b = c.bufs[stream] or core.bytes()
-    c.bufs[stream] = nil
-    return b
-  end
-  function c.sink(stream, data)
-    local room = c.cut[stream] and 0 or math.min(limit - c.size[stream], #data)
-    if room > 0 then room = c.hold:take(room) end
-    if room > 0 and extra_hold then
-      local fits = extra_hold:take(room)
-      if fits < room then c.hold:give(room - fits) end
-      room = fits
-    end
-    if room < #data then
-      c.truncated = true
-      c.cut[stream] = true
-      c.dropped[stream] = c.dropped[stream] + (#data - math.max(room, 0))
-      data = room > 0 and data:sub(1, room) or nil
-    end
-    if data then
-      local b = c.bufs[stream]
-      if not b then b = core.bytes() c.bufs[stream] = b end
-      b:append(data)
-      c.size[stream] = c.size[stream] + #data
-      if on_output then async.user_callback("onOutput", on_output, stream, data) end
-    end
-  end
+  local c = setmetatable({ limit = limit, on_output = on_output, extra_hold = extra_hold, truncated = false,
+    stdout_size = 0, stderr_size = 0, hold = budget.hold(budget_ceiling) }, Collector)
+  c.sink = function(stream, data) return c:keep(stream, data) end
   return c
 end
+
+function Collector:release()
+  for _, key in pairs(BUF) do
+    local b = self[key]
+    if b then b:free() self[key] = nil end
+  end
+  self.hold:release()
+end
+
+-- the kept bytes of a stream as one string, made once; its buffer is freed
+function Collector:text(stream)
+  local key = BUF[stream]
+  local b = self[key]
+  if not b then return "" end
+  local s = b:tostring()
+  b:free()
+  self[key] = nil
+  return s
+end
+
+-- the kept bytes of a stream as its buffer, handed over (the taker frees it)
+function Collector:take(stream)
+  local key = BUF[stream]
+  local b = self[key] or core.bytes()
+  self[key] = nil
+  return b
+end
+
+function Collector:keep(stream, data)
+  local size_key = SIZE[stream]
+  local room = self[CUT[stream]] and 0 or math.min(self.limit - self[size_key], #data)
+  if room > 0 then room = self.hold:take(room) end
+  local extra_hold = self.extra_hold
+  if room > 0 and extra_hold then
+    local fits = extra_hold:take(room)
+    if fits < room then self.hold:give(room - fits) end
+    room = fits
+  end
+  if room < #data then
+    self.truncated = true
+    self[CUT[stream]] = true
+    data = room > 0 and data:sub(1, room) or nil
+  end
+  if data then
+    local key = BUF[stream]
+    local b = self[key]
+    if not b then b = core.bytes() self[key] = b end
+    b:append(data)
+    self[size_key] = self[size_key] + #data
+    if self.on_output then async.user_callback("onOutput", self.on_output, stream, data) end
+  end
+end
+
+local NO_OPTIONS = setmetatable({}, { __newindex = function() error("NO_OPTIONS is read-only", 2) end })
 
 function Session:_prepare(command, opts, what)
   self:check_live()
   V.command(command)
-  opts = require("moonbox.lib.seed_options").adapt(opts, require("moonbox.lib.seed_options").exec, what)
-  opts = V.options(opts, exec_options, what .. " options")
+  if opts == nil then
+    opts = NO_OPTIONS -- (read only below: no table per call)
+  else
+    opts = seed_options.adapt(opts, seed_options.exec, what)
+    opts = V.options(opts, exec_options, what .. " options")
+  end
   V.timeout(opts.timeout, "timeout")
   V.type(opts.onOutput, "function", "onOutput", true)
   V.type(opts.stdin, "string", "stdin", true)
@@ -407,8 +441,11 @@ function Session:_prepare(command, opts, what)
   end
   local o = { timeout = opts.timeout, env = env, cwd = cwd, stdin = opts.stdin,
     onOutput = opts.onOutput, maxOutputBytes = opts.maxOutputBytes }
-  local changed = policy_mod.call_hook(self.sandbox.policy, "onExec", "exec", { command = command }, self, command, o)
-  if changed ~= nil then command = changed end
+  local policy = self.sandbox.policy
+  if policy.hooks and policy.hooks.onExec then
+    local changed = policy_mod.call_hook(policy, "onExec", "exec", { command = command }, self, command, o)
+    if changed ~= nil then command = changed end
+  end
   return command, o
 end
 
@@ -421,10 +458,10 @@ local function run_collected(self, command, opts, output, extra_hold)
   local limit = o.maxOutputBytes or self.sandbox.policy.limits.maxOutputBytes
   local out = collector(limit, o.onOutput, self.sandbox.policy.limits.maxBufferedBytes, extra_hold)
   local ok, r = pcall(self.queue.run, self.queue, self._run, self, command, o, out.sink)
-  if not ok then out.release() error(r, 0) end
+  if not ok then out:release() error(r, 0) end
   r.stdout = output(out, "stdout")
   r.stderr = output(out, "stderr")
-  out.release() -- handed over: the budget has the bytes back
+  out:release() -- handed over: the budget has the bytes back
   r.success = r.exitCode == 0
   r.command = type(command) == "table" and util.shell_join(command) or command
   r.sessionId = self.id
@@ -433,9 +470,12 @@ local function run_collected(self, command, opts, output, extra_hold)
   return r
 end
 
+local function output_text(out, stream) return out:text(stream) end
+local function output_bytes(out, stream) return out:take(stream) end
+
 -- exec(command, opts) -> ExecResult
 function Session:exec(command, opts)
-  return run_collected(self, command, opts, function(out, stream) return out.text(stream) end)
+  return run_collected(self, command, opts, output_text)
 end
 
 -- exec_bytes(command, opts[, hold]) -> ExecResult whose stdout and stderr
@@ -446,7 +486,7 @@ end
 -- kept only while it also fits there, else truncated as past the runtime's
 -- budget; the caller releases it.
 function Session:exec_bytes(command, opts, hold)
-  return run_collected(self, command, opts, function(out, stream) return out.take(stream) end, hold)
+  return run_collected(self, command, opts, output_bytes, hold)
 end
 
 -- execStream(command, opts) -> iterator of events (a callable table with

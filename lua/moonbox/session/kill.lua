@@ -160,8 +160,12 @@ function M.watch(session, sh, timeout)
   return w
 end
 
+-- the watch of a command that nothing can time out or cancel (no timeout,
+-- no control): shared, never expires
+M.UNWATCHED = setmetatable({ timers = {}, timed_out = false }, Watch)
+
 function Watch:expire()
-  if self.timed_out then return end
+  if self.timed_out or self == M.UNWATCHED then return end
   self.timed_out = true
   local session, sh, timers = self.session, self.sh, self.timers
   local grace = session.sandbox.policy.limits.timeoutGraceMs
@@ -202,6 +206,9 @@ end
 -- line at the end, and goes on); held:flush() passes it on without the
 -- notes.
 local HELD_MAX = 64 * 1024
+
+-- held_stderr's h for a command that cannot time out: nothing is held
+M.NOTHING_HELD = { flush = function() end }
 
 function M.held_stderr(sink, w)
   local held, held_bytes = {}, 0

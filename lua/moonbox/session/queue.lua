@@ -50,13 +50,16 @@ end
 -- Run fn(...) holding the lock; the lock is released whatever happens,
 -- unless fn handed it off (hand_off) to finish its work in another task.
 -- Outside a task nothing is queued: NOT_IN_TASK.
+local function ran(self, ok, ...)
+  if self.handed_off then self.handed_off = nil else self:release() end
+  if not ok then error((...), 0) end
+  return ...
+end
+
 function Queue:run(fn, ...)
   async.check_task("this call")
   self:acquire()
-  local results = { pcall(fn, ...) }
-  if self.handed_off then self.handed_off = nil else self:release() end
-  if not results[1] then error(results[2], 0) end
-  return unpack(results, 2, table.maxn(results))
+  return ran(self, pcall(fn, ...))
 end
 
 return M

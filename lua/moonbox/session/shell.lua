@@ -277,6 +277,16 @@ Shell.__index = Shell
 -- a regular file or a FIFO (core.open_fd with a dirfd), FIFOs come from
 -- mkfifo (EEXIST if a name was taken), and whatever is there is the
 -- sandbox's own tmpfs (nodev).
+local NOTHING = {}
+
+-- mark(cmd, slot) -> the slot's entry name, to be unlinked after the command
+local function mark(cmd, slot)
+  local used = cmd.used or {}
+  cmd.used = used
+  used[#used + 1] = slot
+  return SLOT_NAMES[slot]
+end
+
 local function pack(...) return { n = select("#", ...), ... } end
 
 -- (Nested calls run under the ids already in force: a command's entries are
@@ -418,7 +428,7 @@ function Shell:_write_body(body, cmd)
     return
   end
   core.close_fd(fd)
-  cmd.used[#cmd.used + 1] = SLOTS.body -- unlinked after the command
+  mark(cmd, SLOTS.body) -- unlinked after the command
   if not ok then error(err, 0) end
 end
 
@@ -821,16 +831,17 @@ end
 local Job = {}
 Job.__index = Job
 
+local function forget_resume(job) job.resume = nil end
+local function await_record(resume, job)
+  job.resume = resume
+  return forget_resume
+end
+
 function Job:wait()
-  if not self.record then
-    async.await(function(resume)
-      self.resume = resume
-      return function() self.resume = nil end
-    end, "exec")
-  end
+  if not self.record then async.await(await_record, "exec", self) end
   if not self.cleaned then
     self.cleaned = true
-    self.cleanup(self.record)
+    self.shell:_cleanup(self.cmd, self.req, self.record)
   end
   return self.record
 end
@@ -850,13 +861,9 @@ end
 --   feed(sh, cmd, slot, data)  stdin, prelude: data the shell reads
 --   drain(sh, cmd, slot)       stdout, stderr -> a stream of what it writes
 --   finish(sh, cmd)            after the record: what the command used goes
--- cmd = {used = {slots}, feeders = {streams}, output_ends = {fds} or nil}.
-
--- mark(cmd, slot) -> the slot's entry name, to be unlinked after the command
-local function mark(cmd, slot)
-  cmd.used[#cmd.used + 1] = slot
-  return SLOT_NAMES[slot]
-end
+-- cmd = {transport, readers = {name = stream}, used = {slots} or nil,
+-- feeders = {streams} or nil, pipes = {r, w, r, w} and output_ends = {w, w}
+-- when the outputs are sent} (used and feeders made when first needed).
 
 -- Without namespaces: the runtime's fixed fd slots, which the shell opens
 -- as /proc/<rt>/fd/<slot>; per command fresh pipes are dup3()ed onto them,
@@ -872,7 +879,7 @@ end
 local function place(sh, cmd, slot, fd)
   core.dup_to(fd, sh.slots[slot])
   core.close_fd(fd)
-  cmd.used[#cmd.used + 1] = slot
+  mark(cmd, slot)
 end
 
 function fd_slots.open() end
@@ -895,7 +902,9 @@ function fd_slots.feed(sh, cmd, slot, data)
     return
   end
   local s = core.stream_open(w)
-  cmd.feeders[#cmd.feeders + 1] = s
+  local feeders = cmd.feeders or {}
+  cmd.feeders = feeders
+  feeders[#feeders + 1] = s
   s:write(data, function() s:close() end)
 end
 
@@ -938,7 +947,7 @@ end
 
 function run_dir.finish(sh, cmd)
   if sh.rundir_fd then
-    for _, slot in ipairs(cmd.used) do core.unlink(SLOT_NAMES[slot], sh.rundir_fd) end
+    for _, slot in ipairs(cmd.used or NOTHING) do core.unlink(SLOT_NAMES[slot], sh.rundir_fd) end
   end
   if sh.dead then sh:_close_slots()
   elseif not hot[sh] then
@@ -1034,7 +1043,7 @@ end
 -- spare set), unless the last command's pipes were in no other process
 -- than the shell (its record's `k`: it made none) and are sent again
 -- (Shell.reusing, cleanup in Shell:start).
-function Shell:_send_outputs(cmd, readers, on_chunk, shape)
+function Shell:_send_outputs(cmd, on_chunk, shape)
   local pipes = self.spare_outputs
   self.spare_outputs = nil
   if not pipes then
@@ -1042,8 +1051,9 @@ function Shell:_send_outputs(cmd, readers, on_chunk, shape)
     pipes, err = self:_new_outputs()
     if not pipes then error(err, 0) end
   end
+  cmd.pipes = pipes
   cmd.output_raw = { stdout = pipes[1], stderr = pipes[3] }
-  cmd.readers, cmd.on_chunk = readers, on_chunk
+  cmd.on_chunk = on_chunk
   cmd.output_ends = { pipes[2], pipes[4] }
   local n, send_err = self.status:send_fds(SHAPE_BYTES[shape], cmd.output_ends)
   if n ~= 1 then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
@@ -1062,7 +1072,7 @@ end
 -- the end of the loop's turn (core.close_later: usually after the next
 -- command was sent, while the shell runs it).
 -- keep: both are to be sent again, and no process but this one can write
--- them any more: read to their end, they are returned {out, err}, open.
+-- them any more: read to their end, they stay open (returns true).
 local function read_raw_outputs(raw, on_chunk, keep)
   local out, err = raw.stdout, raw.stderr
   local a, b = core.read_pending(out or err, out and err or nil)
@@ -1072,108 +1082,123 @@ local function read_raw_outputs(raw, on_chunk, keep)
     if #a > 0 then on_chunk(first, a) end
     if out and err and #b > 0 then on_chunk("stderr", b) end
     -- (what a pipe holds, at most 64 KiB, comes in one call: it is empty now)
-    if keep and out and err then return { out, err } end
+    if keep and out and err then return true end
   end
   if out and err then core.close_later(out, err)
   else core.close_later(out or err) end
 end
 
+-- A command's output FIFO, read as the command writes it (a shell whose
+-- outputs are not sent on its socket).
+local function drain(sh, transport, cmd, req, slot, name)
+  local s = transport.drain(sh, cmd, slot)
+  cmd.readers[name] = s
+  s:read_start(function(_, data)
+    if data then req.on_chunk(name, data) end
+  end)
+end
+
+-- The command's entries: body, stdin, prelude, and the output FIFOs where
+-- the outputs are not sent.
+local function make_entries(sh, transport, cmd, req, send_outputs)
+  transport.body(sh, cmd, req.body)
+  if req.stdin then transport.feed(sh, cmd, SLOTS.stdin, req.stdin) end
+  if not send_outputs then
+    drain(sh, transport, cmd, req, SLOTS.stdout, "stdout")
+    drain(sh, transport, cmd, req, SLOTS.stderr, "stderr")
+  end
+  if req.prelude then transport.feed(sh, cmd, SLOTS.prelude, req.prelude) end
+  return true
+end
+
+local function send_command(sh, transport, cmd, req, send_outputs)
+  transport.open(sh)
+  local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
+  if req.words and not req.prelude and M.spawn_builtin then shape = shape + 4 end
+  -- the command's entries, made without a yield (as root inside: one
+  -- switch, and none when no entry is made: a hot body, outputs sent)
+  if send_outputs and not req.stdin and sh.hot_body then
+    make_entries(sh, transport, cmd, req, send_outputs)
+  else
+    errors.check("FILESYSTEM_ERROR", sh:_as_root_inside(make_entries, sh, transport, cmd, req, send_outputs))
+  end
+  local line
+  if send_outputs then
+    sh:_send_outputs(cmd, req.on_chunk, shape)
+    -- the first `@` stays in the shell, waiting for the next messages
+    if not sh.looping then line, sh.looping = SENT_LINE, true end
+  elseif sh.looping then
+    -- a prelude's shape: its byte alone on the socket
+    local sent, send_err = sh.status:write(SHAPE_BYTES[shape])
+    if not sent then error("cannot send the command to its shell: " .. tostring(send_err), 0) end
+  else
+    local lines = sh.nonce and SHORT_LINES or (sh.nonce == nil and sh.outputs_sent and EARLY_LINES)
+      or EVAL_LINES
+    line = lines[shape]
+  end
+  if line then
+    local sent, send_err = sh:_send(line)
+    if not sent then error(send_err, 0) end
+  end
+end
+
 -- start(req) -> Job: the command is sent; Job:wait() waits for its end.
+-- (No closure per command: the exec path's garbage is the runtime's
+-- collector's work, issue #32.)
 function Shell:start(req)
   self.seq = self.seq + 1
   local id = self.seq
   local transport = self.rundir and run_dir or fd_slots
-  local cmd = { used = {}, feeders = {} }
-  local readers = {}
+  local cmd = { transport = transport, readers = {} }
   self.running = true
-  local function drain(slot, name)
-    local s = transport.drain(self, cmd, slot)
-    readers[name] = s
-    s:read_start(function(_, data)
-      if data then req.on_chunk(name, data) end
-    end)
-  end
-  local function cleanup(record)
-    if cmd.output_timer then cmd.output_timer:close() cmd.output_timer = nil end
-    -- what the command wrote before it reported is in the pipes already
-    for _, name in ipairs(OUTPUT_NAMES) do
-      local s = readers[name]
-      if s then
-        local rest = s:try_read()
-        if rest and #rest > 0 then req.on_chunk(name, rest) end
-        s:close()
-      end
-    end
-    local raw = cmd.output_raw
-    local ends = cmd.output_ends
-    -- The pipes again for the next command (a hot shell's): only the shell
-    -- had them (the record's `k`), and both were read at the record, all
-    -- they held (less than a pipe's 64 KiB, no writer left to add more).
-    local keep = ends and raw and raw.stdout and raw.stderr and record and record.outputs_private
-      and not record.exiting and not self.dead and hot[self] and true
-    local again
-    if raw and (raw.stdout or raw.stderr) then again = read_raw_outputs(raw, req.on_chunk, keep) end
-    for _, s in ipairs(cmd.feeders) do s:close() end
-    if again then
-      self:_drop_spare_outputs()
-      self.spare_outputs = { again[1], ends[1], again[2], ends[2] }
-    elseif ends then
-      core.close_later(ends[1], ends[2])
-    end
-    self.reusing = again and true or false
-    self.running = false
-    transport.finish(self, cmd)
-  end
   -- the outputs as pipes sent on the status socket: every shape the builtin
   -- runs (not a prelude's subshell), in a shell that loaded it
   local send_outputs = self.outputs_sent and self.nonce and not req.prelude
-  local function entries()
-    transport.body(self, cmd, req.body)
-    if req.stdin then transport.feed(self, cmd, SLOTS.stdin, req.stdin) end
-    if not send_outputs then
-      drain(SLOTS.stdout, "stdout")
-      drain(SLOTS.stderr, "stderr")
-    end
-    if req.prelude then transport.feed(self, cmd, SLOTS.prelude, req.prelude) end
-    return true
-  end
-  local ok, err = pcall(function()
-    transport.open(self)
-    local shape = (req.prelude and 2 or 0) + (req.stdin and 2 or 1)
-    if req.words and not req.prelude and M.spawn_builtin then shape = shape + 4 end
-    -- the command's entries, made without a yield (as root inside: one
-    -- switch, and none when no entry is made: a hot body, outputs sent)
-    if send_outputs and not req.stdin and self.hot_body then
-      entries()
-    else
-      errors.check("FILESYSTEM_ERROR", self:_as_root_inside(entries))
-    end
-    local line
-    if send_outputs then
-      self:_send_outputs(cmd, readers, req.on_chunk, shape)
-      -- the first `@` stays in the shell, waiting for the next messages
-      if not self.looping then line, self.looping = SENT_LINE, true end
-    elseif self.looping then
-      -- a prelude's shape: its byte alone on the socket
-      local sent, send_err = self.status:write(SHAPE_BYTES[shape])
-      if not sent then error("cannot send the command to its shell: " .. tostring(send_err), 0) end
-    else
-      local lines = self.nonce and SHORT_LINES or (self.nonce == nil and self.outputs_sent and EARLY_LINES)
-        or EVAL_LINES
-      line = lines[shape]
-    end
-    if line then
-      local sent, send_err = self:_send(line)
-      if not sent then error(send_err, 0) end
-    end
-  end)
-  local job = setmetatable({ id = id, cleanup = cleanup }, Job)
+  local ok, err = pcall(send_command, self, transport, cmd, req, send_outputs)
+  local job = setmetatable({ id = id, shell = self, cmd = cmd, req = req }, Job)
   if not ok then
     job.record = { died = true, status = 1, error = tostring(err) }
     return job
   end
   self.waiting = job
   return job
+end
+
+-- After the command's record (once, Job:wait): its outputs read to their
+-- end, its entries removed, its pipes kept for the next command or closed.
+function Shell:_cleanup(cmd, req, record)
+  if cmd.output_timer then cmd.output_timer:close() cmd.output_timer = nil end
+  -- what the command wrote before it reported is in the pipes already
+  local readers = cmd.readers
+  for _, name in ipairs(OUTPUT_NAMES) do
+    local s = readers[name]
+    if s then
+      local rest = s:try_read()
+      if rest and #rest > 0 then req.on_chunk(name, rest) end
+      s:close()
+    end
+  end
+  local raw = cmd.output_raw
+  local ends = cmd.output_ends
+  -- The pipes again for the next command (a hot shell's): only the shell
+  -- had them (the record's `k`), and both were read at the record, all
+  -- they held (less than a pipe's 64 KiB, no writer left to add more).
+  local keep = ends and raw and raw.stdout and raw.stderr and record and record.outputs_private
+    and not record.exiting and not self.dead and hot[self] and true
+  local again
+  if raw and (raw.stdout or raw.stderr) then again = read_raw_outputs(raw, req.on_chunk, keep) end
+  if cmd.feeders then
+    for _, s in ipairs(cmd.feeders) do s:close() end
+  end
+  if again then
+    self:_drop_spare_outputs()
+    self.spare_outputs = cmd.pipes -- (the same four: read, write, read, write)
+  elseif ends then
+    core.close_later(ends[1], ends[2])
+  end
+  self.reusing = again and true or false
+  self.running = false
+  cmd.transport.finish(self, cmd)
 end
 
 -- Wait (in a task) until the shell process has exited and been reaped. A
