@@ -364,10 +364,9 @@ local function collector(limit, on_output, budget_ceiling, extra_hold)
 end
 
 function Collector:release()
-  for _, key in pairs(BUF) do
-    local b = self[key]
-    if b then b:free() self[key] = nil end
-  end
+  local out, err = self.stdout_buf, self.stderr_buf
+  if out then out:free() self.stdout_buf = nil end
+  if err then err:free() self.stderr_buf = nil end
   self.hold:release()
 end
 
@@ -439,10 +438,13 @@ function Session:_prepare(command, opts, what)
     cwd = self.sandbox:host_path(opts.cwd, self.cwd)
     if not self.sandbox:dir_exists(cwd) then V.fail("cwd", ("directory %q does not exist"):format(opts.cwd)) end
   end
+  local policy = self.sandbox.policy
+  local hook = policy.hooks and policy.hooks.onExec
+  -- (no options and no hook to change them: the shared empty table)
+  if opts == NO_OPTIONS and not hook then return command, NO_OPTIONS end
   local o = { timeout = opts.timeout, env = env, cwd = cwd, stdin = opts.stdin,
     onOutput = opts.onOutput, maxOutputBytes = opts.maxOutputBytes }
-  local policy = self.sandbox.policy
-  if policy.hooks and policy.hooks.onExec then
+  if hook then
     local changed = policy_mod.call_hook(policy, "onExec", "exec", { command = command }, self, command, o)
     if changed ~= nil then command = changed end
   end
@@ -500,6 +502,7 @@ end
 function Session:execStream(command, opts)
   local o
   command, o = self:_prepare(command, opts, "execStream")
+  if o == NO_OPTIONS then o = {} end -- (control goes in it)
   local control = {}
   o.control = control
   local limits_ = self.sandbox.policy.limits

@@ -287,6 +287,8 @@ local function mark(cmd, slot)
   return SLOT_NAMES[slot]
 end
 
+local outputs_to_streams -- (defined with the outputs, below)
+
 local function pack(...) return { n = select("#", ...), ... } end
 
 -- (Nested calls run under the ids already in force: a command's entries are
@@ -571,6 +573,15 @@ function M.spawn(opts)
   self.control = pipes_or_err[CONTROL_FD]
   self.status = pipes_or_err[STATUS_FD]
   self.status:read_start(function(_, data) self:_status_data(data) end)
+  -- the one timer of its commands' outputs (Shell:_send_outputs), made with
+  -- the shell and closed with its pipes: a handle per command was made and
+  -- closed each time (issue #32)
+  self.output_timer = core.timer()
+  self.outputs_due = function()
+    local due = self.streaming
+    self.streaming = nil
+    if due then outputs_to_streams(due) end
+  end
   self.prelude_pipe = pipes_or_err[PRELUDE_FD]
   if not opts.deferred then self:begin() end
   return self
@@ -679,7 +690,7 @@ function Shell:_status_data(data)
     return
   end
   self.status_len = 0
-  local text = table.concat(buf)
+  local text = #buf == 1 and buf[1] or table.concat(buf)
   if self.nonce == nil then
     -- the hello comes first; nothing of a command can precede it
     local e, nonce = select(2, text:find("\n0 0 hello %- H (%x+)%z[^%z]*%z"))
@@ -717,7 +728,9 @@ function Shell:_status_data(data)
       end
     until text == "" or not text:find("\0", at, true)
     if #text > MAX_STATUS_BUF then text = text:sub(-KEEP_STATUS_TAIL) end
-    self.status_buf = { text }
+    -- (the same table: one less per record)
+    for i = #buf, 2, -1 do buf[i] = nil end
+    buf[1] = text ~= "" and text or nil
     return
   end
   while true do
@@ -763,6 +776,7 @@ function Shell:_deliver(record)
 end
 
 function Shell:_close_pipes()
+  if self.output_timer then self.output_timer:close() self.output_timer, self.streaming = nil, nil end
   if self.prelude_pipe then self.prelude_pipe:close() self.prelude_pipe = nil end
   self:_drop_control()
   if self.status then self.status:close() self.status = nil end
@@ -841,7 +855,7 @@ function Job:wait()
   if not self.record then async.await(await_record, "exec", self) end
   if not self.cleaned then
     self.cleaned = true
-    self.shell:_cleanup(self.cmd, self.req, self.record)
+    self.shell:_cleanup(self, self.req, self.record)
   end
   return self.record
 end
@@ -861,7 +875,7 @@ end
 --   feed(sh, cmd, slot, data)  stdin, prelude: data the shell reads
 --   drain(sh, cmd, slot)       stdout, stderr -> a stream of what it writes
 --   finish(sh, cmd)            after the record: what the command used goes
--- cmd = {transport, readers = {name = stream}, used = {slots} or nil,
+-- cmd = {transport, readers = {name = stream} or nil, used = {slots} or nil,
 -- feeders = {streams} or nil, pipes = {r, w, r, w} and output_ends = {w, w}
 -- when the outputs are sent} (used and feeders made when first needed).
 
@@ -1017,8 +1031,10 @@ end
 
 -- The outputs made into streams once the command has run OUTPUT_STREAM_MS
 -- (its timer's callback).
-local function outputs_to_streams(cmd)
-  local raw, readers, on_chunk = cmd.output_raw, cmd.readers, cmd.on_chunk
+function outputs_to_streams(cmd)
+  local readers = cmd.readers or {}
+  cmd.readers = readers
+  local raw, on_chunk = cmd.output_raw, cmd.on_chunk
   for _, name in ipairs(OUTPUT_NAMES) do
     local r = raw[name]
     raw[name] = nil
@@ -1057,13 +1073,8 @@ function Shell:_send_outputs(cmd, on_chunk, shape)
   cmd.output_ends = { pipes[2], pipes[4] }
   local n, send_err = self.status:send_fds(SHAPE_BYTES[shape], cmd.output_ends)
   if n ~= 1 then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
-  local timer = core.timer()
-  cmd.output_timer = timer
-  timer:start(OUTPUT_STREAM_MS, 0, function()
-    timer:close()
-    cmd.output_timer = nil
-    outputs_to_streams(cmd)
-  end)
+  self.streaming = cmd
+  self.output_timer:start(OUTPUT_STREAM_MS, 0, self.outputs_due)
   if hot[self] and not self.reusing then self.spare_outputs = self:_new_outputs() end
 end
 
@@ -1092,6 +1103,7 @@ end
 -- outputs are not sent on its socket).
 local function drain(sh, transport, cmd, req, slot, name)
   local s = transport.drain(sh, cmd, slot)
+  cmd.readers = cmd.readers or {}
   cmd.readers[name] = s
   s:read_start(function(_, data)
     if data then req.on_chunk(name, data) end
@@ -1149,13 +1161,13 @@ function Shell:start(req)
   self.seq = self.seq + 1
   local id = self.seq
   local transport = self.rundir and run_dir or fd_slots
-  local cmd = { transport = transport, readers = {} }
+  -- the job is the command's state too (cmd, for the transports)
+  local job = setmetatable({ id = id, shell = self, req = req, transport = transport }, Job)
   self.running = true
   -- the outputs as pipes sent on the status socket: every shape the builtin
   -- runs (not a prelude's subshell), in a shell that loaded it
   local send_outputs = self.outputs_sent and self.nonce and not req.prelude
-  local ok, err = pcall(send_command, self, transport, cmd, req, send_outputs)
-  local job = setmetatable({ id = id, shell = self, cmd = cmd, req = req }, Job)
+  local ok, err = pcall(send_command, self, transport, job, req, send_outputs)
   if not ok then
     job.record = { died = true, status = 1, error = tostring(err) }
     return job
@@ -1167,9 +1179,12 @@ end
 -- After the command's record (once, Job:wait): its outputs read to their
 -- end, its entries removed, its pipes kept for the next command or closed.
 function Shell:_cleanup(cmd, req, record)
-  if cmd.output_timer then cmd.output_timer:close() cmd.output_timer = nil end
+  if self.streaming == cmd then
+    self.streaming = nil
+    if self.output_timer then self.output_timer:stop() end
+  end
   -- what the command wrote before it reported is in the pipes already
-  local readers = cmd.readers
+  local readers = cmd.readers or NOTHING
   for _, name in ipairs(OUTPUT_NAMES) do
     local s = readers[name]
     if s then

@@ -27,14 +27,20 @@ function M.words(body)
   if #body > MAX_BYTES then return nil end
   local line = body:match("^[ \t]*(.-)[ \t]*\n?$")
   if not line or line == "" or line:find("\n", 1, true) then return nil end
-  local words = {}
-  for w in line:gmatch("[^ \t]+") do
-    if not w:find(WORD) then return nil end
-    words[#words + 1] = w
-  end
-  local first = words[1]
+  -- the first word first: most bodies that are not plain commands are told
+  -- by it, before anything is made (a table of words, an iterator)
+  local first = line:match("^[^ \t]+")
   -- an assignment (A=1 cmd), a job spec (%1), an option-looking name
   if first:find("=", 1, true) or first:find("^[%%-]") or NOT_EXTERNAL[first] then return nil end
+  local words, at = {}, 1
+  while true do
+    local s, e = line:find("[^ \t]+", at)
+    if not s then break end
+    local w = line:sub(s, e)
+    if not w:find(WORD) then return nil end
+    words[#words + 1] = w
+    at = e + 1
+  end
   return words
 end
 
