@@ -8,8 +8,9 @@
  * commands the shell's fds 1 and 2 are closed (the status channel lives on
  * a private fd, report_builtin.c), so nothing needs saving: the runtime's
  * two pipes arrive straight on 1 and 2 (the lowest free fds) and are
- * closed after the body, which also undoes what the body did to 1 and 2
- * (`exec >file`, `exec 2>&1`), as the redirection's restore did.
+ * closed after the body (once the runtime sends messages only, by the
+ * report, after its record), which also undoes what the body did to 1 and
+ * 2 (`exec >file`, `exec 2>&1`), as the redirection's restore did.
  *
  * Closed, not /dev/null: a command's fds land on 1 and 2 with no close
  * before, and none of /dev/null's dup2s after (4 system calls a command).

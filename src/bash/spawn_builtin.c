@@ -240,7 +240,9 @@ int mb_run_builtin(WORD_LIST *list) {
     return EXECUTION_FAILURE;
   }
   int rc = source_only ? source_body(body) : run_body(body);
-  if (words == 3) mb_outputs_restore();
+  /* (once the runtime sends messages only, the report closes them after
+   * its record, off the way from one command to the next: issue #32) */
+  if (words == 3 && !mb_messages_only) mb_outputs_restore();
   return rc;
 }
 
