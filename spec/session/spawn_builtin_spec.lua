@@ -308,6 +308,35 @@ describe("the spawn builtin", function()
   end)
 end)
 
+describe("a body sent in the command's message", function()
+  -- (src/bash/outputs.c, spawn_builtin.c's source_text: up to 4096 bytes
+  -- travel with the command and are sourced from memory; a longer body, or
+  -- one bash's own source treats differently, is sourced from its file)
+  it("runs as the same body sourced from its file does", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      s:exec("x=1")
+      local pad = "\n#" .. ("x"):rep(5000) -- past the message's 4096 bytes: from the file
+      local bodies = { "echo hi; return 3; echo no", "echo $x ${BASH_SOURCE[0]} ${#BASH_SOURCE[@]} $LINENO $#",
+        "nosuch", "if then", "f() { return 7; }; f; echo $?", "echo a\necho b\nfalse", "/bin/echo spawned",
+        "echo ${BASH_ARGC[0]} ${#BASH_ARGV[@]} ${#FUNCNAME[@]}", "(exit 9)", "echo -n no newline" }
+      for _, body in ipairs(bodies) do
+        local a, b = s:exec(body), s:exec(body .. pad)
+        assert.same({ a.exitCode, a.stdout, a.stderr }, { b.exitCode, b.stdout, b.stderr }, body)
+      end
+      -- a DEBUG trap is off in a sourced body (bash's source does that):
+      -- the body goes to it, from its file, and the trap runs for nothing
+      s:exec("trap 'echo dbg' DEBUG")
+      local r = s:exec("echo after")
+      assert.same({ 0, "after\n" }, { r.exitCode, r.stdout })
+      s:exec("trap - DEBUG")
+      -- the state a body leaves is the shell's
+      s:exec("y=2; cd /tmp")
+      assert.equal("2 /tmp\n", s:exec("echo $y $PWD").stdout)
+    end)
+  end)
+end)
+
 describe("shell error messages", function()
   it("name the shell, never the runtime's files, as bash -c would", function()
     with_sandbox(function(sb)

@@ -36,6 +36,10 @@ int mb_outputs_take(int *shape);
  * them (*with_outputs 1); -1 at EOF (errno 0) or on an error. */
 int mb_outputs_next(int *shape, int *with_outputs);
 void mb_outputs_restore(void);
+/* outputs.c: the body that came in the command's message, NUL-terminated
+ * (*len: its length, NULs in it included), or NULL; taken once. */
+#define MB_INLINE_MAX 4096
+const char *mb_outputs_inline_body(size_t *len);
 void mb_outputs_settle(void);
 /* outputs.c: the shell made a process (spawn_builtin.c's posix_spawn; its
  * forks are counted by themselves); private: 1 if this command's outputs

@@ -49,8 +49,18 @@ static unsigned long made;      /* processes made by the shell so far */
 static unsigned long made_mark; /* ... at the last report */
 static int received;            /* this command's outputs came on the socket */
 
+/* A command's body sent in its message (the runtime's INLINE_SHAPES): the
+ * shape's byte in upper case, two bytes of length (big-endian), the body.
+ * The body file holds it too (the fallback, spawn_builtin.c); taken by the
+ * command's __mb_run, dropped by the report. */
+static char inline_body[MB_INLINE_MAX + 1];
+static int inline_len = -1; /* -1: none */
+
 /* A fork of the shell (a subshell, a background job) owns what it holds. */
-static void forked_child(void) { placed = taken = received = 0; }
+static void forked_child(void) {
+  placed = taken = received = 0;
+  inline_len = -1;
+}
 static void forked_parent(void) { made++; }
 
 static int guard_forks(void) {
@@ -80,24 +90,54 @@ static int place(const char *path, int target) {
   return rc < 0 ? -1 : 0;
 }
 
+const char *mb_outputs_inline_body(size_t *len) {
+  if (inline_len < 0) return NULL;
+  *len = (size_t)inline_len;
+  inline_len = -1;
+  return inline_body;
+}
+
+/* The rest of an inline body (what the first recvmsg did not bring). */
+static int receive_rest(int sock, size_t have, size_t want) {
+  while (have < want) {
+    struct pollfd p = {sock, POLLIN, 0};
+    if (poll(&p, 1, 1000) <= 0) {
+      if (errno == EINTR) continue;
+      errno = EPROTO; /* (the runtime sends a message whole) */
+      return -1;
+    }
+    ssize_t n = recv(sock, inline_body + have, want - have, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EPROTO;
+      return -1;
+    }
+    have += (size_t)n;
+  }
+  return 0;
+}
+
 /* One message of the runtime's on the status socket: a byte (the command's
- * shape) and up to two fds (SCM_RIGHTS). flags: MSG_DONTWAIT or 0 (wait).
- * 0 and *got fds in fds; -1 at EOF (errno 0) or on an error. */
+ * shape; an upper-case one with its body, above) and up to two fds
+ * (SCM_RIGHTS). flags: MSG_DONTWAIT or 0 (wait). 0 and *got fds in fds;
+ * -1 at EOF (errno 0) or on an error. */
 static int receive_message(char *byte, int fds[2], int *got, int flags) {
   int sock = mb_status_fd();
   if (sock < 0) {
     errno = EBADF;
     return -1;
   }
-  struct iovec iov = {byte, 1};
+  unsigned char head[3];
+  struct iovec iov[2] = {{head, sizeof head}, {inline_body, MB_INLINE_MAX}};
+  inline_len = -1;
   union {
     char buf[CMSG_SPACE(sizeof(int) * 2)];
     struct cmsghdr align;
   } u;
   struct msghdr msg;
   memset(&msg, 0, sizeof msg);
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
   msg.msg_control = u.buf;
   msg.msg_controllen = sizeof u.buf;
   int wait = !(flags & MSG_DONTWAIT);
@@ -135,10 +175,19 @@ static int receive_message(char *byte, int fds[2], int *got, int flags) {
     }
   }
   if (n == 0) errno = 0;
-  if (n != 1 || (msg.msg_flags & MSG_CTRUNC)) {
+  int with_body = n >= 3 && (head[0] == 'A' || head[0] == 'E');
+  size_t body_len = with_body ? (size_t)head[1] << 8 | head[2] : 0;
+  if ((n != 1 && !with_body) || body_len > MB_INLINE_MAX || (size_t)n > 3 + body_len || (msg.msg_flags & MSG_CTRUNC) ||
+      (with_body && receive_rest(sock, (size_t)n - 3, body_len) < 0)) {
     for (int i = 0; i < *got; i++) close(fds[i]);
-    if (n == 1) errno = EPROTO;
+    if (n >= 1) errno = EPROTO;
     return -1;
+  }
+  /* (the shape's own byte: '1' or '5') */
+  *byte = with_body ? (char)(head[0] == 'A' ? '1' : '5') : (char)head[0];
+  if (with_body) {
+    inline_body[body_len] = 0;
+    inline_len = (int)body_len;
   }
   return 0;
 }
@@ -233,6 +282,7 @@ int mb_outputs_open(const char *out, const char *err) {
 }
 
 void mb_outputs_settle(void) {
+  inline_len = -1;
   if (placed) mb_outputs_restore();
   taken = 0;
   received = 0;

@@ -48,8 +48,15 @@
 #include <unistd.h>
 
 #include "alias.h"
+#include "execute_cmd.h"
 #include "mb_builtins.h"
 #include "version.h"
+#include "y.tab.h"
+
+/* bash's own, not in its installed headers (parse.y, flags.c, trap.c) */
+extern int current_token;
+extern int function_trace_mode;
+extern void run_return_trap(void);
 
 #define CMDSRCH_HASH 0x01
 /* bash's pseudo-signals for its DEBUG, ERR and RETURN traps (trap.h) */
@@ -58,6 +65,17 @@
 #define RETURN_TRAP (NSIG + 2)
 #define MAX_BODY_BYTES 4096
 #define MAX_WORDS 256
+
+/* buf's words (split at blanks), -1 if there are too many. */
+static int split_words(char *buf, char **argv) {
+  int argc = 0;
+  for (char *save = NULL, *w = strtok_r(buf, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
+    if (argc == MAX_WORDS) return -1;
+    argv[argc++] = w;
+  }
+  argv[argc] = NULL;
+  return argc;
+}
 
 /* The body's words (split at blanks, in buf), or -1 if it is too long to
  * be one the runtime would send this way. */
@@ -81,13 +99,7 @@ static int read_words(const char *path, char *buf, char **argv) {
   }
   close(fd);
   buf[len] = 0;
-  int argc = 0;
-  for (char *save = NULL, *w = strtok_r(buf, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
-    if (argc == MAX_WORDS) return -1;
-    argv[argc++] = w;
-  }
-  argv[argc] = NULL;
-  return argc;
+  return split_words(buf, argv);
 }
 
 /* The command's file, if this is a command bash would fork and exec
@@ -206,10 +218,79 @@ static int source_body(char *body) {
   return rc;
 }
 
-static int run_body(char *body) {
+/* `builtin . BODY` with BODY's text already here (it came in the
+ * command's message, outputs.c): bash's _evalfile for `source FILE` (no
+ * arguments) without the open, fstat, read and close, 6-8 us on this VM
+ * (issue #32). The same frame as bash makes for it: BASH_SOURCE (the body's
+ * path: error messages name it, renamed `bash` below), BASH_LINENO,
+ * FUNCNAME `source`, BASH_ARGV and BASH_ARGC, sourcelevel, a `return`
+ * caught here, non-interactive, the RETURN trap after. What source_builtin
+ * does differently with a DEBUG trap (unset for the body), extdebug or NULs
+ * in the text (dropped) is left to it: the body is sourced from its file,
+ * which holds the same text. */
+static int source_text(const char *text, size_t len, char *body) {
+  if (strlen(text) != len || debugging_mode || (signal_is_trapped(DEBUG_TRAP) && function_trace_mode == 0)) return -1;
+  if (len == 0) return EXECUTION_SUCCESS; /* (as _evalfile: nothing read) */
+  SHELL_VAR *funcname_v, *source_v, *lineno_v, *argv_v, *argc_v;
+  ARRAY *funcname_a, *source_a, *lineno_a, *argv_a, *argc_a;
+  GET_ARRAY_FROM_VAR("FUNCNAME", funcname_v, funcname_a);
+  GET_ARRAY_FROM_VAR("BASH_SOURCE", source_v, source_a);
+  GET_ARRAY_FROM_VAR("BASH_LINENO", lineno_v, lineno_a);
+  set_dollar_vars_unchanged();
+  begin_unwind_frame("mb_source");
+  unwind_protect_int(return_catch_flag);
+  unwind_protect_jmp_buf(return_catch);
+  unwind_protect_int(interactive);
+  unwind_protect_int(sourcelevel);
+  interactive = 0;
+  return_catch_flag++;
+  sourcelevel++;
+  array_push(source_a, body);
+  char *line = itos(executing_line_number());
+  array_push(lineno_a, line);
+  free(line);
+  array_push(funcname_a, "source");
+  struct func_array_state *fa = xmalloc(sizeof *fa);
+  fa->source_a = source_a;
+  fa->source_v = source_v;
+  fa->lineno_a = lineno_a;
+  fa->lineno_v = lineno_v;
+  fa->funcname_a = funcname_a;
+  fa->funcname_v = funcname_v;
+  add_unwind_protect(restore_funcarray_state, fa);
+  if (shell_compatibility_level <= 44) init_bash_argv();
+  GET_ARRAY_FROM_VAR("BASH_ARGV", argv_v, argv_a);
+  GET_ARRAY_FROM_VAR("BASH_ARGC", argc_v, argc_a);
+  array_push(argv_a, body);
+  array_push(argc_a, "1");
+  add_unwind_protect(pop_args, 0);
+  /* parse_and_execute frees its string */
+  char *string = savestring(text);
+  volatile int result;
+  if (setjmp_nosigs(return_catch)) {
+    /* `return` outside a function, in the body */
+    parse_and_execute_cleanup(-1);
+    result = return_catch_value;
+  } else {
+    result = parse_and_execute(string, body, SEVAL_RESETLINE | SEVAL_NOHIST);
+  }
+  run_unwind_frame("mb_source");
+  if (current_token == yacc_EOF) push_token('\n');
+  run_return_trap();
+  read_but_dont_execute = 0; /* (as source_body) */
+  return result;
+}
+
+static int run_body(char *body, const char *text, size_t text_len) {
   char buf[MAX_BODY_BYTES + 1];
   char *argv[MAX_WORDS + 1];
-  int argc = read_words(body, buf, argv);
+  int argc;
+  if (text && text_len <= MAX_BODY_BYTES && strlen(text) == text_len) {
+    memcpy(buf, text, text_len + 1);
+    argc = split_words(buf, argv);
+  } else {
+    argc = read_words(body, buf, argv);
+  }
   char *path = argc > 0 ? external_command(argv[0]) : NULL;
   if (path) {
     /* no body is being sourced: the timeout trap (SIGRTMIN+3) has nothing to
@@ -220,7 +301,8 @@ static int run_body(char *body) {
     if (status >= 0) return status;
     bind_variable("__mb_in", "1", 0);
   }
-  return source_body(body);
+  int rc = text ? source_text(text, text_len, body) : -1;
+  return rc >= 0 ? rc : source_body(body);
 }
 
 int mb_run_builtin(WORD_LIST *list) {
@@ -239,7 +321,13 @@ int mb_run_builtin(WORD_LIST *list) {
     builtin_error("cannot open the command's output: %s", strerror(errno));
     return EXECUTION_FAILURE;
   }
-  int rc = source_only ? source_body(body) : run_body(body);
+  /* the body's text, if it came in this command's message (BODY - -) */
+  size_t text_len = 0;
+  const char *text = mb_outputs_inline_body(&text_len);
+  if (words != 3 || strcmp(list->next->word->word, "-") != 0) text = NULL;
+  int rc = -1;
+  if (source_only && text) rc = source_text(text, text_len, body);
+  if (rc < 0) rc = source_only ? source_body(body) : run_body(body, text, text_len);
   /* (once the runtime sends messages only, the report closes them after
    * its record, off the way from one command to the next: issue #32) */
   if (words == 3 && !mb_messages_only) mb_outputs_restore();

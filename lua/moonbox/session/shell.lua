@@ -983,6 +983,14 @@ local SHORT_LINES, EVAL_LINES, EARLY_LINES, SHAPE_BYTES = {}, {}, {}, {}
 -- (self.looping): every later command is its message alone, a prelude's
 -- shape (3, 4) its byte without fds; no line, no FIFO write.
 local SENT_LINE = "@\n"
+-- Shapes 1 and 5 (a body sourced, or run by the spawn builtin) carry the
+-- body itself, up to INLINE_MAX bytes: the shape's byte in upper case, two
+-- bytes of length, the body (src/bash/outputs.c). The shell then sources
+-- the text it has instead of opening, reading and closing the body file,
+-- 6-8 us on this VM (issue #32); the file still holds the body, for what
+-- the shell leaves to bash's own source (a DEBUG trap, extdebug, NULs).
+local INLINE_SHAPES = { [1] = "A", [5] = "E" }
+local INLINE_MAX = 4096
 for shape = 1, 6 do
   SHAPE_BYTES[shape] = tostring(shape)
   SHORT_LINES[shape] = ("@ %d\n"):format(shape)
@@ -1059,7 +1067,7 @@ end
 -- spare set), unless the last command's pipes were in no other process
 -- than the shell (its record's `k`: it made none) and are sent again
 -- (Shell.reusing, cleanup in Shell:start).
-function Shell:_send_outputs(cmd, on_chunk, shape)
+function Shell:_send_outputs(cmd, on_chunk, shape, body)
   local pipes = self.spare_outputs
   self.spare_outputs = nil
   if not pipes then
@@ -1071,8 +1079,13 @@ function Shell:_send_outputs(cmd, on_chunk, shape)
   cmd.output_raw = { stdout = pipes[1], stderr = pipes[3] }
   cmd.on_chunk = on_chunk
   cmd.output_ends = { pipes[2], pipes[4] }
-  local n, send_err = self.status:send_fds(SHAPE_BYTES[shape], cmd.output_ends)
-  if n ~= 1 then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
+  local message = SHAPE_BYTES[shape]
+  local inline = INLINE_SHAPES[shape]
+  if inline and #body <= INLINE_MAX then
+    message = inline .. string.char(math.floor(#body / 256), #body % 256) .. body
+  end
+  local n, send_err = self.status:send_fds(message, cmd.output_ends)
+  if n ~= #message then error("cannot send the command's outputs to its shell: " .. tostring(send_err), 0) end
   self.streaming = cmd
   self.output_timer:start(OUTPUT_STREAM_MS, 0, self.outputs_due)
   if hot[self] and not self.reusing then self.spare_outputs = self:_new_outputs() end
@@ -1136,7 +1149,7 @@ local function send_command(sh, transport, cmd, req, send_outputs)
   end
   local line
   if send_outputs then
-    sh:_send_outputs(cmd, req.on_chunk, shape)
+    sh:_send_outputs(cmd, req.on_chunk, shape, req.body)
     -- the first `@` stays in the shell, waiting for the next messages
     if not sh.looping then line, sh.looping = SENT_LINE, true end
   elseif sh.looping then
