@@ -318,7 +318,7 @@ describe("a body sent in the command's message", function()
       s:exec("x=1")
       local pad = "\n#" .. ("x"):rep(5000) -- past the message's 4096 bytes: from the file
       local bodies = { "echo hi; return 3; echo no", "echo $x ${BASH_SOURCE[0]} ${#BASH_SOURCE[@]} $LINENO $#",
-        "nosuch", "if then", "f() { return 7; }; f; echo $?", "echo a\necho b\nfalse", "/bin/echo spawned",
+        "nosuch", "f() { return 7; }; f; echo $?", "echo a\necho b\nfalse", "/bin/echo spawned",
         "echo ${BASH_ARGC[0]} ${#BASH_ARGV[@]} ${#FUNCNAME[@]}", "(exit 9)", "echo -n no newline" }
       for _, body in ipairs(bodies) do
         local a, b = s:exec(body), s:exec(body .. pad)
@@ -348,6 +348,9 @@ describe("shell error messages", function()
           assert.equal("bash: line 3: nosuch2: command not found\n", s:exec("echo hi\n\nnosuch2 a b").stderr)
           assert.equal("bash: line 1: nosuch3: command not found\n", s:exec("(nosuch3) | cat").stderr)
           assert.equal("bash: line 1: cd: /nonexistent: No such file or directory\n", s:exec("cd /nonexistent").stderr)
+          -- a syntax error names the input as bash -c names its own
+          assert.equal("bash: -c: line 2: syntax error near unexpected token `fi'\nbash: -c: line 2: `fi'\n",
+            s:exec("echo ok\nfi").stderr)
           -- in a function the body defined, in this call or an earlier one
           assert.equal("bash: line 2: nosuchf: command not found\n", s:exec("f() {\n nosuchf; }\nf").stderr)
           assert.equal("bash: line 2: nosuchf: command not found\n", s:exec("f").stderr)

@@ -224,7 +224,9 @@ static int source_body(char *body) {
  * (issue #32). The same frame as bash makes for it: BASH_SOURCE (the body's
  * path: error messages name it, renamed `bash` below), BASH_LINENO,
  * FUNCNAME `source`, BASH_ARGV and BASH_ARGC, sourcelevel, a `return`
- * caught here, non-interactive, the RETURN trap after. What source_builtin
+ * caught here, non-interactive, the RETURN trap after. A syntax error names
+ * the input `-c`, as bash -c's does (a body sourced from its file gets its
+ * path there). What source_builtin
  * does differently with a DEBUG trap (unset for the body), extdebug or NULs
  * in the text (dropped) is left to it: the body is sourced from its file,
  * which holds the same text. */
@@ -272,7 +274,9 @@ static int source_text(const char *text, size_t len, char *body) {
     parse_and_execute_cleanup(-1);
     result = return_catch_value;
   } else {
-    result = parse_and_execute(string, body, SEVAL_RESETLINE | SEVAL_NOHIST);
+    /* (the parser names its input in a syntax error: `-c`, as bash -c
+     * does, not the body's path) */
+    result = parse_and_execute(string, "-c", SEVAL_RESETLINE | SEVAL_NOHIST);
   }
   run_unwind_frame("mb_source");
   if (current_token == yacc_EOF) push_token('\n');
