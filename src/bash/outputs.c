@@ -97,19 +97,21 @@ const char *mb_outputs_inline_body(size_t *len) {
   return inline_body;
 }
 
-/* The rest of an inline body (what the first recvmsg did not bring). */
-static int receive_rest(int sock, size_t have, size_t want) {
+/* The rest of a message (what the first recvmsg did not bring) into
+ * buf[have..want): -1 (EPROTO) if it does not come within a second. */
+static int receive_rest(int sock, char *buf, size_t have, size_t want) {
   while (have < want) {
     struct pollfd p = {sock, POLLIN, 0};
-    if (poll(&p, 1, 1000) <= 0) {
-      if (errno == EINTR) continue;
+    int ready = poll(&p, 1, 1000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
       errno = EPROTO; /* (the runtime sends a message whole) */
       return -1;
     }
-    ssize_t n = recv(sock, inline_body + have, want - have, MSG_DONTWAIT);
+    ssize_t n = recv(sock, buf + have, want - have, MSG_DONTWAIT);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) {
-      if (n == 0) errno = EPROTO;
+      errno = EPROTO;
       return -1;
     }
     have += (size_t)n;
@@ -175,10 +177,16 @@ static int receive_message(char *byte, int fds[2], int *got, int flags) {
     }
   }
   if (n == 0) errno = 0;
-  int with_body = n >= 3 && (head[0] == 'A' || head[0] == 'E');
-  size_t body_len = with_body ? (size_t)head[1] << 8 | head[2] : 0;
-  if ((n != 1 && !with_body) || body_len > MB_INLINE_MAX || (size_t)n > 3 + body_len || (msg.msg_flags & MSG_CTRUNC) ||
-      (with_body && receive_rest(sock, (size_t)n - 3, body_len) < 0)) {
+  int with_body = n >= 1 && (head[0] == 'A' || head[0] == 'E');
+  size_t body_len = 0, body_got = n > 3 ? (size_t)n - 3 : 0;
+  int bad = n < 1 || (msg.msg_flags & MSG_CTRUNC) || (!with_body && n != 1);
+  if (!bad && with_body) {
+    bad = n < 3 && receive_rest(sock, (char *)head, (size_t)n, sizeof head) < 0;
+    body_len = (size_t)head[1] << 8 | head[2];
+    bad =
+      bad || body_len > MB_INLINE_MAX || body_got > body_len || receive_rest(sock, inline_body, body_got, body_len) < 0;
+  }
+  if (bad) {
     for (int i = 0; i < *got; i++) close(fds[i]);
     if (n >= 1) errno = EPROTO;
     return -1;
