@@ -92,6 +92,39 @@ describe("containment", function()
     end)
   end)
 
+  it("removes the cgroup v1 groups a killed runtime left behind", function()
+    -- (a runtime killed outright removes nothing; the next one that makes
+    -- a group in the same hierarchy does)
+    local dead = helper.sh("sh -c 'echo $$'")
+    local left = "/sys/fs/cgroup/pids/moonbox-" .. dead
+    -- (only root makes groups in a v1 hierarchy; unprivileged the runtime
+    -- enforces pids where a v2 group was delegated to it, or says it does not)
+    local root = core.getuid() == 0
+    local v1 = root and helper.sh("test -f /sys/fs/cgroup/pids/cgroup.procs && echo yes") == "yes"
+    if v1 then helper.sh("mkdir -p " .. left .. "/sb-gone") end
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local moonbox = require "moonbox"
+moonbox.run(function()
+  local sb = moonbox.getSandbox("sweep", { root = os.tmpname() .. ".d", limits = { pids = 64 } })
+  io.write(sb:info().enforcement.pids or "none", "\n")
+  sb:destroy()
+end)
+]])
+    f:close()
+    local out = helper.sh((os.getenv("MOONBOX_BIN") or "build/moonbox") .. " " .. script .. " 2>&1")
+    os.remove(script)
+    if v1 then
+      assert.equal("cgroup v1 pids", out)
+      assert.equal("gone", helper.sh("test -e " .. left .. " && echo there || echo gone"))
+    elseif root then
+      assert.equal("cgroup v2 pids", out)
+    else
+      assert.is_truthy(out == "none" or out == "cgroup v2 pids", out)
+    end
+  end)
+
   it("kills a memory bomb with 137 and says so", function()
     with_pair({ memoryBytes = 128 * 1024 * 1024 }, function(sb, probe)
       if not sb:info().enforcement.memoryBytes then

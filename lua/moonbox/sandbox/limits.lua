@@ -44,10 +44,32 @@ local function mkdir_p(path)
   return core.mkdir(path) ~= nil or util.is_dir(path)
 end
 
+-- The groups of runtimes that died without removing theirs (killed: no
+-- shutdown ran), once per hierarchy and runtime, as process/cgroup.lua
+-- sweeps the v2 one: they stayed for ever, one set per killed runtime.
+-- (What still runs in one was in the dead runtime's v2 group too, killed by
+-- that sweep; a group that is not empty yet stays, for the next runtime.)
+local swept = {}
+local function sweep_stale(root)
+  if swept[root] then return end
+  swept[root] = true
+  for _, name in ipairs(core.readdir(root) or {}) do
+    local pid = tonumber(name:match("^moonbox%-(%d+)$"))
+    if pid and pid ~= core.getpid() and not util.pid_alive(pid) then
+      local dir = root .. "/" .. name
+      for _, sub in ipairs(core.readdir(dir) or {}) do
+        if util.is_dir(dir .. "/" .. sub) then core.rmdir(dir .. "/" .. sub) end
+      end
+      core.rmdir(dir)
+    end
+  end
+end
+
 -- A v1 directory for this sandbox under controller, with value written.
 local function v1_dir(controller, sandbox_id, value)
   local root = V1[controller]
   if not util.read_file(root .. "/cgroup.procs") then return nil end
+  sweep_stale(root)
   local dir = ("%s/moonbox-%d/sb-%s"):format(root, core.getpid(), sandbox_id)
   if not mkdir_p(dir) then return nil end
   if TO_V1[controller] then value = TO_V1[controller](value) end
