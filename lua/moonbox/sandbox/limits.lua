@@ -44,6 +44,22 @@ local function mkdir_p(path)
   return core.mkdir(path) ~= nil or util.is_dir(path)
 end
 
+-- Remove root's per-runtime groups (moonbox-<pid>, and the sandboxes' below
+-- it) of runtimes that are gone, and ours too when own. (rmdir only: a
+-- group that still holds a process stays.)
+local function remove_runtime_dirs(root, own)
+  for _, name in ipairs(core.readdir(root) or {}) do
+    local pid = tonumber(name:match("^moonbox%-(%d+)$"))
+    if pid and (pid == core.getpid() and own or pid ~= core.getpid() and not util.pid_alive(pid)) then
+      local dir = root .. "/" .. name
+      for _, child in ipairs(core.readdir(dir) or {}) do
+        if util.is_dir(dir .. "/" .. child) then core.rmdir(dir .. "/" .. child) end
+      end
+      core.rmdir(dir)
+    end
+  end
+end
+
 -- The groups of runtimes that died without removing theirs (killed: no
 -- shutdown ran), once per hierarchy and runtime, as process/cgroup.lua
 -- sweeps the v2 one: they stayed for ever, one set per killed runtime.
@@ -53,16 +69,7 @@ local swept = {}
 local function sweep_stale(root)
   if swept[root] then return end
   swept[root] = true
-  for _, name in ipairs(core.readdir(root) or {}) do
-    local pid = tonumber(name:match("^moonbox%-(%d+)$"))
-    if pid and pid ~= core.getpid() and not util.pid_alive(pid) then
-      local dir = root .. "/" .. name
-      for _, sub in ipairs(core.readdir(dir) or {}) do
-        if util.is_dir(dir .. "/" .. sub) then core.rmdir(dir .. "/" .. sub) end
-      end
-      core.rmdir(dir)
-    end
-  end
+  remove_runtime_dirs(root, false)
 end
 
 -- A v1 directory for this sandbox under controller, with value written.
@@ -199,18 +206,7 @@ end
 -- runtimes (their processes are gone with their v2 cgroups).
 function M.shutdown()
   weighted = {}
-  for _, root in pairs(V1) do
-    for _, name in ipairs(core.readdir(root) or {}) do
-      local pid = tonumber(name:match("^moonbox%-(%d+)$"))
-      if pid and (pid == core.getpid() or not util.read_file("/proc/" .. pid .. "/stat")) then
-        local dir = root .. "/" .. name
-        for _, child in ipairs(core.readdir(dir) or {}) do
-          if util.is_dir(dir .. "/" .. child) then core.rmdir(dir .. "/" .. child) end
-        end
-        core.rmdir(dir)
-      end
-    end
-  end
+  for _, root in pairs(V1) do remove_runtime_dirs(root, true) end
 end
 
 return M
