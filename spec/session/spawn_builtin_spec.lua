@@ -310,19 +310,21 @@ end)
 
 describe("a body sent in the command's message", function()
   -- (src/bash/outputs.c, spawn_builtin.c's source_text: up to 4096 bytes
-  -- travel with the command and are sourced from memory; a longer body, or
-  -- one bash's own source treats differently, is sourced from its file)
-  it("runs as the same body sourced from its file does", function()
+  -- travel with the command and are sourced from memory; a longer body is
+  -- read from its file into memory, up to 1 MiB; a longer one still, or one
+  -- bash's own source treats differently, is left to bash's source)
+  it("runs as the same body sourced by bash's own source does", function()
     with_sandbox(function(sb)
       local s = sb:createSession {}
       s:exec("x=1")
-      local pad = "\n#" .. ("x"):rep(5000) -- past the message's 4096 bytes: from the file
+      local pad = "\n#" .. ("x"):rep(1100 * 1024) -- past 1 MiB: bash's source of the file
       local bodies = { "echo hi; return 3; echo no", "echo $x ${BASH_SOURCE[0]} ${#BASH_SOURCE[@]} $LINENO $#",
         "nosuch", "f() { return 7; }; f; echo $?", "echo a\necho b\nfalse", "/bin/echo spawned",
         "echo ${BASH_ARGC[0]} ${#BASH_ARGV[@]} ${#FUNCNAME[@]}", "(exit 9)", "echo -n no newline" }
       for _, body in ipairs(bodies) do
-        local a, b = s:exec(body), s:exec(body .. pad)
+        local a, b, c = s:exec(body), s:exec(body .. pad), s:exec(body .. "\n#" .. ("x"):rep(5000))
         assert.same({ a.exitCode, a.stdout, a.stderr }, { b.exitCode, b.stdout, b.stderr }, body)
+        assert.same({ a.exitCode, a.stdout, a.stderr }, { c.exitCode, c.stdout, c.stderr }, body)
       end
       -- a DEBUG trap is off in a sourced body (bash's source does that):
       -- the body goes to it, from its file, and the trap runs for nothing
@@ -348,9 +350,15 @@ describe("shell error messages", function()
           assert.equal("bash: line 3: nosuch2: command not found\n", s:exec("echo hi\n\nnosuch2 a b").stderr)
           assert.equal("bash: line 1: nosuch3: command not found\n", s:exec("(nosuch3) | cat").stderr)
           assert.equal("bash: line 1: cd: /nonexistent: No such file or directory\n", s:exec("cd /nonexistent").stderr)
-          -- a syntax error names the input as bash -c names its own
-          assert.equal("bash: -c: line 2: syntax error near unexpected token `fi'\nbash: -c: line 2: `fi'\n",
-            s:exec("echo ok\nfi").stderr)
+          -- a syntax error names the input as bash -c names its own, in a
+          -- session's first command too (sent before its shell said hello)
+          -- and in a body too long for the command's message
+          local syntax = "bash: -c: line 2: syntax error near unexpected token `fi'\nbash: -c: line 2: `fi'\n"
+          assert.equal(syntax, s:exec("echo ok\nfi").stderr)
+          assert.equal(syntax, s:exec("echo ok\nfi\n#" .. ("x"):rep(5000)).stderr)
+          local fresh = sb:createSession {}
+          assert.equal(syntax, fresh:exec("echo ok\nfi").stderr)
+          sb:deleteSession(fresh.id)
           -- in a function the body defined, in this call or an earlier one
           assert.equal("bash: line 2: nosuchf: command not found\n", s:exec("f() {\n nosuchf; }\nf").stderr)
           assert.equal("bash: line 2: nosuchf: command not found\n", s:exec("f").stderr)

@@ -102,6 +102,36 @@ static int read_words(const char *path, char *buf, char **argv) {
   return split_words(buf, argv);
 }
 
+/* The whole of the body's file, malloc'd, when it is one source_text
+ * takes (at most MAX_SOURCE_BYTES); NULL otherwise, or on any failure:
+ * bash's own source then reads it. */
+#define MAX_SOURCE_BYTES (1 << 20)
+static char *read_body_text(const char *path, size_t *len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  struct stat st;
+  char *text = NULL;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= MAX_SOURCE_BYTES)
+    text = malloc((size_t)st.st_size + 1);
+  size_t got = 0;
+  while (text) {
+    ssize_t n = read(fd, text + got, (size_t)st.st_size + 1 - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || (n > 0 && got + (size_t)n > (size_t)st.st_size)) { /* (an error, or it grew) */
+      free(text);
+      text = NULL;
+    } else if (n == 0) {
+      text[got] = 0;
+      *len = got;
+      break;
+    } else {
+      got += (size_t)n;
+    }
+  }
+  close(fd);
+  return text;
+}
+
 /* The command's file, if this is a command bash would fork and exec
  * (NULL otherwise). Malloc'd. */
 static char *external_command(char *name) {
@@ -229,7 +259,8 @@ static int source_body(char *body) {
  * path there). What source_builtin
  * does differently with a DEBUG trap (unset for the body), extdebug or NULs
  * in the text (dropped) is left to it: the body is sourced from its file,
- * which holds the same text. */
+ * which holds the same text. (A body read from its file, read_body_text,
+ * goes the same way.) */
 static int source_text(const char *text, size_t len, char *body) {
   if (strlen(text) != len || debugging_mode || (signal_is_trapped(DEBUG_TRAP) && function_trace_mode == 0)) return -1;
   if (len == 0) return EXECUTION_SUCCESS; /* (as _evalfile: nothing read) */
@@ -329,9 +360,16 @@ int mb_run_builtin(WORD_LIST *list) {
   size_t text_len = 0;
   const char *text = mb_outputs_inline_body(&text_len);
   if (words != 3 || strcmp(list->next->word->word, "-") != 0) text = NULL;
+  /* A body not in the message (a session's first command, sent before
+   * the shell's hello; one over 4096 bytes; a shell whose outputs are
+   * files) is read here, so that it runs as one in the message does: a
+   * syntax error names `-c`, never the runtime's file of it. */
+  char *file_text = text ? NULL : read_body_text(body, &text_len);
+  if (file_text) text = file_text;
   int rc = -1;
   if (source_only && text) rc = source_text(text, text_len, body);
   if (rc < 0) rc = source_only ? source_body(body) : run_body(body, text, text_len);
+  free(file_text);
   /* (once the runtime sends messages only, the report closes them after
    * its record, off the way from one command to the next: issue #32) */
   if (words == 3 && !mb_messages_only) mb_outputs_restore();
