@@ -246,14 +246,15 @@ end
 -- A body larger than a slice goes out as the client takes it (never queued
 -- whole): its held bytes (what it keeps in memory until sent) count in the
 -- server-wide send budget until the response is done; a body that would
--- not fit is answered 503 BUFFERS_FULL instead (send_budget.lua).
+-- not fit is answered 503 BUFFERS_FULL instead, unless nothing else is held
+-- (send_budget.lua).
 function Response:_send_sliced(status, h, ctype, body)
   local srv = self._server._core
   local pieces, held = body.pieces, body.held
   -- (a body its handler reserved while it made it was admitted then)
   local reserved = self._reserved
   self._reserved = nil
-  if not reserved and not send_budget.fits(held) then
+  if not reserved and not send_budget.admits(held) then
     self:reject("buffers_full")
     local ok = srv:respond(self._id, 503, "application/json", { ["retry-after"] = "1" }, nil,
       M.buffers_full_body(body.summary))

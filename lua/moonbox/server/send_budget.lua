@@ -12,7 +12,9 @@
 --     queue is empty (the slow side waits; the others go on), so the total
 --     passes the limit by at most one slice per connection;
 --   * a response body larger than a slice that would not fit is not sent:
---     the request is answered 503 BUFFERS_FULL with Retry-After instead.
+--     the request is answered 503 BUFFERS_FULL with Retry-After instead
+--     (one larger than the whole limit goes out when nothing else is held:
+--     M.admits).
 local M = { used = 0, DEFAULT = 64 * 1024 * 1024 }
 
 M.limit = M.DEFAULT
@@ -20,6 +22,15 @@ M.limit = M.DEFAULT
 -- fits(n) -> whether n more bytes keep the total within the limit
 function M.fits(n)
   return M.used + n <= M.limit
+end
+
+-- admits(n) -> whether a response body holding n bytes may go out now: it
+-- fits, or nothing else is held. (A body larger than the whole limit, a
+-- 60 MB file read under the 64 MiB default, was refused with "retry later"
+-- for ever, however idle the server: it goes out alone. Its size is bounded
+-- by the policy's own limits, maxFileBytes and maxOutputBytes.)
+function M.admits(n)
+  return M.used == 0 or M.used + n <= M.limit
 end
 
 function M.full()
