@@ -237,6 +237,20 @@ test('errors: the seed\'s body shape on the wire', async () => {
   });
   assert.equal(bad.status, 400);
   assert.equal((await bad.json()).code, 'VALIDATION_FAILED');
+  // the request type's `background`: false is a plain execute; true is
+  // /api/process/start's, refused here with the field named
+  const post = (body) => fetch(`${server.baseUrl(BOX)}/api/execute`, {
+    method: 'POST', headers: { ...server.headers, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ sessionId: SID, ...body }),
+  });
+  const plain = await post({ command: 'echo fg', background: false });
+  assert.equal(plain.status, 200);
+  assert.equal((await plain.json()).stdout, 'fg\n');
+  const bg = await post({ command: 'echo bg', background: true });
+  assert.equal(bg.status, 400);
+  const refused = await bg.json();
+  assert.equal(refused.code, 'VALIDATION_FAILED');
+  assert.equal(refused.context.field, 'background');
 });
 
 test('read/stream: metadata, chunks that decode alone, complete (collectFile)', async () => {

@@ -95,13 +95,17 @@ local function in_session(ctx, fresh, fn)
 end
 M.in_session = in_session
 
--- The seed's timeoutMs is moonbox's timeout.
+-- The seed's timeoutMs is moonbox's timeout. Its request type also has
+-- `background`: false is what a plain execute is; a command that goes on
+-- after the reply is /api/process/start's.
 local function exec_options(f)
+  if f.background then V.fail("background", "a background command is started with /api/process/start") end
   return { timeout = f.timeoutMs, env = f.env, cwd = f.cwd }
 end
 M.exec_options = exec_options
 
-local EXEC_FIELDS = { command = "string", timeoutMs = "number?", env = "table?", cwd = "string?" }
+local EXEC_FIELDS = { command = "string", timeoutMs = "number?", env = "table?", cwd = "string?",
+  background = "boolean?" }
 M.EXEC_FIELDS = EXEC_FIELDS
 
 local function now() return util.timestamp() end
