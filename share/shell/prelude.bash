@@ -125,9 +125,11 @@ enable() { local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in @|__mb_run|__m
 # copies of 0-2 there): in the session shell itself (not a subshell)
 # `ulimit` refuses to leave fewer than 16 open files, which would fail every
 # later command with exit 1 and no output (the change is tried in a
-# subshell first, whatever its syntax)
+# subshell first, whatever its syntax; with no redirection around it, which
+# bash could not undo under the new limit: the limits it then printed went
+# nowhere, and the change passed)
 ulimit() { if [ "$BASHPID" = "$$" ]; then case "$*" in *n*) local __mb_l __mb_w
-  __mb_l=$(builtin ulimit "$@" >/dev/null 2>&1 && { builtin ulimit -Sn; builtin ulimit -Hn; }; :)
+  __mb_l=$(builtin exec 2>/dev/null; builtin ulimit "$@" && { builtin ulimit -Sn; builtin ulimit -Hn; }; :)
   for __mb_w in $__mb_l; do case "$__mb_w" in *[!0-9]*|'') ;; *) if [ "$__mb_w" -lt 16 ]; then
     builtin echo "ulimit: $__mb_w open files would leave the session shell unable to run commands (it needs 16); use a subshell: ( ulimit ...; command )" >&2
     return 1; fi ;; esac; done ;; esac; fi
