@@ -250,6 +250,24 @@ describe("contract: the names the session shell's protocol calls", function()
     end)
   end)
 
+  it("a session's own cd, export, unset or exit (a function, an alias) leaves a call's cwd and env to bash's",
+    function()
+    with_sandbox(function(sb)
+      for _, def in ipairs { "cd() { builtin cd \"$@\" && echo \"entered $PWD\"; }", "alias cd='echo HIJACK'",
+        "cd() { echo HIJACK; }", "alias export='echo HIJACK'", "export() { echo HIJACK; }",
+        "alias unset='echo HIJACK'", "unset() { echo HIJACK; }", "exit() { echo HIJACK; }" } do
+        local s = sb:createSession {}
+        assert.equal(0, s:exec(def).exitCode, def)
+        local r = s:exec("echo \"$PWD [${QQ-}] [${HOME-none}]\"", { cwd = "/tmp", env = { QQ = "z", HOME = false } })
+        assert.same({ 0, "/tmp [z] [none]\n", "" }, { r.exitCode, r.stdout, r.stderr }, def)
+        -- and the definition is still the session's
+        local name = def:match("^alias (%a+)") or def:match("^(%a+)%(")
+        assert.equal(def:match("^alias") and "alias\n" or "function\n", s:exec("type -t " .. name).stdout, def)
+        sb:deleteSession(s.id)
+      end
+    end)
+  end)
+
   it("the control line's builtin `@` runs only as the control line: a command calling it gets 3", function()
     with_sandbox(function(sb)
       local s = sb:createSession {}

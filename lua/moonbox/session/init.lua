@@ -59,6 +59,15 @@ function M.new(sandbox, id, opts)
   return self
 end
 
+-- What the runtime has the shell run for a call's cwd and env, and to set
+-- up an adopted shell: bash's own cd, export, unset and exit, never a
+-- function or alias of the session's of those names (rvm and nvm define a
+-- `cd`: its output landed in the command's, or the cwd was not changed).
+-- (`\builtin`: no alias expands a quoted word. The cwd is absolute by
+-- then, so CDPATH is not searched.)
+local CD, EXIT = "\\builtin cd -- ", " || \\builtin exit 1"
+local UNSET, EXPORT = "\\builtin unset -v ", "\\builtin export %s=%s"
+
 -- Take over a sandbox's warm spare shell (started ahead, so a new session
 -- costs one command instead of a bash start-up): move it into our cgroup,
 -- then set our cwd and env in it. false if it could not be set up.
@@ -68,12 +77,12 @@ function Session:_adopt(sh)
   end
   local want = util.copy(self.env)
   want.MOONBOX_OWNER = tree.owner(self.sandbox.id, self.id)
-  local lines = { "cd -- " .. util.shell_quote(self.cwd) .. " || exit 1" }
+  local lines = { CD .. util.shell_quote(self.cwd) .. EXIT }
   for _, k in ipairs(sh:spawn_env_names()) do
-    if want[k] == nil then lines[#lines + 1] = "unset " .. k end
+    if want[k] == nil then lines[#lines + 1] = UNSET .. k end
   end
   for k, v in pairs(want) do
-    if sh:spawn_env_of(k) ~= v then lines[#lines + 1] = ("export %s=%s"):format(k, util.shell_quote(v)) end
+    if sh:spawn_env_of(k) ~= v then lines[#lines + 1] = EXPORT:format(k, util.shell_quote(v)) end
   end
   local record = sh:run { body = table.concat(lines, "\n") .. "\n", on_chunk = function() end }
   if record.died or record.exiting or record.status ~= 0 then
@@ -148,8 +157,8 @@ local exec_options = { timeout = true, env = true, cwd = true, stdin = true, onO
 local function env_prelude(env)
   local lines = {}
   for k, v in pairs(env) do
-    if v == false then lines[#lines + 1] = "unset " .. k
-    else lines[#lines + 1] = ("export %s=%s"):format(k, util.shell_quote(v)) end
+    if v == false then lines[#lines + 1] = UNSET .. k
+    else lines[#lines + 1] = EXPORT:format(k, util.shell_quote(v)) end
   end
   table.sort(lines)
   return table.concat(lines, "\n")
@@ -171,7 +180,7 @@ local function request(command, opts, on_chunk)
   if opts.stdin ~= nil then req.stdin = opts.stdin end
   if opts.env or opts.cwd then
     local parts = {}
-    if opts.cwd then parts[#parts + 1] = "cd -- " .. util.shell_quote(opts.cwd) .. " || exit 1" end
+    if opts.cwd then parts[#parts + 1] = CD .. util.shell_quote(opts.cwd) .. EXIT end
     if opts.env then parts[#parts + 1] = env_prelude(opts.env) end
     req.prelude = table.concat(parts, "\n") .. "\n"
   end
