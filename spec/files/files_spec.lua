@@ -591,6 +591,23 @@ describe("files: writeFile and readFile", function()
       fails("FILE_TOO_LARGE", sb.readFile, sb, "z.bin")
     end)
   end)
+
+  it("holds writeFile to limits.fileSizeBytes, as the sandbox's processes are: nothing of a bigger file is written",
+    function()
+    with_sandbox(function(sb)
+      fails("FILE_TOO_LARGE", sb.writeFile, sb, "big.txt", ("x"):rep(1001))
+      fails("FILE_TOO_LARGE", sb.writeFile, sb, "big.bin", core.base64_encode(("y"):rep(1001)), { encoding = "base64" })
+      assert.is_false(sb:exists("big.txt").exists)
+      assert.is_false(sb:exists("big.bin").exists)
+      sb:writeFile("ok.txt", "old")
+      fails("FILE_TOO_LARGE", sb.writeFile, sb, "ok.txt", ("x"):rep(2000))
+      assert.equal("old", sb:readFile("ok.txt").content) -- (a file there before keeps its content)
+      assert.is_true(sb:writeFile("edge.txt", ("z"):rep(1000)).success)
+      assert.equal(1000, sb:readFile("edge.txt").size)
+      -- as a command is held
+      assert.equal(153, sb:exec("head -c 1001 /dev/zero > cmd.bin").exitCode) -- (SIGXFSZ: 128 + 25)
+    end, { limits = { fileSizeBytes = 1000 } })
+  end)
 end)
 
 describe("files: readFileStream", function()

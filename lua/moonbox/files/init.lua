@@ -227,6 +227,15 @@ function Session:writeFile(path, content, opts)
       V.fail("content", "invalid base64")
     end
   end
+  -- the policy's fileSizeBytes binds the file API as it binds the
+  -- sandbox's processes (RLIMIT_FSIZE): nothing of a bigger file is written
+  local size_limit = self.sandbox.policy.limits.fileSizeBytes
+  local size = type(data) == "string" and #data or data:size()
+  if size_limit and size > size_limit then
+    if type(data) ~= "string" then data:free() end
+    errors.raise("FILE_TOO_LARGE", ("writeFile %s: %d bytes, larger than limits.fileSizeBytes (%d bytes)")
+      :format(path, size, size_limit), { path = path, size = size, limit = size_limit })
+  end
   local ok, result = pcall(queued, self, function()
     local timestamp = util.timestamp()
     local t = target(self, "writeFile", path)
