@@ -103,11 +103,23 @@ describe("files: validation", function()
 
   it("rejects invalid base64 without creating the file", function()
     with_sandbox(function(sb, ws)
-      for _, bad in ipairs { "not base64!", "YWJj ZA==", "YQ=", "Y", "YW=j", "YWJj\n" } do
+      for _, bad in ipairs { "not base64!", "YQ=", "Y", "YW=j", "YWJj\nZ", "YW\0Jj" } do
         local err = fails("VALIDATION_FAILED", sb.writeFile, sb, "b.bin", bad, { encoding = "base64" })
         assert.equal("content", err.context.field)
       end
       assert.is_nil(slurp(ws .. "/b.bin"))
+    end)
+  end)
+
+  it("takes base64 in lines, as `base64` prints it: ASCII whitespace is skipped, as atob does", function()
+    with_sandbox(function(sb, ws)
+      for _, text in ipairs { "YWJjZA==\n", "YWJj\nZA==", " YWJj ZA== ", "YWJj\r\nZA==\r\n", "\tYWJjZA" } do
+        sb:writeFile("w.bin", text, { encoding = "base64" })
+        assert.equal("abcd", slurp(ws .. "/w.bin"), text)
+      end
+      local data = ("\0\1\2\255"):rep(5000)
+      sb:writeFile("lines.bin", (core.base64_encode(data):gsub(("."):rep(76), "%0\n")), { encoding = "base64" })
+      assert.is_true(slurp(ws .. "/lines.bin") == data)
     end)
   end)
 

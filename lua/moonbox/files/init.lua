@@ -222,7 +222,11 @@ function Session:writeFile(path, content, opts)
   if encoding_option(opts.encoding) == "base64" then
     -- decoded into C memory, written from there: no 100 MB Lua string
     data = core.bytes()
-    if not data:base64_decode(content) then
+    -- (base64 as `base64` and most encoders print it, in lines, is taken
+    -- as atob and Node take it: its ASCII whitespace skipped; only then is
+    -- a copy made)
+    if not data:base64_decode(content) and not (content:find("[ \t\r\n\f]")
+      and data:base64_decode((content:gsub("[ \t\r\n\f]+", "")))) then
       data:free()
       V.fail("content", "invalid base64")
     end
