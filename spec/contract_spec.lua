@@ -194,6 +194,55 @@ describe("contract: a script's own traps", function()
   end)
 end)
 
+describe("contract: set -x", function()
+  it("traces the command's own lines as bash -c does, never the session's plumbing", function()
+    with_sandbox(function(sb)
+      for _, first in ipairs { true, false } do
+        local s = sb:createSession {}
+        if not first then s:exec("true") end -- (a first command goes before the shell's hello)
+        local r = s:exec("set -x; echo hi; f() { echo in; }; f; x=$(echo sub)")
+        assert.same({ "hi\nin\n", "+ echo hi\n+ f\n+ echo in\n++ echo sub\n+ x=sub\n" }, { r.stdout, r.stderr })
+        -- it stays on, in every shape of command: stdin, cwd, env
+        assert.equal("+ echo again\n", s:exec("echo again").stderr)
+        assert.equal("+ cat\n", s:exec("cat", { stdin = "in" }).stderr)
+        assert.equal("+ cat\n+ pwd\n", s:exec("cat; pwd", { stdin = "in", cwd = "/tmp" }).stderr)
+        assert.equal("+ echo z\n", s:exec("echo $Q", { env = { Q = "z" } }).stderr)
+        -- a timeout adds nothing of its own, and leaves it on
+        r = s:exec("f() { sleep 5; }; f", { timeout = 300 })
+        assert.same({ 124, "+ f\n+ sleep 5\n" }, { r.exitCode, r.stderr })
+        r = s:exec("sleep 5", { timeout = 300, stdin = "x" })
+        assert.same({ 124, "+ sleep 5\n" }, { r.exitCode, r.stderr })
+        assert.equal("+ echo still\n", s:exec("echo still").stderr)
+        -- until the user turns it off
+        assert.equal("+ set +x\n", s:exec("set +x; echo off").stderr)
+        assert.equal("", s:exec("echo quiet", { stdin = "x", cwd = "/tmp" }).stderr)
+        -- an exit under it adds nothing of the shell's own exit
+        r = s:exec("set -x; trap 'echo bye' EXIT; exit 3")
+        assert.same({ 3, "bye\n", "+ trap 'echo bye' EXIT\n+ exit 3\n" }, { r.exitCode, r.stdout, r.stderr })
+        sb:deleteSession(s.id)
+      end
+    end)
+  end)
+end)
+
+describe("contract: a timeout inside a function", function()
+  it("leaves nothing behind: the next commands, of every shape, run as before it", function()
+    with_sandbox(function(sb)
+      local s = sb:createSession {}
+      local shapes = { {}, { stdin = "in" }, { cwd = "/tmp" }, { env = { Q = "z" } } }
+      local cmd = "echo ok $LINENO ${#BASH_SOURCE[@]} ${#FUNCNAME[@]} $-"
+      local before = {}
+      for i, opts in ipairs(shapes) do before[i] = s:exec(cmd, opts) end
+      local r = s:exec("f() { sleep 5; }; g() { f; echo no; }; g; echo no", { timeout = 300 })
+      assert.same({ 124, true, "", "" }, { r.exitCode, r.timedOut, r.stdout, r.stderr })
+      for i, opts in ipairs(shapes) do
+        r = s:exec(cmd, opts)
+        assert.same({ 0, before[i].stdout, "" }, { r.exitCode, r.stdout, r.stderr })
+      end
+    end)
+  end)
+end)
+
 describe("contract: the session shell's own descriptors", function()
   it("ulimit refuses an open-files limit the shell could not run commands under; a subshell may", function()
     with_sandbox(function(sb)

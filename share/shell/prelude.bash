@@ -47,14 +47,15 @@ fi
 readonly -f __mb_report_p
 readonly -f __mb_report
 # a subshell hit by a signal right after fork may still run this trap:
-# only the shell itself reports its exit. A user's own EXIT trap (kept by
+# only the shell itself reports its exit, untraced under a user's `set -x`
+# (the shell is ending). A user's own EXIT trap (kept by
 # the trap function below) runs first, its output the command's (where the
 # outputs are pipes received by __mb_run: the fds 1 and 2 the command left,
 # as in any bash; a pipe cannot be opened again by path inside a sandbox).
 __mb_user_exit=
 __mb_status() { return "$1"; }
 # shellcheck disable=SC2218
-builtin trap '__mb_s=$?; if [ "$BASHPID" = "$$" ]; then if [ -z "$__mb_user_exit" ]; then :; elif [ -n "${__mb_in-}" ] && [ -n "$__mb_fdo" ]; then { __mb_status $__mb_s; eval "$__mb_user_exit"; }; else __mb_o=/dev/null __mb_e=/dev/null; [ -n "${__mb_in-}" ] && __mb_o=@STDOUT@ __mb_e=@STDERR@; { __mb_status $__mb_s; eval "$__mb_user_exit"; } >|"$__mb_o" 2>|"$__mb_e"; fi; __mb_report "${__mb_id:-0}" "$__mb_s" exit; fi' EXIT
+builtin trap '{ __mb_s=$?; builtin set +x; } 2>/dev/null; if [ "$BASHPID" = "$$" ]; then if [ -z "$__mb_user_exit" ]; then :; elif [ -n "${__mb_in-}" ] && [ -n "$__mb_fdo" ]; then { __mb_status $__mb_s; eval "$__mb_user_exit"; }; else __mb_o=/dev/null __mb_e=/dev/null; [ -n "${__mb_in-}" ] && __mb_o=@STDOUT@ __mb_e=@STDERR@; { __mb_status $__mb_s; eval "$__mb_user_exit"; } >|"$__mb_o" 2>|"$__mb_e"; fi; __mb_report "${__mb_id:-0}" "$__mb_s" exit; fi' EXIT
 __mb_id=0
 # a timed-out body stops where it is (Shell:interrupt): `return` ends a
 # sourced script. Inside a function (or a nested source) it ends only that,
@@ -65,8 +66,12 @@ __mb_id=0
 __mb_top=${#BASH_SOURCE[@]}; readonly __mb_top
 # shellcheck disable=SC2218
 # (SIGRTMIN+3, not a signal a script traps or sends: a user's USR1 trap or
-# `kill -USR1 $$` is the user's business, as in any bash)
-builtin trap 'if [ -n "${__mb_in-}" ] && [ "${FUNCNAME[0]-}" != __mb_report ]; then [ "${#BASH_SOURCE[@]}" -le "$__mb_top" ] || builtin trap '\''if [ "${BASH_COMMAND%% *}" = __mb_report ]; then builtin trap - DEBUG; else return 124; fi'\'' DEBUG; return 124; fi' RTMIN+3
+# `kill -USR1 $$` is the user's business, as in any bash). It runs
+# untraced under a user's `set -x` (a timeout adds nothing to stderr);
+# __mb_run turns xtrace back on after the body from __mb_xt, and takes the
+# DEBUG trap away (__mb_dbg) where no `__mb_report` command came to (the
+# report made in C): it stayed, and refused every later body.
+builtin trap '{ __mb_xt=$-; builtin set +x; } 2>/dev/null; if [ -n "${__mb_in-}" ] && [ "${FUNCNAME[0]-}" != __mb_report ]; then [ "${#BASH_SOURCE[@]}" -le "$__mb_top" ] || { __mb_dbg=1; builtin trap '\''if [ -z "${__mb_dbg-}" ] || [ "${BASH_COMMAND%% *}" = __mb_report ]; then builtin trap - DEBUG; else return 124; fi'\'' DEBUG; }; return 124; fi' RTMIN+3
 # the session's own two traps as `trap -p` prints them: left out of a
 # user's listing (the trap function below)
 # (and the KILL the builtin ignores, src/bash/spawn_builtin.c); read at
@@ -90,11 +95,15 @@ __mb_trap_list() { local __mb_l __mb_s __mb_x=0
   [ "$__mb_x" = 1 ] && [ -n "$__mb_user_exit" ] &&
     builtin printf "trap -- '%s' EXIT\n" "${__mb_user_exit//\'/\'\\\'\'}"
   [ "$__mb_l" = $'\n' ] || builtin printf '%s' "$__mb_l"; }
+# (trap, enable and ulimit start with `local -` and set +x, in
+# a group whose trace goes nowhere: under a user's `set -x` only the call
+# is traced, `+ trap ... EXIT`, as bash's own builtin's would be; the
+# options come back as they were when the function returns)
 # `trap ... EXIT` from a command would replace the trap above, and with it
 # the report of the shell's exit (cwd, exports, the command's exit status):
 # EXIT (0, SIGEXIT) actions are kept aside for it to run instead
 # shellcheck disable=SC2064
-trap() { local __mb_a=("$@") __mb_rest=() __mb_sigs __mb_sig __mb_set=0
+trap() { { local -; builtin set +x; } 2>/dev/null; local __mb_a=("$@") __mb_rest=() __mb_sigs __mb_sig __mb_set=0
   [ "${__mb_a[0]-}" = -- ] && __mb_a=("${__mb_a[@]:1}")
   if [ "$#" -eq 0 ]; then __mb_trap_list; return; fi
   if [ "${__mb_a[0]-}" = -p ]; then __mb_trap_list "${__mb_a[@]:1}"; return; fi
@@ -118,7 +127,7 @@ trap() { local __mb_a=("$@") __mb_rest=() __mb_sigs __mb_sig __mb_set=0
 # every command goes through `@` and __mb_run, the report through __mb_rep:
 # `enable` leaves them alone (`builtin enable` does not; the report enables
 # a disabled `@` again)
-enable() { local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in @|__mb_run|__mb_rep)
+enable() { { local -; builtin set +x; } 2>/dev/null; local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in @|__mb_run|__mb_rep)
   builtin echo "enable: $__mb_w: used by the session shell itself" >&2; return 1 ;; esac; done
   builtin enable "$@"; }
 # every command's redirections need descriptors above 9 (bash keeps its
@@ -128,7 +137,7 @@ enable() { local __mb_w; for __mb_w in "$@"; do case "$__mb_w" in @|__mb_run|__m
 # subshell first, whatever its syntax; with no redirection around it, which
 # bash could not undo under the new limit: the limits it then printed went
 # nowhere, and the change passed)
-ulimit() { if [ "$BASHPID" = "$$" ]; then case "$*" in *n*) local __mb_l __mb_w
+ulimit() { { local -; builtin set +x; } 2>/dev/null; if [ "$BASHPID" = "$$" ]; then case "$*" in *n*) local __mb_l __mb_w
   __mb_l=$(builtin exec 2>/dev/null; builtin ulimit "$@" && { builtin ulimit -Sn; builtin ulimit -Hn; }; :)
   for __mb_w in $__mb_l; do case "$__mb_w" in *[!0-9]*|'') ;; *) if [ "$__mb_w" -lt 16 ]; then
     builtin echo "ulimit: $__mb_w open files would leave the session shell unable to run commands (it needs 16); use a subshell: ( ulimit ...; command )" >&2
@@ -160,6 +169,10 @@ exec 60<&-
 # whether the builtins loaded (`eval "$__mb_pN"`, which holds either way).
 # There `@ 1` and `@ 5` do what shapes 1 and 5 say in C, from __mb_bp (the
 # body) and __mb_ep (the env file), without bash parsing them per command.
-readonly __mb_c3='__mb_id=$((__mb_id+1)); ( builtin . @PRELUDE@ && builtin . @BODY@ ) </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'
-readonly __mb_c4='__mb_id=$((__mb_id+1)); ( builtin . @PRELUDE@ && builtin . @BODY@ ) <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'
+# (with the builtin, 3 and 4 source the prelude and the body through it:
+# under the user's `set -x` the body's lines alone are traced)
+if [ -n "$__mb_b" ]; then __mb_src='builtin __mb_run -q @PRELUDE@ && builtin __mb_run -s @BODY@'; else __mb_src='builtin . @PRELUDE@ && builtin . @BODY@'; fi
+readonly __mb_c3="__mb_id=\$((__mb_id+1)); ( $__mb_src ) </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report \$__mb_id \$? run"
+readonly __mb_c4="__mb_id=\$((__mb_id+1)); ( $__mb_src ) <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report \$__mb_id \$? run"
+unset __mb_src
 if [ -n "$__mb_b" ]; then readonly __mb_fdo=@FDO@ __mb_bp=@BODY@ __mb_ep=@ENV@ __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @OUTS@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @OUTS@ <@STDIN@; __mb_report $__mb_id $? run' __mb_c5='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ @OUTS@; __mb_report $__mb_id $? run' __mb_c6='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run @BODY@ @OUTS@ <@STDIN@; __mb_report $__mb_id $? run' __mb_p1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @STDOUT@ @STDERR@; __mb_report $__mb_id $? run' __mb_p2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin __mb_run -s @BODY@ @STDOUT@ @STDERR@ <@STDIN@; __mb_report $__mb_id $? run'; readonly __mb_p5="$__mb_p1" __mb_p6="$__mb_p2"; else readonly __mb_fdo=; readonly __mb_c1='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ </dev/null >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run' __mb_c2='__mb_id=$((__mb_id+1)); __mb_in=1; builtin . @BODY@ <@STDIN@ >|@STDOUT@ 2>|@STDERR@; __mb_report $__mb_id $? run'; readonly __mb_c5="$__mb_c1" __mb_c6="$__mb_c2" __mb_p1="$__mb_c1" __mb_p2="$__mb_c2" __mb_p5="$__mb_c1" __mb_p6="$__mb_c2"; fi; unset __mb_b

@@ -35,6 +35,7 @@
 #define REFUSED 3
 
 int mb_messages_only;
+int mb_user_xtrace = -1;
 
 /* A readonly scalar of the start-up script's */
 static int protocol_var(SHELL_VAR *v) {
@@ -96,8 +97,16 @@ static int run_shape(int shape) {
     mb_outputs_settle();
     return REFUSED;
   }
-  /* as eval_builtin: evalstring frees its copy */
-  return evalstring(savestring(value_cell(var)), "eval", SEVAL_NOHIST);
+  /* as eval_builtin: evalstring frees its copy. The shape's own words are
+   * not traced under the user's `set -x` (__mb_id=..., the prelude's path,
+   * __mb_report ...): __mb_run traces the body alone (mb_user_xtrace). */
+  int outer = mb_user_xtrace;
+  mb_user_xtrace = echo_command_at_execute;
+  echo_command_at_execute = 0;
+  int rc = evalstring(savestring(value_cell(var)), "eval", SEVAL_NOHIST);
+  echo_command_at_execute = mb_user_xtrace;
+  mb_user_xtrace = outer;
+  return rc;
 }
 
 /* A shape sent with the outputs comes with them; a prelude's (3, 4) alone. */

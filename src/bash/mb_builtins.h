@@ -22,6 +22,11 @@ void mb_keep_line_enabled(void);
  * the status socket only, never a line on the control FIFO again (its
  * Shell.looping, never unset either) */
 extern int mb_messages_only;
+/* line_builtin.c: the user's xtrace (`set -x`) while `@` evaluates a
+ * shape's text with it off, so that only the command's own lines are
+ * traced; __mb_run turns it on for the body and keeps what the body left
+ * (-1: no shape is being evaluated) */
+extern int mb_user_xtrace;
 
 /* outputs.c: a command's stdout and stderr on fds 1 and 2 (-1 and errno if
  * one cannot be opened: 1 and 2 are closed again), closed after the body

@@ -275,6 +275,10 @@ static int source_text(const char *text, size_t len, char *body) {
   unwind_protect_jmp_buf(return_catch);
   unwind_protect_int(interactive);
   unwind_protect_int(sourcelevel);
+  /* (its commands are traced as `bash -c`'s are, `+ cmd`, not one level
+   * down for each eval and source the shape went through) */
+  unwind_protect_int(indirection_level);
+  indirection_level = 0;
   interactive = 0;
   return_catch_flag++;
   sourcelevel++;
@@ -340,9 +344,36 @@ static int run_body(char *body, const char *text, size_t text_len) {
   return rc >= 0 ? rc : source_body(body);
 }
 
+/* The interrupt's trap (a timeout: share/shell/prelude.bash) turned the
+ * user's xtrace off to run untraced, and kept what $- was in __mb_xt:
+ * whether to turn it on again. */
+static int xtrace_after_interrupt(void) {
+  SHELL_VAR *v = find_variable("__mb_xt");
+  if (!v) return 0;
+  int on = value_cell(v) && strchr(value_cell(v), 'x') != NULL;
+  unbind_variable("__mb_xt");
+  return on;
+}
+
+/* The DEBUG trap the interrupt set to leave a function's callers too
+ * (__mb_dbg): gone with the body, whether or not bash saw a __mb_report
+ * command take it away (the direct shapes report in C: line_builtin.c). */
+static void end_interrupt_trap(void) {
+  if (!find_variable("__mb_dbg")) return;
+  unbind_variable("__mb_dbg");
+  int echo = echo_command_at_execute;
+  echo_command_at_execute = 0;
+  /* (the trap runs before this command, sees no __mb_dbg and removes
+   * itself; the command makes sure) */
+  evalstring(savestring("builtin trap - DEBUG"), "__mb_run", SEVAL_NOHIST);
+  echo_command_at_execute = echo;
+}
+
 int mb_run_builtin(WORD_LIST *list) {
   if (list && strcmp(list->word->word, "-r") == 0) return mb_rep_builtin(list->next);
-  int source_only = list && strcmp(list->word->word, "-s") == 0;
+  /* -q: a prelude of the runtime's (shapes 3, 4), sourced untraced */
+  int quiet = list && strcmp(list->word->word, "-q") == 0;
+  int source_only = quiet || (list && strcmp(list->word->word, "-s") == 0);
   if (source_only) list = list->next;
   int words = 0;
   for (WORD_LIST *w = list; w; w = w->next) words++;
@@ -366,9 +397,21 @@ int mb_run_builtin(WORD_LIST *list) {
    * syntax error names `-c`, never the runtime's file of it. */
   char *file_text = text ? NULL : read_body_text(body, &text_len);
   if (file_text) text = file_text;
+  /* the body runs under the user's xtrace (a shape's text ran without it:
+   * line_builtin.c), and what it left is the user's from then on */
+  int traced = mb_user_xtrace >= 0 && !quiet;
+  if (traced) echo_command_at_execute = mb_user_xtrace;
   int rc = -1;
   if (source_only && text) rc = source_text(text, text_len, body);
   if (rc < 0) rc = source_only ? source_body(body) : run_body(body, text, text_len);
+  end_interrupt_trap();
+  int resumed = xtrace_after_interrupt();
+  if (traced) {
+    mb_user_xtrace = echo_command_at_execute || resumed;
+    echo_command_at_execute = 0;
+  } else if (resumed) {
+    echo_command_at_execute = 1;
+  }
   free(file_text);
   /* (once the runtime sends messages only, the report closes them after
    * its record, off the way from one command to the next: issue #32) */
