@@ -152,6 +152,18 @@ describe("session state", function()
         s:exec("echo $L $M $N [${EMPTY+set}]", { env = { N = "call" } }).stdout)
     end)
   end)
+
+  it("keeps the order for the default session too: a later sandbox-level value leaves its own names", function()
+    with_sandbox(function(sb)
+      sb:getSession("default"):setEnvVars { D = "session", U = false }
+      sb:setEnvVars { D = "sandbox", E = "sandbox", U = "sandbox" }
+      assert.equal("session sandbox unset\n", sb:exec("echo $D $E ${U-unset}").stdout)
+      -- sessions made later, and the default session made again, get the sandbox's
+      assert.equal("sandbox sandbox sandbox\n", sb:createSession {}:exec("echo $D $E $U").stdout)
+      sb:deleteSession("default")
+      assert.equal("sandbox sandbox sandbox\n", sb:exec("echo $D $E $U").stdout)
+    end)
+  end)
 end)
 
 describe("exec output", function()

@@ -994,7 +994,12 @@ function Sandbox:setEnvVars(map)
   env = session_mod.env_hook(self, default or self, env)
   for k, v in pairs(env) do self.env[k] = v end
   if default then
-    return default:apply_env(env)
+    -- sandbox < session: a name the default session set itself stays
+    local apply = {}
+    for k, v in pairs(env) do
+      if not (default.own_env and default.own_env[k]) then apply[k] = v end
+    end
+    return default:apply_env(apply)
   end
   return { success = true, timestamp = util.timestamp() }
 end

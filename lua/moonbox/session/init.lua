@@ -568,8 +568,12 @@ end
 function Session:setEnvVars(map)
   async.check_task("setEnvVars")
   self:check_live()
-  local env = V.env(V.type(map, "table", "envVars"), "envVars")
-  return self:apply_env(M.env_hook(self.sandbox, self, env))
+  local env = M.env_hook(self.sandbox, self, V.env(V.type(map, "table", "envVars"), "envVars"))
+  -- (names this session set itself: a sandbox-level setEnvVars, which
+  -- ranks below, leaves them as they are in the default session)
+  self.own_env = self.own_env or {}
+  for k in pairs(env) do self.own_env[k] = true end
+  return self:apply_env(env)
 end
 
 -- The policy's onEnv hook: the map to apply, or POLICY_DENIED.
