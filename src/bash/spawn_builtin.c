@@ -398,14 +398,17 @@ int mb_run_builtin(WORD_LIST *list) {
   char *file_text = text ? NULL : read_body_text(body, &text_len);
   if (file_text) text = file_text;
   /* the body runs under the user's xtrace (a shape's text ran without it:
-   * line_builtin.c), and what it left is the user's from then on */
-  int traced = mb_user_xtrace >= 0 && !quiet;
+   * line_builtin.c), and what it left is the user's from then on. (Only
+   * the shape's own call, at no source level: a command may call the
+   * builtin too, and that call leaves the shape's state alone.) */
+  int top = sourcelevel == 0;
+  int traced = top && mb_user_xtrace >= 0 && !quiet;
   if (traced) echo_command_at_execute = mb_user_xtrace;
   int rc = -1;
   if (source_only && text) rc = source_text(text, text_len, body);
   if (rc < 0) rc = source_only ? source_body(body) : run_body(body, text, text_len);
-  end_interrupt_trap();
-  int resumed = xtrace_after_interrupt();
+  if (top) end_interrupt_trap();
+  int resumed = top && xtrace_after_interrupt();
   if (traced) {
     mb_user_xtrace = echo_command_at_execute || resumed;
     echo_command_at_execute = 0;
