@@ -77,31 +77,6 @@ static int split_words(char *buf, char **argv) {
   return argc;
 }
 
-/* The body's words (split at blanks, in buf), or -1 if it is too long to
- * be one the runtime would send this way. */
-static int read_words(const char *path, char *buf, char **argv) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  size_t len = 0;
-  for (;;) {
-    ssize_t n = read(fd, buf + len, MAX_BODY_BYTES - len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      close(fd);
-      return -1;
-    }
-    if (n == 0) break;
-    len += (size_t)n;
-    if (len == MAX_BODY_BYTES) {
-      close(fd);
-      return -1;
-    }
-  }
-  close(fd);
-  buf[len] = 0;
-  return split_words(buf, argv);
-}
-
 /* The whole of the body's file, malloc'd, when it is one source_text
  * takes (at most MAX_SOURCE_BYTES); NULL otherwise, or on any failure:
  * bash's own source then reads it. */
@@ -324,11 +299,13 @@ static int run_body(char *body, const char *text, size_t text_len) {
   char buf[MAX_BODY_BYTES + 1];
   char *argv[MAX_WORDS + 1];
   int argc;
+  /* (the body's text is here whenever its file could be read: a longer
+   * one is not a command the runtime sends this way) */
   if (text && text_len <= MAX_BODY_BYTES && strlen(text) == text_len) {
     memcpy(buf, text, text_len + 1);
     argc = split_words(buf, argv);
   } else {
-    argc = read_words(body, buf, argv);
+    argc = -1;
   }
   char *path = argc > 0 ? external_command(argv[0]) : NULL;
   if (path) {

@@ -9,6 +9,7 @@
 local core = require "moonbox.core"
 local util = require "moonbox.lib.util"
 local rules_mod = require "moonbox.sandbox.rules"
+local cgroup = require "moonbox.process.cgroup"
 
 local M = {}
 
@@ -51,11 +52,7 @@ local function remove_runtime_dirs(root, own)
   for _, name in ipairs(core.readdir(root) or {}) do
     local pid = tonumber(name:match("^moonbox%-(%d+)$"))
     if pid and (pid == core.getpid() and own or pid ~= core.getpid() and not util.pid_alive(pid)) then
-      local dir = root .. "/" .. name
-      for _, child in ipairs(core.readdir(dir) or {}) do
-        if util.is_dir(dir .. "/" .. child) then core.rmdir(dir .. "/" .. child) end
-      end
-      core.rmdir(dir)
+      cgroup.remove_cgroup(root .. "/" .. name)
     end
   end
 end

@@ -19,13 +19,8 @@ local M = { used = 0, DEFAULT = 64 * 1024 * 1024 }
 
 M.limit = M.DEFAULT
 
--- fits(n) -> whether n more bytes keep the total within the limit
-function M.fits(n)
-  return M.used + n <= M.limit
-end
-
--- admits(n) -> whether a response body holding n bytes may go out now: it
--- fits, or nothing else is held. (A body larger than the whole limit, a
+-- admits(n) -> whether a response body holding n bytes may go out now: n
+-- more bytes keep the total within the limit, or nothing else is held. (A body larger than the whole limit, a
 -- 60 MB file read under the 64 MiB default, was refused with "retry later"
 -- for ever, however idle the server: it goes out alone. Its size is bounded
 -- by the policy's own limits, maxFileBytes and maxOutputBytes.)
